@@ -1,0 +1,36 @@
+//! Usage figures of one pool.
+
+use crate::address::AddressCount;
+
+/// What a pool holds, exact for every pool size.
+///
+/// `allocated + excluded + available == total` always holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolUsage {
+    /// Addresses in the pool CIDR.
+    pub total: AddressCount,
+    /// Addresses held by allocations.
+    pub allocated: AddressCount,
+    /// Addresses removed by exclusions.
+    pub excluded: AddressCount,
+    /// Addresses free to allocate.
+    pub available: AddressCount,
+    /// Number of allocations.
+    pub allocations: usize,
+    /// The largest contiguous run of free addresses.
+    pub largest_free_block: AddressCount,
+    /// `floor(100 * (1 - largest_free_block / available))`; 0 when nothing is free.
+    pub fragmentation_percent: u8,
+}
+
+impl PoolUsage {
+    /// Percent of the addresses that can ever be allocated (total less exclusions) that are
+    /// allocated, floored; 100 for a pool excluded entirely.
+    pub fn utilisation_percent(&self) -> u8 {
+        let usable = self.total.saturating_sub(self.excluded);
+        if usable.is_zero() {
+            return 100;
+        }
+        self.allocated.percent_of(usable)
+    }
+}

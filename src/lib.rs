@@ -1,0 +1,7 @@
+//! kipam: multi-cluster IP address management for Kubernetes.
+//!
+//! The pure core (addresses, allocation) takes plain data and returns plain data; the
+//! adapters at the edges (command line, controller, REST API) do the I/O.
+
+pub mod address;
+pub mod allocator;
