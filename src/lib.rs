@@ -5,3 +5,9 @@
 
 pub mod address;
 pub mod allocator;
+pub mod desired;
+pub mod offline;
+pub mod planner;
+pub mod render;
+pub mod resources;
+pub mod validation;

@@ -1,11 +1,13 @@
-//! The `kipam` command line.
+//! The `kipam` command line: one binary, one subcommand per job.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 
-use kipam::address::{AddrRange, Cidr};
-use kipam::allocator::{PoolAllocator, PoolConfig, PoolKind, Strategy};
+use kipam::offline::{self, OfflineOptions};
+use kipam::resources;
+use kipam::validation;
 
 #[derive(Parser)]
 #[command(
@@ -20,104 +22,175 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Allocate from one pool for the named clusters, in order, and print the result.
-    Allocate(AllocateArgs),
+    /// Plan allocations over manifests on disk and keep them in a state file.
+    Offline(OfflineArgs),
+    /// Check IPAMPool and Cluster manifests with the admission rules.
+    Validate(ValidateArgs),
+    /// Print the CustomResourceDefinitions (or write one file per CRD with --out).
+    Crds(CrdsArgs),
 }
 
 #[derive(clap::Args)]
-struct AllocateArgs {
-    /// The pool CIDR, IPv4 or IPv6 (`192.168.1.0/26`).
-    #[arg(long = "pool-cidr")]
-    pool_cidr: String,
-    /// Range pool: addresses per cluster.
-    #[arg(long, conflicts_with = "prefix", required_unless_present = "prefix")]
-    range: Option<u128>,
-    /// Prefix pool: subnet length per cluster.
+struct OfflineArgs {
+    /// Manifest files or directories (IPAMPool, Cluster, Addon; multi-document YAML).
+    #[arg(short = 'f', long = "file", required = true, num_args = 1..)]
+    files: Vec<PathBuf>,
+    /// The state file of IPAMAllocation objects (created when missing).
     #[arg(long)]
-    prefix: Option<u8>,
-    #[arg(long, value_enum, default_value = "first-fit")]
-    strategy: StrategyArg,
-    /// An address, `first-last` range or CIDR kept out of allocations (repeatable).
-    #[arg(long)]
-    exclude: Vec<String>,
-    /// Cluster names, served in the order given.
-    #[arg(required = true)]
-    clusters: Vec<String>,
+    state: PathBuf,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum StrategyArg {
-    FirstFit,
-    BestFit,
+#[derive(clap::Args)]
+struct ValidateArgs {
+    /// The manifests to check.
+    #[arg(short = 'f', long = "file", required = true, num_args = 1..)]
+    files: Vec<PathBuf>,
+    /// The pools as they are now, to apply the update rules.
+    #[arg(long)]
+    old: Option<PathBuf>,
+    /// Stored IPAMAllocations (a state file), to check that added exclusions hit none.
+    #[arg(long)]
+    state: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct CrdsArgs {
+    /// Write `<plural>.<group>.yaml` files into this directory instead of printing.
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Allocate(args) => allocate(args),
+        Command::Offline(args) => run_offline(args),
+        Command::Validate(args) => run_validate(args),
+        Command::Crds(args) => run_crds(args),
     }
 }
 
-fn allocate(args: AllocateArgs) -> ExitCode {
-    match run_allocate(&args) {
-        Ok(code) => code,
-        Err(message) => {
-            eprintln!("error: {message}");
-            ExitCode::from(2)
-        }
-    }
+fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
 }
 
-fn run_allocate(args: &AllocateArgs) -> Result<ExitCode, String> {
-    let cidr: Cidr = args
-        .pool_cidr
-        .parse()
-        .map_err(|e| format!("--pool-cidr: {e}"))?;
-    let kind = match (args.range, args.prefix) {
-        (Some(n), _) => PoolKind::Range {
-            allocation_range: n,
-        },
-        (None, Some(len)) => PoolKind::Prefix {
-            allocation_prefix: len,
-        },
-        (None, None) => return Err("one of --range or --prefix is required".into()),
+fn run_offline(args: OfflineArgs) -> ExitCode {
+    let options = OfflineOptions {
+        files: args.files,
+        state: args.state,
+        now: now(),
     };
-    let strategy = match args.strategy {
-        StrategyArg::FirstFit => Strategy::FirstFit,
-        StrategyArg::BestFit => Strategy::BestFit,
-    };
-    let mut pool =
-        PoolAllocator::new(PoolConfig::new(cidr, kind, strategy)).map_err(|e| e.to_string())?;
-    for text in &args.exclude {
-        let range = AddrRange::parse_lenient(text).map_err(|e| format!("--exclude: {e}"))?;
-        pool.exclude(range).map_err(|e| e.to_string())?;
-    }
-    let mut failed = false;
-    println!("{:<24} {:<8} ALLOCATION", "CLUSTER", "STATUS");
-    for cluster in &args.clusters {
-        match pool.allocate(cluster, kind.default_request()) {
-            Ok(allocation) => println!("{cluster:<24} {:<8} {allocation}", "ok"),
-            Err(e) => {
-                failed = true;
-                println!("{cluster:<24} {:<8} {e}", "failed");
-            }
+    let report = match offline::run(&options) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
         }
+    };
+    for skipped in &report.ignored {
+        eprintln!("note: skipped {skipped}");
     }
-    let usage = pool.usage();
+    print!("{}", offline::summary_table(&report.plan));
     println!();
     println!(
-        "pool {cidr}: total {}, allocated {}, excluded {}, available {}, \
-         largest free block {}, fragmentation {}%",
-        usage.total,
-        usage.allocated,
-        usage.excluded,
-        usage.available,
-        usage.largest_free_block,
-        usage.fragmentation_percent
+        "state {}: {}",
+        options.state.display(),
+        if report.state_written {
+            "written"
+        } else {
+            "unchanged"
+        }
     );
-    Ok(if failed {
+    if offline::has_failures(&report.plan) {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
-    })
+    }
+}
+
+fn run_validate(args: ValidateArgs) -> ExitCode {
+    match validate(&args) {
+        Ok(summary) => {
+            println!("{summary}");
+            ExitCode::SUCCESS
+        }
+        Err(messages) => {
+            for m in messages {
+                eprintln!("{m}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn validate(args: &ValidateArgs) -> Result<String, Vec<String>> {
+    let new = offline::manifests::load(&args.files).map_err(|e| vec![e.to_string()])?;
+    let old = match &args.old {
+        Some(p) => {
+            offline::manifests::load(std::slice::from_ref(p))
+                .map_err(|e| vec![e.to_string()])?
+                .pools
+        }
+        None => Vec::new(),
+    };
+    let stored = match &args.state {
+        Some(p) => {
+            let objects = offline::state_file::read(p).map_err(|e| vec![e.to_string()])?;
+            let mut stored = Vec::new();
+            for obj in &objects {
+                stored.push(
+                    validation::stored_allocation(obj)
+                        .map_err(|e| e.iter().map(|e| e.to_string()).collect::<Vec<_>>())?,
+                );
+            }
+            stored
+        }
+        None => Vec::new(),
+    };
+    let mut errors = Vec::new();
+    for pool in &new.pools {
+        let previous = old.iter().find(|o| o.metadata.name == pool.metadata.name);
+        if let Err(e) = validation::validate_pool(pool, previous, &stored) {
+            errors.extend(e.iter().map(|e| e.to_string()));
+        }
+    }
+    for cluster in &new.clusters {
+        if let Err(e) = validation::cluster_input(cluster) {
+            errors.extend(e.iter().map(|e| e.to_string()));
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    Ok(format!(
+        "valid: {} pools, {} clusters",
+        new.pools.len(),
+        new.clusters.len()
+    ))
+}
+
+fn run_crds(args: CrdsArgs) -> ExitCode {
+    let result = match &args.out {
+        None => resources::crds_yaml()
+            .map(|yaml| print!("{yaml}"))
+            .map_err(|e| e.to_string()),
+        Some(dir) => resources::crd_files()
+            .map_err(|e| e.to_string())
+            .and_then(|files| {
+                std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+                for (name, yaml) in files {
+                    let path = dir.join(&name);
+                    std::fs::write(&path, yaml).map_err(|e| format!("{}: {e}", path.display()))?;
+                }
+                Ok(())
+            }),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
 }

@@ -1,0 +1,107 @@
+//! The `IPAMAllocation` objects a plan asks for (pure: shared by the offline writer and the
+//! controller).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::allocator::Allocation;
+use crate::planner::{Change, Decision};
+use crate::resources::{
+    ANNOTATION_RECLAIM_POLICY, AllocationPhase, AllocationType, IPAMAllocation, IPAMAllocationSpec,
+    IPAMAllocationStatus, LABEL_CLUSTER, LABEL_DATACENTER, LABEL_POOL, ReclaimPolicy,
+    cluster_namespace,
+};
+
+/// The allocation object for a decision, or `None` when it is to be removed.
+///
+/// `existing` is the stored object, whose metadata (other labels, annotations) and
+/// `allocatedAt` are carried over; `policy` is the pool's current `reclaimPolicy` (`None` when
+/// the pool is gone: the recorded one stays); `now` stamps new allocations (RFC 3339).
+pub fn allocation_object(
+    decision: &Decision,
+    existing: Option<&IPAMAllocation>,
+    policy: Option<ReclaimPolicy>,
+    now: &str,
+) -> Option<IPAMAllocation> {
+    if decision.change == Change::Release {
+        return None;
+    }
+    let mut obj = existing.cloned().unwrap_or_else(|| IPAMAllocation {
+        metadata: ObjectMeta::default(),
+        spec: IPAMAllocationSpec::default(),
+        status: None,
+    });
+    obj.metadata.name = Some(decision.pool.clone());
+    obj.metadata.namespace = Some(cluster_namespace(&decision.cluster));
+    let labels = obj.metadata.labels.get_or_insert_with(BTreeMap::new);
+    labels.insert(LABEL_POOL.into(), decision.pool.clone());
+    labels.insert(LABEL_CLUSTER.into(), decision.cluster.clone());
+    labels.insert(LABEL_DATACENTER.into(), decision.datacenter.clone());
+    if let Some(policy) = policy {
+        obj.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(ANNOTATION_RECLAIM_POLICY.into(), policy.as_str().into());
+    }
+    let previous_status = obj.status.take().unwrap_or_default();
+    match &decision.held {
+        Some(held) => {
+            obj.spec = spec_for(held, &decision.datacenter);
+        }
+        None => {
+            // Nothing held: no addresses.
+            obj.spec.type_ = decision.type_;
+            obj.spec.dc = decision.datacenter.clone();
+            obj.spec.addresses.clear();
+            obj.spec.cidr = None;
+        }
+    }
+    let phase = match (&decision.held, decision.change) {
+        (Some(_), _) => AllocationPhase::Allocated,
+        (None, Change::Fail) => AllocationPhase::Failed,
+        (None, _) => AllocationPhase::Pending,
+    };
+    let fresh = matches!(decision.change, Change::Create | Change::Replace);
+    let allocated_at = match (&decision.held, fresh) {
+        (Some(_), true) => Some(now.to_string()),
+        (Some(_), false) => previous_status
+            .allocated_at
+            .clone()
+            .or(Some(now.to_string())),
+        (None, _) => None,
+    };
+    let message = match (decision.change, decision.message.is_empty()) {
+        (Change::Keep, true) => previous_status
+            .message
+            .clone()
+            .filter(|_| previous_status.phase == Some(AllocationPhase::Allocated)),
+        (_, true) => None,
+        (_, false) => Some(decision.message.clone()),
+    };
+    obj.status = Some(IPAMAllocationStatus {
+        phase: Some(phase),
+        message,
+        allocated_at,
+        conditions: previous_status.conditions,
+    });
+    Some(obj)
+}
+
+/// `spec` for what a cluster holds.
+pub fn spec_for(held: &Allocation, datacenter: &str) -> IPAMAllocationSpec {
+    match held {
+        Allocation::Range(pieces) => IPAMAllocationSpec {
+            type_: AllocationType::Range,
+            dc: datacenter.to_string(),
+            cidr: None,
+            addresses: pieces.iter().map(|p| p.to_string()).collect(),
+        },
+        Allocation::Prefix(cidr) => IPAMAllocationSpec {
+            type_: AllocationType::Prefix,
+            dc: datacenter.to_string(),
+            cidr: Some(cidr.to_string()),
+            addresses: Vec::new(),
+        },
+    }
+}

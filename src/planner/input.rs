@@ -1,0 +1,77 @@
+//! What the planner is given: pools, clusters and stored allocations as plain values, already
+//! parsed and checked (see `crate::validation`).
+
+use std::collections::BTreeMap;
+
+use crate::address::{AddrRange, Cidr};
+use crate::allocator::{Allocation, PoolConfig};
+use crate::resources::ReclaimPolicy;
+
+/// One pool over all its datacenters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolInput {
+    pub name: String,
+    pub reclaim_policy: ReclaimPolicy,
+    pub datacenters: BTreeMap<String, DatacenterInput>,
+}
+
+/// A pool in one datacenter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DatacenterInput {
+    pub config: PoolConfig,
+    pub exclusions: Vec<AddrRange>,
+}
+
+/// One user cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterInput {
+    pub name: String,
+    /// `metadata.creationTimestamp` (RFC 3339, UTC); clusters without one come after those
+    /// with one.
+    pub created: Option<String>,
+    pub datacenter: String,
+    /// Pool name -> override.
+    pub overrides: BTreeMap<String, PoolOverride>,
+    /// The cluster is being deleted: release everything.
+    pub deleting: bool,
+    /// `spec.pause`: keep what it holds, change nothing.
+    pub paused: bool,
+}
+
+impl ClusterInput {
+    /// Oldest first: creation time, then name.
+    pub fn age_key(&self) -> (bool, &str, &str) {
+        (
+            self.created.is_none(),
+            self.created.as_deref().unwrap_or(""),
+            &self.name,
+        )
+    }
+}
+
+/// How a cluster departs from a pool's defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PoolOverride {
+    /// `allocationRange`.
+    Addresses(u128),
+    /// `allocationPrefix`.
+    Prefix(u8),
+    /// `addresses`: exactly these pieces.
+    PinnedAddresses(Vec<AddrRange>),
+    /// `cidr`: exactly this subnet.
+    PinnedCidr(Cidr),
+    /// `optOut: true`.
+    OptOut,
+}
+
+/// An allocation read back from storage.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredAllocation {
+    pub cluster: String,
+    pub pool: String,
+    pub datacenter: String,
+    /// What it holds; `None` for a request that failed or is pending.
+    pub held: Option<Allocation>,
+    /// The pool's `reclaimPolicy` recorded on the allocation, for pools that are gone.
+    pub reclaim_policy: Option<ReclaimPolicy>,
+}

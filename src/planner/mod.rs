@@ -1,0 +1,498 @@
+//! The desired-state planner shared by every front end (offline mode, controller).
+//!
+//! Given the pools, the clusters and the allocations already stored, it decides for every
+//! (cluster, pool) whether to create, grow, keep, replace, release, retain or fail, each with a
+//! reason. It is pure and deterministic: the same input gives the same plan.
+//!
+//! Order of work, per pool datacenter:
+//! 1. stored allocations are settled first (released when their cluster, pool or datacenter is
+//!    gone, kept otherwise), so what a cluster holds is never handed to another;
+//! 2. pinned requests (`addresses` / `cidr` overrides) are placed next, oldest cluster first;
+//! 3. the remaining requests (new allocations and growth) are served oldest cluster first
+//!    (`creationTimestamp`, then name). A request that does not fit fails without blocking
+//!    younger clusters whose smaller requests still fit; the next plan serves the oldest
+//!    waiting cluster first again.
+//!
+//! One pool's failure never touches the cluster's other pools: each pool datacenter has its
+//! own allocator.
+
+mod input;
+mod output;
+
+pub use input::{ClusterInput, DatacenterInput, PoolInput, PoolOverride, StoredAllocation};
+pub use output::{Change, DatacenterReport, Decision, Plan};
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::address::AddrRange;
+use crate::allocator::PoolKind;
+use crate::allocator::{Allocation, Growth, PoolAllocator, Request};
+use crate::resources::{AllocationType, ReclaimPolicy};
+
+/// Plans every allocation. See the module documentation for the rules.
+pub fn plan(pools: &[PoolInput], clusters: &[ClusterInput], stored: &[StoredAllocation]) -> Plan {
+    let mut planner = Planner::new(pools, clusters);
+    planner.settle_stored(stored);
+    planner.place_pins();
+    planner.serve_requests();
+    planner.finish()
+}
+
+type Key = (String, String);
+
+struct Planner<'a> {
+    pools: BTreeMap<&'a str, &'a PoolInput>,
+    /// Oldest first.
+    clusters: Vec<&'a ClusterInput>,
+    by_name: HashMap<&'a str, &'a ClusterInput>,
+    /// (pool, datacenter) -> allocator, or why the pool could not be set up.
+    allocators: BTreeMap<Key, Result<PoolAllocator, String>>,
+    /// (cluster, pool) -> decision.
+    decisions: BTreeMap<Key, Decision>,
+}
+
+impl<'a> Planner<'a> {
+    fn new(pools: &'a [PoolInput], clusters: &'a [ClusterInput]) -> Self {
+        let mut allocators = BTreeMap::new();
+        for pool in pools {
+            for (dc, input) in &pool.datacenters {
+                allocators.insert((pool.name.clone(), dc.clone()), build_allocator(input));
+            }
+        }
+        let mut sorted: Vec<&ClusterInput> = clusters.iter().collect();
+        sorted.sort_by(|a, b| a.age_key().cmp(&b.age_key()));
+        Planner {
+            pools: pools.iter().map(|p| (p.name.as_str(), p)).collect(),
+            by_name: clusters.iter().map(|c| (c.name.as_str(), c)).collect(),
+            clusters: sorted,
+            allocators,
+            decisions: BTreeMap::new(),
+        }
+    }
+
+    /// Step 1: decide the fate of every stored allocation, loading the ones that stay.
+    fn settle_stored(&mut self, stored: &[StoredAllocation]) {
+        let mut order: Vec<&StoredAllocation> = stored.iter().collect();
+        order.sort_by(|a, b| {
+            let ka = self.by_name.get(a.cluster.as_str()).map(|c| c.age_key());
+            let kb = self.by_name.get(b.cluster.as_str()).map(|c| c.age_key());
+            (ka.is_none(), ka, &a.cluster, &a.pool).cmp(&(kb.is_none(), kb, &b.cluster, &b.pool))
+        });
+        for s in order {
+            let key = (s.cluster.clone(), s.pool.clone());
+            if self.decisions.contains_key(&key) {
+                continue;
+            }
+            if let Some(decision) = self.settle_one(s) {
+                self.decisions.insert(key, decision);
+            }
+        }
+    }
+
+    fn settle_one(&mut self, s: &StoredAllocation) -> Option<Decision> {
+        let decide = |change: Change, held: Option<Allocation>, message: String| Decision {
+            cluster: s.cluster.clone(),
+            pool: s.pool.clone(),
+            datacenter: s.datacenter.clone(),
+            type_: AllocationType::Range,
+            change,
+            previous: if change == Change::Release {
+                s.held.clone()
+            } else {
+                None
+            },
+            held,
+            message,
+        };
+        let Some(cluster) = self.by_name.get(s.cluster.as_str()).copied() else {
+            return Some(decide(
+                Change::Release,
+                None,
+                format!("cluster {} no longer exists", s.cluster),
+            ));
+        };
+        let Some(pool) = self.pools.get(s.pool.as_str()).copied() else {
+            let retain = s.reclaim_policy == Some(ReclaimPolicy::Retain) && s.held.is_some();
+            return Some(if retain {
+                decide(
+                    Change::Retain,
+                    s.held.clone(),
+                    format!(
+                        "pool {} no longer exists; kept by reclaimPolicy Retain",
+                        s.pool
+                    ),
+                )
+            } else {
+                decide(
+                    Change::Release,
+                    None,
+                    format!("pool {} no longer exists", s.pool),
+                )
+            });
+        };
+        if !pool.datacenters.contains_key(&s.datacenter) {
+            let retain = pool.reclaim_policy == ReclaimPolicy::Retain && s.held.is_some();
+            let why = format!(
+                "datacenter {} was removed from pool {}",
+                s.datacenter, s.pool
+            );
+            return Some(if retain {
+                decide(
+                    Change::Retain,
+                    s.held.clone(),
+                    format!("{why}; kept by reclaimPolicy Retain"),
+                )
+            } else {
+                decide(Change::Release, None, why)
+            });
+        }
+        if cluster.deleting {
+            return Some(decide(
+                Change::Release,
+                None,
+                format!("cluster {} is being deleted", s.cluster),
+            ));
+        }
+        if !cluster.paused {
+            if cluster.datacenter != s.datacenter {
+                return Some(decide(
+                    Change::Release,
+                    None,
+                    format!(
+                        "cluster {} moved from datacenter {} to {}",
+                        s.cluster, s.datacenter, cluster.datacenter
+                    ),
+                ));
+            }
+            if cluster.overrides.get(&s.pool) == Some(&PoolOverride::OptOut) {
+                return Some(decide(
+                    Change::Release,
+                    None,
+                    format!("cluster {} opted out of pool {}", s.cluster, s.pool),
+                ));
+            }
+        }
+        let Some(held) = s.held.clone() else {
+            // A request that failed or waits: the later steps try again, unless paused.
+            return cluster
+                .paused
+                .then(|| decide(Change::Keep, None, "cluster is paused".into()));
+        };
+        let key = (s.pool.clone(), s.datacenter.clone());
+        let loaded = match self.allocators.get_mut(&key) {
+            Some(Ok(allocator)) => allocator
+                .load(&s.cluster, held.clone())
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            Some(Err(why)) => Err(why.clone()),
+            None => Err(format!(
+                "pool {} has no datacenter {}",
+                s.pool, s.datacenter
+            )),
+        };
+        Some(match loaded {
+            Ok(()) if cluster.paused => {
+                decide(Change::Keep, Some(held), "cluster is paused".into())
+            }
+            Ok(()) => decide(Change::Keep, Some(held), String::new()),
+            Err(why) => decide(
+                Change::Fail,
+                Some(held),
+                format!("stored allocation kept as it is but not usable: {why}"),
+            ),
+        })
+    }
+
+    /// Step 2: pinned requests, oldest cluster first.
+    fn place_pins(&mut self) {
+        for cluster in self.clusters.clone() {
+            if cluster.deleting || cluster.paused {
+                continue;
+            }
+            for (pool_name, ov) in &cluster.overrides {
+                let wanted = match ov {
+                    PoolOverride::PinnedAddresses(pieces) => Allocation::Range(pieces.clone()),
+                    PoolOverride::PinnedCidr(cidr) => Allocation::Prefix(*cidr),
+                    _ => continue,
+                };
+                if self.serves(pool_name, &cluster.datacenter) {
+                    self.place_pin(cluster, pool_name, wanted);
+                }
+            }
+        }
+    }
+
+    fn place_pin(&mut self, cluster: &ClusterInput, pool: &str, wanted: Allocation) {
+        let key = (cluster.name.clone(), pool.to_string());
+        let dc = cluster.datacenter.clone();
+        let existing = self.decisions.get(&key).cloned();
+        if existing.as_ref().is_some_and(|d| d.change == Change::Fail) {
+            return; // A stored allocation that cannot be used: left for a human.
+        }
+        let held = existing
+            .as_ref()
+            .filter(|d| d.change == Change::Keep)
+            .and_then(|d| d.held.clone());
+        let moved_from = existing
+            .as_ref()
+            .filter(|d| d.change == Change::Release)
+            .and_then(|d| d.previous.clone());
+        let Some(Ok(allocator)) = self.allocators.get_mut(&(pool.to_string(), dc.clone())) else {
+            let why = self.unusable(pool, &dc);
+            self.decide(cluster, pool, Change::Fail, held, moved_from, why);
+            return;
+        };
+        let decision = match held {
+            Some(current) if same_addresses(&current, &wanted) => {
+                (Change::Keep, Some(current), None, "pinned".to_string())
+            }
+            Some(current) => {
+                allocator.release(&cluster.name);
+                match allocator.pin(&cluster.name, wanted.clone()) {
+                    Ok(_) => (
+                        Change::Replace,
+                        Some(wanted),
+                        Some(current.clone()),
+                        format!("pin changed: {current} released"),
+                    ),
+                    Err(e) => {
+                        // Put the old addresses back: nothing else moved since they left.
+                        let restored = allocator.load(&cluster.name, current.clone()).is_ok();
+                        let kept = if restored {
+                            format!("; keeping {current}")
+                        } else {
+                            String::new()
+                        };
+                        (
+                            Change::Fail,
+                            restored.then_some(current),
+                            None,
+                            format!("pinned {wanted} refused: {e}{kept}"),
+                        )
+                    }
+                }
+            }
+            None => match allocator.pin(&cluster.name, wanted.clone()) {
+                Ok(_) => (
+                    Change::Create,
+                    Some(wanted),
+                    moved_from,
+                    "pinned".to_string(),
+                ),
+                Err(e) => (
+                    Change::Fail,
+                    None,
+                    moved_from,
+                    format!("pinned {wanted} refused: {e}"),
+                ),
+            },
+        };
+        let (change, held, previous, message) = decision;
+        self.decide(cluster, pool, change, held, previous, message);
+    }
+
+    /// Step 3: new allocations and growth, oldest cluster first.
+    fn serve_requests(&mut self) {
+        let pools: Vec<&PoolInput> = self.pools.values().copied().collect();
+        for cluster in self.clusters.clone() {
+            if cluster.deleting || cluster.paused {
+                continue;
+            }
+            for pool in &pools {
+                let Some(dc) = pool.datacenters.get(&cluster.datacenter) else {
+                    continue;
+                };
+                let request = match cluster.overrides.get(&pool.name) {
+                    Some(PoolOverride::OptOut)
+                    | Some(PoolOverride::PinnedAddresses(_))
+                    | Some(PoolOverride::PinnedCidr(_)) => continue,
+                    Some(PoolOverride::Addresses(n)) => Request::Addresses(*n),
+                    Some(PoolOverride::Prefix(len)) => Request::Prefix(*len),
+                    None => dc.config.kind.default_request(),
+                };
+                self.serve(cluster, &pool.name, request);
+            }
+        }
+    }
+
+    fn serve(&mut self, cluster: &ClusterInput, pool: &str, request: Request) {
+        let key = (cluster.name.clone(), pool.to_string());
+        let dc = cluster.datacenter.clone();
+        let existing = self.decisions.get(&key).cloned();
+        if existing.as_ref().is_some_and(|d| d.change == Change::Fail) {
+            return;
+        }
+        let held = existing
+            .as_ref()
+            .filter(|d| d.change == Change::Keep)
+            .and_then(|d| d.held.clone());
+        let moved_from = existing
+            .as_ref()
+            .filter(|d| d.change == Change::Release)
+            .and_then(|d| d.previous.clone());
+        let Some(Ok(allocator)) = self.allocators.get_mut(&(pool.to_string(), dc.clone())) else {
+            let why = self.unusable(pool, &dc);
+            self.decide(cluster, pool, Change::Fail, held, moved_from, why);
+            return;
+        };
+        let (change, now, previous, message) = match (held, request) {
+            (Some(current @ Allocation::Range(_)), Request::Addresses(n)) => {
+                match allocator.grow(&cluster.name, n) {
+                    Ok(Growth::Unchanged) => (Change::Keep, Some(current), None, String::new()),
+                    Ok(Growth::Appended(added)) => {
+                        let grown = allocator.get(&cluster.name).cloned();
+                        let message = format!("grew to {n} addresses (+{})", join(&added));
+                        (Change::Grow, grown, Some(current), message)
+                    }
+                    Err(e) => (
+                        Change::Fail,
+                        Some(current.clone()),
+                        None,
+                        format!("growth to {n} addresses refused: {e}; keeping {current}"),
+                    ),
+                }
+            }
+            // Prefix allocations keep their subnet; a new allocationPrefix applies to new
+            // allocations only.
+            (Some(current), _) => (Change::Keep, Some(current), None, String::new()),
+            (None, request) => match allocator.allocate(&cluster.name, request) {
+                Ok(got) => {
+                    let message = match &moved_from {
+                        Some(old) => format!("moved to datacenter {dc}; {old} released"),
+                        None => String::new(),
+                    };
+                    (Change::Create, Some(got.clone()), moved_from, message)
+                }
+                Err(e) => (Change::Fail, None, moved_from, e.to_string()),
+            },
+        };
+        self.decide(cluster, pool, change, now, previous, message);
+    }
+
+    fn serves(&self, pool: &str, dc: &str) -> bool {
+        self.pools
+            .get(pool)
+            .is_some_and(|p| p.datacenters.contains_key(dc))
+    }
+
+    fn unusable(&self, pool: &str, dc: &str) -> String {
+        match self.allocators.get(&(pool.to_string(), dc.to_string())) {
+            Some(Err(why)) => why.clone(),
+            _ => format!("pool {pool} does not serve datacenter {dc}"),
+        }
+    }
+
+    fn decide(
+        &mut self,
+        cluster: &ClusterInput,
+        pool: &str,
+        change: Change,
+        held: Option<Allocation>,
+        previous: Option<Allocation>,
+        message: String,
+    ) {
+        self.decisions.insert(
+            (cluster.name.clone(), pool.to_string()),
+            Decision {
+                cluster: cluster.name.clone(),
+                pool: pool.to_string(),
+                datacenter: cluster.datacenter.clone(),
+                type_: AllocationType::Range,
+                change,
+                held,
+                previous,
+                message,
+            },
+        );
+    }
+
+    fn finish(self) -> Plan {
+        let usage = self
+            .allocators
+            .iter()
+            .filter_map(|((pool, dc), a)| {
+                let allocator = a.as_ref().ok()?;
+                Some((
+                    (pool.clone(), dc.clone()),
+                    DatacenterReport {
+                        pool: pool.clone(),
+                        datacenter: dc.clone(),
+                        usage: allocator.usage(),
+                    },
+                ))
+            })
+            .collect();
+        let pools = self.pools;
+        let decisions = self
+            .decisions
+            .into_values()
+            .map(|mut d| {
+                d.type_ = decision_type(&d, &pools);
+                d
+            })
+            .collect();
+        Plan { decisions, usage }
+    }
+}
+
+/// The type of what is (or was) held, else of the pool datacenter.
+fn decision_type(d: &Decision, pools: &BTreeMap<&str, &PoolInput>) -> AllocationType {
+    let from_allocation = |a: &Allocation| match a {
+        Allocation::Range(_) => AllocationType::Range,
+        Allocation::Prefix(_) => AllocationType::Prefix,
+    };
+    if let Some(a) = d.held.as_ref().or(d.previous.as_ref()) {
+        return from_allocation(a);
+    }
+    match pools
+        .get(d.pool.as_str())
+        .and_then(|p| p.datacenters.get(&d.datacenter))
+        .map(|dc| dc.config.kind)
+    {
+        Some(PoolKind::Prefix { .. }) => AllocationType::Prefix,
+        _ => AllocationType::Range,
+    }
+}
+
+/// An allocator with the exclusions applied, or why it cannot be built.
+fn build_allocator(input: &DatacenterInput) -> Result<PoolAllocator, String> {
+    let mut allocator = PoolAllocator::new(input.config.clone()).map_err(|e| e.to_string())?;
+    for exclusion in &input.exclusions {
+        allocator.exclude(*exclusion).map_err(|e| e.to_string())?;
+    }
+    Ok(allocator)
+}
+
+/// Two allocations cover the same addresses (pieces compared as sets, not strings).
+fn same_addresses(a: &Allocation, b: &Allocation) -> bool {
+    match (a, b) {
+        (Allocation::Prefix(x), Allocation::Prefix(y)) => x == y,
+        (Allocation::Range(_), Allocation::Range(_)) => {
+            normalise(a.ranges().collect()) == normalise(b.ranges().collect())
+        }
+        _ => false,
+    }
+}
+
+/// Sorted, merged (first, last) pairs.
+fn normalise(mut ranges: Vec<AddrRange>) -> Vec<(u128, u128)> {
+    ranges.sort();
+    let mut out: Vec<(u128, u128)> = Vec::new();
+    for r in ranges {
+        match out.last_mut() {
+            Some(last) if last.1 == u128::MAX || r.first() <= last.1 + 1 => {
+                last.1 = last.1.max(r.last());
+            }
+            _ => out.push((r.first(), r.last())),
+        }
+    }
+    out
+}
+
+fn join(pieces: &[AddrRange]) -> String {
+    pieces
+        .iter()
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}

@@ -1,0 +1,101 @@
+//! What the planner returns: one decision per (cluster, pool) and the pools' usage.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::allocator::{Allocation, PoolUsage};
+use crate::resources::AllocationType;
+
+/// What happens to one cluster's allocation from one pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Change {
+    /// A new allocation.
+    Create,
+    /// Addresses appended to a range allocation.
+    Grow,
+    /// Held as it is.
+    Keep,
+    /// A pin changed: the old addresses were released and the new ones taken.
+    Replace,
+    /// Returned to the pool; the stored allocation goes away.
+    Release,
+    /// The pool or datacenter is gone but its `reclaimPolicy` is `Retain`: kept, unmanaged.
+    Retain,
+    /// The request could not be met; `held` says what the cluster still holds, if anything.
+    Fail,
+}
+
+impl Change {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Change::Create => "created",
+            Change::Grow => "grown",
+            Change::Keep => "kept",
+            Change::Replace => "replaced",
+            Change::Release => "released",
+            Change::Retain => "retained",
+            Change::Fail => "failed",
+        }
+    }
+}
+
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The planner's verdict for one (cluster, pool).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub cluster: String,
+    pub pool: String,
+    pub datacenter: String,
+    /// The pool's allocation type in that datacenter (from what is held, else the pool).
+    pub type_: AllocationType,
+    pub change: Change,
+    /// What the cluster holds after the plan (`None` when released or never allocated).
+    pub held: Option<Allocation>,
+    /// What the cluster held before, when that differs.
+    pub previous: Option<Allocation>,
+    /// Why, in words a user can act on.
+    pub message: String,
+}
+
+impl Decision {
+    /// True when the cluster got what it asked for.
+    pub fn is_ok(&self) -> bool {
+        self.change != Change::Fail
+    }
+}
+
+/// Usage of one pool in one datacenter after the plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DatacenterReport {
+    pub pool: String,
+    pub datacenter: String,
+    pub usage: PoolUsage,
+}
+
+/// Everything the planner decided.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Sorted by cluster, then pool.
+    pub decisions: Vec<Decision>,
+    /// Keyed by (pool, datacenter).
+    pub usage: BTreeMap<(String, String), DatacenterReport>,
+}
+
+impl Plan {
+    /// The decisions that failed.
+    pub fn failures(&self) -> impl Iterator<Item = &Decision> {
+        self.decisions.iter().filter(|d| !d.is_ok())
+    }
+
+    /// The decision for one (cluster, pool).
+    pub fn decision(&self, cluster: &str, pool: &str) -> Option<&Decision> {
+        self.decisions
+            .iter()
+            .find(|d| d.cluster == cluster && d.pool == pool)
+    }
+}

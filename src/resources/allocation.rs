@@ -1,0 +1,87 @@
+//! `IPAMAllocation`: what one cluster holds from one pool.
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{AllocationType, Condition};
+
+/// The addresses one user cluster holds from one pool. Lives in the cluster's namespace
+/// (`cluster-<name>`) and is named after the pool.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "ipam.kipam.dev",
+    version = "v1alpha1",
+    kind = "IPAMAllocation",
+    plural = "ipamallocations",
+    singular = "ipamallocation",
+    doc = "The addresses one user cluster holds from one pool.",
+    shortname = "ipa",
+    namespaced,
+    status = "IPAMAllocationStatus",
+    printcolumn = r#"{"name":"Pool","type":"string","jsonPath":".metadata.labels.ipam\\.kipam\\.dev/pool"}"#,
+    printcolumn = r#"{"name":"DC","type":"string","jsonPath":".spec.dc"}"#,
+    printcolumn = r#"{"name":"Type","type":"string","jsonPath":".spec.type"}"#,
+    printcolumn = r#"{"name":"CIDR","type":"string","jsonPath":".spec.cidr"}"#,
+    printcolumn = r#"{"name":"Addresses","type":"string","jsonPath":".spec.addresses"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct IPAMAllocationSpec {
+    /// The pool's allocation type in this datacenter.
+    #[serde(rename = "type")]
+    pub type_: AllocationType,
+    /// The datacenter of the pool the addresses come from.
+    pub dc: String,
+    /// `prefix` allocations: the subnet held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cidr: Option<String>,
+    /// `range` allocations: the addresses held, as `first-last` pieces. Several disjoint
+    /// pieces are normal; growth appends pieces and never rewrites one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
+}
+
+/// Lifecycle of an allocation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum AllocationPhase {
+    /// Not planned yet.
+    #[default]
+    Pending,
+    /// The addresses in `spec` are held.
+    Allocated,
+    /// The request could not be met (see `message`); retried when capacity frees up.
+    Failed,
+    /// The addresses were returned to the pool.
+    Released,
+}
+
+impl AllocationPhase {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            AllocationPhase::Pending => "Pending",
+            AllocationPhase::Allocated => "Allocated",
+            AllocationPhase::Failed => "Failed",
+            AllocationPhase::Released => "Released",
+        }
+    }
+}
+
+/// Observed state of an allocation.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IPAMAllocationStatus {
+    /// `Pending`, `Allocated`, `Failed` or `Released`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<AllocationPhase>,
+    /// Why the allocation is in its phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When the addresses were first handed out (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated_at: Option<String>,
+    /// Detailed conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}

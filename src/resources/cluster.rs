@@ -1,0 +1,100 @@
+//! `Cluster`: a user cluster the seed serves.
+
+use std::collections::BTreeMap;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::Condition;
+
+/// A user cluster served by this seed. kipam gives it the namespace `cluster-<name>` and one
+/// `IPAMAllocation` there for every pool that lists its datacenter.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "ipam.kipam.dev",
+    version = "v1alpha1",
+    kind = "Cluster",
+    plural = "clusters",
+    singular = "cluster",
+    doc = "A user cluster served by this seed.",
+    status = "ClusterStatus",
+    printcolumn = r#"{"name":"Datacenter","type":"string","jsonPath":".spec.datacenter"}"#,
+    printcolumn = r#"{"name":"IPAM","type":"string","jsonPath":".status.conditions[?(@.type==\"IPAMReady\")].status"}"#,
+    printcolumn = r#"{"name":"Addons","type":"string","jsonPath":".status.conditions[?(@.type==\"AddonsReady\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterSpec {
+    /// The datacenter the cluster runs in; pools listing it serve the cluster.
+    pub datacenter: String,
+    /// Where the cluster's kubeconfig is, to push addons into it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeconfig: Option<KubeconfigReference>,
+    /// Pool name -> how this cluster departs from the pool's defaults.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ipam: BTreeMap<String, ClusterPoolOverride>,
+    /// When true, kipam leaves the cluster alone (no allocation, growth or release).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pause: bool,
+}
+
+/// A reference to a kubeconfig stored in a Secret.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeconfigReference {
+    /// The Secret key holding the kubeconfig.
+    pub secret_ref: SecretKeyRef,
+}
+
+/// A key of a Secret.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Namespace of the Secret.
+    pub namespace: String,
+    /// Name of the Secret.
+    pub name: String,
+    /// Key inside the Secret (default `kubeconfig`).
+    #[serde(default = "default_kubeconfig_key")]
+    pub key: String,
+}
+
+fn default_kubeconfig_key() -> String {
+    "kubeconfig".to_string()
+}
+
+/// How one cluster departs from a pool's defaults. At most one of `allocationRange`,
+/// `allocationPrefix`, `addresses`, `cidr` and `optOut` may be set.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterPoolOverride {
+    /// `range` pools: this many addresses instead of the pool's `allocationRange`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation_range: Option<i64>,
+    /// `prefix` pools: a subnet of this length instead of the pool's `allocationPrefix`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation_prefix: Option<i32>,
+    /// `range` pools: exactly these addresses (`a.b.c.d`, `first-last` or CIDR pieces), or a
+    /// clear refusal.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
+    /// `prefix` pools: exactly this subnet, or a clear refusal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cidr: Option<String>,
+    /// No allocation from this pool; an existing one is released.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub opt_out: bool,
+}
+
+/// Observed state of a cluster.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterStatus {
+    /// The namespace holding the cluster's allocations and addons.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// `IPAMReady`, `AddonsReady`, ...
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}

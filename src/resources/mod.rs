@@ -1,0 +1,89 @@
+//! The custom resources of API group `ipam.kipam.dev`, version `v1alpha1`.
+//!
+//! The Rust types are the source of truth: the CRD manifests under `crds/` are generated from
+//! them (`kipam crds`) and a test fails when they are stale. Field names follow KKP so a KKP
+//! manifest works after changing its `apiVersion`.
+
+mod addon;
+mod allocation;
+mod cluster;
+mod condition;
+mod pool;
+
+pub use addon::{Addon, AddonSpec, AddonStatus, AppliedObject};
+pub use allocation::{AllocationPhase, IPAMAllocation, IPAMAllocationSpec, IPAMAllocationStatus};
+pub use cluster::{
+    Cluster, ClusterPoolOverride, ClusterSpec, ClusterStatus, KubeconfigReference, SecretKeyRef,
+};
+pub use condition::Condition;
+pub use pool::{
+    AllocationType, DatacenterUsage, IPAMPool, IPAMPoolDatacenter, IPAMPoolSpec, IPAMPoolStatus,
+    PoolStrategy, ReclaimPolicy,
+};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+/// The API group.
+pub const GROUP: &str = "ipam.kipam.dev";
+/// The API version of every kind, `group/version`.
+pub const API_VERSION: &str = "ipam.kipam.dev/v1alpha1";
+
+/// Label on an `IPAMAllocation`: the pool it was taken from.
+pub const LABEL_POOL: &str = "ipam.kipam.dev/pool";
+/// Label on an `IPAMAllocation`: the cluster that holds it.
+pub const LABEL_CLUSTER: &str = "ipam.kipam.dev/cluster";
+/// Label on an `IPAMAllocation`: the datacenter of the pool.
+pub const LABEL_DATACENTER: &str = "ipam.kipam.dev/datacenter";
+/// Annotation on an `IPAMAllocation`: the pool's `reclaimPolicy` when it was last planned, so a
+/// pool that disappears without a controller watching (offline mode) is still honoured.
+pub const ANNOTATION_RECLAIM_POLICY: &str = "ipam.kipam.dev/reclaim-policy";
+
+/// The namespace kipam keeps a cluster's allocations and addons in.
+pub fn cluster_namespace(cluster: &str) -> String {
+    format!("cluster-{cluster}")
+}
+
+/// The cluster a `cluster-<name>` namespace belongs to.
+pub fn cluster_of_namespace(namespace: &str) -> Option<&str> {
+    namespace.strip_prefix("cluster-").filter(|n| !n.is_empty())
+}
+
+/// Every CRD, in a stable order.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    vec![
+        IPAMPool::crd(),
+        IPAMAllocation::crd(),
+        Cluster::crd(),
+        Addon::crd(),
+    ]
+}
+
+/// Every CRD as `(file name, YAML)`, the layout of `crds/` (`<plural>.<group>.yaml`).
+pub fn crd_files() -> Result<Vec<(String, String)>, serde_saphyr::ser::Error> {
+    crds()
+        .into_iter()
+        .map(|crd| {
+            let name = format!("{}.yaml", crd.metadata.name.clone().unwrap_or_default());
+            serde_saphyr::to_string(&crd).map(|yaml| (name, yaml))
+        })
+        .collect()
+}
+
+/// Every CRD as one multi-document YAML stream, ready for `kubectl apply -f -`.
+pub fn crds_yaml() -> Result<String, serde_saphyr::ser::Error> {
+    let mut out = String::new();
+    for (_, yaml) in crd_files()? {
+        out.push_str("---\n");
+        out.push_str(&yaml);
+    }
+    Ok(out)
+}
+
+/// Schema of a free-form object (`x-kubernetes-preserve-unknown-fields`).
+pub(crate) fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}

@@ -1,0 +1,174 @@
+//! `IPAMPool`: the address space admins hand out, per datacenter.
+
+use std::collections::BTreeMap;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::Condition;
+
+/// An IP pool that kipam divides between the user clusters of each listed datacenter.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "ipam.kipam.dev",
+    version = "v1alpha1",
+    kind = "IPAMPool",
+    plural = "ipampools",
+    singular = "ipampool",
+    shortname = "ipp",
+    doc = "An IP pool that kipam divides between the user clusters of each listed datacenter.",
+    status = "IPAMPoolStatus",
+    printcolumn = r#"{"name":"Reclaim","type":"string","jsonPath":".spec.reclaimPolicy"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Max Used %","type":"integer","jsonPath":".status.maxUtilisationPercent"}"#,
+    printcolumn = r#"{"name":"Allocations","type":"integer","jsonPath":".status.allocations"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct IPAMPoolSpec {
+    /// Datacenter name -> the pool's settings in that datacenter. Must not be empty.
+    #[schemars(extend("minProperties" = 1))]
+    pub datacenters: BTreeMap<String, IPAMPoolDatacenter>,
+    /// What deleting the pool (or removing a datacenter from it) does to its allocations:
+    /// `Delete` (the default, as KKP) removes them, `Retain` keeps them, unmanaged but still
+    /// reserved should the pool be created again.
+    #[serde(default)]
+    pub reclaim_policy: ReclaimPolicy,
+}
+
+/// The pool's settings in one datacenter.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.poolCidr == oldSelf.poolCidr", "message": "poolCidr is immutable"},
+    {"rule": "self.type == oldSelf.type", "message": "type is immutable"},
+    {
+        "rule": "has(self.allocationPrefix) == has(oldSelf.allocationPrefix) && (!has(self.allocationPrefix) || self.allocationPrefix == oldSelf.allocationPrefix)",
+        "message": "allocationPrefix is immutable"
+    }
+]))]
+pub struct IPAMPoolDatacenter {
+    /// `range`: each cluster gets `allocationRange` addresses; `prefix`: each cluster gets one
+    /// aligned subnet of length `allocationPrefix`.
+    #[serde(rename = "type")]
+    pub type_: AllocationType,
+    /// The pool's network in CIDR notation, IPv4 or IPv6 (`192.168.1.0/26`, `2001:db8::/64`).
+    /// Host bits must be zero. Immutable.
+    pub pool_cidr: String,
+    /// `range` pools: addresses per cluster, at least 1 and at most the pool size. Raising it
+    /// grows existing allocations; lowering it releases nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub allocation_range: Option<i64>,
+    /// `prefix` pools: the subnet length per cluster, between the pool's prefix length and 32
+    /// (IPv4) or 128 (IPv6). Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 128))]
+    pub allocation_prefix: Option<i32>,
+    /// `range` pools: addresses (`192.168.1.1`), ranges (`192.168.1.5-192.168.1.7`) or CIDRs
+    /// kept out of allocations.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude_ranges: Vec<String>,
+    /// `prefix` pools: subnets (`192.168.1.0/30`) kept out of allocations.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude_prefixes: Vec<String>,
+    /// How free space is chosen: `FirstFit` (default, KKP's behaviour: lowest free addresses)
+    /// or `BestFit` (Butler's: the smallest free block that fits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<PoolStrategy>,
+}
+
+/// The allocation type of a pool datacenter.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AllocationType {
+    /// A number of addresses per cluster, possibly in several pieces.
+    #[default]
+    Range,
+    /// One aligned subnet per cluster.
+    Prefix,
+}
+
+impl AllocationType {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            AllocationType::Range => "range",
+            AllocationType::Prefix => "prefix",
+        }
+    }
+}
+
+/// How free space is chosen for new allocations.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum PoolStrategy {
+    /// Lowest free addresses first (KKP).
+    #[default]
+    FirstFit,
+    /// Smallest free block that fits (Butler).
+    BestFit,
+}
+
+/// What happens to allocations when their pool or pool datacenter goes away.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ReclaimPolicy {
+    /// Remove the allocations.
+    #[default]
+    Delete,
+    /// Keep the allocations (unmanaged, still reserved if the pool comes back).
+    Retain,
+}
+
+impl ReclaimPolicy {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ReclaimPolicy::Delete => "Delete",
+            ReclaimPolicy::Retain => "Retain",
+        }
+    }
+}
+
+/// Observed state of a pool.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IPAMPoolStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, `CapacityWarning` (>= 70 % used), `CapacityCritical` (>= 85 %),
+    /// `CapacityExhausted` (>= 95 %), `Overlap`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Usage per datacenter.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub datacenters: BTreeMap<String, DatacenterUsage>,
+    /// The highest `utilisationPercent` over all datacenters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_utilisation_percent: Option<i32>,
+    /// Number of allocations over all datacenters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocations: Option<i64>,
+}
+
+/// Usage of the pool in one datacenter. Address counts are exact decimal strings: an IPv6
+/// pool can hold far more addresses than a 64-bit integer (a /48 has 2^80).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DatacenterUsage {
+    /// Addresses in `poolCidr`.
+    pub total: String,
+    /// Addresses held by allocations.
+    pub allocated: String,
+    /// Addresses removed by exclusions.
+    pub excluded: String,
+    /// Addresses free to allocate.
+    pub available: String,
+    /// Number of allocations.
+    pub allocations: i64,
+    /// The largest contiguous run of free addresses.
+    pub largest_free_block: String,
+    /// `100 * (1 - largestFreeBlock / available)`, floored; 0 when nothing is free.
+    pub fragmentation_percent: i32,
+    /// `100 * allocated / (total - excluded)`, floored.
+    pub utilisation_percent: i32,
+}

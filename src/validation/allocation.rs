@@ -1,0 +1,80 @@
+//! Reading stored `IPAMAllocation`s back.
+
+use crate::address::{AddrRange, Cidr};
+use crate::allocator::Allocation;
+use crate::planner::StoredAllocation;
+use crate::resources::{
+    ANNOTATION_RECLAIM_POLICY, AllocationPhase, AllocationType, IPAMAllocation, ReclaimPolicy,
+    cluster_of_namespace,
+};
+
+use super::{Errors, FieldError};
+
+/// Parses a stored allocation exactly as it was written. An allocation without addresses (a
+/// failed or pending request) holds nothing.
+pub fn stored_allocation(obj: &IPAMAllocation) -> Result<StoredAllocation, Vec<FieldError>> {
+    let namespace = obj.metadata.namespace.clone().unwrap_or_default();
+    let pool = obj.metadata.name.clone().unwrap_or_default();
+    let mut errors = Errors::new(format!("IPAMAllocation {namespace}/{pool}"));
+    let cluster = match cluster_of_namespace(&namespace) {
+        Some(c) => c.to_string(),
+        None => {
+            errors.add(
+                "metadata.namespace",
+                &namespace,
+                "must be cluster-<cluster name>",
+            );
+            String::new()
+        }
+    };
+    if pool.is_empty() {
+        errors.add("metadata.name", "", "is required (the pool name)");
+    }
+    if obj.spec.dc.is_empty() {
+        errors.add("spec.dc", "", "is required");
+    }
+    let released = obj
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .is_some_and(|p| p == AllocationPhase::Released);
+    let held = match obj.spec.type_ {
+        AllocationType::Range => {
+            let mut pieces = Vec::new();
+            for (i, text) in obj.spec.addresses.iter().enumerate() {
+                match text.parse::<AddrRange>() {
+                    Ok(r) => pieces.push(r),
+                    Err(e) => errors.add(format!("spec.addresses[{i}]"), text, e.to_string()),
+                }
+            }
+            (!pieces.is_empty()).then_some(Allocation::Range(pieces))
+        }
+        AllocationType::Prefix => match &obj.spec.cidr {
+            None => None,
+            Some(text) => match text.parse::<Cidr>() {
+                Ok(c) => Some(Allocation::Prefix(c)),
+                Err(e) => {
+                    errors.add("spec.cidr", text, e.to_string());
+                    None
+                }
+            },
+        },
+    };
+    let reclaim_policy = obj
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_RECLAIM_POLICY))
+        .and_then(|v| match v.as_str() {
+            "Retain" => Some(ReclaimPolicy::Retain),
+            "Delete" => Some(ReclaimPolicy::Delete),
+            _ => None,
+        });
+    errors.into_result(StoredAllocation {
+        cluster,
+        pool,
+        datacenter: obj.spec.dc.clone(),
+        held: if released { None } else { held },
+        reclaim_policy,
+    })
+}

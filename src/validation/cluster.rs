@@ -1,0 +1,113 @@
+//! `Cluster` rules.
+
+use std::collections::BTreeMap;
+
+use crate::address::{AddrRange, Cidr};
+use crate::planner::{ClusterInput, PoolOverride};
+use crate::resources::{Cluster, ClusterPoolOverride};
+
+use super::{Errors, FieldError, is_dns_label};
+
+/// Longest cluster name whose namespace `cluster-<name>` is still a valid label (63).
+const MAX_CLUSTER_NAME: usize = 63 - "cluster-".len();
+
+/// Checks a cluster and returns the planner's view of it.
+pub fn cluster_input(cluster: &Cluster) -> Result<ClusterInput, Vec<FieldError>> {
+    let name = cluster.metadata.name.clone().unwrap_or_default();
+    let mut errors = Errors::new(format!("Cluster {name}"));
+    if !is_dns_label(&name, MAX_CLUSTER_NAME) {
+        errors.add(
+            "metadata.name",
+            &name,
+            format!(
+                "must be a DNS label of at most {MAX_CLUSTER_NAME} characters \
+                 (lowercase letters, digits, '-'), so that namespace cluster-<name> is valid"
+            ),
+        );
+    }
+    if cluster.spec.datacenter.is_empty() {
+        errors.add("spec.datacenter", "", "is required");
+    }
+    let mut overrides = BTreeMap::new();
+    for (pool, o) in &cluster.spec.ipam {
+        if let Some(parsed) = pool_override(pool, o, &mut errors) {
+            overrides.insert(pool.clone(), parsed);
+        }
+    }
+    errors.into_result(ClusterInput {
+        name,
+        created: cluster
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.to_string()),
+        datacenter: cluster.spec.datacenter.clone(),
+        overrides,
+        deleting: cluster.metadata.deletion_timestamp.is_some(),
+        paused: cluster.spec.pause,
+    })
+}
+
+fn pool_override(pool: &str, o: &ClusterPoolOverride, errors: &mut Errors) -> Option<PoolOverride> {
+    let path = |f: &str| format!("spec.ipam[{pool}].{f}");
+    let set: Vec<&str> = [
+        ("allocationRange", o.allocation_range.is_some()),
+        ("allocationPrefix", o.allocation_prefix.is_some()),
+        ("addresses", !o.addresses.is_empty()),
+        ("cidr", o.cidr.is_some()),
+        ("optOut", o.opt_out),
+    ]
+    .into_iter()
+    .filter_map(|(n, on)| on.then_some(n))
+    .collect();
+    if set.len() > 1 {
+        errors.add(
+            format!("spec.ipam[{pool}]"),
+            set.join(", "),
+            "set at most one of allocationRange, allocationPrefix, addresses, cidr, optOut",
+        );
+        return None;
+    }
+    if o.opt_out {
+        return Some(PoolOverride::OptOut);
+    }
+    if let Some(n) = o.allocation_range {
+        if n < 1 {
+            errors.add(path("allocationRange"), n, "must be at least 1");
+            return None;
+        }
+        return Some(PoolOverride::Addresses(n as u128));
+    }
+    if let Some(p) = o.allocation_prefix {
+        if !(0..=128).contains(&p) {
+            errors.add(path("allocationPrefix"), p, "must be between 0 and 128");
+            return None;
+        }
+        return Some(PoolOverride::Prefix(p as u8));
+    }
+    if let Some(text) = &o.cidr {
+        return match text.parse::<Cidr>() {
+            Ok(c) => Some(PoolOverride::PinnedCidr(c)),
+            Err(e) => {
+                errors.add(path("cidr"), text, format!("is not valid: {e}"));
+                None
+            }
+        };
+    }
+    if !o.addresses.is_empty() {
+        let mut pieces = Vec::new();
+        for (i, text) in o.addresses.iter().enumerate() {
+            match AddrRange::parse_lenient(text) {
+                Ok(r) => pieces.push(r),
+                Err(e) => errors.add(
+                    format!("{}[{i}]", path("addresses")),
+                    text,
+                    format!("is not valid: {e}"),
+                ),
+            }
+        }
+        return (pieces.len() == o.addresses.len())
+            .then_some(PoolOverride::PinnedAddresses(pieces));
+    }
+    None
+}
