@@ -51,7 +51,7 @@ pub fn validate_pool(
         immutables(new, old, &mut errors);
     }
     if let Ok(input) = &input {
-        added_exclusions(input, old, stored, &mut errors);
+        added_exclusions(new, input, old, stored, &mut errors);
     }
     match input {
         Ok(input) => errors.into_result(input),
@@ -280,7 +280,7 @@ fn immutables(new: &IPAMPool, old: &IPAMPool, errors: &mut Errors) {
                 format!("is immutable (was {})", before.type_.as_str()),
             );
         }
-        if now.allocation_prefix != before.allocation_prefix {
+        if now.type_ == before.type_ && now.allocation_prefix != before.allocation_prefix {
             let show = |p: Option<i32>| p.map(|p| p.to_string()).unwrap_or_else(|| "unset".into());
             errors.add(
                 field(dc, "allocationPrefix"),
@@ -293,6 +293,7 @@ fn immutables(new: &IPAMPool, old: &IPAMPool, errors: &mut Errors) {
 
 /// Exclusions that were not there before must not hit a stored allocation of the pool.
 fn added_exclusions(
+    pool: &IPAMPool,
     input: &PoolInput,
     old: Option<&IPAMPool>,
     stored: &[StoredAllocation],
@@ -305,9 +306,12 @@ fn added_exclusions(
             .and_then(|o| o.datacenters.get(dc))
             .map(|d| d.exclusions.clone())
             .unwrap_or_default();
-        let list = match now.config.kind {
-            PoolKind::Range { .. } => "excludeRanges",
-            PoolKind::Prefix { .. } => "excludePrefixes",
+        let Some(settings) = pool.spec.datacenters.get(dc) else {
+            continue;
+        };
+        let (list, texts) = match now.config.kind {
+            PoolKind::Range { .. } => ("excludeRanges", &settings.exclude_ranges),
+            PoolKind::Prefix { .. } => ("excludePrefixes", &settings.exclude_prefixes),
         };
         for (i, exclusion) in now.exclusions.iter().enumerate() {
             for (first, last) in subtract(*exclusion, &before) {
@@ -321,9 +325,13 @@ fn added_exclusions(
                         .then(|| (s.cluster.clone(), held.to_string()))
                 });
                 if let Some((cluster, held)) = hit {
+                    let written = texts
+                        .get(i)
+                        .cloned()
+                        .unwrap_or_else(|| exclusion.to_string());
                     errors.add(
                         format!("{}[{i}]", field(dc, list)),
-                        exclusion,
+                        written,
                         format!("hits the allocation of cluster {cluster} ({held})"),
                     );
                     break;

@@ -1,0 +1,300 @@
+//! `kipam offline`, `kipam validate` and `kipam crds` run as a user runs them: the real
+//! binary over files in a temporary directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+struct Workdir(PathBuf);
+
+impl Workdir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("kipam-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Workdir(dir)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    fn write(&self, name: &str, content: &str) -> PathBuf {
+        let p = self.path(name);
+        std::fs::write(&p, content).expect("write fixture");
+        p
+    }
+
+    fn read(&self, name: &str) -> String {
+        std::fs::read_to_string(self.path(name)).unwrap_or_default()
+    }
+}
+
+impl Drop for Workdir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn kipam(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kipam"))
+        .args(args)
+        .output()
+        .expect("run kipam")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn examples() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .display()
+        .to_string()
+}
+
+fn offline(files: &[&str], state: &Path) -> Output {
+    let mut args = vec!["offline"];
+    for f in files {
+        args.push("-f");
+        args.push(f);
+    }
+    args.push("--state");
+    let state = state.display().to_string();
+    args.push(&state);
+    kipam(&args)
+}
+
+const POOL: &str = "apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata:
+  name: small
+spec:
+  datacenters:
+    dc-1:
+      type: range
+      poolCidr: 10.0.0.0/29
+      allocationRange: 4
+---
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata:
+  name: big
+spec:
+  datacenters:
+    dc-1:
+      type: prefix
+      poolCidr: 2001:db8::/48
+      allocationPrefix: 64
+";
+
+fn clusters(names: &[&str]) -> String {
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            format!(
+                "---\napiVersion: ipam.kipam.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: {n}\n  creationTimestamp: \"2026-01-{:02}T00:00:00Z\"\nspec:\n  datacenter: dc-1\n",
+                i + 1
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn examples_run_and_rerun_changes_nothing() {
+    let w = Workdir::new("examples");
+    let state = w.path("state.yaml");
+    let first = offline(&[&examples()], &state);
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    let out = text(&first.stdout);
+    assert!(out.contains("alpha    metallb       azure-westeurope   range   192.168.1.0-192.168.1.0,192.168.1.2-192.168.1.4,192.168.1.8-192.168.1.11  created"), "{out}");
+    assert!(
+        out.contains("echo     metallb       aws-eu-central-1a  prefix  192.168.2.128/28"),
+        "{out}"
+    );
+    assert!(out.contains("written"));
+    let saved = w.read("state.yaml");
+    assert_eq!(saved.matches("kind: IPAMAllocation").count(), 14);
+
+    let second = offline(&[&examples()], &state);
+    assert_eq!(second.status.code(), Some(0));
+    let out = text(&second.stdout);
+    assert!(out.contains("state") && out.contains("unchanged"), "{out}");
+    assert!(!out.contains("created"), "{out}");
+    assert_eq!(w.read("state.yaml"), saved, "a re-run rewrites nothing");
+}
+
+#[test]
+fn exhaustion_exits_non_zero_and_keeps_other_pools() {
+    let w = Workdir::new("exhaust");
+    let files = w.write("in.yaml", &format!("{POOL}{}", clusters(&["a", "b", "c"])));
+    let state = w.path("state.yaml");
+    let run = offline(&[files.to_str().unwrap()], &state);
+    assert_eq!(run.status.code(), Some(1));
+    let out = text(&run.stdout);
+    assert!(
+        out.contains(
+            "failed: pool small/dc-1 (10.0.0.0/29) has 0 free addresses, 4 requested by c"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("c        big"), "{out}");
+    let saved = w.read("state.yaml");
+    assert!(saved.contains("phase: Failed"), "{saved}");
+    assert!(
+        saved.contains("2001:db8:0:2::/64"),
+        "c still gets its IPv6 subnet: {saved}"
+    );
+
+    // b leaves: c gets b's addresses on the next run.
+    std::fs::write(&files, format!("{POOL}{}", clusters(&["a", "c"]))).unwrap();
+    let run = offline(&[files.to_str().unwrap()], &state);
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run.stdout));
+    let out = text(&run.stdout);
+    assert!(
+        out.contains("b        small  dc-1        range   -"),
+        "{out}"
+    );
+    assert!(
+        out.contains("released: cluster b no longer exists"),
+        "{out}"
+    );
+    assert!(
+        out.contains("c        small  dc-1        range   10.0.0.4-10.0.0.7"),
+        "{out}"
+    );
+    let saved = w.read("state.yaml");
+    assert!(!saved.contains("namespace: cluster-b"), "{saved}");
+}
+
+#[test]
+fn corrupt_or_unreadable_state_is_refused_and_not_overwritten() {
+    let w = Workdir::new("corrupt");
+    let files = w.write("in.yaml", &format!("{POOL}{}", clusters(&["a"])));
+    let cases = [
+        ("not: [valid", "is corrupt"),
+        (
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n",
+            "not an IPAMAllocation",
+        ),
+        (
+            "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMAllocation\nmetadata:\n  name: small\n  namespace: cluster-a\nspec:\n  type: range\n  dc: dc-1\n  addresses: [\"10.0.0.9-10.0.0.1\"]\n",
+            "spec.addresses[0]",
+        ),
+    ];
+    for (content, expected) in cases {
+        let state = w.write("state.yaml", content);
+        let run = offline(&[files.to_str().unwrap()], &state);
+        assert_eq!(run.status.code(), Some(2), "{content}");
+        let err = text(&run.stderr);
+        assert!(err.contains(expected), "{err}");
+        assert_eq!(w.read("state.yaml"), content, "the state file is untouched");
+    }
+    // A state path that cannot be read as a file.
+    let dir = w.path("state-dir");
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = offline(&[files.to_str().unwrap()], &dir);
+    assert_eq!(run.status.code(), Some(2));
+    assert!(text(&run.stderr).contains("cannot read state file"));
+}
+
+#[test]
+fn invalid_input_writes_nothing() {
+    let w = Workdir::new("invalid");
+    let files = w.write("in.yaml", &format!("{POOL}{}", clusters(&["a"])));
+    let state = w.path("state.yaml");
+    assert_eq!(
+        offline(&[files.to_str().unwrap()], &state).status.code(),
+        Some(0)
+    );
+    let saved = w.read("state.yaml");
+    let bad = POOL.replace("allocationRange: 4", "allocationRange: 400");
+    std::fs::write(&files, format!("{bad}{}", clusters(&["a", "b"]))).unwrap();
+    let run = offline(&[files.to_str().unwrap()], &state);
+    assert_eq!(run.status.code(), Some(2));
+    assert_eq!(
+        text(&run.stderr),
+        "error: invalid input, nothing written:\n  IPAMPool small: spec.datacenters[dc-1].allocationRange \"400\": exceeds the 8 addresses of poolCidr\n"
+    );
+    assert_eq!(w.read("state.yaml"), saved);
+
+    let kkp = POOL.replace("ipam.kipam.dev/v1alpha1", "kubermatic.k8c.io/v1");
+    std::fs::write(&files, kkp).unwrap();
+    let run = offline(&[files.to_str().unwrap()], &state);
+    assert_eq!(run.status.code(), Some(2));
+    assert!(text(&run.stderr).contains("a KKP manifest works once its apiVersion is changed"));
+    assert_eq!(w.read("state.yaml"), saved);
+}
+
+#[test]
+fn validate_command() {
+    let w = Workdir::new("validate");
+    let good = w.write("good.yaml", POOL);
+    let run = kipam(&["validate", "-f", good.to_str().unwrap()]);
+    assert_eq!(run.status.code(), Some(0));
+    assert_eq!(text(&run.stdout), "valid: 2 pools, 0 clusters\n");
+
+    let changed = w.write("changed.yaml", &POOL.replace("10.0.0.0/29", "10.0.1.0/29"));
+    let run = kipam(&[
+        "validate",
+        "-f",
+        changed.to_str().unwrap(),
+        "--old",
+        good.to_str().unwrap(),
+    ]);
+    assert_eq!(run.status.code(), Some(1));
+    assert_eq!(
+        text(&run.stderr),
+        "IPAMPool small: spec.datacenters[dc-1].poolCidr \"10.0.1.0/29\": is immutable (was 10.0.0.0/29)\n"
+    );
+
+    // An exclusion over an existing allocation.
+    let clusters_file = w.write("clusters.yaml", &clusters(&["a"]));
+    let state = w.path("state.yaml");
+    offline(
+        &[good.to_str().unwrap(), clusters_file.to_str().unwrap()],
+        &state,
+    );
+    let excluded = w.write(
+        "excluded.yaml",
+        &POOL.replace(
+            "allocationRange: 4",
+            "allocationRange: 4\n      excludeRanges: [\"10.0.0.2\"]",
+        ),
+    );
+    let run = kipam(&[
+        "validate",
+        "-f",
+        excluded.to_str().unwrap(),
+        "--old",
+        good.to_str().unwrap(),
+        "--state",
+        state.to_str().unwrap(),
+    ]);
+    assert_eq!(run.status.code(), Some(1));
+    assert_eq!(
+        text(&run.stderr),
+        "IPAMPool small: spec.datacenters[dc-1].excludeRanges[0] \"10.0.0.2\": hits the allocation of cluster a (10.0.0.0-10.0.0.3)\n"
+    );
+}
+
+#[test]
+fn crds_command_prints_what_crds_holds() {
+    let run = kipam(&["crds"]);
+    assert_eq!(run.status.code(), Some(0));
+    let printed = text(&run.stdout);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
+    for name in [
+        "ipampools.ipam.kipam.dev.yaml",
+        "ipamallocations.ipam.kipam.dev.yaml",
+        "clusters.ipam.kipam.dev.yaml",
+        "addons.ipam.kipam.dev.yaml",
+    ] {
+        let on_disk = std::fs::read_to_string(dir.join(name)).expect("crd file");
+        assert!(
+            printed.contains(&on_disk),
+            "{name} differs from `kipam crds`"
+        );
+    }
+}

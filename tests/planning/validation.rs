@@ -1,0 +1,282 @@
+use kipam::allocator::Allocation;
+use kipam::planner::StoredAllocation;
+use kipam::validation::{cluster_input, pool_input, validate_pool};
+
+use super::{cluster, pool};
+
+fn messages(yaml: &str) -> Vec<String> {
+    match pool_input(&pool(yaml)) {
+        Ok(_) => Vec::new(),
+        Err(errors) => errors.iter().map(|e| e.to_string()).collect(),
+    }
+}
+
+fn one_dc(settings: &str) -> String {
+    format!(
+        "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata:\n  name: metallb\nspec:\n  datacenters:\n    dc-1:\n{}",
+        settings
+            .lines()
+            .map(|l| format!("      {l}\n"))
+            .collect::<String>()
+    )
+}
+
+#[test]
+fn kkp_example_pools_are_valid() {
+    let yaml = "apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata:
+  name: metallb
+spec:
+  datacenters:
+    azure-westeurope:
+      type: range
+      poolCidr: 192.168.1.0/26
+      allocationRange: 8
+      excludeRanges: [\"192.168.1.1\", \"192.168.1.5-192.168.1.7\"]
+    aws-eu-central-1a:
+      type: prefix
+      poolCidr: 192.168.1.0/26
+      allocationPrefix: 30
+      excludePrefixes: [\"192.168.1.0/30\", \"192.168.1.8/30\"]
+";
+    assert_eq!(messages(yaml), Vec::<String>::new());
+}
+
+#[test]
+fn no_pool_size_cap() {
+    // KKP refuses range pools larger than a /20 (IPv4) or /116 (IPv6); kipam does not.
+    assert!(
+        messages(&one_dc(
+            "type: range\npoolCidr: 10.0.0.0/8\nallocationRange: 8"
+        ))
+        .is_empty()
+    );
+    assert!(
+        messages(&one_dc(
+            "type: range\npoolCidr: 2001:db8::/64\nallocationRange: 8"
+        ))
+        .is_empty()
+    );
+    assert!(messages(&one_dc("type: range\npoolCidr: ::/0\nallocationRange: 8")).is_empty());
+}
+
+#[test]
+fn empty_datacenters_are_refused() {
+    let yaml = "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata:\n  name: metallb\nspec:\n  datacenters: {}\n";
+    assert_eq!(
+        messages(yaml),
+        vec!["IPAMPool metallb: spec.datacenters: must list at least one datacenter"]
+    );
+}
+
+#[test]
+fn each_datacenter_rule_has_a_clear_message() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "type: range\npoolCidr: 192.168.1.0/33\nallocationRange: 8",
+            "IPAMPool metallb: spec.datacenters[dc-1].poolCidr \"192.168.1.0/33\": is not a valid CIDR: prefix length must be 0 to 32 for IPv4",
+        ),
+        (
+            "type: range\npoolCidr: 192.168.1.5/26\nallocationRange: 8",
+            "IPAMPool metallb: spec.datacenters[dc-1].poolCidr \"192.168.1.5/26\": is not a valid CIDR: host bits are set; the network is 192.168.1.0/26",
+        ),
+        (
+            "type: range\npoolCidr: \"\"\nallocationRange: 8",
+            "IPAMPool metallb: spec.datacenters[dc-1].poolCidr: is required",
+        ),
+        (
+            "type: range\npoolCidr: 192.168.1.0/26",
+            "IPAMPool metallb: spec.datacenters[dc-1].allocationRange: is required for type range",
+        ),
+        (
+            "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 0",
+            "IPAMPool metallb: spec.datacenters[dc-1].allocationRange \"0\": must be at least 1",
+        ),
+        (
+            "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 65",
+            "IPAMPool metallb: spec.datacenters[dc-1].allocationRange \"65\": exceeds the 64 addresses of poolCidr",
+        ),
+        (
+            "type: prefix\npoolCidr: 192.168.1.0/26",
+            "IPAMPool metallb: spec.datacenters[dc-1].allocationPrefix: is required for type prefix",
+        ),
+        (
+            "type: prefix\npoolCidr: 192.168.1.0/26\nallocationPrefix: 25",
+            "IPAMPool metallb: spec.datacenters[dc-1].allocationPrefix \"25\": must be between the pool's prefix length 26 and 32 (IPv4)",
+        ),
+        (
+            "type: prefix\npoolCidr: 2001:db8::/48\nallocationPrefix: 129",
+            "IPAMPool metallb: spec.datacenters[dc-1].allocationPrefix \"129\": must be between the pool's prefix length 48 and 128 (IPv6)",
+        ),
+        (
+            "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 8\nexcludeRanges: [\"192.168.1.7-192.168.1.5\"]",
+            "IPAMPool metallb: spec.datacenters[dc-1].excludeRanges[0] \"192.168.1.7-192.168.1.5\": is not valid: \"192.168.1.7-192.168.1.5\" is not a range: the first address is after the last",
+        ),
+        (
+            "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 8\nexcludeRanges: [\"192.168.1.300\"]",
+            "IPAMPool metallb: spec.datacenters[dc-1].excludeRanges[0] \"192.168.1.300\": is not valid: \"192.168.1.300\" is not an IP address",
+        ),
+        (
+            "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 8\nexcludeRanges: [\"2001:db8::1\"]",
+            "IPAMPool metallb: spec.datacenters[dc-1].excludeRanges[0] \"2001:db8::1\": is IPv6, the pool is IPv4",
+        ),
+        (
+            "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 8\nexcludeRanges: [\"192.168.1.60-192.168.1.70\"]",
+            "IPAMPool metallb: spec.datacenters[dc-1].excludeRanges[0] \"192.168.1.60-192.168.1.70\": is not inside poolCidr 192.168.1.0/26",
+        ),
+        (
+            "type: prefix\npoolCidr: 192.168.1.0/26\nallocationPrefix: 30\nexcludePrefixes: [\"192.168.1.2/30\"]",
+            "IPAMPool metallb: spec.datacenters[dc-1].excludePrefixes[0] \"192.168.1.2/30\": is not valid: \"192.168.1.2/30\" has host bits set: the network is 192.168.1.0/30",
+        ),
+        (
+            "type: prefix\npoolCidr: 192.168.1.0/26\nallocationPrefix: 30\nexcludePrefixes: [\"192.168.2.0/30\"]",
+            "IPAMPool metallb: spec.datacenters[dc-1].excludePrefixes[0] \"192.168.2.0/30\": is not inside poolCidr 192.168.1.0/26",
+        ),
+        (
+            "type: prefix\npoolCidr: 192.168.1.0/26\nallocationPrefix: 30\nexcludeRanges: [\"192.168.1.1\"]",
+            "IPAMPool metallb: spec.datacenters[dc-1].excludeRanges[0] \"192.168.1.1\": is only for type range; prefix pools use excludePrefixes",
+        ),
+        (
+            "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 8\nallocationPrefix: 30",
+            "IPAMPool metallb: spec.datacenters[dc-1].allocationPrefix \"30\": is only for type prefix",
+        ),
+    ];
+    for (settings, expected) in cases {
+        assert_eq!(
+            messages(&one_dc(settings)),
+            vec![expected.to_string()],
+            "for {settings}"
+        );
+    }
+}
+
+#[test]
+fn update_rules_keep_cidr_type_and_prefix() {
+    let old = pool(&one_dc(
+        "type: prefix\npoolCidr: 10.0.0.0/24\nallocationPrefix: 28",
+    ));
+    let changes = [
+        (
+            "type: prefix\npoolCidr: 10.0.1.0/24\nallocationPrefix: 28",
+            "IPAMPool metallb: spec.datacenters[dc-1].poolCidr \"10.0.1.0/24\": is immutable (was 10.0.0.0/24)",
+        ),
+        (
+            "type: prefix\npoolCidr: 10.0.0.0/24\nallocationPrefix: 29",
+            "IPAMPool metallb: spec.datacenters[dc-1].allocationPrefix \"29\": is immutable (was 28)",
+        ),
+        (
+            "type: range\npoolCidr: 10.0.0.0/24\nallocationRange: 16",
+            "IPAMPool metallb: spec.datacenters[dc-1].type \"range\": is immutable (was prefix)",
+        ),
+    ];
+    for (settings, expected) in changes {
+        let new = pool(&one_dc(settings));
+        let errors = validate_pool(&new, Some(&old), &[]).unwrap_err();
+        let got: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        assert_eq!(got, vec![expected.to_string()], "for {settings}");
+    }
+    // Adding an exclusion that hits nothing, or a datacenter, is fine.
+    let new = pool(&format!(
+        "{}    dc-2:\n      type: range\n      poolCidr: 10.1.0.0/24\n      allocationRange: 4\n",
+        one_dc(
+            "type: prefix\npoolCidr: 10.0.0.0/24\nallocationPrefix: 28\nexcludePrefixes: [\"10.0.0.240/28\"]"
+        )
+    ));
+    assert!(validate_pool(&new, Some(&old), &[]).is_ok());
+}
+
+#[test]
+fn added_exclusions_must_not_hit_allocations() {
+    let held = |text: &str| StoredAllocation {
+        cluster: "alpha".into(),
+        pool: "metallb".into(),
+        datacenter: "dc-1".into(),
+        held: Some(Allocation::Range(vec![text.parse().unwrap()])),
+        reclaim_policy: None,
+    };
+    let stored = vec![held("10.0.0.8-10.0.0.15")];
+    let old = pool(&one_dc(
+        "type: range\npoolCidr: 10.0.0.0/24\nallocationRange: 8\nexcludeRanges: [\"10.0.0.10\"]",
+    ));
+    let new = pool(&one_dc(
+        "type: range\npoolCidr: 10.0.0.0/24\nallocationRange: 8\nexcludeRanges: [\"10.0.0.10\", \"10.0.0.12-10.0.0.20\"]",
+    ));
+    let errors = validate_pool(&new, Some(&old), &stored).unwrap_err();
+    assert_eq!(
+        errors.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
+        vec![
+            "IPAMPool metallb: spec.datacenters[dc-1].excludeRanges[1] \"10.0.0.12-10.0.0.20\": hits the allocation of cluster alpha (10.0.0.8-10.0.0.15)"
+        ]
+    );
+    // The exclusion that was already there (even rewritten as a CIDR) is not "added".
+    let same = pool(&one_dc(
+        "type: range\npoolCidr: 10.0.0.0/24\nallocationRange: 8\nexcludeRanges: [\"10.0.0.10/32\"]",
+    ));
+    assert!(validate_pool(&same, Some(&old), &stored).is_ok());
+}
+
+#[test]
+fn prefix_exclusions_are_compared_as_address_sets() {
+    let stored = vec![StoredAllocation {
+        cluster: "alpha".into(),
+        pool: "metallb".into(),
+        datacenter: "dc-1".into(),
+        held: Some(Allocation::Prefix("10.0.0.16/28".parse().unwrap())),
+        reclaim_policy: None,
+    }];
+    let old = pool(&one_dc(
+        "type: prefix\npoolCidr: 10.0.0.0/24\nallocationPrefix: 28\nexcludePrefixes: [\"10.0.0.0/28\"]",
+    ));
+    // 10.0.0.0/27 = the old 10.0.0.0/28 plus 10.0.0.16/28, which alpha holds.
+    let new = pool(&one_dc(
+        "type: prefix\npoolCidr: 10.0.0.0/24\nallocationPrefix: 28\nexcludePrefixes: [\"10.0.0.0/27\"]",
+    ));
+    let errors = validate_pool(&new, Some(&old), &stored).unwrap_err();
+    assert!(
+        errors[0]
+            .to_string()
+            .contains("hits the allocation of cluster alpha (10.0.0.16/28)")
+    );
+    // Two /29s equal to the old /28 add nothing.
+    let split = pool(&one_dc(
+        "type: prefix\npoolCidr: 10.0.0.0/24\nallocationPrefix: 28\nexcludePrefixes: [\"10.0.0.0/29\", \"10.0.0.8/29\"]",
+    ));
+    assert!(validate_pool(&split, Some(&old), &stored).is_ok());
+}
+
+#[test]
+fn cluster_rules() {
+    let bad = cluster(
+        "apiVersion: ipam.kipam.dev/v1alpha1
+kind: Cluster
+metadata:
+  name: Bad_Name
+spec:
+  datacenter: \"\"
+  ipam:
+    metallb:
+      allocationRange: 0
+    other:
+      optOut: true
+      cidr: 10.0.0.0/24
+    third:
+      addresses: [\"10.0.0.9-10.0.0.1\"]
+",
+    );
+    let got: Vec<String> = cluster_input(&bad)
+        .unwrap_err()
+        .iter()
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            "Cluster Bad_Name: metadata.name \"Bad_Name\": must be a DNS label of at most 55 characters (lowercase letters, digits, '-'), so that namespace cluster-<name> is valid",
+            "Cluster Bad_Name: spec.datacenter: is required",
+            "Cluster Bad_Name: spec.ipam[metallb].allocationRange \"0\": must be at least 1",
+            "Cluster Bad_Name: spec.ipam[other] \"cidr, optOut\": set at most one of allocationRange, allocationPrefix, addresses, cidr, optOut",
+            "Cluster Bad_Name: spec.ipam[third].addresses[0] \"10.0.0.9-10.0.0.1\": is not valid: \"10.0.0.9-10.0.0.1\" is not a range: the first address is after the last",
+        ]
+    );
+}
