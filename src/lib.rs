@@ -11,3 +11,5 @@ pub mod planner;
 pub mod render;
 pub mod resources;
 pub mod validation;
+pub mod status;
+pub mod controller;

@@ -22,12 +22,45 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the seed controller against a Kubernetes API server.
+    Controller(ControllerArgs),
     /// Plan allocations over manifests on disk and keep them in a state file.
     Offline(OfflineArgs),
     /// Check IPAMPool and Cluster manifests with the admission rules.
     Validate(ValidateArgs),
     /// Print the CustomResourceDefinitions (or write one file per CRD with --out).
     Crds(CrdsArgs),
+}
+
+#[derive(clap::Args)]
+struct ControllerArgs {
+    /// Kubeconfig of the seed; else $KUBECONFIG, else the in-cluster service account.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Name of this seed (names the leader Lease `kipam-<seed>`).
+    #[arg(long, default_value = "seed")]
+    seed_name: String,
+    /// Namespace of the leader Lease.
+    #[arg(long, default_value = "kipam-system")]
+    namespace: String,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:9090")]
+    metrics_addr: std::net::SocketAddr,
+    /// Seconds a lease stays valid without renewal.
+    #[arg(long, default_value_t = 15)]
+    lease_duration: u64,
+    /// Seconds after the last renewal at which the leader stops writing (< lease duration).
+    #[arg(long, default_value_t = 10)]
+    renew_deadline: u64,
+    /// Seconds between lease renewals and acquisition attempts.
+    #[arg(long, default_value_t = 2)]
+    retry_period: u64,
+    /// Seconds between full passes when nothing changes.
+    #[arg(long, default_value_t = 300)]
+    resync: u64,
+    /// This replica's identity in the Lease (default: host name and process id).
+    #[arg(long)]
+    identity: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -63,6 +96,7 @@ struct CrdsArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Controller(args) => run_controller(args),
         Command::Offline(args) => run_offline(args),
         Command::Validate(args) => run_validate(args),
         Command::Crds(args) => run_crds(args),
@@ -73,6 +107,61 @@ fn now() -> String {
     k8s_openapi::jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string()
+}
+
+fn run_controller(args: ControllerArgs) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if args.renew_deadline >= args.lease_duration || args.retry_period >= args.renew_deadline {
+        eprintln!(
+            "error: need --retry-period ({}) < --renew-deadline ({}) < --lease-duration ({})",
+            args.retry_period, args.renew_deadline, args.lease_duration
+        );
+        return ExitCode::from(2);
+    }
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "kipam".into());
+    let options = kipam::controller::ControllerOptions {
+        kubeconfig: args.kubeconfig,
+        seed_name: args.seed_name,
+        namespace: args.namespace,
+        metrics_addr: args.metrics_addr,
+        lease: kipam::controller::leader::LeaseTiming {
+            lease_duration: std::time::Duration::from_secs(args.lease_duration),
+            renew_deadline: std::time::Duration::from_secs(args.renew_deadline),
+            retry_period: std::time::Duration::from_secs(args.retry_period),
+        },
+        resync: std::time::Duration::from_secs(args.resync.max(1)),
+        identity: args
+            .identity
+            .unwrap_or_else(|| format!("{host}-{}", std::process::id())),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(kipam::controller::run(options)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn run_offline(args: OfflineArgs) -> ExitCode {

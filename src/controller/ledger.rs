@@ -1,0 +1,186 @@
+//! The controller's authoritative view of `IPAMAllocation`s.
+//!
+//! Overlap safety rests on this view never missing an allocation that exists. It is rebuilt
+//! from a fresh (quorum) LIST whenever this replica becomes leader, then kept current by the
+//! replica's own write responses — applied at once, before the watch reports them — and by
+//! watch events. A `resourceVersion` guard makes sure a late watch event never replaces a newer
+//! version of an object with an older one (for instance, showing an allocation before it grew),
+//! and tombstones stop a late event from resurrecting an object this replica deleted.
+//!
+//! Resource versions are compared as integers: they are etcd revisions on a real API server
+//! (and on the test stand-in). A version that does not parse is treated as newer.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::resources::IPAMAllocation;
+
+pub type Key = (String, String);
+
+fn rv_of(obj: &IPAMAllocation) -> Option<u64> {
+    obj.metadata.resource_version.as_deref()?.parse().ok()
+}
+
+fn key_of(obj: &IPAMAllocation) -> Key {
+    (
+        obj.metadata.namespace.clone().unwrap_or_default(),
+        obj.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// `a` is at least as new as `b` (an unparsable version counts as newer).
+fn not_older(a: Option<u64>, b: Option<u64>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a >= b,
+        _ => true,
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Ledger {
+    objects: BTreeMap<Key, IPAMAllocation>,
+    /// Deleted keys with the version they were deleted at.
+    tombstones: HashMap<Key, u64>,
+    /// Keys seen during a watch re-list, and the highest version seen then.
+    relist: Option<(Vec<Key>, u64)>,
+}
+
+impl Ledger {
+    /// Replaces everything with a fresh list (on becoming leader).
+    pub fn reset(&mut self, objects: Vec<IPAMAllocation>) {
+        self.objects = objects.into_iter().map(|o| (key_of(&o), o)).collect();
+        self.tombstones.clear();
+        self.relist = None;
+    }
+
+    pub fn snapshot(&self) -> Vec<IPAMAllocation> {
+        self.objects.values().cloned().collect()
+    }
+
+    pub fn get(&self, key: &Key) -> Option<&IPAMAllocation> {
+        self.objects.get(key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// Any allocation held by `cluster`'s namespace.
+    pub fn has_namespace(&self, namespace: &str) -> bool {
+        self.objects.keys().any(|(ns, _)| ns == namespace)
+    }
+
+    /// Allocations named after `pool` (one per cluster).
+    pub fn of_pool<'a>(&'a self, pool: &'a str) -> impl Iterator<Item = &'a IPAMAllocation> + 'a {
+        self.objects
+            .iter()
+            .filter(move |((_, name), _)| name == pool)
+            .map(|(_, o)| o)
+    }
+
+    /// A version of an object, from our own write or from the watch.
+    pub fn apply(&mut self, obj: IPAMAllocation) {
+        let key = key_of(&obj);
+        let rv = rv_of(&obj);
+        if let Some((seen, max)) = self.relist.as_mut() {
+            seen.push(key.clone());
+            *max = (*max).max(rv.unwrap_or(0));
+        }
+        if let (Some(dead), Some(rv)) = (self.tombstones.get(&key), rv)
+            && rv <= *dead
+        {
+            return;
+        }
+        match self.objects.get(&key) {
+            Some(current) if !not_older(rv, rv_of(current)) => {}
+            _ => {
+                self.tombstones.remove(&key);
+                self.objects.insert(key, obj);
+            }
+        }
+    }
+
+    /// The object is gone (our delete succeeded, or the watch said so).
+    pub fn remove(&mut self, obj: &IPAMAllocation) {
+        let key = key_of(obj);
+        let rv = rv_of(obj);
+        if let Some(current) = self.objects.get(&key)
+            && !not_older(rv, rv_of(current))
+        {
+            return; // a newer incarnation exists
+        }
+        self.objects.remove(&key);
+        if let Some(rv) = rv {
+            self.tombstones.insert(key, rv);
+        }
+    }
+
+    /// Forgets a key whose object we know is gone (a delete answered 404).
+    pub fn forget(&mut self, key: &Key) {
+        self.objects.remove(key);
+    }
+
+    /// The watch starts a re-list.
+    pub fn relist_started(&mut self) {
+        self.relist = Some((Vec::new(), 0));
+    }
+
+    /// The re-list ended: objects it did not contain and that are not newer than anything it
+    /// showed were deleted meanwhile. Newer ones are this replica's own recent writes and stay
+    /// (holding addresses we might not need is safe; forgetting held ones is not).
+    pub fn relist_done(&mut self) {
+        let Some((seen, max)) = self.relist.take() else {
+            return;
+        };
+        let seen: std::collections::HashSet<Key> = seen.into_iter().collect();
+        self.objects
+            .retain(|k, o| seen.contains(k) || rv_of(o).is_none_or(|rv| rv > max));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(ns: &str, rv: u64, addr: &str) -> IPAMAllocation {
+        let mut o = IPAMAllocation::new("metallb", Default::default());
+        o.metadata.namespace = Some(ns.into());
+        o.metadata.resource_version = Some(rv.to_string());
+        o.spec.addresses = vec![addr.into()];
+        o
+    }
+
+    #[test]
+    fn late_events_never_roll_back_or_resurrect() {
+        let mut l = Ledger::default();
+        l.apply(obj("cluster-a", 5, "grown"));
+        l.apply(obj("cluster-a", 3, "old"));
+        assert_eq!(l.snapshot()[0].spec.addresses, vec!["grown"]);
+        l.remove(&obj("cluster-a", 6, "grown"));
+        l.apply(obj("cluster-a", 5, "grown"));
+        assert_eq!(l.len(), 0);
+        l.apply(obj("cluster-a", 9, "recreated"));
+        assert_eq!(l.len(), 1);
+    }
+
+    #[test]
+    fn relist_drops_only_what_it_proves_deleted() {
+        let mut l = Ledger::default();
+        l.apply(obj("cluster-a", 3, "a"));
+        l.apply(obj("cluster-b", 4, "b"));
+        l.apply(obj("cluster-c", 20, "ours, newer than the list"));
+        l.relist_started();
+        l.apply(obj("cluster-a", 3, "a"));
+        l.apply(obj("cluster-d", 10, "d"));
+        l.relist_done();
+        let names: Vec<String> = l
+            .snapshot()
+            .iter()
+            .map(|o| o.metadata.namespace.clone().unwrap_or_default())
+            .collect();
+        assert_eq!(names, vec!["cluster-a", "cluster-c", "cluster-d"]);
+    }
+}

@@ -1,0 +1,353 @@
+//! Status of pools and clusters, computed from a plan (pure: no client).
+//!
+//! Conditions keep their `lastTransitionTime` while their status stays the same, so writing a
+//! status that did not change is a no-op the caller can skip. Capacity conditions report a
+//! threshold crossing (up or down) as a [`StatusEvent`], never a steady state, so events are
+//! emitted on change and not on every resync.
+
+use std::collections::BTreeMap;
+
+use crate::address::AddrRange;
+use crate::planner::{Change, DatacenterReport, Decision, PoolInput};
+use crate::resources::{Condition, DatacenterUsage, IPAMPoolStatus};
+use crate::validation::FieldError;
+
+/// `(condition type, utilisation threshold in percent)`, lowest first.
+pub const CAPACITY_THRESHOLDS: [(&str, u8); 3] = [
+    ("CapacityWarning", 70),
+    ("CapacityCritical", 85),
+    ("CapacityExhausted", 95),
+];
+
+/// An event the caller should publish: something changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatusEvent {
+    pub warning: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+/// Two pool datacenters whose CIDRs intersect.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Overlap {
+    pub pool: String,
+    pub datacenter: String,
+    pub other_pool: String,
+    pub other_datacenter: String,
+}
+
+impl Overlap {
+    fn describe(&self) -> String {
+        if self.pool == self.other_pool {
+            format!(
+                "datacenters {} and {} share addresses",
+                self.datacenter, self.other_datacenter
+            )
+        } else {
+            format!(
+                "datacenter {} overlaps pool {} in datacenter {}",
+                self.datacenter, self.other_pool, self.other_datacenter
+            )
+        }
+    }
+}
+
+/// Pool datacenters whose CIDRs intersect: different pools in one datacenter, and one pool
+/// across its datacenters (legal, as KKP allows, but worth knowing). Each pair is reported
+/// from both sides.
+pub fn find_overlaps(pools: &[PoolInput]) -> Vec<Overlap> {
+    let mut all: Vec<(&str, &str, AddrRange)> = Vec::new();
+    for pool in pools {
+        for (dc, input) in &pool.datacenters {
+            all.push((&pool.name, dc, input.config.cidr.range()));
+        }
+    }
+    let mut out = Vec::new();
+    for (i, a) in all.iter().enumerate() {
+        for b in all.iter().skip(i + 1) {
+            let same_pool = a.0 == b.0;
+            let same_dc = a.1 == b.1;
+            if (same_pool || same_dc) && a.2.overlaps(&b.2) {
+                out.push(Overlap {
+                    pool: a.0.into(),
+                    datacenter: a.1.into(),
+                    other_pool: b.0.into(),
+                    other_datacenter: b.1.into(),
+                });
+                out.push(Overlap {
+                    pool: b.0.into(),
+                    datacenter: b.1.into(),
+                    other_pool: a.0.into(),
+                    other_datacenter: a.1.into(),
+                });
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Sets one condition, keeping `lastTransitionTime` when the status does not change.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: &str,
+) {
+    let status = if status { "True" } else { "False" };
+    let previous = conditions.iter().find(|c| c.type_ == type_);
+    let last_transition_time = match previous {
+        Some(p) if p.status == status => p.last_transition_time.clone(),
+        _ => Some(now.to_string()),
+    };
+    let condition = Condition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message,
+        last_transition_time,
+        observed_generation: generation,
+    };
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(slot) => *slot = condition,
+        None => conditions.push(condition),
+    }
+}
+
+fn is_true(conditions: &[Condition], type_: &str) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
+}
+
+/// A pool's status from the plan, and the events its changes call for.
+///
+/// `validation` is the outcome of validating the pool (errors make it not Ready);
+/// `reports` are its datacenters' usage after the plan.
+pub fn pool_status(
+    name: &str,
+    generation: Option<i64>,
+    validation: Result<(), &[FieldError]>,
+    reports: &[&DatacenterReport],
+    overlaps: &[Overlap],
+    previous: Option<&IPAMPoolStatus>,
+    now: &str,
+) -> (IPAMPoolStatus, Vec<StatusEvent>) {
+    let mut conditions = previous.map(|p| p.conditions.clone()).unwrap_or_default();
+    let before = conditions.clone();
+    let mut events = Vec::new();
+    match validation {
+        Ok(()) => set_condition(
+            &mut conditions,
+            "Ready",
+            true,
+            "Valid",
+            "the pool is valid and serving allocations".into(),
+            generation,
+            now,
+        ),
+        Err(errors) => {
+            let message = errors
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; ");
+            set_condition(
+                &mut conditions,
+                "Ready",
+                false,
+                "Invalid",
+                message,
+                generation,
+                now,
+            );
+        }
+    }
+    let mut datacenters = BTreeMap::new();
+    let mut max_percent: Option<u8> = None;
+    let mut allocations = 0i64;
+    let mut busiest = String::new();
+    for r in reports {
+        let u = &r.usage;
+        let percent = u.utilisation_percent();
+        if max_percent.is_none_or(|m| percent > m) {
+            max_percent = Some(percent);
+            busiest = r.datacenter.clone();
+        }
+        allocations += u.allocations as i64;
+        datacenters.insert(
+            r.datacenter.clone(),
+            DatacenterUsage {
+                total: u.total.to_string(),
+                allocated: u.allocated.to_string(),
+                excluded: u.excluded.to_string(),
+                available: u.available.to_string(),
+                allocations: u.allocations as i64,
+                largest_free_block: u.largest_free_block.to_string(),
+                fragmentation_percent: u.fragmentation_percent as i32,
+                utilisation_percent: percent as i32,
+            },
+        );
+    }
+    let used = max_percent.unwrap_or(0);
+    for (type_, threshold) in CAPACITY_THRESHOLDS {
+        let reached = used >= threshold;
+        let message = if reached {
+            format!("datacenter {busiest} is {used}% used (threshold {threshold}%)")
+        } else {
+            format!("every datacenter is below {threshold}% used (highest {used}%)")
+        };
+        let reason = if reached {
+            "ThresholdReached"
+        } else {
+            "BelowThreshold"
+        };
+        let was = is_true(&before, type_);
+        set_condition(
+            &mut conditions,
+            type_,
+            reached,
+            reason,
+            message.clone(),
+            generation,
+            now,
+        );
+        if reached != was && (reached || before.iter().any(|c| c.type_ == type_)) {
+            events.push(StatusEvent {
+                warning: reached,
+                reason: if reached {
+                    type_.to_string()
+                } else {
+                    format!("{type_}Cleared")
+                },
+                message: format!("pool {name}: {message}"),
+            });
+        }
+    }
+    let mine: Vec<&Overlap> = overlaps.iter().filter(|o| o.pool == name).collect();
+    let overlap_message = if mine.is_empty() {
+        "no overlap with other pools or datacenters".to_string()
+    } else {
+        mine.iter()
+            .map(|o| o.describe())
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let overlapping = !mine.is_empty();
+    if overlapping && !is_true(&before, "Overlap") {
+        events.push(StatusEvent {
+            warning: true,
+            reason: "Overlap".into(),
+            message: format!("pool {name}: {overlap_message}"),
+        });
+    }
+    set_condition(
+        &mut conditions,
+        "Overlap",
+        overlapping,
+        if overlapping {
+            "CidrsIntersect"
+        } else {
+            "NoOverlap"
+        },
+        overlap_message,
+        generation,
+        now,
+    );
+    let status = IPAMPoolStatus {
+        observed_generation: generation,
+        conditions,
+        datacenters,
+        max_utilisation_percent: max_percent.map(|p| p as i32),
+        allocations: Some(allocations),
+    };
+    (status, events)
+}
+
+/// The `IPAMReady` condition of a cluster from its decisions.
+pub fn cluster_ipam_condition(decisions: &[&Decision]) -> (bool, String, String) {
+    let failed: Vec<&&Decision> = decisions
+        .iter()
+        .filter(|d| d.change == Change::Fail)
+        .collect();
+    if failed.is_empty() {
+        let held = decisions
+            .iter()
+            .filter(|d| d.held.is_some() && d.change != Change::Release)
+            .count();
+        return (
+            true,
+            "Allocated".into(),
+            format!("{held} allocation(s) held"),
+        );
+    }
+    let message = failed
+        .iter()
+        .map(|d| format!("{}: {}", d.pool, d.message))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let reason = if failed
+        .iter()
+        .any(|d| d.message.contains("free addresses") || d.message.contains("no free aligned"))
+    {
+        "PoolExhausted"
+    } else {
+        "AllocationFailed"
+    };
+    (false, reason.into(), message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::address::AddressCount;
+    use crate::allocator::PoolUsage;
+
+    fn report(dc: &str, allocated: u64, total: u64) -> DatacenterReport {
+        DatacenterReport {
+            pool: "p".into(),
+            datacenter: dc.into(),
+            usage: PoolUsage {
+                total: total.into(),
+                allocated: allocated.into(),
+                excluded: AddressCount::ZERO,
+                available: (total - allocated).into(),
+                allocations: 1,
+                largest_free_block: (total - allocated).into(),
+                fragmentation_percent: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn thresholds_emit_events_only_when_crossed() {
+        let r = report("dc-1", 72, 100);
+        let (s1, e1) = pool_status("p", Some(1), Ok(()), &[&r], &[], None, "t1");
+        assert_eq!(e1.len(), 1);
+        assert_eq!(e1[0].reason, "CapacityWarning");
+        assert!(is_true(&s1.conditions, "CapacityWarning"));
+        assert!(!is_true(&s1.conditions, "CapacityCritical"));
+        // Same figures again: no event, same transition times.
+        let (s2, e2) = pool_status("p", Some(1), Ok(()), &[&r], &[], Some(&s1), "t2");
+        assert!(e2.is_empty());
+        assert_eq!(s1, s2);
+        // Up to 96 %: critical and exhausted.
+        let r = report("dc-1", 96, 100);
+        let (s3, e3) = pool_status("p", Some(1), Ok(()), &[&r], &[], Some(&s2), "t3");
+        let reasons: Vec<&str> = e3.iter().map(|e| e.reason.as_str()).collect();
+        assert_eq!(reasons, vec!["CapacityCritical", "CapacityExhausted"]);
+        // Down to 10 %: all three cleared.
+        let r = report("dc-1", 10, 100);
+        let (s4, e4) = pool_status("p", Some(1), Ok(()), &[&r], &[], Some(&s3), "t4");
+        assert_eq!(e4.len(), 3);
+        assert!(
+            e4.iter()
+                .all(|e| !e.warning && e.reason.ends_with("Cleared"))
+        );
+        assert!(!is_true(&s4.conditions, "CapacityWarning"));
+        assert_eq!(s4.max_utilisation_percent, Some(10));
+    }
+}
