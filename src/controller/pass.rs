@@ -259,6 +259,12 @@ impl AllocationWrite {
     }
 
     async fn execute(&self, ctx: &Context) -> Result<WriteDone, kube::Error> {
+        if !ctx.leader.holds() {
+            // Fencing: a replica that cannot show a recent renewal writes nothing.
+            return Err(kube::Error::Service(
+                std::io::Error::other("leader lease not renewed within the deadline").into(),
+            ));
+        }
         let api: Api<IPAMAllocation> = Api::namespaced(ctx.client.clone(), &self.key.0);
         let pp = PostParams {
             field_manager: Some("kipam".into()),

@@ -1,0 +1,8 @@
+//! End-to-end tests of the real `kipam controller` binary against the in-process API stand-in
+//! (`tests/standin`): ordering, exhaustion and recovery, lifecycle, crashes and two replicas.
+
+mod support;
+
+mod crashes;
+mod lifecycle;
+mod serving;

@@ -1,0 +1,336 @@
+//! A seed: one API stand-in with kipam's CRDs, and `kipam controller` processes against it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kube_standin::ApiServer;
+use serde_json::{Value, json};
+
+use kipam::allocator::Allocation;
+use kipam::resources::IPAMAllocation;
+
+/// Controllers started by a test are killed when it ends, pass or fail.
+pub struct Controller {
+    child: Child,
+    pub metrics_port: u16,
+    pub identity: String,
+}
+
+impl Controller {
+    /// SIGKILL: no clean-up, no lease hand-over.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// An allocated range and who holds it.
+type Piece = (u128, u128, String);
+
+pub struct Seed {
+    pub api: ApiServer,
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl Drop for Seed {
+    fn drop(&mut self) {
+        self.api.shutdown();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+impl Seed {
+    pub async fn start(name: &str) -> Seed {
+        let api = ApiServer::start().await.expect("stand-in starts");
+        for crd in kipam::resources::crds() {
+            let value = serde_json::to_value(&crd).expect("CRD serialises");
+            api.apply(&value).expect("CRD registers");
+        }
+        api.apply(
+            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kipam-system"}}),
+        )
+        .expect("namespace");
+        let dir = std::env::temp_dir().join(format!("kipam-e2e-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let kubeconfig = dir.join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+        Seed {
+            api,
+            dir,
+            kubeconfig,
+        }
+    }
+
+    /// Starts `kipam controller` with short lease timings (1 s retry, 2 s deadline, 3 s lease).
+    pub fn controller(&self, identity: &str) -> Controller {
+        let port = free_port();
+        let log = std::fs::File::create(self.dir.join(format!("{identity}.log"))).ok();
+        let child = Command::new(env!("CARGO_BIN_EXE_kipam"))
+            .args(["controller", "--kubeconfig"])
+            .arg(&self.kubeconfig)
+            .args([
+                "--metrics-addr",
+                &format!("127.0.0.1:{port}"),
+                "--lease-duration",
+                "3",
+                "--renew-deadline",
+                "2",
+                "--retry-period",
+                "1",
+                "--identity",
+                identity,
+            ])
+            .env("RUST_LOG", "kipam=debug")
+            .stdout(Stdio::null())
+            .stderr(log.map(Stdio::from).unwrap_or_else(Stdio::null))
+            .spawn()
+            .expect("controller starts");
+        Controller {
+            child,
+            metrics_port: port,
+            identity: identity.to_string(),
+        }
+    }
+
+    /// The log of a controller, for failure messages.
+    pub fn log(&self, identity: &str) -> String {
+        let text =
+            std::fs::read_to_string(self.dir.join(format!("{identity}.log"))).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    pub fn apply(&self, yaml: &str) {
+        self.api.apply_yaml(yaml).expect("fixture applies");
+    }
+
+    /// A cluster in `dc`. Clusters are served oldest first, then by name: tests create them
+    /// in name order so that both agree.
+    pub fn cluster(&self, name: &str, dc: &str) {
+        self.cluster_with(name, dc, "");
+    }
+
+    /// A cluster with more `spec` fields, given as YAML.
+    pub fn cluster_with(&self, name: &str, dc: &str, extra_spec: &str) {
+        let mut obj = json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1",
+            "kind": "Cluster",
+            "metadata": {"name": name},
+            "spec": {"datacenter": dc},
+        });
+        if !extra_spec.is_empty() {
+            let extra: Value = serde_saphyr::from_str(extra_spec).expect("extra spec");
+            if let (Some(spec), Some(extra)) = (obj["spec"].as_object_mut(), extra.as_object()) {
+                for (k, v) in extra {
+                    spec.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        self.api.create(&obj).expect("cluster created");
+    }
+
+    pub fn delete(&self, resource: &str, namespace: Option<&str>, name: &str) {
+        self.api.delete(resource, namespace, name).expect("delete");
+    }
+
+    pub fn get(&self, resource: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
+        self.api.get(resource, namespace, name)
+    }
+
+    pub fn allocations(&self) -> Vec<IPAMAllocation> {
+        self.api
+            .list("ipamallocations", None)
+            .into_iter()
+            .filter_map(|v| serde_json::from_value(v).ok())
+            .collect()
+    }
+
+    /// The allocation of `cluster` from `pool`.
+    pub fn allocation(&self, cluster: &str, pool: &str) -> Option<IPAMAllocation> {
+        self.api
+            .get("ipamallocations", Some(&format!("cluster-{cluster}")), pool)
+            .and_then(|v| serde_json::from_value(v).ok())
+    }
+
+    /// `spec.addresses` joined, or `spec.cidr`.
+    pub fn held(&self, cluster: &str, pool: &str) -> String {
+        self.allocation(cluster, pool)
+            .map(|a| match a.spec.cidr {
+                Some(c) => c,
+                None => a.spec.addresses.join(","),
+            })
+            .unwrap_or_default()
+    }
+
+    pub fn phase(&self, cluster: &str, pool: &str) -> String {
+        self.allocation(cluster, pool)
+            .and_then(|a| a.status)
+            .and_then(|s| s.phase)
+            .map(|p| p.as_str().to_string())
+            .unwrap_or_default()
+    }
+
+    pub fn condition(&self, resource: &str, name: &str, type_: &str) -> Option<Value> {
+        let obj = self.api.get(resource, None, name)?;
+        obj.pointer("/status/conditions")?
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == type_)
+            .cloned()
+    }
+
+    /// Waits until `check` holds, or fails the test with `what` and the controller log.
+    pub async fn wait_for(
+        &self,
+        what: &str,
+        timeout: Duration,
+        log_of: &str,
+        mut check: impl FnMut(&Seed) -> bool,
+    ) {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if check(self) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!(
+            "timed out after {timeout:?} waiting for: {what}\n--- controller log ---\n{}",
+            self.log(log_of)
+        );
+    }
+
+    /// Every allocation, checked: none overlaps another of the same pool and datacenter, each
+    /// belongs to an existing cluster. Returns the number of allocations holding addresses.
+    pub fn assert_no_overlap_no_leak(&self) -> usize {
+        let clusters: Vec<String> = self
+            .api
+            .list("clusters", None)
+            .iter()
+            .filter_map(|c| {
+                c.pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
+            .collect();
+        let mut by_pool: BTreeMap<(String, String), Vec<Piece>> = BTreeMap::new();
+        let mut held = 0;
+        for obj in self.allocations() {
+            let s = kipam::validation::stored_allocation(&obj).expect("allocation parses");
+            assert!(
+                clusters.contains(&s.cluster),
+                "leaked allocation {}/{} of a cluster that is gone",
+                s.cluster,
+                s.pool
+            );
+            let Some(allocation) = s.held else { continue };
+            held += 1;
+            let pieces: Vec<Piece> = match &allocation {
+                Allocation::Range(_) | Allocation::Prefix(_) => allocation
+                    .ranges()
+                    .map(|r| (r.first(), r.last(), s.cluster.clone()))
+                    .collect(),
+            };
+            by_pool
+                .entry((s.pool.clone(), s.datacenter.clone()))
+                .or_default()
+                .extend(pieces);
+        }
+        for ((pool, dc), mut pieces) in by_pool {
+            pieces.sort();
+            for pair in pieces.windows(2) {
+                assert!(
+                    pair[0].1 < pair[1].0,
+                    "pool {pool} in {dc}: {} and {} overlap",
+                    pair[0].2,
+                    pair[1].2
+                );
+            }
+        }
+        held
+    }
+
+    /// GET on the controller's metrics port (a tiny blocking HTTP/1.1 client).
+    pub async fn http_get(port: u16, path: &str) -> (u16, String) {
+        let path = path.to_string();
+        tokio::task::spawn_blocking(move || {
+            use std::io::{Read, Write};
+            let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+                return (0, String::new());
+            };
+            let request =
+                format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+            if stream.write_all(request.as_bytes()).is_err() {
+                return (0, String::new());
+            }
+            let mut buf = Vec::new();
+            let _ = stream.read_to_end(&mut buf);
+            let text = String::from_utf8_lossy(&buf).into_owned();
+            let code = text
+                .split_whitespace()
+                .nth(1)
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+            let body = text
+                .split("\r\n\r\n")
+                .nth(1)
+                .unwrap_or_default()
+                .to_string();
+            (code, body)
+        })
+        .await
+        .unwrap_or((0, String::new()))
+    }
+}
+
+/// The pools most tests use: `metallb` (range /28 of 4 in dc-1, prefix /28s of a /24 in dc-2)
+/// and `metallb-ipv6` (an IPv6 /64 range pool in dc-1, `Retain`).
+pub const POOLS: &str = "
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata:
+  name: metallb
+spec:
+  datacenters:
+    dc-1:
+      type: range
+      poolCidr: 10.0.0.0/28
+      allocationRange: 4
+    dc-2:
+      type: prefix
+      poolCidr: 10.1.0.0/24
+      allocationPrefix: 28
+---
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata:
+  name: metallb-ipv6
+spec:
+  reclaimPolicy: Retain
+  datacenters:
+    dc-1:
+      type: range
+      poolCidr: 2001:db8::/64
+      allocationRange: 16
+";

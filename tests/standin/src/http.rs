@@ -1,0 +1,660 @@
+//! HTTP front: parses Kubernetes API paths, counts requests, applies injected failures,
+//! latency and optional authentication, then hands the request to the store, discovery,
+//! reviews or watch code.
+
+use crate::Shared;
+use crate::discovery;
+use crate::error::ApiError;
+use crate::patch::PatchKind;
+use crate::resources::{Behaviour, ResourceType};
+use crate::reviews::{
+    self, AccessRequest, AccessReviewKind, NonResourceAttributes, ResourceAttributes, UserInfo,
+};
+use crate::selectors::Selectors;
+use crate::store::{DeleteOptions, Propagation, Target, WatchFrom};
+use crate::watch::{WatchOptions, watch_body};
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Largest request body accepted.
+const MAX_BODY: usize = 64 * 1024 * 1024;
+
+/// A parsed request path.
+#[derive(Debug, Clone, PartialEq)]
+enum Route {
+    Version,
+    Health,
+    CoreVersions,
+    CoreResources(String),
+    Groups,
+    Group(String),
+    GroupResources(String, String),
+    Resource(ResourcePath),
+    Unknown,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct ResourcePath {
+    group: String,
+    version: String,
+    plural: String,
+    namespace: Option<String>,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
+fn parse_path(path: &str) -> Route {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    if segs.iter().any(|s| s.is_empty()) && segs.len() > 1 {
+        return Route::Unknown;
+    }
+    match segs.as_slice() {
+        ["version"] => Route::Version,
+        ["healthz" | "livez" | "readyz", ..] => Route::Health,
+        ["api"] => Route::CoreVersions,
+        ["api", v] => Route::CoreResources(v.to_string()),
+        ["api", v, rest @ ..] => resource_path("", v, rest),
+        ["apis"] => Route::Groups,
+        ["apis", g] => Route::Group(g.to_string()),
+        ["apis", g, v] => Route::GroupResources(g.to_string(), v.to_string()),
+        ["apis", g, v, rest @ ..] => resource_path(g, v, rest),
+        _ => Route::Unknown,
+    }
+}
+
+fn resource_path(group: &str, version: &str, rest: &[&str]) -> Route {
+    let rp = |ns: Option<&str>, plural: &str, name: Option<&str>, sub: Option<&str>| {
+        Route::Resource(ResourcePath {
+            group: group.to_string(),
+            version: version.to_string(),
+            plural: plural.to_string(),
+            namespace: ns.map(str::to_string),
+            name: name.map(str::to_string),
+            sub: sub.map(str::to_string),
+        })
+    };
+    // `/api/v1/namespaces/{name}/status` and `/finalize` are subresources of a namespace,
+    // not a resource called "status" inside it.
+    let namespace_sub = group.is_empty()
+        && rest.len() == 3
+        && rest[0] == "namespaces"
+        && matches!(rest[2], "status" | "finalize");
+    match rest {
+        ["namespaces", ns, plural] if !namespace_sub => rp(Some(ns), plural, None, None),
+        ["namespaces", ns, plural, name] => rp(Some(ns), plural, Some(name), None),
+        ["namespaces", ns, plural, name, sub] => rp(Some(ns), plural, Some(name), Some(sub)),
+        [plural] => rp(None, plural, None, None),
+        [plural, name] => rp(None, plural, Some(name), None),
+        [plural, name, sub] => rp(None, plural, Some(name), Some(sub)),
+        _ => Route::Unknown,
+    }
+}
+
+fn json_response(code: u16, v: &Value) -> Response {
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        v.to_string(),
+    )
+        .into_response()
+}
+
+fn error_response(e: &ApiError) -> Response {
+    json_response(e.code, &e.to_status())
+}
+
+fn not_found_path() -> ApiError {
+    let mut e = ApiError::new(404, "the server could not find the requested resource");
+    e.details = Some(serde_json::json!({}));
+    e
+}
+
+fn header_str(h: &HeaderMap, name: header::HeaderName) -> &str {
+    h.get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
+}
+
+fn bearer(h: &HeaderMap) -> Option<&str> {
+    header_str(h, header::AUTHORIZATION)
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+}
+
+fn truthy(q: &HashMap<String, String>, k: &str) -> bool {
+    q.get(k).is_some_and(|v| v == "true" || v == "1")
+}
+
+/// The verb and resource a request is counted (and matched for failure injection) under.
+fn classify(
+    method: &Method,
+    route: &Route,
+    q: &HashMap<String, String>,
+    path: &str,
+) -> (String, String) {
+    match route {
+        Route::Resource(rp) => {
+            let verb = match (method.as_str(), rp.name.is_some()) {
+                ("GET", true) => "get",
+                ("GET", false) if truthy(q, "watch") => "watch",
+                ("GET", false) => "list",
+                ("POST", _) => "create",
+                ("PUT", _) => "update",
+                ("PATCH", _) => "patch",
+                ("DELETE", true) => "delete",
+                ("DELETE", false) => "deletecollection",
+                (other, _) => return (other.to_ascii_lowercase(), rp.plural.clone()),
+            };
+            let resource = match &rp.sub {
+                Some(s) => format!("{}/{s}", rp.plural),
+                None => rp.plural.clone(),
+            };
+            (verb.to_string(), resource)
+        }
+        _ => (method.as_str().to_ascii_lowercase(), path.to_string()),
+    }
+}
+
+/// The single handler behind every path.
+pub(crate) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let path = parts.uri.path().to_string();
+    let query: HashMap<String, String> = axum::extract::Query::try_from_uri(&parts.uri)
+        .map(|axum::extract::Query(q)| q)
+        .unwrap_or_default();
+    let route = parse_path(&path);
+    let (verb, resource) = classify(&parts.method, &route, &query, &path);
+
+    let (latency, injected, require_auth) = {
+        let mut c = match shared.control.lock() {
+            Ok(c) => c,
+            Err(p) => p.into_inner(),
+        };
+        c.stats.total += 1;
+        *c.stats
+            .by_request
+            .entry((verb.clone(), resource.clone()))
+            .or_default() += 1;
+        let injected = c.take_failure(&verb, &resource);
+        (c.latency, injected, c.require_auth)
+    };
+    if latency > Duration::ZERO {
+        tokio::time::sleep(latency).await;
+    }
+    if let Some(code) = injected {
+        return error_response(&ApiError::new(
+            code,
+            format!("injected failure for {verb} {resource}"),
+        ));
+    }
+
+    let caller = match authenticate(&shared, &parts.headers, require_auth) {
+        Ok(c) => c,
+        Err(e) => return error_response(&e),
+    };
+    if require_auth && let Err(e) = authorize(&shared, &caller, &route, &verb, &path) {
+        return error_response(&e);
+    }
+
+    let bytes = match axum::body::to_bytes(body, MAX_BODY).await {
+        Ok(b) => b,
+        Err(_) => return error_response(&ApiError::new(413, "request entity too large")),
+    };
+    let accept = header_str(&parts.headers, header::ACCEPT).to_string();
+    let content_type = header_str(&parts.headers, header::CONTENT_TYPE).to_string();
+
+    let result = match &route {
+        Route::Version => Ok(json_response(200, &discovery::version())),
+        Route::Health => Ok((StatusCode::OK, "ok").into_response()),
+        Route::CoreVersions | Route::Groups if discovery::wants_aggregated(&accept) => {
+            let doc = {
+                let store = shared.lock_store();
+                discovery::aggregated(&store.registry, route == Route::CoreVersions)
+            };
+            Ok((
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, discovery::AGGREGATED_CONTENT_TYPE)],
+                doc.to_string(),
+            )
+                .into_response())
+        }
+        Route::CoreVersions => Ok(json_response(
+            200,
+            &discovery::core_versions(&shared.addr.to_string()),
+        )),
+        Route::CoreResources(v) => {
+            let doc = discovery::resource_list(&shared.lock_store().registry, "", v);
+            doc.map(|d| json_response(200, &d))
+                .ok_or_else(not_found_path)
+        }
+        Route::Groups => Ok(json_response(
+            200,
+            &discovery::group_list(&shared.lock_store().registry),
+        )),
+        Route::Group(g) => {
+            let doc = discovery::group(&shared.lock_store().registry, g);
+            doc.map(|d| json_response(200, &d))
+                .ok_or_else(not_found_path)
+        }
+        Route::GroupResources(g, v) => {
+            let doc = discovery::resource_list(&shared.lock_store().registry, g, v);
+            doc.map(|d| json_response(200, &d))
+                .ok_or_else(not_found_path)
+        }
+        Route::Resource(rp) => {
+            let req = ResourceRequest {
+                method: &parts.method,
+                rp,
+                query: &query,
+                body: &bytes,
+                accept: &accept,
+                content_type: &content_type,
+                caller,
+            };
+            handle_resource(&shared, req)
+        }
+        Route::Unknown => Err(not_found_path()),
+    };
+    result.unwrap_or_else(|e| error_response(&e))
+}
+
+/// Resolves the caller from the bearer token. Without `require_auth`, unknown or missing
+/// tokens are let through (as the admin, or anonymous).
+fn authenticate(
+    shared: &Shared,
+    headers: &HeaderMap,
+    require_auth: bool,
+) -> Result<Option<UserInfo>, ApiError> {
+    let authn = shared.control_lock().token_review.clone();
+    let user = bearer(headers).and_then(|t| authn(t));
+    if require_auth && user.is_none() {
+        return Err(ApiError::new(401, "Unauthorized"));
+    }
+    Ok(user)
+}
+
+fn authorize(
+    shared: &Shared,
+    caller: &Option<UserInfo>,
+    route: &Route,
+    verb: &str,
+    path: &str,
+) -> Result<(), ApiError> {
+    let authz = shared.control_lock().access_review.clone();
+    let user = caller
+        .clone()
+        .unwrap_or_else(|| UserInfo::new("system:anonymous"));
+    let username = user.username.clone();
+    let req = match route {
+        Route::Resource(rp) => AccessRequest {
+            user,
+            resource: Some(ResourceAttributes {
+                namespace: rp.namespace.clone().unwrap_or_default(),
+                verb: verb.to_string(),
+                group: rp.group.clone(),
+                version: rp.version.clone(),
+                resource: rp.plural.clone(),
+                subresource: rp.sub.clone().unwrap_or_default(),
+                name: rp.name.clone().unwrap_or_default(),
+            }),
+            non_resource: None,
+        },
+        _ => AccessRequest {
+            user,
+            resource: None,
+            non_resource: Some(NonResourceAttributes {
+                path: path.to_string(),
+                verb: verb.to_string(),
+            }),
+        },
+    };
+    if authz(&req) {
+        return Ok(());
+    }
+    let message = match &req.resource {
+        Some(r) => {
+            let scope = if r.namespace.is_empty() {
+                "at the cluster scope".to_string()
+            } else {
+                format!("in the namespace \"{}\"", r.namespace)
+            };
+            format!(
+                "{} is forbidden: User \"{username}\" cannot {} resource \"{}\" in API group \"{}\" {scope}",
+                crate::error::qualified(&r.group, &r.resource),
+                r.verb,
+                r.resource,
+                r.group
+            )
+        }
+        None => format!("forbidden: User \"{username}\" cannot {verb} path \"{path}\""),
+    };
+    Err(ApiError::forbidden(message))
+}
+
+struct ResourceRequest<'a> {
+    method: &'a Method,
+    rp: &'a ResourcePath,
+    query: &'a HashMap<String, String>,
+    body: &'a Bytes,
+    accept: &'a str,
+    content_type: &'a str,
+    caller: Option<UserInfo>,
+}
+
+/// Parses a JSON (or, for convenience, YAML) request body.
+fn parse_body(body: &[u8], content_type: &str) -> Result<Value, ApiError> {
+    let base = content_type.split(';').next().unwrap_or("").trim();
+    match base {
+        "" | "application/json" | "*/*" => serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}"))),
+        "application/yaml" | "application/x-yaml" | "text/yaml" => {
+            let text = std::str::from_utf8(body)
+                .map_err(|_| ApiError::bad_request("the request body is not UTF-8"))?;
+            serde_saphyr::from_str(text)
+                .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
+        }
+        other => Err(ApiError::unsupported_media_type(other)),
+    }
+}
+
+/// `application/json;as=PartialObjectMetadata[List];g=meta.k8s.io;v=v1`.
+fn metadata_only(accept: &str) -> (bool, bool) {
+    let first = accept.split(',').next().unwrap_or("");
+    (
+        first.contains("as=PartialObjectMetadata;") || first.ends_with("as=PartialObjectMetadata"),
+        first.contains("as=PartialObjectMetadataList"),
+    )
+}
+
+fn to_partial(obj: &Value) -> Value {
+    serde_json::json!({
+        "apiVersion": "meta.k8s.io/v1",
+        "kind": "PartialObjectMetadata",
+        "metadata": obj.get("metadata").cloned().unwrap_or(serde_json::json!({})),
+    })
+}
+
+fn handle_resource(shared: &Arc<Shared>, req: ResourceRequest<'_>) -> Result<Response, ApiError> {
+    let rp = req.rp;
+    let rt = shared
+        .lock_store()
+        .registry
+        .lookup(&rp.group, &rp.version, &rp.plural)
+        .cloned()
+        .ok_or_else(not_found_path)?;
+    if (!rt.namespaced && rp.namespace.is_some())
+        || (rt.namespaced && rp.namespace.is_none() && rp.name.is_some())
+    {
+        return Err(not_found_path());
+    }
+    let status = match rp.sub.as_deref() {
+        None => false,
+        Some("status") if rt.status => true,
+        Some(_) => return Err(not_found_path()),
+    };
+    if rt.behaviour != Behaviour::Stored {
+        return handle_review(shared, &rt, req);
+    }
+    let q = req.query;
+    let dry_run = q.get("dryRun").is_some_and(|v| v == "All");
+    let ns = rp.namespace.as_deref();
+    let (meta_one, meta_list) = metadata_only(req.accept);
+    let answer = |code: u16, v: Value| {
+        let v = if meta_one && v.get("kind").and_then(Value::as_str) != Some("Status") {
+            to_partial(&v)
+        } else {
+            v
+        };
+        json_response(code, &v)
+    };
+    let target = |name: &str| Target {
+        rt: rt.clone(),
+        namespace: rp.namespace.clone(),
+        name: name.to_string(),
+        status,
+    };
+    match (req.method.as_str(), rp.name.as_deref()) {
+        ("GET", Some(name)) => {
+            let v = shared.lock_store().get(&target(name))?;
+            Ok(answer(200, v))
+        }
+        ("GET", None) => {
+            let selectors = Selectors::parse(
+                q.get("labelSelector").map(String::as_str),
+                q.get("fieldSelector").map(String::as_str),
+            )?;
+            if truthy(q, "watch") {
+                return start_watch(shared, rt, ns, selectors, q, meta_one || meta_list);
+            }
+            let limit = q.get("limit").and_then(|l| l.parse::<usize>().ok());
+            let list = shared.lock_store().list(
+                &rt,
+                ns,
+                &selectors,
+                limit,
+                q.get("continue").map(String::as_str),
+            )?;
+            let list = if meta_list {
+                let items: Vec<Value> = list["items"]
+                    .as_array()
+                    .map(|a| a.iter().map(to_partial).collect())
+                    .unwrap_or_default();
+                serde_json::json!({
+                    "apiVersion": "meta.k8s.io/v1",
+                    "kind": "PartialObjectMetadataList",
+                    "metadata": list["metadata"].clone(),
+                    "items": items,
+                })
+            } else {
+                list
+            };
+            Ok(json_response(200, &list))
+        }
+        ("POST", None) => {
+            if status {
+                return Err(ApiError::method_not_allowed(
+                    "POST is not supported on this path",
+                ));
+            }
+            let body = parse_body(req.body, req.content_type)?;
+            let v = shared.lock_store().create(&rt, ns, body, dry_run)?;
+            Ok(answer(201, v))
+        }
+        ("PUT", Some(name)) => {
+            let body = parse_body(req.body, req.content_type)?;
+            let (v, created) = shared.lock_store().update(&target(name), body, dry_run)?;
+            Ok(answer(if created { 201 } else { 200 }, v))
+        }
+        ("PATCH", Some(name)) => {
+            let kind = PatchKind::from_content_type(req.content_type)
+                .ok_or_else(|| ApiError::unsupported_media_type(req.content_type))?;
+            let (v, created) = shared.lock_store().patch(
+                &target(name),
+                kind,
+                req.body,
+                q.get("fieldManager").map(String::as_str),
+                truthy(q, "force"),
+                dry_run,
+            )?;
+            Ok(answer(if created { 201 } else { 200 }, v))
+        }
+        ("DELETE", name) => {
+            if status {
+                return Err(ApiError::method_not_allowed(
+                    "DELETE is not supported on this path",
+                ));
+            }
+            let mut opts = DeleteOptions::from_body(req.body)?;
+            if let Some(p) = q.get("propagationPolicy") {
+                opts.propagation = Propagation::parse(p)?;
+            }
+            opts.dry_run |= dry_run;
+            match name {
+                Some(name) => {
+                    let v = shared.lock_store().delete(&target(name), &opts)?;
+                    Ok(answer(200, v))
+                }
+                None => {
+                    let selectors = Selectors::parse(
+                        q.get("labelSelector").map(String::as_str),
+                        q.get("fieldSelector").map(String::as_str),
+                    )?;
+                    let v = shared
+                        .lock_store()
+                        .delete_collection(&rt, ns, &selectors, &opts)?;
+                    Ok(json_response(200, &v))
+                }
+            }
+        }
+        (m, _) => Err(ApiError::method_not_allowed(format!(
+            "the server does not allow this method on the requested resource ({m})"
+        ))),
+    }
+}
+
+fn handle_review(
+    shared: &Arc<Shared>,
+    rt: &ResourceType,
+    req: ResourceRequest<'_>,
+) -> Result<Response, ApiError> {
+    if req.method != Method::POST || req.rp.name.is_some() {
+        return Err(ApiError::method_not_allowed(format!(
+            "{} only support create",
+            rt.plural
+        )));
+    }
+    let body = parse_body(req.body, req.content_type)?;
+    let (authn, authz) = {
+        let c = shared.control_lock();
+        (c.token_review.clone(), c.access_review.clone())
+    };
+    let v = match (rt.behaviour, rt.plural.as_str()) {
+        (Behaviour::TokenReview, _) => reviews::token_review(&body, &authn)?,
+        (Behaviour::SubjectAccessReview, "localsubjectaccessreviews") => reviews::access_review(
+            &body,
+            AccessReviewKind::Local,
+            req.rp.namespace.as_deref(),
+            None,
+            &authz,
+        )?,
+        (Behaviour::SubjectAccessReview, _) => {
+            reviews::access_review(&body, AccessReviewKind::Subject, None, None, &authz)?
+        }
+        (Behaviour::SelfSubjectAccessReview, _) => reviews::access_review(
+            &body,
+            AccessReviewKind::SelfReview,
+            None,
+            req.caller,
+            &authz,
+        )?,
+        (Behaviour::Stored, _) => return Err(not_found_path()),
+    };
+    Ok(json_response(201, &v))
+}
+
+fn start_watch(
+    shared: &Arc<Shared>,
+    rt: ResourceType,
+    ns: Option<&str>,
+    selectors: Selectors,
+    q: &HashMap<String, String>,
+    metadata_only: bool,
+) -> Result<Response, ApiError> {
+    let rv = q.get("resourceVersion").map(String::as_str).unwrap_or("");
+    let send_initial = truthy(q, "sendInitialEvents");
+    let from = match rv.parse::<u64>() {
+        _ if send_initial => WatchFrom::Snapshot,
+        _ if rv.is_empty() => WatchFrom::Snapshot,
+        Ok(0) => WatchFrom::Snapshot,
+        Ok(n) => WatchFrom::After(n),
+        Err(_) => {
+            return Err(ApiError::bad_request(format!(
+                "invalid resource version: {rv:?}"
+            )));
+        }
+    };
+    let after = match from {
+        WatchFrom::After(n) => n,
+        WatchFrom::Snapshot => 0,
+    };
+    let timeout = q
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .filter(|t| *t > 0)
+        .map(Duration::from_secs);
+    let (bookmark_interval, delay) = {
+        let c = shared.control_lock();
+        (c.bookmark_interval, c.watch_delay)
+    };
+    let sub = shared.lock_store().subscribe(&rt, ns, from);
+    let opts = WatchOptions {
+        after,
+        selectors,
+        bookmarks: truthy(q, "allowWatchBookmarks"),
+        send_initial,
+        timeout,
+        metadata_only,
+        bookmark_interval,
+        delay,
+    };
+    let body: Body = watch_body(shared.clone(), rt, sub, opts);
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rp(ns: Option<&str>, plural: &str, name: Option<&str>, sub: Option<&str>) -> Route {
+        Route::Resource(ResourcePath {
+            group: String::new(),
+            version: "v1".into(),
+            plural: plural.into(),
+            namespace: ns.map(Into::into),
+            name: name.map(Into::into),
+            sub: sub.map(Into::into),
+        })
+    }
+
+    #[test]
+    fn parses_paths() {
+        assert_eq!(
+            parse_path("/api/v1/namespaces"),
+            rp(None, "namespaces", None, None)
+        );
+        assert_eq!(
+            parse_path("/api/v1/namespaces/a"),
+            rp(None, "namespaces", Some("a"), None)
+        );
+        assert_eq!(
+            parse_path("/api/v1/namespaces/a/status"),
+            rp(None, "namespaces", Some("a"), Some("status"))
+        );
+        assert_eq!(
+            parse_path("/api/v1/namespaces/a/configmaps"),
+            rp(Some("a"), "configmaps", None, None)
+        );
+        assert_eq!(
+            parse_path("/api/v1/namespaces/a/configmaps/b"),
+            rp(Some("a"), "configmaps", Some("b"), None)
+        );
+        assert_eq!(parse_path("/apis"), Route::Groups);
+        assert_eq!(
+            parse_path("/apis/x.io/v1"),
+            Route::GroupResources("x.io".into(), "v1".into())
+        );
+        assert_eq!(parse_path("/api/v1//x"), Route::Unknown);
+        assert_eq!(parse_path("/nope"), Route::Unknown);
+    }
+}
