@@ -322,6 +322,69 @@ mod tests {
         }
     }
 
+    fn pool(name: &str, dcs: &[(&str, &str)]) -> PoolInput {
+        use crate::allocator::{PoolConfig, PoolKind, Strategy};
+        PoolInput {
+            name: name.into(),
+            reclaim_policy: Default::default(),
+            datacenters: dcs
+                .iter()
+                .map(|(dc, cidr)| {
+                    let config = PoolConfig::new(
+                        cidr.parse().unwrap(),
+                        PoolKind::Range {
+                            allocation_range: 1,
+                        },
+                        Strategy::FirstFit,
+                    );
+                    (
+                        dc.to_string(),
+                        crate::planner::DatacenterInput {
+                            config,
+                            exclusions: vec![],
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn overlaps_within_a_datacenter_and_within_a_pool() {
+        let pools = vec![
+            pool("a", &[("dc-1", "10.0.0.0/24"), ("dc-2", "10.0.0.0/25")]),
+            pool("b", &[("dc-1", "10.0.0.128/25"), ("dc-2", "10.9.0.0/24")]),
+            pool("c", &[("dc-3", "10.0.0.0/24")]),
+        ];
+        let found = find_overlaps(&pools);
+        let pairs: Vec<(String, String, String, String)> = found
+            .iter()
+            .map(|o| {
+                (
+                    o.pool.clone(),
+                    o.datacenter.clone(),
+                    o.other_pool.clone(),
+                    o.other_datacenter.clone(),
+                )
+            })
+            .collect();
+        let s = |x: &str| x.to_string();
+        assert_eq!(
+            pairs,
+            vec![
+                (s("a"), s("dc-1"), s("a"), s("dc-2")),
+                (s("a"), s("dc-1"), s("b"), s("dc-1")),
+                (s("a"), s("dc-2"), s("a"), s("dc-1")),
+                (s("b"), s("dc-1"), s("a"), s("dc-1")),
+            ]
+        );
+        // c in dc-3 shares addresses with a but neither pool nor datacenter: not reported.
+        let r = report("dc-1", 1, 100);
+        let (status, events) = pool_status("b", None, Ok(()), &[&r], &found, None, "t");
+        assert!(is_true(&status.conditions, "Overlap"));
+        assert_eq!(events.last().map(|e| e.reason.as_str()), Some("Overlap"));
+    }
+
     #[test]
     fn thresholds_emit_events_only_when_crossed() {
         let r = report("dc-1", 72, 100);

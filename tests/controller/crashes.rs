@@ -108,6 +108,8 @@ async fn sigkill_at_random_points_while_200_clusters_arrive() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_controllers_at_once_then_the_leader_dies() {
     let seed = Seed::start("two").await;
+    // A lagging watch cache: both replicas see every change 300 ms late.
+    seed.api.set_watch_delay(Duration::from_millis(300));
     seed.apply(POOLS);
     let mut one = seed.controller("one");
     let mut two = seed.controller("two");
