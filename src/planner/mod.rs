@@ -223,20 +223,10 @@ impl<'a> Planner<'a> {
     }
 
     fn place_pin(&mut self, cluster: &ClusterInput, pool: &str, wanted: Allocation) {
-        let key = (cluster.name.clone(), pool.to_string());
         let dc = cluster.datacenter.clone();
-        let existing = self.decisions.get(&key).cloned();
-        if existing.as_ref().is_some_and(|d| d.change == Change::Fail) {
-            return; // A stored allocation that cannot be used: left for a human.
-        }
-        let held = existing
-            .as_ref()
-            .filter(|d| d.change == Change::Keep)
-            .and_then(|d| d.held.clone());
-        let moved_from = existing
-            .as_ref()
-            .filter(|d| d.change == Change::Release)
-            .and_then(|d| d.previous.clone());
+        let Some((held, moved_from)) = self.prior(cluster, pool) else {
+            return;
+        };
         let Some(Ok(allocator)) = self.allocators.get_mut(&(pool.to_string(), dc.clone())) else {
             let why = self.unusable(pool, &dc);
             self.decide(cluster, pool, Change::Fail, held, moved_from, why);
@@ -316,20 +306,10 @@ impl<'a> Planner<'a> {
     }
 
     fn serve(&mut self, cluster: &ClusterInput, pool: &str, request: Request) {
-        let key = (cluster.name.clone(), pool.to_string());
         let dc = cluster.datacenter.clone();
-        let existing = self.decisions.get(&key).cloned();
-        if existing.as_ref().is_some_and(|d| d.change == Change::Fail) {
+        let Some((held, moved_from)) = self.prior(cluster, pool) else {
             return;
-        }
-        let held = existing
-            .as_ref()
-            .filter(|d| d.change == Change::Keep)
-            .and_then(|d| d.held.clone());
-        let moved_from = existing
-            .as_ref()
-            .filter(|d| d.change == Change::Release)
-            .and_then(|d| d.previous.clone());
+        };
         let Some(Ok(allocator)) = self.allocators.get_mut(&(pool.to_string(), dc.clone())) else {
             let why = self.unusable(pool, &dc);
             self.decide(cluster, pool, Change::Fail, held, moved_from, why);
@@ -367,6 +347,25 @@ impl<'a> Planner<'a> {
             },
         };
         self.decide(cluster, pool, change, now, previous, message);
+    }
+
+    /// What step 1 left for (cluster, pool): `(held, moved_from)` — the addresses kept, or
+    /// the ones released because the cluster changed datacenter. `None` when the stored
+    /// allocation cannot be used and is left for a human.
+    fn prior(
+        &self,
+        cluster: &ClusterInput,
+        pool: &str,
+    ) -> Option<(Option<Allocation>, Option<Allocation>)> {
+        let existing = self
+            .decisions
+            .get(&(cluster.name.clone(), pool.to_string()));
+        match existing {
+            Some(d) if d.change == Change::Fail => None,
+            Some(d) if d.change == Change::Keep => Some((d.held.clone(), None)),
+            Some(d) if d.change == Change::Release => Some((None, d.previous.clone())),
+            _ => Some((None, None)),
+        }
     }
 
     fn serves(&self, pool: &str, dc: &str) -> bool {
