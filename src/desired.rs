@@ -105,3 +105,34 @@ pub fn spec_for(held: &Allocation, datacenter: &str) -> IPAMAllocationSpec {
         },
     }
 }
+
+/// What an addon template sees for one cluster: its allocations that hold addresses (failed
+/// or pending ones are left out, so templates never render an empty pool) and the Addon's
+/// variables.
+pub fn template_data<'a>(
+    cluster: &str,
+    datacenter: &str,
+    allocations: impl IntoIterator<Item = &'a IPAMAllocation>,
+    variables: serde_json::Map<String, serde_json::Value>,
+) -> crate::render::TemplateData {
+    use crate::render::{AllocationData, ClusterData, TemplateData};
+    let namespace = cluster_namespace(cluster);
+    let mut data = ClusterData::new(cluster, datacenter);
+    for a in allocations {
+        if a.metadata.namespace.as_deref() != Some(namespace.as_str()) {
+            continue;
+        }
+        let pool = a.metadata.name.clone().unwrap_or_default();
+        let entry = match (&a.spec.type_, &a.spec.cidr) {
+            (AllocationType::Prefix, Some(cidr)) => AllocationData::prefix(&a.spec.dc, cidr),
+            (AllocationType::Range, _) if !a.spec.addresses.is_empty() => {
+                AllocationData::range(&a.spec.dc, a.spec.addresses.iter().cloned())
+            }
+            _ => continue,
+        };
+        data = data.with_allocation(pool, entry);
+    }
+    let mut out = TemplateData::new(data);
+    out.variables = variables;
+    out
+}

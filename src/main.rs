@@ -26,6 +26,8 @@ enum Command {
     Controller(ControllerArgs),
     /// Plan allocations over manifests on disk and keep them in a state file.
     Offline(OfflineArgs),
+    /// Print one addon rendered for one cluster.
+    Render(RenderArgs),
     /// Check IPAMPool and Cluster manifests with the admission rules.
     Validate(ValidateArgs),
     /// Print the CustomResourceDefinitions (or write one file per CRD with --out).
@@ -71,6 +73,39 @@ struct OfflineArgs {
     /// The state file of IPAMAllocation objects (created when missing).
     #[arg(long)]
     state: PathBuf,
+    /// Render every Addon into DIR/<cluster>/<addon>.yaml.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    templates: TemplateDirs,
+}
+
+#[derive(clap::Args)]
+struct TemplateDirs {
+    /// Directory of addons (`<name>/*.yaml` minijinja templates).
+    #[arg(long, default_value = "addons")]
+    addons_dir: PathBuf,
+    /// Directory of shared template macros.
+    #[arg(long, default_value = "templates")]
+    templates_dir: PathBuf,
+}
+
+#[derive(clap::Args)]
+struct RenderArgs {
+    /// The addon to render (a directory under --addons-dir).
+    #[arg(long)]
+    addon: String,
+    /// A file with the Cluster (and optionally its Addon, whose variables are used).
+    #[arg(long)]
+    cluster: PathBuf,
+    /// Which Cluster, when the file holds several.
+    #[arg(long)]
+    name: Option<String>,
+    /// The state file holding the cluster's allocations.
+    #[arg(long)]
+    state: Option<PathBuf>,
+    #[command(flatten)]
+    templates: TemplateDirs,
 }
 
 #[derive(clap::Args)]
@@ -99,6 +134,7 @@ fn main() -> ExitCode {
         Command::Controller(args) => run_controller(args),
         Command::Offline(args) => run_offline(args),
         Command::Validate(args) => run_validate(args),
+        Command::Render(args) => run_render(args),
         Command::Crds(args) => run_crds(args),
     }
 }
@@ -164,7 +200,22 @@ fn run_controller(args: ControllerArgs) -> ExitCode {
     }
 }
 
+fn load_renderer(dirs: &TemplateDirs) -> Result<kipam::render::Renderer, String> {
+    kipam::render::Renderer::load(&dirs.addons_dir, &dirs.templates_dir).map_err(|e| e.to_string())
+}
+
 fn run_offline(args: OfflineArgs) -> ExitCode {
+    // Templates are loaded first: a broken addon stops the run before anything is written.
+    let renderer = match &args.out {
+        Some(_) => match load_renderer(&args.templates) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
     let options = OfflineOptions {
         files: args.files,
         state: args.state,
@@ -191,11 +242,83 @@ fn run_offline(args: OfflineArgs) -> ExitCode {
             "unchanged"
         }
     );
-    if offline::has_failures(&report.plan) {
+    let mut failed = offline::has_failures(&report.plan);
+    if let (Some(renderer), Some(out)) = (&renderer, &args.out) {
+        let files = offline::addons::render_all(
+            renderer,
+            &report.addons,
+            &report.clusters,
+            &report.allocations,
+            out,
+        );
+        for f in files {
+            match f.result {
+                Ok((path, objects)) => println!("rendered {} ({objects} objects)", path.display()),
+                Err(e) => {
+                    failed = true;
+                    eprintln!("error: {e}");
+                }
+            }
+        }
+    }
+    if failed {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
     }
+}
+
+fn run_render(args: RenderArgs) -> ExitCode {
+    match render(&args) {
+        Ok(yaml) => {
+            print!("{yaml}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn render(args: &RenderArgs) -> Result<String, String> {
+    let renderer = load_renderer(&args.templates)?;
+    let manifests =
+        offline::manifests::load(std::slice::from_ref(&args.cluster)).map_err(|e| e.to_string())?;
+    let file = args.cluster.display();
+    let cluster = match (&args.name, manifests.clusters.as_slice()) {
+        (Some(wanted), all) => all
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(wanted.as_str()))
+            .ok_or_else(|| format!("{file}: no Cluster {wanted} in it"))?,
+        (None, [c]) => c,
+        (None, []) => return Err(format!("{file}: no Cluster in it")),
+        (None, _) => {
+            return Err(format!(
+                "{file}: more than one Cluster in it; choose one with --name"
+            ));
+        }
+    };
+    let name = cluster.metadata.name.clone().unwrap_or_default();
+    let namespace = resources::cluster_namespace(&name);
+    let variables = manifests
+        .addons
+        .iter()
+        .find(|a| {
+            a.metadata.namespace.as_deref() == Some(namespace.as_str()) && a.spec.name == args.addon
+        })
+        .map(|a| a.spec.variables.clone())
+        .unwrap_or_default();
+    let allocations = match &args.state {
+        Some(p) => offline::state_file::read(p).map_err(|e| e.to_string())?,
+        None => Vec::new(),
+    };
+    let data =
+        kipam::desired::template_data(&name, &cluster.spec.datacenter, &allocations, variables);
+    let rendered = renderer
+        .render(&args.addon, &data)
+        .map_err(|e| e.to_string())?;
+    Ok(rendered.to_yaml())
 }
 
 fn run_validate(args: ValidateArgs) -> ExitCode {

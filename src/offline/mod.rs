@@ -5,6 +5,7 @@
 //! file is then replaced atomically, and only when its content changes, so running it twice
 //! changes nothing.
 
+pub mod addons;
 pub mod manifests;
 pub mod state_file;
 

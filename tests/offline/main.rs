@@ -298,3 +298,82 @@ fn crds_command_prints_what_crds_holds() {
         );
     }
 }
+
+#[test]
+fn offline_out_renders_every_addon_and_render_prints_one() {
+    let w = Workdir::new("render");
+    let state = w.path("state.yaml");
+    let out = w.path("out");
+    let root = env!("CARGO_MANIFEST_DIR");
+    let run = Command::new(env!("CARGO_BIN_EXE_kipam"))
+        .current_dir(root)
+        .args(["offline", "-f", "examples", "--state"])
+        .arg(&state)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run kipam");
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
+    for cluster in ["alpha", "bravo", "charlie", "delta", "echo"] {
+        let file = out.join(cluster).join("metallb.yaml");
+        let yaml = std::fs::read_to_string(&file).unwrap_or_default();
+        assert!(
+            yaml.contains("name: kipam-managed-pool\n"),
+            "{cluster}: {yaml}"
+        );
+        assert!(
+            yaml.contains("ipam.kipam.dev/addon: metallb"),
+            "{cluster}: {yaml}"
+        );
+    }
+    let echo = std::fs::read_to_string(out.join("echo").join("metallb.yaml")).unwrap();
+    assert!(echo.contains("- 192.168.2.128/28"), "{echo}");
+    assert!(
+        echo.contains("- 10.30.0.4-10.30.0.7\n  - 2001:db8:30:1::/64"),
+        "{echo}"
+    );
+    let charlie = std::fs::read_to_string(out.join("charlie").join("metallb.yaml")).unwrap();
+    assert!(
+        !charlie.contains("dualstack"),
+        "charlie opted out of IPv6: {charlie}"
+    );
+
+    // `kipam render` prints the same document for one cluster.
+    let one = Command::new(env!("CARGO_BIN_EXE_kipam"))
+        .current_dir(root)
+        .args([
+            "render",
+            "--addon",
+            "metallb",
+            "--cluster",
+            "examples/clusters.yaml",
+            "--name",
+            "echo",
+            "--state",
+        ])
+        .arg(&state)
+        .output()
+        .expect("run kipam render");
+    assert_eq!(one.status.code(), Some(0), "{}", text(&one.stderr));
+    assert_eq!(text(&one.stdout), echo);
+
+    // A broken addon stops the run before the state is touched.
+    let broken = w.path("addons");
+    std::fs::create_dir_all(broken.join("metallb")).unwrap();
+    std::fs::write(broken.join("metallb").join("pool.yaml"), "{% if %}\n").unwrap();
+    let saved = w.read("state.yaml");
+    let run = Command::new(env!("CARGO_BIN_EXE_kipam"))
+        .current_dir(root)
+        .args(["offline", "-f", "examples", "--state"])
+        .arg(&state)
+        .arg("--out")
+        .arg(&out)
+        .arg("--addons-dir")
+        .arg(&broken)
+        .output()
+        .expect("run kipam");
+    assert_eq!(run.status.code(), Some(2));
+    let err = text(&run.stderr);
+    assert!(err.contains("pool.yaml:1"), "{err}");
+    assert_eq!(w.read("state.yaml"), saved);
+}

@@ -1,0 +1,171 @@
+//! The data an addon template sees.
+//!
+//! Field names are serialised as KKP spells them (`Cluster.Network.IPAMAllocations`,
+//! `Type`, `CIDR`, `Addresses`, `DC`), so an addon written for KKP needs only its Go-template
+//! syntax translated, not its data paths. Every field is always present (an empty string or an
+//! empty list when it does not apply), so under strict undefined a template can read
+//! `allocation.CIDR` of a range allocation without tripping an error.
+//!
+//! The types also deserialise from the same shape (missing fields default to empty), so the
+//! data of one render can be written down, e.g. as a test fixture, and read back.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Allocation type of a range allocation (`first-last` pieces).
+pub const ALLOCATION_RANGE: &str = "range";
+/// Allocation type of a prefix allocation (one subnet).
+pub const ALLOCATION_PREFIX: &str = "prefix";
+
+/// Everything one addon template renders from: the cluster and the Addon's variables.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct TemplateData {
+    /// `Cluster`: the user cluster the addon is rendered for.
+    pub cluster: ClusterData,
+    /// `Variables`: the Addon's `spec.variables`, as written by its author.
+    pub variables: serde_json::Map<String, serde_json::Value>,
+}
+
+/// `Cluster`: who the addon is rendered for.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ClusterData {
+    /// `Cluster.Name`: the Cluster object's name.
+    pub name: String,
+    /// `Cluster.Datacenter`: the datacenter the cluster runs in.
+    pub datacenter: String,
+    /// `Cluster.Namespace`: the cluster's namespace on the seed (`cluster-<name>`).
+    pub namespace: String,
+    /// `Cluster.Network`.
+    pub network: NetworkData,
+}
+
+/// `Cluster.Network`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NetworkData {
+    /// `Cluster.Network.IPAMAllocations`: pool name → that pool's allocation for this cluster.
+    /// A `BTreeMap`, so templates iterate the pools in name order and output is deterministic.
+    #[serde(rename = "IPAMAllocations")]
+    pub ipam_allocations: BTreeMap<String, AllocationData>,
+}
+
+/// One IPAM allocation, as KKP exposes it to addons.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AllocationData {
+    /// `Type`: `range` or `prefix`.
+    #[serde(rename = "Type")]
+    pub type_: String,
+    /// `CIDR`: the allocated subnet of a prefix allocation; empty for a range allocation.
+    #[serde(rename = "CIDR")]
+    pub cidr: String,
+    /// `Addresses`: the `first-last` pieces of a range allocation, in address order; empty for
+    /// a prefix allocation.
+    #[serde(rename = "Addresses")]
+    pub addresses: Vec<String>,
+    /// `DC`: the datacenter the allocation was made in.
+    #[serde(rename = "DC")]
+    pub dc: String,
+}
+
+impl AllocationData {
+    /// A range allocation made of the given `first-last` pieces.
+    pub fn range<I, S>(dc: impl Into<String>, addresses: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        AllocationData {
+            type_: ALLOCATION_RANGE.to_string(),
+            cidr: String::new(),
+            addresses: addresses.into_iter().map(Into::into).collect(),
+            dc: dc.into(),
+        }
+    }
+
+    /// A prefix allocation of one subnet.
+    pub fn prefix(dc: impl Into<String>, cidr: impl Into<String>) -> Self {
+        AllocationData {
+            type_: ALLOCATION_PREFIX.to_string(),
+            cidr: cidr.into(),
+            addresses: Vec::new(),
+            dc: dc.into(),
+        }
+    }
+}
+
+impl ClusterData {
+    /// A cluster with kipam's namespace convention (`cluster-<name>`) and no allocations yet.
+    pub fn new(name: impl Into<String>, datacenter: impl Into<String>) -> Self {
+        let name = name.into();
+        ClusterData {
+            namespace: format!("cluster-{name}"),
+            name,
+            datacenter: datacenter.into(),
+            network: NetworkData::default(),
+        }
+    }
+
+    /// Adds (or replaces) the allocation of one pool.
+    pub fn with_allocation(mut self, pool: impl Into<String>, allocation: AllocationData) -> Self {
+        self.network
+            .ipam_allocations
+            .insert(pool.into(), allocation);
+        self
+    }
+}
+
+impl TemplateData {
+    /// Template data for a cluster with no variables.
+    pub fn new(cluster: ClusterData) -> Self {
+        TemplateData {
+            cluster,
+            variables: serde_json::Map::new(),
+        }
+    }
+
+    /// Sets one variable.
+    pub fn with_variable(mut self, name: impl Into<String>, value: serde_json::Value) -> Self {
+        self.variables.insert(name.into(), value);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serialises_with_kkp_names() {
+        let data = TemplateData::new(
+            ClusterData::new("alpha", "dc-1")
+                .with_allocation(
+                    "metallb",
+                    AllocationData::range("dc-1", ["10.0.0.0-10.0.0.7"]),
+                )
+                .with_allocation("other", AllocationData::prefix("dc-1", "10.1.0.0/30")),
+        )
+        .with_variable("flag", serde_json::Value::Bool(true));
+        let json = serde_json::to_value(&data).unwrap_or_default();
+        let back: Option<TemplateData> = serde_json::from_value(json.clone()).ok();
+        assert_eq!(back.as_ref(), Some(&data));
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "Cluster": {
+                    "Name": "alpha",
+                    "Datacenter": "dc-1",
+                    "Namespace": "cluster-alpha",
+                    "Network": {"IPAMAllocations": {
+                        "metallb": {"Type": "range", "CIDR": "", "Addresses": ["10.0.0.0-10.0.0.7"], "DC": "dc-1"},
+                        "other": {"Type": "prefix", "CIDR": "10.1.0.0/30", "Addresses": [], "DC": "dc-1"},
+                    }},
+                },
+                "Variables": {"flag": true},
+            })
+        );
+    }
+}

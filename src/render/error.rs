@@ -1,0 +1,134 @@
+//! What can go wrong while loading or rendering addons.
+//!
+//! Every message names the file (as the operator wrote its path) and, where one exists, the
+//! line, followed by the cause in plain words: these texts end up in Addon conditions and on
+//! the terminal of whoever is writing the template, so they must be enough to fix it.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// An error while loading addon templates or rendering one addon for one cluster.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RenderError {
+    /// A file or directory could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The addons or templates directory is not laid out as expected.
+    #[error("{}: {reason}", path.display())]
+    Layout { path: PathBuf, reason: String },
+
+    /// A template does not parse; reported when the addons are loaded.
+    #[error("{file}:{line}: syntax error: {cause}")]
+    Syntax {
+        file: String,
+        line: usize,
+        cause: String,
+    },
+
+    /// `render` was asked for an addon that has no directory.
+    #[error("unknown addon {addon:?} (known addons: {})", KnownList(known))]
+    UnknownAddon { addon: String, known: Vec<String> },
+
+    /// A template failed while rendering: an undefined value, an unknown filter, a filter
+    /// refusing its input, a missing import...
+    ///
+    /// `file` and `line` point at the failing expression, which may sit in a shared macro;
+    /// `rendering` is the addon file whose rendering reached it.
+    #[error("addon {addon}: {}: {cause}", Location { file, line: *line, rendering })]
+    Template {
+        addon: String,
+        file: String,
+        line: Option<usize>,
+        rendering: String,
+        cause: String,
+    },
+
+    /// A template used up its fuel: almost always a loop that does not end when it should.
+    #[error(
+        "addon {addon}: {}: the template ran out of fuel after {fuel} instructions (a runaway loop?)",
+        Location { file, line: *line, rendering }
+    )]
+    OutOfFuel {
+        addon: String,
+        file: String,
+        line: Option<usize>,
+        rendering: String,
+        fuel: u64,
+    },
+
+    /// A template rendered text that is not YAML.
+    #[error(
+        "addon {addon}: {file}: the rendered output is not valid YAML: {cause}{}",
+        RenderedLine { line: *line, text }
+    )]
+    BadYaml {
+        addon: String,
+        file: String,
+        /// Line in the rendered output (not in the template), when the parser knows it.
+        line: Option<usize>,
+        /// That line of rendered output, to show what the template produced.
+        text: String,
+        cause: String,
+    },
+
+    /// A rendered YAML document is not a Kubernetes object kipam can apply.
+    #[error("addon {addon}: {file}: rendered document {document} {reason}")]
+    BadObject {
+        addon: String,
+        file: String,
+        /// 1-based position among the file's non-empty documents.
+        document: usize,
+        reason: String,
+    },
+}
+
+/// `file:line`, plus the addon file being rendered when the failure sits in another template.
+struct Location<'a> {
+    file: &'a str,
+    line: Option<usize>,
+    rendering: &'a str,
+}
+
+impl fmt::Display for Location<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.file)?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if self.rendering != self.file {
+            write!(f, " (rendering {})", self.rendering)?;
+        }
+        Ok(())
+    }
+}
+
+struct RenderedLine<'a> {
+    line: Option<usize>,
+    text: &'a str,
+}
+
+impl fmt::Display for RenderedLine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, " (rendered line {line}: {:?})", self.text),
+            None => Ok(()),
+        }
+    }
+}
+
+struct KnownList<'a>(&'a [String]);
+
+impl fmt::Display for KnownList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("none");
+        }
+        f.write_str(&self.0.join(", "))
+    }
+}

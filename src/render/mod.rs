@@ -1,0 +1,29 @@
+//! Addon rendering: minijinja templates over a cluster's IPAM allocations.
+//!
+//! Pure: [`Renderer::load`] reads the templates once; [`Renderer::render`] turns
+//! [`TemplateData`] into Kubernetes objects without touching disk or network. The command line
+//! (`kipam render`, `kipam offline --out`) and the controller's applier sit on top of it.
+//!
+//! - [`data`]: the template data, serialised with KKP's names;
+//! - `engine`: the configured environment (strict undefined, fuel, no auto-escaping);
+//! - `filters`: address filters (`nth_host`, `netmask`, ...) exact for IPv6;
+//! - `loader`: the `addons/<name>/*.yaml` and `templates/` layout on disk;
+//! - `output`: parsing rendered YAML into labelled objects and writing it back;
+//! - `error`: [`RenderError`].
+//!
+//! The guide for addon authors is `docs/addons.md`.
+
+pub mod data;
+mod engine;
+mod error;
+mod filters;
+mod loader;
+mod output;
+mod quick_yaml;
+
+pub use data::{
+    ALLOCATION_PREFIX, ALLOCATION_RANGE, AllocationData, ClusterData, NetworkData, TemplateData,
+};
+pub use engine::{DEFAULT_FUEL, RenderedAddon, Renderer};
+pub use error::RenderError;
+pub use output::ADDON_LABEL;
