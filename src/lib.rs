@@ -5,11 +5,11 @@
 
 pub mod address;
 pub mod allocator;
+pub mod controller;
 pub mod desired;
 pub mod offline;
 pub mod planner;
 pub mod render;
 pub mod resources;
-pub mod validation;
 pub mod status;
-pub mod controller;
+pub mod validation;
