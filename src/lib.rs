@@ -1,7 +1,9 @@
 //! kipam: multi-cluster IP address management for Kubernetes.
 //!
-//! The pure core (addresses, allocation) takes plain data and returns plain data; the
-//! adapters at the edges (command line, controller, REST API) do the I/O.
+//! The pure core takes plain data and returns plain data: [`address`], [`allocator`],
+//! [`resources`] (the CRD types), [`validation`], [`planner`], [`desired`] (objects a plan asks
+//! for), [`status`] and [`render`]. The adapters at the edges do the I/O: [`offline`] against
+//! files, [`controller`] against the API server, and the `kipam` binary's command line.
 
 pub mod address;
 pub mod allocator;

@@ -1,7 +1,7 @@
 //! One planning pass: read the caches, plan, write the differences (leader only).
 //!
 //! Every pass plans the whole seed at once from in-memory state — pools and clusters from the
-//! watch caches, allocations from the [`Ledger`] — so creating 1,000 clusters costs a few
+//! watch caches, allocations from the [`Ledger`](super::ledger::Ledger) — so creating 1,000 clusters costs a few
 //! passes, not a re-list per cluster. Writes are issued only where the desired object differs
 //! from the stored one: a new allocation is one create plus one status update.
 
