@@ -598,7 +598,16 @@ async fn ensure_namespaces(
             ctx.metrics.wrote("create", "namespaces");
             match api.create(&PostParams::default(), &ns).await {
                 Ok(_) => Ok(true),
-                Err(e) if is_conflict(&e) => Ok(false),
+                Err(e) if is_conflict(&e) => {
+                    // It exists without our label (made by hand): label it so the namespace
+                    // cache sees it and later passes stop trying to create it.
+                    let name = ns.metadata.name.clone().unwrap_or_default();
+                    let labels = json!({"metadata": {"labels": ns.metadata.labels}});
+                    ctx.metrics.wrote("patch", "namespaces");
+                    api.patch(&name, &PatchParams::default(), &Patch::Merge(&labels))
+                        .await
+                        .map(|_| true)
+                }
                 Err(e) => Err(e),
             }
         });

@@ -19,6 +19,8 @@ async fn clusters_then_pools_all_allocated_with_statuses() {
     // Clusters exist before the controller and before any pool.
     seed.cluster("a1", "dc-1");
     seed.cluster("a2", "dc-1");
+    // a2's namespace was made by hand beforehand: kipam adopts it with its label.
+    seed.apply("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: cluster-a2\n");
     let ctl = seed.controller("ctl");
     seed.wait_for("clusters without pools are ready", WAIT, "ctl", |s| {
         s.condition("clusters", "a1", "IPAMReady")
