@@ -139,12 +139,6 @@ fn main() -> ExitCode {
     }
 }
 
-fn now() -> String {
-    k8s_openapi::jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
-}
-
 fn run_controller(args: ControllerArgs) -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -219,7 +213,7 @@ fn run_offline(args: OfflineArgs) -> ExitCode {
     let options = OfflineOptions {
         files: args.files,
         state: args.state,
-        now: now(),
+        now: resources::now_rfc3339(),
     };
     let report = match offline::run(&options) {
         Ok(r) => r,

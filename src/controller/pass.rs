@@ -52,12 +52,6 @@ fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
-fn now() -> String {
-    k8s_openapi::jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
-}
-
 /// Runs one pass. The caller checked leadership just before.
 pub async fn run(ctx: &Arc<Context>) -> Result<PassOutcome, kube::Error> {
     let mut outcome = PassOutcome::default();
@@ -71,7 +65,7 @@ pub async fn run(ctx: &Arc<Context>) -> Result<PassOutcome, kube::Error> {
         .map(|n| n.name_any())
         .collect();
     let stored_objects = ctx.ledger.lock().await.snapshot();
-    let now = now();
+    let now = crate::resources::now_rfc3339();
 
     add_finalizers(ctx, &pools, &clusters, &mut outcome).await;
 
@@ -635,7 +629,7 @@ async fn write_cluster_status(
     errors: &HashMap<String, Vec<FieldError>>,
     outcome: &mut PassOutcome,
 ) {
-    let now = now();
+    let now = crate::resources::now_rfc3339();
     let mut by_cluster: HashMap<&str, Vec<&Decision>> = HashMap::new();
     for d in decisions {
         by_cluster.entry(d.cluster.as_str()).or_default().push(d);

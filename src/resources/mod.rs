@@ -39,6 +39,13 @@ pub const LABEL_DATACENTER: &str = "ipam.kipam.dev/datacenter";
 /// pool that disappears without a controller watching (offline mode) is still honoured.
 pub const ANNOTATION_RECLAIM_POLICY: &str = "ipam.kipam.dev/reclaim-policy";
 
+/// The current time as Kubernetes writes timestamps (RFC 3339, UTC, whole seconds).
+pub fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
 /// The namespace kipam keeps a cluster's allocations and addons in.
 pub fn cluster_namespace(cluster: &str) -> String {
     format!("cluster-{cluster}")
