@@ -89,10 +89,13 @@ async fn clusters_then_pools_all_allocated_with_statuses() {
     );
 
     // Pool status: exact usage per datacenter and conditions.
-    seed.wait_for("pool status written", WAIT, "ctl", |s| {
-        s.get("ipampools", None, "metallb")
-            .and_then(|p| p.pointer("/status/datacenters/dc-1/allocations").cloned())
-            == Some(serde_json::json!(2))
+    seed.wait_for("both pool statuses written", WAIT, "ctl", |s| {
+        let allocations = |pool: &str| {
+            s.get("ipampools", None, pool)
+                .and_then(|p| p.pointer("/status/datacenters/dc-1/allocations").cloned())
+        };
+        allocations("metallb") == Some(serde_json::json!(2))
+            && allocations("metallb-ipv6") == Some(serde_json::json!(2))
     })
     .await;
     let pool = seed.get("ipampools", None, "metallb").unwrap();
@@ -209,9 +212,11 @@ async fn exhausted_pool_serves_the_waiting_cluster_when_space_frees() {
         s.get("namespaces", None, "cluster-c2").is_none()
     })
     .await;
-    assert!(
-        seed.condition("clusters", "c5", "IPAMReady")
+    // The cluster status follows its allocations (written at the end of the same pass).
+    seed.wait_for("c5 reports IPAMReady", WAIT, "ctl", |s| {
+        s.condition("clusters", "c5", "IPAMReady")
             .is_some_and(|c| c["status"] == "True")
-    );
+    })
+    .await;
     seed.assert_no_overlap_no_leak();
 }
