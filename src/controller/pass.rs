@@ -182,6 +182,7 @@ pub async fn run(ctx: &Arc<Context>) -> Result<PassOutcome, kube::Error> {
         &clusters,
         &plan.decisions,
         &cluster_errors,
+        &now,
         &mut outcome,
     )
     .await;
@@ -627,9 +628,9 @@ async fn write_cluster_status(
     clusters: &[Arc<Cluster>],
     decisions: &[Decision],
     errors: &HashMap<String, Vec<FieldError>>,
+    now: &str,
     outcome: &mut PassOutcome,
 ) {
-    let now = crate::resources::now_rfc3339();
     let mut by_cluster: HashMap<&str, Vec<&Decision>> = HashMap::new();
     for d in decisions {
         by_cluster.entry(d.cluster.as_str()).or_default().push(d);
@@ -675,7 +676,7 @@ async fn write_cluster_status(
             &reason,
             message,
             c.metadata.generation,
-            &now,
+            now,
         );
         if next == previous {
             continue;

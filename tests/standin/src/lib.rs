@@ -522,6 +522,30 @@ impl ApiServer {
             .create(&t.rt, t.namespace.as_deref(), obj.clone(), false)
     }
 
+    /// The store target of a named object; `status` selects its status subresource (when the
+    /// type has one).
+    fn target_named(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        name: &str,
+        status: bool,
+    ) -> Result<Target, ApiError> {
+        let rt = self
+            .resource_type(resource)
+            .ok_or_else(|| ApiError::new(404, format!("unknown resource {resource}")))?;
+        Ok(Target {
+            namespace: if rt.namespaced {
+                namespace.map(str::to_string)
+            } else {
+                None
+            },
+            name: name.to_string(),
+            status: status && rt.status,
+            rt,
+        })
+    }
+
     /// Merges `status` into an object's status straight in the store (a JSON merge patch of
     /// `/status`), as a controller would.
     pub fn set_status(
@@ -531,19 +555,7 @@ impl ApiServer {
         name: &str,
         status: Value,
     ) -> Result<Value, ApiError> {
-        let rt = self
-            .resource_type(resource)
-            .ok_or_else(|| ApiError::new(404, format!("unknown resource {resource}")))?;
-        let t = Target {
-            namespace: if rt.namespaced {
-                namespace.map(str::to_string)
-            } else {
-                None
-            },
-            name: name.to_string(),
-            status: rt.status,
-            rt,
-        };
+        let t = self.target_named(resource, namespace, name, true)?;
         let body = serde_json::to_vec(&serde_json::json!({ "status": status }))
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         self.shared()
@@ -560,19 +572,7 @@ impl ApiServer {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<(), ApiError> {
-        let rt = self
-            .resource_type(resource)
-            .ok_or_else(|| ApiError::new(404, format!("unknown resource {resource}")))?;
-        let t = Target {
-            namespace: if rt.namespaced {
-                namespace.map(str::to_string)
-            } else {
-                None
-            },
-            name: name.to_string(),
-            status: false,
-            rt,
-        };
+        let t = self.target_named(resource, namespace, name, false)?;
         self.shared()
             .lock_store()
             .delete(&t, &DeleteOptions::default())
