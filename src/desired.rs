@@ -45,6 +45,22 @@ pub fn allocation_object(
             .insert(ANNOTATION_RECLAIM_POLICY.into(), policy.as_str().into());
     }
     let previous_status = obj.status.take().unwrap_or_default();
+    if decision.change == Change::Conflict {
+        // Reported, never rewritten: the spec (and what it reserves) stays as stored.
+        if let Some(existing) = existing {
+            obj.spec = existing.spec.clone();
+            obj.metadata = existing.metadata.clone();
+        } else if let Some(held) = &decision.held {
+            obj.spec = spec_for(held, &decision.datacenter);
+        }
+        obj.status = Some(IPAMAllocationStatus {
+            phase: Some(AllocationPhase::Conflict),
+            message: Some(decision.message.clone()),
+            allocated_at: previous_status.allocated_at,
+            conditions: previous_status.conditions,
+        });
+        return Some(obj);
+    }
     match &decision.held {
         Some(held) => {
             obj.spec = spec_for(held, &decision.datacenter);

@@ -12,6 +12,7 @@ pub mod desired;
 pub mod offline;
 pub mod planner;
 pub mod render;
+pub mod reservations;
 pub mod resources;
 pub mod status;
 pub mod validation;

@@ -127,12 +127,14 @@ fn is_true(conditions: &[Condition], type_: &str) -> bool {
 ///
 /// `validation` is the outcome of validating the pool (errors make it not Ready);
 /// `reports` are its datacenters' usage after the plan.
+#[allow(clippy::too_many_arguments)]
 pub fn pool_status(
     name: &str,
     generation: Option<i64>,
     validation: Result<(), &[FieldError]>,
     reports: &[&DatacenterReport],
     overlaps: &[Overlap],
+    conflicts: &[&Decision],
     previous: Option<&IPAMPoolStatus>,
     now: &str,
 ) -> (IPAMPoolStatus, Vec<StatusEvent>) {
@@ -257,6 +259,45 @@ pub fn pool_status(
         generation,
         now,
     );
+    let conflicting = !conflicts.is_empty();
+    let conflict_message = if conflicting {
+        let mut listed: Vec<String> = conflicts
+            .iter()
+            .take(10)
+            .map(|d| {
+                format!(
+                    "IPAMAllocation cluster-{}/{} ({}): {}",
+                    d.cluster, d.pool, d.datacenter, d.message
+                )
+            })
+            .collect();
+        if conflicts.len() > 10 {
+            listed.push(format!("and {} more", conflicts.len() - 10));
+        }
+        listed.join("; ")
+    } else {
+        "every stored allocation is honoured".to_string()
+    };
+    if conflicting && !is_true(&before, "Conflict") {
+        events.push(StatusEvent {
+            warning: true,
+            reason: "AllocationConflict".into(),
+            message: format!("pool {name}: {conflict_message}"),
+        });
+    }
+    set_condition(
+        &mut conditions,
+        "Conflict",
+        conflicting,
+        if conflicting {
+            "AllocationConflict"
+        } else {
+            "NoConflict"
+        },
+        conflict_message,
+        generation,
+        now,
+    );
     let status = IPAMPoolStatus {
         observed_generation: generation,
         conditions,
@@ -269,10 +310,7 @@ pub fn pool_status(
 
 /// The `IPAMReady` condition of a cluster from its decisions.
 pub fn cluster_ipam_condition(decisions: &[&Decision]) -> (bool, String, String) {
-    let failed: Vec<&&Decision> = decisions
-        .iter()
-        .filter(|d| d.change == Change::Fail)
-        .collect();
+    let failed: Vec<&&Decision> = decisions.iter().filter(|d| !d.is_ok()).collect();
     if failed.is_empty() {
         let held = decisions
             .iter()
@@ -289,7 +327,9 @@ pub fn cluster_ipam_condition(decisions: &[&Decision]) -> (bool, String, String)
         .map(|d| format!("{}: {}", d.pool, d.message))
         .collect::<Vec<_>>()
         .join("; ");
-    let reason = if failed
+    let reason = if failed.iter().any(|d| d.change == Change::Conflict) {
+        "AllocationConflict"
+    } else if failed
         .iter()
         .any(|d| d.message.contains("free addresses") || d.message.contains("no free aligned"))
     {
@@ -380,7 +420,7 @@ mod tests {
         );
         // c in dc-3 shares addresses with a but neither pool nor datacenter: not reported.
         let r = report("dc-1", 1, 100);
-        let (status, events) = pool_status("b", None, Ok(()), &[&r], &found, None, "t");
+        let (status, events) = pool_status("b", None, Ok(()), &[&r], &found, &[], None, "t");
         assert!(is_true(&status.conditions, "Overlap"));
         assert_eq!(events.last().map(|e| e.reason.as_str()), Some("Overlap"));
     }
@@ -388,23 +428,23 @@ mod tests {
     #[test]
     fn thresholds_emit_events_only_when_crossed() {
         let r = report("dc-1", 72, 100);
-        let (s1, e1) = pool_status("p", Some(1), Ok(()), &[&r], &[], None, "t1");
+        let (s1, e1) = pool_status("p", Some(1), Ok(()), &[&r], &[], &[], None, "t1");
         assert_eq!(e1.len(), 1);
         assert_eq!(e1[0].reason, "CapacityWarning");
         assert!(is_true(&s1.conditions, "CapacityWarning"));
         assert!(!is_true(&s1.conditions, "CapacityCritical"));
         // Same figures again: no event, same transition times.
-        let (s2, e2) = pool_status("p", Some(1), Ok(()), &[&r], &[], Some(&s1), "t2");
+        let (s2, e2) = pool_status("p", Some(1), Ok(()), &[&r], &[], &[], Some(&s1), "t2");
         assert!(e2.is_empty());
         assert_eq!(s1, s2);
         // Up to 96 %: critical and exhausted.
         let r = report("dc-1", 96, 100);
-        let (s3, e3) = pool_status("p", Some(1), Ok(()), &[&r], &[], Some(&s2), "t3");
+        let (s3, e3) = pool_status("p", Some(1), Ok(()), &[&r], &[], &[], Some(&s2), "t3");
         let reasons: Vec<&str> = e3.iter().map(|e| e.reason.as_str()).collect();
         assert_eq!(reasons, vec!["CapacityCritical", "CapacityExhausted"]);
         // Down to 10 %: all three cleared.
         let r = report("dc-1", 10, 100);
-        let (s4, e4) = pool_status("p", Some(1), Ok(()), &[&r], &[], Some(&s3), "t4");
+        let (s4, e4) = pool_status("p", Some(1), Ok(()), &[&r], &[], &[], Some(&s3), "t4");
         assert_eq!(e4.len(), 3);
         assert!(
             e4.iter()

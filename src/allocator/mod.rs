@@ -214,6 +214,37 @@ impl PoolAllocator {
         self.claim(owner, allocation, ClaimOrigin::Stored)
     }
 
+    /// Reserves for `owner` every address of `allocation` that lies in the pool and is still
+    /// free, whatever else is wrong with it (another family, partly outside the pool, over an
+    /// exclusion, overlapping another holder, the other allocation type). Used for a stored
+    /// allocation that can no longer be loaded as it is: what it holds must never be handed to
+    /// anybody else. Returns the pieces reserved (possibly none); `owner` must hold nothing yet.
+    pub fn reserve(&mut self, owner: &str, allocation: &Allocation) -> Vec<AddrRange> {
+        if self.holders.contains_key(owner) {
+            return Vec::new();
+        }
+        let family = self.config.cidr.family();
+        let (pool_first, pool_last) = (self.config.cidr.first(), self.config.cidr.last());
+        let mut reserved = Vec::new();
+        for piece in allocation.ranges() {
+            if piece.family() != family {
+                continue;
+            }
+            let first = piece.first().max(pool_first);
+            let last = piece.last().min(pool_last);
+            if first > last {
+                continue;
+            }
+            for (s, l) in self.free.take_overlap(first, last) {
+                reserved.push(AddrRange::from_bounds(family, s, l));
+            }
+        }
+        if !reserved.is_empty() {
+            self.record(owner, Allocation::Range(reserved.clone()));
+        }
+        reserved
+    }
+
     /// Raises a range allocation to `count` addresses by appending only the missing ones;
     /// never shrinks. Nothing changes when the growth cannot be satisfied.
     pub fn grow(&mut self, owner: &str, count: u128) -> Result<Growth, AllocError> {

@@ -1,11 +1,17 @@
 //! Leader election over a `coordination.k8s.io/v1` Lease, written by hand.
 //!
 //! Only the holder writes. The holder renews every `retry_period`; it considers itself leader
-//! only while its last successful renewal is younger than `renew_deadline`, which is shorter
-//! than `lease_duration`, so it stops writing before anybody else may take over. A candidate
-//! takes over only when the lease record has not changed for `lease_duration` as measured on
-//! its own clock (no trust in other machines' clocks). Every update is conditional on the
-//! Lease's `resourceVersion`, so two candidates can never both win one round.
+//! only while its last successful renewal is younger than `renew_deadline`, counted from the
+//! moment the renewal request was *sent* (the API server may have committed it any time after),
+//! so it stops writing before anybody else may take over. A candidate takes over only when the
+//! lease record has not changed for the Lease's own `leaseDurationSeconds` (or ours, whichever
+//! is longer) as measured on its own clock (no trust in other machines' clocks). Every update
+//! is conditional on the Lease's `resourceVersion`, so two candidates can never both win one
+//! round. Each gain of leadership starts a new *term*; work planned in one term is never
+//! written in another (the caller rebuilds its view from a fresh list first).
+//!
+//! The Lease is only a way to keep replicas from working against each other; it is not what
+//! keeps addresses unique. That is the pool record's compare-and-swap (`docs/design.md`).
 
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -42,6 +48,10 @@ pub struct LeaderState {
     renewed_at: Mutex<Option<Instant>>,
     renew_deadline: Duration,
     changes: watch::Sender<bool>,
+    /// Counts gains of leadership.
+    term: std::sync::atomic::AtomicU64,
+    /// Set on shutdown: no write starts any more.
+    resigning: std::sync::atomic::AtomicBool,
 }
 
 impl LeaderState {
@@ -51,13 +61,36 @@ impl LeaderState {
             renewed_at: Mutex::new(None),
             renew_deadline,
             changes,
+            term: std::sync::atomic::AtomicU64::new(0),
+            resigning: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// True while the lease was renewed within the renew deadline: check before writing.
     pub fn holds(&self) -> bool {
+        if self.resigning.load(std::sync::atomic::Ordering::SeqCst) {
+            return false;
+        }
         let renewed = self.renewed_at.lock().map(|g| *g).unwrap_or(None);
         renewed.is_some_and(|t| t.elapsed() < self.renew_deadline)
+    }
+
+    /// The current term: it changes on every gain of leadership.
+    pub fn term(&self) -> u64 {
+        self.term.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// True while this replica leads in `term` (and has not lost the lease since).
+    pub fn holds_term(&self, term: u64) -> bool {
+        self.holds() && self.term() == term
+    }
+
+    /// No write starts from now on (shutdown).
+    pub fn resign(&self) {
+        self.resigning
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.changes
+            .send_if_modified(|v| std::mem::replace(v, false));
     }
 
     /// Wakes up on every gain or loss.
@@ -65,9 +98,15 @@ impl LeaderState {
         self.changes.subscribe()
     }
 
-    fn renewed(&self) {
+    /// A renewal sent at `sent` succeeded.
+    fn renewed(&self, sent: Instant) {
         if let Ok(mut g) = self.renewed_at.lock() {
-            *g = Some(Instant::now());
+            let was_valid = g.is_some_and(|t| t.elapsed() < self.renew_deadline);
+            if !was_valid {
+                // A gain (or a gap long enough that another replica may have led meanwhile).
+                self.term.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            *g = Some(sent);
         }
         self.changes
             .send_if_modified(|v| !std::mem::replace(v, true));
@@ -75,6 +114,9 @@ impl LeaderState {
 
     fn lost(&self) {
         if let Ok(mut g) = self.renewed_at.lock() {
+            if g.is_some() {
+                self.term.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
             *g = None;
         }
         self.changes
@@ -113,11 +155,19 @@ impl Elector {
     /// Runs until the process ends.
     pub async fn run(mut self) {
         loop {
+            if self
+                .state
+                .resigning
+                .load(std::sync::atomic::Ordering::SeqCst)
+            {
+                return;
+            }
             match self.round().await {
-                Ok(true) => self.state.renewed(),
-                Ok(false) => self.state.lost(),
+                Ok(Some(sent)) => self.state.renewed(sent),
+                Ok(None) => self.state.lost(),
                 Err(e) => {
-                    tracing::warn!(error = %e, "lease round failed");
+                    let hint = super::preconditions::explain(&e, "update", "leases", &self.name);
+                    tracing::warn!(error = %e, "lease round failed: {hint}");
                     if !self.state.holds() {
                         self.state.lost();
                     }
@@ -142,8 +192,9 @@ impl Elector {
         self.state.lost();
     }
 
-    /// One attempt to acquire or renew; `Ok(true)` when we hold the lease afterwards.
-    async fn round(&mut self) -> Result<bool, kube::Error> {
+    /// One attempt to acquire or renew; `Ok(Some(sent))` when we hold the lease afterwards,
+    /// `sent` being when the winning request left (the lease counts from then).
+    async fn round(&mut self) -> Result<Option<Instant>, kube::Error> {
         let now = MicroTime(Timestamp::now());
         let duration_secs = self.timing.lease_duration.as_secs().max(1) as i32;
         let Some(mut lease) = self.api.get_opt(&self.name).await? else {
@@ -161,9 +212,10 @@ impl Elector {
                     ..Default::default()
                 }),
             };
+            let sent = Instant::now();
             return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(true),
-                Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+                Ok(_) => Ok(Some(sent)),
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
                 Err(e) => Err(e),
             };
         };
@@ -183,9 +235,16 @@ impl Elector {
             }
         };
         let ours = holder == self.identity;
-        let expired = holder.is_empty() || seen_at.elapsed() > self.timing.lease_duration;
+        // The holder promised to stop writing within its own lease duration: honour the longer
+        // of the record's and ours.
+        let recorded = spec
+            .lease_duration_seconds
+            .map(|s| Duration::from_secs(s.max(0) as u64))
+            .unwrap_or_default();
+        let wait = recorded.max(self.timing.lease_duration);
+        let expired = holder.is_empty() || seen_at.elapsed() > wait;
         if !ours && !expired {
-            return Ok(false);
+            return Ok(None);
         }
         let mut new_spec = spec.clone();
         new_spec.holder_identity = Some(self.identity.clone());
@@ -196,6 +255,7 @@ impl Elector {
             new_spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
         }
         lease.spec = Some(new_spec);
+        let sent = Instant::now();
         match self
             .api
             .replace(&self.name, &PostParams::default(), &lease)
@@ -205,9 +265,9 @@ impl Elector {
                 if !ours {
                     tracing::info!(identity = %self.identity, "acquired the leader lease");
                 }
-                Ok(true)
+                Ok(Some(sent))
             }
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
             Err(e) => Err(e),
         }
     }

@@ -27,6 +27,12 @@ pub struct WriteLabels {
     pub resource: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub kind: String,
+    pub reason: String,
+}
+
 /// Everything the controller reports.
 pub struct Metrics {
     registry: Registry,
@@ -36,11 +42,15 @@ pub struct Metrics {
     pub allocations_released: Counter,
     pub allocation_failures: Counter,
     pub api_writes: Family<WriteLabels, Counter>,
+    /// Failed writes by kind of object and reason (`Conflict`, `Invalid`, `Timeout`, ...).
+    pub write_errors: Family<ErrorLabels, Counter>,
     pub leader: Gauge,
     pub pool_utilisation: Family<PoolLabels, Gauge>,
     pub pool_allocations: Family<PoolLabels, Gauge>,
     pub last_pass_millis: Gauge,
     pub ready: AtomicBool,
+    /// Why the replica is not ready, when something outside it is missing (CRDs, RBAC, ...).
+    pub not_ready_reason: std::sync::Mutex<Option<String>>,
     pub writes: AtomicU64,
 }
 
@@ -54,11 +64,13 @@ impl Metrics {
             allocations_released: Counter::default(),
             allocation_failures: Counter::default(),
             api_writes: Family::default(),
+            write_errors: Family::default(),
             leader: Gauge::default(),
             pool_utilisation: Family::default(),
             pool_allocations: Family::default(),
             last_pass_millis: Gauge::default(),
             ready: AtomicBool::new(false),
+            not_ready_reason: std::sync::Mutex::new(None),
             writes: AtomicU64::new(0),
             registry: Registry::default(),
         };
@@ -87,6 +99,11 @@ impl Metrics {
             "api_writes",
             "Writes sent to the API server",
             m.api_writes.clone(),
+        );
+        registry.register(
+            "write_errors",
+            "Writes the API server refused or that failed, by kind and reason",
+            m.write_errors.clone(),
         );
         registry.register(
             "leader",
@@ -122,6 +139,23 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts one failed write.
+    pub fn write_failed(&self, kind: &str, reason: &str) {
+        self.write_errors
+            .get_or_create(&ErrorLabels {
+                kind: kind.into(),
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// Records (or clears, with `None`) why this replica cannot work.
+    pub fn set_not_ready(&self, reason: Option<String>) {
+        if let Ok(mut g) = self.not_ready_reason.lock() {
+            *g = reason;
+        }
+    }
+
     fn encode(&self) -> String {
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
@@ -153,9 +187,13 @@ async fn metrics_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
 }
 
 async fn ready_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
-    if m.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ready")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced")
+    let reason = m.not_ready_reason.lock().ok().and_then(|g| g.clone());
+    match reason {
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+        None if m.ready.load(Ordering::Relaxed) => (StatusCode::OK, "ready".to_string()),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "caches not synced".to_string(),
+        ),
     }
 }

@@ -5,10 +5,13 @@
 //! only — runs a [`pass`] over the whole seed. See `docs/design.md` for why no address can be
 //! handed out twice.
 
+pub mod backoff;
 pub mod leader;
 pub mod ledger;
 pub mod metrics;
 pub mod pass;
+pub mod preconditions;
+pub mod records;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -19,13 +22,14 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::ListParams;
+use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Config};
 use tokio::sync::{Mutex, Notify};
 
-use crate::resources::{Cluster, IPAMAllocation, IPAMPool, LABEL_CLUSTER};
+use crate::resources::{Cluster, IPAMAllocation, IPAMPool, IPAMPoolRecord, LABEL_CLUSTER};
 use leader::{Elector, LeaderState, LeaseTiming};
 use ledger::Ledger;
 use metrics::Metrics;
@@ -58,19 +62,32 @@ pub enum ControllerError {
     },
 }
 
+/// Timeout of every request the controller sends (watches excepted).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What the planning pass and the watch tasks share.
 pub struct Context {
+    /// For watches (long polls).
     pub client: Client,
+    /// For everything else: a timeout on every request and no hidden retries, so a write is
+    /// never sent again behind the planner's back after the lease moved on.
+    pub writer: Client,
     pub pools: Store<IPAMPool>,
     pub clusters: Store<Cluster>,
     pub namespaces: Store<Namespace>,
     pub ledger: Mutex<Ledger>,
+    pub records: Mutex<records::Records>,
+    /// Per-object retry delays after failed writes.
+    pub backoff: std::sync::Mutex<backoff::Backoff>,
+    /// Held while a pass runs: shutdown waits for it before giving the Lease up.
+    pub pass_lock: Mutex<()>,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
     pub leader: Arc<LeaderState>,
 }
 
-async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, ControllerError> {
+/// The watch client and the request client.
+async fn clients(kubeconfig: Option<&PathBuf>) -> Result<(Client, Client), ControllerError> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
@@ -83,7 +100,63 @@ async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, ControllerError>
             .await
             .map_err(|e| ControllerError::Config(e.to_string()))?,
     };
-    Client::try_from(config).map_err(ControllerError::Client)
+    let mut watch_config = config.clone();
+    watch_config.connect_timeout = Some(REQUEST_TIMEOUT);
+    let mut write_config = config;
+    write_config.default_retry = false;
+    write_config.connect_timeout = Some(REQUEST_TIMEOUT);
+    write_config.read_timeout = Some(REQUEST_TIMEOUT);
+    write_config.write_timeout = Some(REQUEST_TIMEOUT);
+    Ok((
+        Client::try_from(watch_config).map_err(ControllerError::Client)?,
+        Client::try_from(write_config).map_err(ControllerError::Client)?,
+    ))
+}
+
+/// Says once (until it changes or clears) why a watch fails, at warn level, and keeps
+/// `/readyz` false with the same reason while it lasts.
+struct WatchReporter {
+    resource: &'static str,
+    metrics: Arc<Metrics>,
+    last: std::sync::Mutex<Option<String>>,
+}
+
+impl WatchReporter {
+    fn new(resource: &'static str, metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(WatchReporter {
+            resource,
+            metrics,
+            last: std::sync::Mutex::new(None),
+        })
+    }
+
+    fn failed(&self, e: &watcher::Error) {
+        let message = match e {
+            watcher::Error::InitialListFailed(e)
+            | watcher::Error::WatchStartFailed(e)
+            | watcher::Error::WatchFailed(e) => {
+                preconditions::explain(e, "list/watch", self.resource, "")
+            }
+            other => format!("watch of {} failed: {other}", self.resource),
+        };
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.as_deref() != Some(message.as_str()) {
+            tracing::warn!(
+                resource = self.resource,
+                "{message} (retrying with backoff)"
+            );
+            *last = Some(message.clone());
+        }
+        self.metrics.set_not_ready(Some(message));
+    }
+
+    fn ok(&self) {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.take().is_some() {
+            tracing::info!(resource = self.resource, "watch recovered");
+            self.metrics.set_not_ready(None);
+        }
+    }
 }
 
 /// Feeds one watch into a cache, waking the planner on every change.
@@ -91,6 +164,7 @@ fn cached<K>(
     api: Api<K>,
     config: watcher::Config,
     wake: Arc<Notify>,
+    reporter: Arc<WatchReporter>,
 ) -> (Store<K>, impl Stream<Item = ()>)
 where
     K: kube::Resource<DynamicType = ()>
@@ -102,18 +176,21 @@ where
         + 'static,
 {
     let (store, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher::watcher(api, config)).map(move |ev| {
-        if let Err(e) = &ev {
-            tracing::debug!(error = %e, "watch error (retried)");
-        }
-        wake.notify_one();
-    });
+    let stream = reflector::reflector(writer, watcher::watcher(api, config).default_backoff()).map(
+        move |ev| {
+            match &ev {
+                Err(e) => reporter.failed(e),
+                Ok(_) => reporter.ok(),
+            }
+            wake.notify_one();
+        },
+    );
     (store, stream)
 }
 
 /// Runs the controller until SIGTERM / SIGINT.
 pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
-    let client = client(options.kubeconfig.as_ref()).await?;
+    let (client, writer) = clients(options.kubeconfig.as_ref()).await?;
     let metrics = Metrics::new();
     let listener_metrics = metrics.clone();
     let metrics_addr = options.metrics_addr;
@@ -126,21 +203,31 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         Api::<IPAMPool>::all(client.clone()),
         backoff(),
         wake.clone(),
+        WatchReporter::new("ipampools.ipam.kipam.dev", metrics.clone()),
     );
-    let (clusters, cluster_events) =
-        cached(Api::<Cluster>::all(client.clone()), backoff(), wake.clone());
+    let (clusters, cluster_events) = cached(
+        Api::<Cluster>::all(client.clone()),
+        backoff(),
+        wake.clone(),
+        WatchReporter::new("clusters.ipam.kipam.dev", metrics.clone()),
+    );
     let (namespaces, namespace_events) = cached(
         Api::<Namespace>::all(client.clone()),
         watcher::Config::default().labels(LABEL_CLUSTER),
         wake.clone(),
+        WatchReporter::new("namespaces", metrics.clone()),
     );
     let leader = LeaderState::new(options.lease.renew_deadline);
     let ctx = Arc::new(Context {
         client: client.clone(),
+        writer: writer.clone(),
         pools,
         clusters,
         namespaces,
         ledger: Mutex::new(Ledger::default()),
+        records: Mutex::new(records::Records::default()),
+        backoff: std::sync::Mutex::new(backoff::Backoff::default()),
+        pass_lock: Mutex::new(()),
         recorder: Recorder::new(
             client.clone(),
             Reporter {
@@ -155,21 +242,28 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
     // The allocation watch feeds the ledger directly (see ledger.rs for the guards).
     let allocation_ctx = ctx.clone();
     let allocation_wake = wake.clone();
+    let allocation_reporter = WatchReporter::new("ipamallocations.ipam.kipam.dev", metrics.clone());
     let allocation_events = watcher::watcher(
         Api::<IPAMAllocation>::all(client.clone()),
         watcher::Config::default(),
     )
+    .default_backoff()
     .then(move |ev| {
         let ctx = allocation_ctx.clone();
         let wake = allocation_wake.clone();
+        let reporter = allocation_reporter.clone();
         async move {
+            match &ev {
+                Err(e) => reporter.failed(e),
+                Ok(_) => reporter.ok(),
+            }
             let mut ledger = ctx.ledger.lock().await;
             match ev {
                 Ok(Event::Apply(obj)) | Ok(Event::InitApply(obj)) => ledger.apply(obj),
                 Ok(Event::Delete(obj)) => ledger.remove(&obj),
                 Ok(Event::Init) => ledger.relist_started(),
                 Ok(Event::InitDone) => ledger.relist_done(),
-                Err(e) => tracing::debug!(error = %e, "allocation watch error (retried)"),
+                Err(_) => {}
             }
             drop(ledger);
             wake.notify_one();
@@ -186,13 +280,13 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
     });
 
     let elector = Elector::new(
-        Api::<Lease>::namespaced(client.clone(), &options.namespace),
+        Api::<Lease>::namespaced(writer.clone(), &options.namespace),
         &format!("kipam-{}", options.seed_name),
         &options.identity,
         options.lease,
         leader.clone(),
     );
-    let release_api = Api::<Lease>::namespaced(client.clone(), &options.namespace);
+    let release_api = Api::<Lease>::namespaced(writer.clone(), &options.namespace);
     let lease_name = format!("kipam-{}", options.seed_name);
     let identity = options.identity.clone();
     let election = tokio::spawn(elector.run());
@@ -210,6 +304,13 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         _ = shutdown_signal() => {
             tracing::info!("shutting down");
         }
+    }
+    // No write starts from now on; the ones in flight finish or time out before the Lease is
+    // handed over, so the next leader never races a write of ours.
+    leader.resign();
+    let drained = tokio::time::timeout(REQUEST_TIMEOUT * 2, ctx.pass_lock.lock()).await;
+    if drained.is_err() {
+        tracing::warn!("a pass was still writing at shutdown; its requests have timed out");
     }
     planning.abort();
     election.abort();
@@ -254,57 +355,70 @@ async fn planning_loop(ctx: Arc<Context>, wake: Arc<Notify>, resync: Duration) {
         .ready
         .store(true, std::sync::atomic::Ordering::Relaxed);
     let mut leadership = ctx.leader.subscribe();
-    let mut ledger_ready = false;
+    // The leadership term the ledger and records were rebuilt in.
+    let mut built_for: Option<u64> = None;
+    let mut failures: u32 = 0;
     loop {
         let holds = ctx.leader.holds();
         ctx.metrics.leader.set(holds as i64);
         if !holds {
-            ledger_ready = false;
+            built_for = None;
             tokio::select! {
                 _ = leadership.changed() => {}
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
             continue;
         }
-        if !ledger_ready {
-            // Rebuild from an authoritative list: what a previous leader wrote is all there.
-            let api: Api<IPAMAllocation> = Api::all(ctx.client.clone());
-            match api.list(&ListParams::default()).await {
-                Ok(list) => {
-                    ctx.ledger.lock().await.reset(list.items);
-                    ledger_ready = true;
-                    tracing::info!("leading: allocation state rebuilt from a fresh list");
+        let term = ctx.leader.term();
+        if built_for != Some(term) {
+            // Every gain of leadership starts from a fresh quorum list: what any earlier
+            // leader committed is all there.
+            match rebuild(&ctx).await {
+                Ok(()) => {
+                    built_for = Some(term);
+                    failures = 0;
+                    tracing::info!(
+                        term,
+                        "leading: allocations and pool records rebuilt from a fresh list"
+                    );
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot list allocations");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
+                Err(message) => {
+                    failures += 1;
+                    tracing::error!("{message} (retrying with backoff)");
+                    ctx.metrics.set_not_ready(Some(message));
+                    tokio::time::sleep(backoff::delay(failures)).await;
                     continue;
                 }
             }
         }
         let started = Instant::now();
         ctx.metrics.passes.inc();
-        let again = match pass::run(&ctx).await {
+        let guard = ctx.pass_lock.lock().await;
+        let result = pass::run(&ctx, term).await;
+        drop(guard);
+        let wait = match result {
             Ok(outcome) => {
+                failures = 0;
                 tracing::debug!(writes = outcome.writes, again = outcome.again, "pass done");
-                outcome.again
+                match (outcome.again, outcome.retry_after) {
+                    (true, Some(after)) => after.max(Duration::from_millis(200)),
+                    (true, None) => Duration::from_millis(200),
+                    (false, Some(after)) => after.min(resync),
+                    (false, None) => resync,
+                }
             }
             Err(e) => {
+                failures += 1;
                 ctx.metrics.pass_failures.inc();
-                tracing::warn!(error = %e, "pass failed");
-                true
+                tracing::warn!(error = %e, "pass failed (retrying with backoff)");
+                backoff::delay(failures)
             }
         };
         ctx.metrics
             .last_pass_millis
             .set(started.elapsed().as_millis() as i64);
-        let wait = if again {
-            Duration::from_millis(200)
-        } else {
-            resync
-        };
         tokio::select! {
-            _ = wake.notified() => {
+            _ = wake.notified(), if failures == 0 => {
                 // Let a burst of changes settle into one pass.
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -312,4 +426,22 @@ async fn planning_loop(ctx: Arc<Context>, wake: Arc<Notify>, resync: Duration) {
             _ = leadership.changed() => {}
         }
     }
+}
+
+/// Rebuilds the ledger and the pool records from fresh lists.
+async fn rebuild(ctx: &Context) -> Result<(), String> {
+    let allocations: Api<IPAMAllocation> = Api::all(ctx.writer.clone());
+    let list = allocations
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| preconditions::explain(&e, "list", "ipamallocations.ipam.kipam.dev", ""))?;
+    let records: Api<IPAMPoolRecord> = Api::all(ctx.writer.clone());
+    let record_list = records
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| preconditions::explain(&e, "list", "ipampoolrecords.ipam.kipam.dev", ""))?;
+    ctx.ledger.lock().await.reset(list.items);
+    ctx.records.lock().await.reset(record_list.items);
+    ctx.metrics.set_not_ready(None);
+    Ok(())
 }

@@ -16,13 +16,19 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
+use std::time::Duration;
+
 use super::Context;
 use super::ledger::Key;
+use super::preconditions;
+use super::records::{self, RecordKey};
 use crate::desired::allocation_object;
 use crate::planner::{self, Change, ClusterInput, Decision, PoolInput, StoredAllocation};
+use crate::reservations;
 use crate::resources::{
-    ANNOTATION_RECLAIM_POLICY, Cluster, ClusterStatus, IPAMAllocation, IPAMPool, LABEL_CLUSTER,
-    ReclaimPolicy, cluster_namespace,
+    ANNOTATION_RECLAIM_POLICY, Cluster, ClusterStatus, IPAMAllocation, IPAMPool, IPAMPoolRecord,
+    LABEL_CLUSTER, LABEL_DATACENTER, ReclaimPolicy, cluster_namespace, cluster_of_namespace,
+    record_name,
 };
 use crate::status::{self, Overlap};
 use crate::validation::{self, FieldError};
@@ -40,6 +46,8 @@ const PARALLEL_WRITES: usize = 16;
 pub struct PassOutcome {
     /// Something was stale or failed: run again soon.
     pub again: bool,
+    /// The earliest moment a write held back by its backoff may be tried again.
+    pub retry_after: Option<Duration>,
     pub writes: u64,
 }
 
@@ -52,11 +60,62 @@ fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
-/// Runs one pass. The caller checked leadership just before.
-pub async fn run(ctx: &Arc<Context>) -> Result<PassOutcome, kube::Error> {
+/// Reports a failed write: warn log, `kipam_write_errors_total{kind,reason}`, and a capped
+/// per-object backoff. Returns the message to show on the object it concerns.
+pub(super) fn write_failed(
+    ctx: &Context,
+    kind: &str,
+    name: &str,
+    verb: &str,
+    e: &kube::Error,
+) -> String {
+    let reason = preconditions::reason(e);
+    ctx.metrics.write_failed(kind, reason);
+    let wait = ctx
+        .backoff
+        .lock()
+        .map(|mut b| b.failed(&format!("{kind}/{name}")))
+        .unwrap_or_default();
+    let message = preconditions::explain(e, verb, kind, name);
+    tracing::warn!(
+        kind,
+        name,
+        reason,
+        retry_in_ms = wait.as_millis() as u64,
+        "{message}"
+    );
+    message
+}
+
+fn write_succeeded(ctx: &Context, kind: &str, name: &str) {
+    if let Ok(mut b) = ctx.backoff.lock() {
+        b.succeeded(&format!("{kind}/{name}"));
+    }
+}
+
+/// True when the object's backoff allows a try now.
+fn due(ctx: &Context, kind: &str, name: &str) -> bool {
+    ctx.backoff
+        .lock()
+        .map(|b| b.due(&format!("{kind}/{name}")))
+        .unwrap_or(true)
+}
+
+/// The pass's error: the view could not be completed, so nothing was planned.
+#[derive(Debug, thiserror::Error)]
+pub enum PassError {
+    #[error("cannot confirm whether cluster {cluster} still exists: {source}")]
+    ConfirmCluster {
+        cluster: String,
+        source: kube::Error,
+    },
+}
+
+/// Runs one pass. The caller checked leadership (in `term`) just before.
+pub async fn run(ctx: &Arc<Context>, term: u64) -> Result<PassOutcome, PassError> {
     let mut outcome = PassOutcome::default();
     let pools: Vec<Arc<IPAMPool>> = ctx.pools.state();
-    let clusters: Vec<Arc<Cluster>> = ctx.clusters.state();
+    let mut clusters: Vec<Arc<Cluster>> = ctx.clusters.state();
     let namespaces: HashSet<String> = ctx
         .namespaces
         .state()
@@ -65,12 +124,14 @@ pub async fn run(ctx: &Arc<Context>) -> Result<PassOutcome, kube::Error> {
         .map(|n| n.name_any())
         .collect();
     let stored_objects = ctx.ledger.lock().await.snapshot();
+    let records = ctx.records.lock().await.snapshot();
     let now = crate::resources::now_rfc3339();
 
     add_finalizers(ctx, &pools, &clusters, &mut outcome).await;
 
-    // Inputs for the planner. Invalid objects are left out *together with their allocations*,
-    // so a bad edit never releases anything.
+    // Inputs for the planner. An invalid pool is left out *together with its allocations*
+    // (nothing is planned in it, so nothing is released); an invalid cluster keeps what it
+    // holds and gets nothing new.
     let mut pool_inputs: Vec<PoolInput> = Vec::new();
     let mut pool_errors: HashMap<String, Vec<FieldError>> = HashMap::new();
     let mut frozen_pools: HashSet<String> = HashSet::new();
@@ -89,12 +150,62 @@ pub async fn run(ctx: &Arc<Context>) -> Result<PassOutcome, kube::Error> {
             }
         }
     }
+
+    // A cluster that holds addresses but is missing from the cache is released only once the
+    // API server confirms it is gone: a lagging cache must never free an address.
+    let known: HashSet<String> = clusters.iter().map(|c| c.name_any()).collect();
+    let mut holders: BTreeSet<String> = stored_objects
+        .iter()
+        .filter_map(|o| {
+            o.metadata
+                .namespace
+                .as_deref()
+                .and_then(cluster_of_namespace)
+        })
+        .map(str::to_string)
+        .collect();
+    for r in records.values() {
+        holders.extend(r.spec.reservations.keys().cloned());
+    }
+    let cluster_api: Api<Cluster> = Api::all(ctx.writer.clone());
+    for name in holders.into_iter().filter(|n| !known.contains(n)) {
+        match cluster_api.get_opt(&name).await {
+            Ok(Some(c)) => {
+                tracing::info!(cluster = %name, "cluster missing from the cache exists; keeping its allocations");
+                clusters.push(Arc::new(c));
+            }
+            Ok(None) => {}
+            Err(source) => {
+                return Err(PassError::ConfirmCluster {
+                    cluster: name,
+                    source,
+                });
+            }
+        }
+    }
+
     let mut cluster_inputs: Vec<ClusterInput> = Vec::new();
     let mut cluster_errors: HashMap<String, Vec<FieldError>> = HashMap::new();
     for cluster in &clusters {
         match validation::cluster_input(cluster) {
             Ok(input) => cluster_inputs.push(input),
             Err(errors) => {
+                let why = errors
+                    .iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                cluster_inputs.push(ClusterInput::invalid(
+                    &cluster.name_any(),
+                    cluster
+                        .metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map(|t| t.0.to_string()),
+                    &cluster.spec.datacenter,
+                    cluster.metadata.deletion_timestamp.is_some(),
+                    why,
+                ));
                 cluster_errors.insert(cluster.name_any(), errors);
             }
         }
@@ -103,7 +214,7 @@ pub async fn run(ctx: &Arc<Context>) -> Result<PassOutcome, kube::Error> {
     for obj in &stored_objects {
         match validation::stored_allocation(obj) {
             Ok(mut s) => {
-                if frozen_pools.contains(&s.pool) || cluster_errors.contains_key(&s.cluster) {
+                if frozen_pools.contains(&s.pool) {
                     continue;
                 }
                 if let Some(policy) = deleting_pools.get(&s.pool) {
@@ -112,13 +223,47 @@ pub async fn run(ctx: &Arc<Context>) -> Result<PassOutcome, kube::Error> {
                 stored.push(s);
             }
             Err(errors) => {
-                tracing::warn!(
-                    errors = ?errors.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
-                    "an IPAMAllocation cannot be read; it is left alone"
+                let pool = obj.name_any();
+                if frozen_pools.contains(&pool) {
+                    continue;
+                }
+                let why = format!(
+                    "IPAMAllocation {}/{} cannot be read: {}",
+                    obj.namespace().unwrap_or_default(),
+                    pool,
+                    errors
+                        .iter()
+                        .map(|e| e.to_string())
+                        .collect::<Vec<_>>()
+                        .join("; ")
                 );
+                tracing::warn!(
+                    "{why}; no new address is handed out in its pool until it is fixed or removed"
+                );
+                let cluster = obj
+                    .namespace()
+                    .as_deref()
+                    .and_then(cluster_of_namespace)
+                    .unwrap_or_default()
+                    .to_string();
+                let datacenter = obj
+                    .labels()
+                    .get(LABEL_DATACENTER)
+                    .cloned()
+                    .filter(|dc| *dc == obj.spec.dc)
+                    .unwrap_or_default();
+                stored.push(StoredAllocation {
+                    cluster,
+                    pool,
+                    datacenter,
+                    held: None,
+                    reclaim_policy: None,
+                    unreadable: Some(why),
+                });
             }
         }
     }
+    merge_records(&mut stored, &records, &frozen_pools);
 
     let plan = planner::plan(&pool_inputs, &cluster_inputs, &stored);
 
@@ -139,7 +284,6 @@ pub async fn run(ctx: &Arc<Context>) -> Result<PassOutcome, kube::Error> {
         .map(|c| (c.name_any(), c.as_ref()))
         .collect();
 
-    // Allocation writes, in parallel; each result goes into the ledger at once.
     let mut jobs = Vec::new();
     for d in &plan.decisions {
         let key = (cluster_namespace(&d.cluster), d.pool.clone());
@@ -149,10 +293,41 @@ pub async fn run(ctx: &Arc<Context>) -> Result<PassOutcome, kube::Error> {
             jobs.push(job);
         }
     }
+
+    // Commit the pool records first: one compare-and-swap per pool datacenter that is to get
+    // objects written. Only where it succeeded are the objects written.
+    let mut write_failures: HashMap<String, Vec<String>> = HashMap::new();
+    let committed = commit_records(
+        ctx,
+        &pools,
+        &pool_inputs,
+        &plan,
+        &stored_objects,
+        &records,
+        &jobs,
+        &mut outcome,
+    )
+    .await;
+    let mut allowed = Vec::new();
+    for job in jobs {
+        let fenced = job.desired.is_some() && !job.is_status_only();
+        let record = (job.decision.pool.clone(), job.decision.datacenter.clone());
+        if fenced && !committed.contains(&record) {
+            outcome.again = true;
+            continue;
+        }
+        if !due(ctx, "IPAMAllocation", &job.name()) {
+            outcome.again = true;
+            continue;
+        }
+        allowed.push(job);
+    }
+
+    // Allocation writes, in parallel; each result goes into the ledger at once.
     let results: Vec<(AllocationWrite, Result<WriteDone, kube::Error>)> =
-        futures::stream::iter(jobs)
+        futures::stream::iter(allowed)
             .map(|job| async move {
-                let r = job.execute(ctx).await;
+                let r = job.execute(ctx, term).await;
                 (job, r)
             })
             .buffer_unordered(PARALLEL_WRITES)
@@ -162,16 +337,33 @@ pub async fn run(ctx: &Arc<Context>) -> Result<PassOutcome, kube::Error> {
         match result {
             Ok(done) => {
                 outcome.writes += done.writes;
+                write_succeeded(ctx, "IPAMAllocation", &job.name());
                 publish_allocation_event(ctx, &job, uids.get(&job.decision.cluster).copied()).await;
             }
             Err(e) if is_conflict(&e) || is_not_found(&e) => {
                 tracing::info!(key = ?job.key, error = %e, "stale view of an allocation; re-reading");
+                ctx.metrics
+                    .write_failed("IPAMAllocation", preconditions::reason(&e));
                 refresh(ctx, &job.key).await;
                 outcome.again = true;
             }
             Err(e) => {
-                tracing::warn!(key = ?job.key, error = %e, "allocation write failed");
+                let message = write_failed(ctx, "IPAMAllocation", &job.name(), job.verb(), &e);
                 outcome.again = true;
+                if let Some(cluster) = uids.get(&job.decision.cluster) {
+                    publish(
+                        ctx,
+                        &cluster_reference(cluster),
+                        true,
+                        "WriteFailed",
+                        format!("IPAMAllocation {}: {message}", job.name()),
+                    )
+                    .await;
+                }
+                write_failures
+                    .entry(job.decision.cluster.clone())
+                    .or_default()
+                    .push(format!("IPAMAllocation {}: {message}", job.name()));
             }
         }
     }
@@ -182,6 +374,7 @@ pub async fn run(ctx: &Arc<Context>) -> Result<PassOutcome, kube::Error> {
         &clusters,
         &plan.decisions,
         &cluster_errors,
+        &write_failures,
         &now,
         &mut outcome,
     )
@@ -196,12 +389,178 @@ pub async fn run(ctx: &Arc<Context>) -> Result<PassOutcome, kube::Error> {
         &mut outcome,
     )
     .await;
+    outcome.retry_after = ctx.backoff.lock().ok().and_then(|b| b.next_due());
     Ok(outcome)
+}
+
+/// Adds what the pool records hold to the stored allocations: an entry whose object was never
+/// written (a crash between the record and the object) is held like a stored allocation, and
+/// an entry holding more than its object (a crash before the object grew) keeps the extra
+/// addresses. Entries of another datacenter than the object's are stale and left to trimming.
+fn merge_records(
+    stored: &mut Vec<StoredAllocation>,
+    records: &BTreeMap<RecordKey, IPAMPoolRecord>,
+    frozen_pools: &HashSet<String>,
+) {
+    let mut index: HashMap<(String, String), usize> = stored
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.unreadable.is_none())
+        .map(|(i, s)| ((s.cluster.clone(), s.pool.clone()), i))
+        .collect();
+    for ((pool, dc), record) in records {
+        if frozen_pools.contains(pool) {
+            continue;
+        }
+        for (cluster, entry) in &record.spec.reservations {
+            let recorded = match reservations::allocation_of(entry) {
+                Ok(a) => a,
+                Err(why) => {
+                    tracing::warn!(pool = %pool, datacenter = %dc, cluster = %cluster, "unreadable pool record entry ignored: {why}");
+                    continue;
+                }
+            };
+            match index.get(&(cluster.clone(), pool.clone())) {
+                Some(&i) if stored[i].datacenter == *dc => {
+                    let s = &mut stored[i];
+                    s.held = Some(match &s.held {
+                        Some(h) => reservations::with_recorded(h, &recorded),
+                        None => recorded,
+                    });
+                }
+                Some(_) => {}
+                None => {
+                    index.insert((cluster.clone(), pool.clone()), stored.len());
+                    stored.push(StoredAllocation {
+                        cluster: cluster.clone(),
+                        pool: pool.clone(),
+                        datacenter: dc.clone(),
+                        held: Some(recorded),
+                        reclaim_policy: None,
+                        unreadable: None,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Writes every pool record the plan changes, and a no-op compare-and-swap on the records of
+/// pool datacenters about to get objects written; returns the records that are current.
+#[allow(clippy::too_many_arguments)]
+async fn commit_records(
+    ctx: &Arc<Context>,
+    pools: &[Arc<IPAMPool>],
+    inputs: &[PoolInput],
+    plan: &planner::Plan,
+    objects: &[IPAMAllocation],
+    records: &BTreeMap<RecordKey, IPAMPoolRecord>,
+    jobs: &[AllocationWrite],
+    outcome: &mut PassOutcome,
+) -> HashSet<RecordKey> {
+    let pool_objects: HashMap<String, &Arc<IPAMPool>> =
+        pools.iter().map(|p| (p.name_any(), p)).collect();
+    let to_write: HashSet<RecordKey> = jobs
+        .iter()
+        .filter(|j| j.desired.is_some() && !j.is_status_only())
+        .map(|j| (j.decision.pool.clone(), j.decision.datacenter.clone()))
+        .collect();
+    let mut current = HashSet::new();
+    let mut commits = Vec::new();
+    for input in inputs {
+        let Some(pool) = pool_objects.get(&input.name) else {
+            continue;
+        };
+        for dc in input.datacenters.keys() {
+            let key = (input.name.clone(), dc.clone());
+            let desired =
+                reservations::desired_reservations(&input.name, dc, &plan.decisions, objects);
+            let existing = records.get(&key).map(|r| &r.spec.reservations);
+            let changed = match existing {
+                Some(e) => *e != desired,
+                None => !desired.is_empty(),
+            };
+            if !changed && !to_write.contains(&key) {
+                current.insert(key);
+                continue;
+            }
+            let pool = (*pool).clone();
+            commits.push(async move {
+                if !ctx.leader.holds() {
+                    return (key, Err(None));
+                }
+                let r = records::commit(ctx, &pool, &key, desired).await;
+                (key, r.map_err(Some))
+            });
+        }
+    }
+    // Records of datacenters a pool no longer has, once no object is left there.
+    let served: HashSet<RecordKey> = inputs
+        .iter()
+        .flat_map(|p| {
+            p.datacenters
+                .keys()
+                .map(move |dc| (p.name.clone(), dc.clone()))
+        })
+        .collect();
+    for key in records.keys() {
+        let pool_valid = inputs.iter().any(|p| p.name == key.0);
+        let objects_left = objects
+            .iter()
+            .any(|o| o.metadata.name.as_deref() == Some(key.0.as_str()) && o.spec.dc == key.1);
+        if pool_valid && !served.contains(key) && !objects_left {
+            if let Err(e) = records::remove(ctx, key).await {
+                write_failed(
+                    ctx,
+                    "IPAMPoolRecord",
+                    &record_name(&key.0, &key.1),
+                    "delete",
+                    &e,
+                );
+                outcome.again = true;
+            } else {
+                outcome.writes += 1;
+            }
+        }
+    }
+    let results: Vec<(RecordKey, Result<(), Option<records::CommitError>>)> =
+        futures::stream::iter(commits)
+            .buffer_unordered(PARALLEL_WRITES)
+            .collect()
+            .await;
+    for (key, result) in results {
+        let name = record_name(&key.0, &key.1);
+        match result {
+            Ok(()) => {
+                outcome.writes += 1;
+                write_succeeded(ctx, "IPAMPoolRecord", &name);
+                current.insert(key);
+            }
+            Err(None) => outcome.again = true,
+            Err(Some(records::CommitError::Api(e))) if is_conflict(&e) || is_not_found(&e) => {
+                // Somebody else wrote the record (a newer leader, or a human): re-read, replan.
+                tracing::info!(record = %name, error = %e, "pool record changed under us; planning again");
+                ctx.metrics
+                    .write_failed("IPAMPoolRecord", preconditions::reason(&e));
+                outcome.again = true;
+            }
+            Err(Some(records::CommitError::Api(e))) => {
+                write_failed(ctx, "IPAMPoolRecord", &name, "update", &e);
+                outcome.again = true;
+            }
+            Err(Some(e @ records::CommitError::TooLarge(_))) => {
+                ctx.metrics.write_failed("IPAMPoolRecord", "TooLarge");
+                tracing::error!("{e}");
+                outcome.again = true;
+            }
+        }
+    }
+    current
 }
 
 /// Re-reads one allocation into the ledger after a conflict.
 async fn refresh(ctx: &Context, key: &Key) {
-    let api: Api<IPAMAllocation> = Api::namespaced(ctx.client.clone(), &key.0);
+    let api: Api<IPAMAllocation> = Api::namespaced(ctx.writer.clone(), &key.0);
     match api.get_opt(&key.1).await {
         Ok(Some(obj)) => ctx.ledger.lock().await.apply(obj),
         Ok(None) => ctx.ledger.lock().await.forget(key),
@@ -253,14 +612,46 @@ impl AllocationWrite {
         })
     }
 
-    async fn execute(&self, ctx: &Context) -> Result<WriteDone, kube::Error> {
-        if !ctx.leader.holds() {
-            // Fencing: a replica that cannot show a recent renewal writes nothing.
-            return Err(kube::Error::Service(
-                std::io::Error::other("leader lease not renewed within the deadline").into(),
-            ));
+    /// `namespace/name` of the object.
+    fn name(&self) -> String {
+        format!("{}/{}", self.key.0, self.key.1)
+    }
+
+    fn verb(&self) -> &'static str {
+        match (&self.existing, &self.desired) {
+            (None, _) => "create",
+            (_, None) => "delete",
+            _ => "update",
         }
-        let api: Api<IPAMAllocation> = Api::namespaced(ctx.client.clone(), &self.key.0);
+    }
+
+    /// Only the status changes (nothing is reserved or released by it).
+    fn is_status_only(&self) -> bool {
+        match (&self.existing, &self.desired) {
+            (Some(e), Some(d)) => {
+                e.spec == d.spec
+                    && e.metadata.labels == d.metadata.labels
+                    && e.metadata.annotations == d.metadata.annotations
+            }
+            _ => false,
+        }
+    }
+
+    async fn execute(&self, ctx: &Context, term: u64) -> Result<WriteDone, kube::Error> {
+        // Planned in `term`: written only while this replica still leads in it. (What makes
+        // addresses safe is the pool record committed before; this keeps a deposed replica
+        // quiet.)
+        let fence = || {
+            if ctx.leader.holds_term(term) {
+                Ok(())
+            } else {
+                Err(kube::Error::Service(
+                    std::io::Error::other("not the leader of this term any more").into(),
+                ))
+            }
+        };
+        fence()?;
+        let api: Api<IPAMAllocation> = Api::namespaced(ctx.writer.clone(), &self.key.0);
         let pp = PostParams {
             field_manager: Some("kipam".into()),
             ..Default::default()
@@ -293,6 +684,7 @@ impl AllocationWrite {
                 let created = api.create(&pp, &create).await?;
                 writes += 1;
                 ctx.ledger.lock().await.apply(created.clone());
+                fence()?;
                 let mut with_status = created;
                 with_status.status = desired.status.clone();
                 ctx.metrics.wrote("update", "ipamallocations/status");
@@ -314,6 +706,7 @@ impl AllocationWrite {
                     ctx.ledger.lock().await.apply(current.clone());
                 }
                 if current.status != desired.status {
+                    fence()?;
                     let mut with_status = current.clone();
                     with_status.status = desired.status.clone();
                     ctx.metrics.wrote("update", "ipamallocations/status");
@@ -417,8 +810,8 @@ async fn add_finalizers(
     clusters: &[Arc<Cluster>],
     outcome: &mut PassOutcome,
 ) {
-    let cluster_api: Api<Cluster> = Api::all(ctx.client.clone());
-    let pool_api: Api<IPAMPool> = Api::all(ctx.client.clone());
+    let cluster_api: Api<Cluster> = Api::all(ctx.writer.clone());
+    let pool_api: Api<IPAMPool> = Api::all(ctx.writer.clone());
     let mut jobs = Vec::new();
     for c in clusters {
         if c.metadata.deletion_timestamp.is_none()
@@ -455,8 +848,9 @@ async fn add_finalizers(
     for r in results {
         match r {
             Ok(()) => outcome.writes += 1,
+            Err(e) if is_conflict(&e) => outcome.again = true,
             Err(e) => {
-                tracing::debug!(error = %e, "finalizer patch failed");
+                write_failed(ctx, "finalizer", "", "patch", &e);
                 outcome.again = true;
             }
         }
@@ -539,14 +933,14 @@ async fn release_finalizers(
         }
     }
     drop(ledger);
-    let cluster_api: Api<Cluster> = Api::all(ctx.client.clone());
+    let cluster_api: Api<Cluster> = Api::all(ctx.writer.clone());
     for c in cluster_done {
         match patch_finalizers(&cluster_api, c.as_ref(), CLUSTER_FINALIZER, false, ctx).await {
             Ok(()) => outcome.writes += 1,
             Err(_) => outcome.again = true,
         }
     }
-    let pool_api: Api<IPAMPool> = Api::all(ctx.client.clone());
+    let pool_api: Api<IPAMPool> = Api::all(ctx.writer.clone());
     for p in pool_done {
         match patch_finalizers(&pool_api, p.as_ref(), POOL_FINALIZER, false, ctx).await {
             Ok(()) => outcome.writes += 1,
@@ -562,7 +956,7 @@ async fn ensure_namespaces(
     existing: &HashSet<String>,
     outcome: &mut PassOutcome,
 ) {
-    let api: Api<Namespace> = Api::all(ctx.client.clone());
+    let api: Api<Namespace> = Api::all(ctx.writer.clone());
     let mut jobs = Vec::new();
     for c in clusters {
         if c.metadata.deletion_timestamp.is_some() || validation::cluster_input(c).is_err() {
@@ -615,7 +1009,7 @@ async fn ensure_namespaces(
         match r {
             Ok(created) => outcome.writes += created as u64,
             Err(e) => {
-                tracing::warn!(error = %e, "namespace create failed");
+                write_failed(ctx, "Namespace", "", "create", &e);
                 outcome.again = true;
             }
         }
@@ -628,6 +1022,7 @@ async fn write_cluster_status(
     clusters: &[Arc<Cluster>],
     decisions: &[Decision],
     errors: &HashMap<String, Vec<FieldError>>,
+    write_failures: &HashMap<String, Vec<String>>,
     now: &str,
     outcome: &mut PassOutcome,
 ) {
@@ -635,7 +1030,7 @@ async fn write_cluster_status(
     for d in decisions {
         by_cluster.entry(d.cluster.as_str()).or_default().push(d);
     }
-    let api: Api<Cluster> = Api::all(ctx.client.clone());
+    let api: Api<Cluster> = Api::all(ctx.writer.clone());
     let mut jobs = Vec::new();
     for c in clusters {
         if c.metadata.deletion_timestamp.is_some() {
@@ -647,8 +1042,9 @@ async fn write_cluster_status(
             namespace: Some(cluster_namespace(&name)),
             conditions: previous.conditions.clone(),
         };
-        let (ok, reason, message) = match errors.get(&name) {
-            Some(errs) => (
+        let (ok, reason, message) = match (errors.get(&name), write_failures.get(&name)) {
+            (_, Some(failed)) => (false, "WriteFailed".to_string(), failed.join("; ")),
+            (Some(errs), None) => (
                 false,
                 "InvalidSpec".to_string(),
                 errs.iter()
@@ -656,7 +1052,7 @@ async fn write_cluster_status(
                     .collect::<Vec<_>>()
                     .join("; "),
             ),
-            None => {
+            (None, None) => {
                 let mine = by_cluster.get(name.as_str()).cloned().unwrap_or_default();
                 if mine.is_empty() {
                     (
@@ -681,26 +1077,35 @@ async fn write_cluster_status(
         if next == previous {
             continue;
         }
+        if !due(ctx, "Cluster", &name) {
+            outcome.again = true;
+            continue;
+        }
         let api = api.clone();
         jobs.push(async move {
             ctx.metrics.wrote("patch", "clusters/status");
-            api.patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "status": next })),
-            )
-            .await
+            let r = api
+                .patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "status": next })),
+                )
+                .await;
+            (name, r)
         });
     }
-    let results: Vec<Result<Cluster, kube::Error>> = futures::stream::iter(jobs)
+    let results: Vec<(String, Result<Cluster, kube::Error>)> = futures::stream::iter(jobs)
         .buffer_unordered(PARALLEL_WRITES)
         .collect()
         .await;
-    for r in results {
+    for (name, r) in results {
         match r {
-            Ok(_) => outcome.writes += 1,
+            Ok(_) => {
+                outcome.writes += 1;
+                write_succeeded(ctx, "Cluster", &name);
+            }
             Err(e) => {
-                tracing::debug!(error = %e, "cluster status write failed");
+                write_failed(ctx, "Cluster", &name, "patch status of", &e);
                 outcome.again = true;
             }
         }
@@ -719,7 +1124,7 @@ async fn write_pool_status(
     outcome: &mut PassOutcome,
 ) {
     let overlaps: Vec<Overlap> = status::find_overlaps(inputs);
-    let api: Api<IPAMPool> = Api::all(ctx.client.clone());
+    let api: Api<IPAMPool> = Api::all(ctx.writer.clone());
     let mut seen: BTreeSet<(String, String)> = BTreeSet::new();
     for p in pools {
         if p.metadata.deletion_timestamp.is_some() {
@@ -747,12 +1152,18 @@ async fn write_pool_status(
             Some(e) => Err(e.as_slice()),
             None => Ok(()),
         };
+        let conflicts: Vec<&Decision> = plan
+            .decisions
+            .iter()
+            .filter(|d| d.pool == name && d.change == Change::Conflict)
+            .collect();
         let (next, events) = status::pool_status(
             &name,
             p.metadata.generation,
             validation,
             &reports,
             &overlaps,
+            &conflicts,
             p.status.as_ref(),
             now,
         );
@@ -766,7 +1177,7 @@ async fn write_pool_status(
             {
                 Ok(_) => outcome.writes += 1,
                 Err(e) => {
-                    tracing::debug!(error = %e, "pool status write failed");
+                    write_failed(ctx, "IPAMPool", &name, "update status of", &e);
                     outcome.again = true;
                     continue;
                 }

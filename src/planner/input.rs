@@ -36,9 +36,37 @@ pub struct ClusterInput {
     pub deleting: bool,
     /// `spec.pause`: keep what it holds, change nothing.
     pub paused: bool,
+    /// The cluster's spec is invalid (why): like a pause, it keeps what it holds and gets
+    /// nothing new. An invalid edit never releases an address.
+    pub invalid: Option<String>,
 }
 
 impl ClusterInput {
+    /// A cluster whose spec cannot be used: it keeps what it holds until it is fixed or
+    /// deleted.
+    pub fn invalid(
+        name: &str,
+        created: Option<String>,
+        datacenter: &str,
+        deleting: bool,
+        why: String,
+    ) -> Self {
+        ClusterInput {
+            name: name.to_string(),
+            created,
+            datacenter: datacenter.to_string(),
+            overrides: BTreeMap::new(),
+            deleting,
+            paused: false,
+            invalid: Some(why),
+        }
+    }
+
+    /// Keeps what it holds and gets nothing new (paused or invalid).
+    pub fn frozen(&self) -> bool {
+        self.paused || self.invalid.is_some()
+    }
+
     /// Oldest first: creation time, then name.
     pub fn age_key(&self) -> (bool, &str, &str) {
         (
@@ -74,4 +102,8 @@ pub struct StoredAllocation {
     pub held: Option<Allocation>,
     /// The pool's `reclaimPolicy` recorded on the allocation, for pools that are gone.
     pub reclaim_policy: Option<ReclaimPolicy>,
+    /// The stored object cannot be read (why): what it holds is unknown, so no new address
+    /// is handed out in its pool and datacenter (every datacenter of the pool when
+    /// `datacenter` is empty) until it is fixed or removed.
+    pub unreadable: Option<String>,
 }

@@ -26,12 +26,20 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::address::AddrRange;
 use crate::allocator::PoolKind;
-use crate::allocator::{Allocation, Growth, PoolAllocator, Request};
+use crate::allocator::{AllocError, Allocation, Growth, PoolAllocator, Request};
 use crate::resources::{AllocationType, ReclaimPolicy};
 
 /// Plans every allocation. See the module documentation for the rules.
 pub fn plan(pools: &[PoolInput], clusters: &[ClusterInput], stored: &[StoredAllocation]) -> Plan {
     let mut planner = Planner::new(pools, clusters);
+    for s in stored {
+        if let Some(why) = &s.unreadable {
+            planner
+                .blocked
+                .entry((s.pool.clone(), s.datacenter.clone()))
+                .or_insert_with(|| why.clone());
+        }
+    }
     planner.settle_stored(stored);
     planner.place_pins();
     planner.serve_requests();
@@ -49,6 +57,9 @@ struct Planner<'a> {
     allocators: BTreeMap<Key, Result<PoolAllocator, String>>,
     /// (cluster, pool) -> decision.
     decisions: BTreeMap<Key, Decision>,
+    /// (pool, datacenter; empty for all) -> why no new address may be handed out there: a
+    /// stored allocation that cannot be read might hold any of them.
+    blocked: BTreeMap<Key, String>,
 }
 
 impl<'a> Planner<'a> {
@@ -67,6 +78,7 @@ impl<'a> Planner<'a> {
             clusters: sorted,
             allocators,
             decisions: BTreeMap::new(),
+            blocked: BTreeMap::new(),
         }
     }
 
@@ -104,6 +116,10 @@ impl<'a> Planner<'a> {
             held,
             message,
         };
+        if let Some(why) = &s.unreadable {
+            // Left exactly as it is (the writer touches its status only) and reported.
+            return Some(decide(Change::Conflict, None, why.clone()));
+        }
         let Some(cluster) = self.by_name.get(s.cluster.as_str()).copied() else {
             return Some(decide(
                 Change::Release,
@@ -153,7 +169,7 @@ impl<'a> Planner<'a> {
                 format!("cluster {} is being deleted", s.cluster),
             ));
         }
-        if !cluster.paused {
+        if !cluster.frozen() {
             if cluster.datacenter != s.datacenter {
                 return Some(decide(
                     Change::Release,
@@ -175,30 +191,48 @@ impl<'a> Planner<'a> {
         let Some(held) = s.held.clone() else {
             // A request that failed or waits: the later steps try again, unless paused.
             return cluster
-                .paused
-                .then(|| decide(Change::Keep, None, "cluster is paused".into()));
+                .frozen()
+                .then(|| decide(Change::Keep, None, frozen_message(cluster)));
         };
         let key = (s.pool.clone(), s.datacenter.clone());
+        let mut other_holder = None;
         let loaded = match self.allocators.get_mut(&key) {
-            Some(Ok(allocator)) => allocator
-                .load(&s.cluster, held.clone())
-                .map(|_| ())
-                .map_err(|e| e.to_string()),
+            Some(Ok(allocator)) => match allocator.load(&s.cluster, held.clone()) {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    if let AllocError::Taken { holder, .. } = &e {
+                        other_holder = Some(holder.clone());
+                    }
+                    // Whatever else is wrong, none of its addresses goes to anybody else.
+                    allocator.reserve(&s.cluster, &held);
+                    Err(e.to_string())
+                }
+            },
             Some(Err(why)) => Err(why.clone()),
             None => Err(format!(
                 "pool {} has no datacenter {}",
                 s.pool, s.datacenter
             )),
         };
-        Some(match loaded {
-            Ok(()) if cluster.paused => {
-                decide(Change::Keep, Some(held), "cluster is paused".into())
+        if let Some(holder) = other_holder {
+            // Both sides of an overlap are reported; neither is released or moved.
+            if let Some(d) = self.decisions.get_mut(&(holder.clone(), s.pool.clone())) {
+                d.change = Change::Conflict;
+                d.message = format!(
+                    "overlaps the allocation of cluster {} ({held}); both are kept as stored",
+                    s.cluster
+                );
             }
+        }
+        Some(match loaded {
+            Ok(()) if cluster.frozen() => decide(Change::Keep, Some(held), frozen_message(cluster)),
             Ok(()) => decide(Change::Keep, Some(held), String::new()),
             Err(why) => decide(
-                Change::Fail,
+                Change::Conflict,
                 Some(held),
-                format!("stored allocation kept as it is but not usable: {why}"),
+                format!(
+                    "kept as stored, every free address of it reserved, but it cannot be honoured: {why}"
+                ),
             ),
         })
     }
@@ -206,7 +240,7 @@ impl<'a> Planner<'a> {
     /// Step 2: pinned requests, oldest cluster first.
     fn place_pins(&mut self) {
         for cluster in self.clusters.clone() {
-            if cluster.deleting || cluster.paused {
+            if cluster.deleting || cluster.frozen() {
                 continue;
             }
             for (pool_name, ov) in &cluster.overrides {
@@ -227,6 +261,12 @@ impl<'a> Planner<'a> {
         let Some((held, moved_from)) = self.prior(cluster, pool) else {
             return;
         };
+        if let Some(why) = self.blocked_reason(pool, &dc) {
+            let keep = held.as_ref().is_some_and(|h| same_addresses(h, &wanted));
+            let change = if keep { Change::Keep } else { Change::Fail };
+            self.decide(cluster, pool, change, held, moved_from, why);
+            return;
+        }
         let Some(Ok(allocator)) = self.allocators.get_mut(&(pool.to_string(), dc.clone())) else {
             let why = self.unusable(pool, &dc);
             self.decide(cluster, pool, Change::Fail, held, moved_from, why);
@@ -285,7 +325,7 @@ impl<'a> Planner<'a> {
     fn serve_requests(&mut self) {
         let pools: Vec<&PoolInput> = self.pools.values().copied().collect();
         for cluster in self.clusters.clone() {
-            if cluster.deleting || cluster.paused {
+            if cluster.deleting || cluster.frozen() {
                 continue;
             }
             for pool in &pools {
@@ -310,6 +350,16 @@ impl<'a> Planner<'a> {
         let Some((held, moved_from)) = self.prior(cluster, pool) else {
             return;
         };
+        if let Some(why) = self.blocked_reason(pool, &dc) {
+            // What it holds stays; nothing new (no growth either) until the pool is readable.
+            let change = if held.is_some() {
+                Change::Keep
+            } else {
+                Change::Fail
+            };
+            self.decide(cluster, pool, change, held, moved_from, why);
+            return;
+        }
         let Some(Ok(allocator)) = self.allocators.get_mut(&(pool.to_string(), dc.clone())) else {
             let why = self.unusable(pool, &dc);
             self.decide(cluster, pool, Change::Fail, held, moved_from, why);
@@ -361,11 +411,22 @@ impl<'a> Planner<'a> {
             .decisions
             .get(&(cluster.name.clone(), pool.to_string()));
         match existing {
-            Some(d) if d.change == Change::Fail => None,
+            Some(d) if matches!(d.change, Change::Fail | Change::Conflict) => None,
             Some(d) if d.change == Change::Keep => Some((d.held.clone(), None)),
             Some(d) if d.change == Change::Release => Some((None, d.previous.clone())),
             _ => Some((None, None)),
         }
+    }
+
+    /// Why no new address may be handed out in (pool, dc), if so.
+    fn blocked_reason(&self, pool: &str, dc: &str) -> Option<String> {
+        let why = self
+            .blocked
+            .get(&(pool.to_string(), dc.to_string()))
+            .or_else(|| self.blocked.get(&(pool.to_string(), String::new())))?;
+        Some(format!(
+            "no new addresses from pool {pool} in datacenter {dc} until this is fixed or removed: {why}"
+        ))
     }
 
     fn serves(&self, pool: &str, dc: &str) -> bool {
@@ -431,6 +492,13 @@ impl<'a> Planner<'a> {
             })
             .collect();
         Plan { decisions, usage }
+    }
+}
+
+fn frozen_message(cluster: &ClusterInput) -> String {
+    match &cluster.invalid {
+        Some(why) => format!("cluster spec is invalid, keeping what it holds: {why}"),
+        None => "cluster is paused".into(),
     }
 }
 

@@ -23,6 +23,10 @@ pub enum Change {
     Retain,
     /// The request could not be met; `held` says what the cluster still holds, if anything.
     Fail,
+    /// A stored allocation that can no longer be honoured as it is (it overlaps another
+    /// allocation, an exclusion, leaves the pool or is of the other type). It is kept exactly
+    /// as stored and every address of it that is free stays reserved; a human must resolve it.
+    Conflict,
 }
 
 impl Change {
@@ -35,6 +39,7 @@ impl Change {
             Change::Release => "released",
             Change::Retain => "retained",
             Change::Fail => "failed",
+            Change::Conflict => "conflict",
         }
     }
 }
@@ -65,7 +70,7 @@ pub struct Decision {
 impl Decision {
     /// True when the cluster got what it asked for.
     pub fn is_ok(&self) -> bool {
-        self.change != Change::Fail
+        !matches!(self.change, Change::Fail | Change::Conflict)
     }
 }
 

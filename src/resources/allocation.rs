@@ -55,6 +55,10 @@ pub enum AllocationPhase {
     Failed,
     /// The addresses were returned to the pool.
     Released,
+    /// The stored allocation can no longer be honoured as it is (it overlaps another
+    /// allocation or an exclusion, leaves the pool, or cannot be read). kipam keeps it exactly
+    /// as stored, keeps its addresses reserved and waits for a human (see `message`).
+    Conflict,
 }
 
 impl AllocationPhase {
@@ -64,6 +68,7 @@ impl AllocationPhase {
             AllocationPhase::Allocated => "Allocated",
             AllocationPhase::Failed => "Failed",
             AllocationPhase::Released => "Released",
+            AllocationPhase::Conflict => "Conflict",
         }
     }
 }
@@ -72,7 +77,7 @@ impl AllocationPhase {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IPAMAllocationStatus {
-    /// `Pending`, `Allocated`, `Failed` or `Released`.
+    /// `Pending`, `Allocated`, `Failed`, `Released` or `Conflict`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<AllocationPhase>,
     /// Why the allocation is in its phase.

@@ -9,6 +9,7 @@ mod allocation;
 mod cluster;
 mod condition;
 mod pool;
+mod record;
 
 pub use addon::{Addon, AddonSpec, AddonStatus, AppliedObject};
 pub use allocation::{AllocationPhase, IPAMAllocation, IPAMAllocationSpec, IPAMAllocationStatus};
@@ -19,6 +20,10 @@ pub use condition::Condition;
 pub use pool::{
     AllocationType, DatacenterUsage, IPAMPool, IPAMPoolDatacenter, IPAMPoolSpec, IPAMPoolStatus,
     PoolStrategy, ReclaimPolicy,
+};
+pub use record::{
+    IPAMPoolRecord, IPAMPoolRecordSpec, MAX_RECORD_BYTES, MAX_RECORD_ENTRIES, Reservation,
+    record_name,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -63,6 +68,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         IPAMAllocation::crd(),
         Cluster::crd(),
         Addon::crd(),
+        IPAMPoolRecord::crd(),
     ]
 }
 

@@ -76,5 +76,6 @@ pub fn stored_allocation(obj: &IPAMAllocation) -> Result<StoredAllocation, Vec<F
         datacenter: obj.spec.dc.clone(),
         held: if released { None } else { held },
         reclaim_policy,
+        unreadable: None,
     })
 }

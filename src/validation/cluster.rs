@@ -45,6 +45,7 @@ pub fn cluster_input(cluster: &Cluster) -> Result<ClusterInput, Vec<FieldError>>
         overrides,
         deleting: cluster.metadata.deletion_timestamp.is_some(),
         paused: cluster.spec.pause,
+        invalid: None,
     })
 }
 

@@ -27,6 +27,7 @@ pub fn cluster_in(name: &str, dc: &str, day: u32) -> ClusterInput {
         overrides: Default::default(),
         deleting: false,
         paused: false,
+        invalid: None,
     }
 }
 

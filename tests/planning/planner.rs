@@ -326,11 +326,125 @@ fn conflicting_stored_allocations_are_kept_and_reported_never_moved() {
             "10.0.0.0-10.0.0.3".parse().unwrap(),
         ])),
         reclaim_policy: None,
+        unreadable: None,
     };
     let p = plan(&pools, &clusters, &[overlap("b"), overlap("a")]);
-    assert_eq!(change(&p, "a", "metallb"), Some(Change::Keep));
+    // Both sides are reported; neither is released, moved or rewritten.
+    let a = p.decision("a", "metallb").unwrap();
+    assert_eq!(a.change, Change::Conflict);
+    assert_eq!(a.held.as_ref().unwrap().to_string(), "10.0.0.0-10.0.0.3");
+    assert!(a.message.contains("cluster b"), "{}", a.message);
     let d = p.decision("b", "metallb").unwrap();
-    assert_eq!(d.change, Change::Fail);
+    assert_eq!(d.change, Change::Conflict);
     assert_eq!(d.held.as_ref().unwrap().to_string(), "10.0.0.0-10.0.0.3");
     assert!(d.message.contains("already taken by a"), "{}", d.message);
+}
+
+/// The pool `metallb` of `pools()` in dc-1 (10.0.0.0/28, 4 per cluster) with an extra line.
+fn range_pool(extra: &str) -> Vec<PoolInput> {
+    vec![pool_input(&format!(
+        "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata: {{name: metallb}}\nspec:\n  datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.0.0.0/28\n      allocationRange: 4\n{extra}"
+    ))]
+}
+
+fn held_by(cluster: &str, text: &str) -> StoredAllocation {
+    StoredAllocation {
+        cluster: cluster.into(),
+        pool: "metallb".into(),
+        datacenter: "dc-1".into(),
+        held: Some(Allocation::Range(
+            text.split(',').map(|p| p.parse().unwrap()).collect(),
+        )),
+        reclaim_policy: None,
+        unreadable: None,
+    }
+}
+
+fn addresses_of(p: &kipam::planner::Plan, cluster: &str) -> Vec<(u128, u128)> {
+    p.decision(cluster, "metallb")
+        .and_then(|d| d.held.as_ref())
+        .map(|h| h.ranges().map(|r| (r.first(), r.last())).collect())
+        .unwrap_or_default()
+}
+
+fn disjoint(a: &[(u128, u128)], b: &[(u128, u128)]) -> bool {
+    a.iter().all(|x| b.iter().all(|y| x.1 < y.0 || y.1 < x.0))
+}
+
+#[test]
+fn an_invalid_cluster_keeps_its_addresses_and_nobody_else_gets_them() {
+    let pools = range_pool("");
+    let a = ClusterInput::invalid(
+        "a",
+        Some("2026-01-01T00:00:00Z".into()),
+        "dc-1",
+        false,
+        "bad pin".into(),
+    );
+    let clusters = vec![a, cluster_in("b", "dc-1", 2)];
+    let p = plan(&pools, &clusters, &[held_by("a", "10.0.0.0-10.0.0.3")]);
+    let d = p.decision("a", "metallb").unwrap();
+    assert_eq!(d.change, Change::Keep);
+    assert!(d.message.contains("bad pin"), "{}", d.message);
+    assert_eq!(addresses_of(&p, "b").len(), 1);
+    assert!(disjoint(&addresses_of(&p, "a"), &addresses_of(&p, "b")));
+}
+
+#[test]
+fn a_stored_allocation_under_a_new_exclusion_stays_reserved_and_is_reported() {
+    let pools = range_pool("      excludeRanges: [\"10.0.0.2-10.0.0.5\"]\n");
+    let clusters = vec![cluster_in("a", "dc-1", 1), cluster_in("b", "dc-1", 2)];
+    let p = plan(&pools, &clusters, &[held_by("a", "10.0.0.0-10.0.0.3")]);
+    let a = p.decision("a", "metallb").unwrap();
+    assert_eq!(a.change, Change::Conflict);
+    assert!(a.message.contains("10.0.0.2-10.0.0.5"), "{}", a.message);
+    // b gets four addresses, none of a's.
+    let b = addresses_of(&p, "b");
+    assert!(
+        disjoint(
+            &[(
+                a.held.as_ref().unwrap().ranges().next().unwrap().first(),
+                a.held.as_ref().unwrap().ranges().next().unwrap().last()
+            )],
+            &b
+        ),
+        "{b:?}"
+    );
+}
+
+#[test]
+fn a_range_allocation_in_a_pool_now_of_prefix_type_stays_reserved() {
+    let pools = vec![pool_input(
+        "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata: {name: metallb}\nspec:\n  datacenters:\n    dc-1:\n      type: prefix\n      poolCidr: 10.0.0.0/28\n      allocationPrefix: 30\n",
+    )];
+    let clusters = vec![cluster_in("a", "dc-1", 1), cluster_in("b", "dc-1", 2)];
+    let p = plan(&pools, &clusters, &[held_by("a", "10.0.0.0-10.0.0.5")]);
+    assert_eq!(change(&p, "a", "metallb"), Some(Change::Conflict));
+    let b = p.decision("b", "metallb").unwrap();
+    assert_eq!(b.held.as_ref().unwrap().to_string(), "10.0.0.8/30");
+}
+
+#[test]
+fn an_unreadable_allocation_stops_new_allocations_in_its_pool_and_datacenter() {
+    let pools = range_pool("");
+    let clusters = vec![cluster_in("a", "dc-1", 1), cluster_in("b", "dc-1", 2)];
+    let unreadable = StoredAllocation {
+        cluster: "a".into(),
+        pool: "metallb".into(),
+        datacenter: "dc-1".into(),
+        held: None,
+        reclaim_policy: None,
+        unreadable: Some("IPAMAllocation cluster-a/metallb cannot be read".into()),
+    };
+    let p = plan(&pools, &clusters, &[unreadable]);
+    let a = p.decision("a", "metallb").unwrap();
+    assert_eq!(a.change, Change::Conflict);
+    assert!(a.held.is_none());
+    let b = p.decision("b", "metallb").unwrap();
+    assert_eq!(b.change, Change::Fail);
+    assert!(
+        b.message.contains("cluster-a/metallb cannot be read"),
+        "{}",
+        b.message
+    );
 }

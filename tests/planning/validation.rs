@@ -194,6 +194,7 @@ fn added_exclusions_must_not_hit_allocations() {
         datacenter: "dc-1".into(),
         held: Some(Allocation::Range(vec![text.parse().unwrap()])),
         reclaim_policy: None,
+        unreadable: None,
     };
     let stored = vec![held("10.0.0.8-10.0.0.15")];
     let old = pool(&one_dc(
@@ -224,6 +225,7 @@ fn prefix_exclusions_are_compared_as_address_sets() {
         datacenter: "dc-1".into(),
         held: Some(Allocation::Prefix("10.0.0.16/28".parse().unwrap())),
         reclaim_policy: None,
+        unreadable: None,
     }];
     let old = pool(&one_dc(
         "type: prefix\npoolCidr: 10.0.0.0/24\nallocationPrefix: 28\nexcludePrefixes: [\"10.0.0.0/28\"]",

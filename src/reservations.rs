@@ -1,0 +1,182 @@
+//! What an `IPAMPoolRecord` must hold after a plan (pure: no client).
+//!
+//! The record of a pool datacenter is the commit point of every allocation: kipam writes it
+//! (compare-and-swap) before any `IPAMAllocation` object, and trims an entry only once no object
+//! shows those addresses any more. So at every moment the record covers every address that any
+//! object kipam wrote shows, and a replica that lost the Lease cannot commit anything.
+
+use std::collections::BTreeMap;
+
+use crate::address::AddrRange;
+use crate::allocator::Allocation;
+use crate::planner::{Change, Decision};
+use crate::resources::{IPAMAllocation, Reservation, cluster_of_namespace};
+
+/// The record entry for what a cluster holds.
+pub fn reservation_of(held: &Allocation) -> Reservation {
+    match held {
+        Allocation::Prefix(cidr) => Reservation {
+            cidr: Some(cidr.to_string()),
+            addresses: Vec::new(),
+        },
+        Allocation::Range(pieces) => Reservation {
+            cidr: None,
+            addresses: pieces.iter().map(|p| p.to_string()).collect(),
+        },
+    }
+}
+
+/// What a record entry holds; an error names the piece that does not parse.
+pub fn allocation_of(r: &Reservation) -> Result<Allocation, String> {
+    let mut pieces = Vec::new();
+    if let Some(cidr) = &r.cidr {
+        let parsed = cidr
+            .parse::<crate::address::Cidr>()
+            .map_err(|e| format!("cidr {cidr:?}: {e}"))?;
+        if r.addresses.is_empty() {
+            return Ok(Allocation::Prefix(parsed));
+        }
+        pieces.push(parsed.range());
+    }
+    for a in &r.addresses {
+        pieces.push(AddrRange::parse_lenient(a).map_err(|e| format!("address {a:?}: {e}"))?);
+    }
+    if pieces.is_empty() {
+        return Err("the entry holds no address".into());
+    }
+    Ok(Allocation::Range(pieces))
+}
+
+/// `held` plus whatever of `recorded` it lacks, appended as further pieces (what `held` shows is
+/// never rewritten). Equal address sets give `held` back unchanged.
+pub fn with_recorded(held: &Allocation, recorded: &Allocation) -> Allocation {
+    let missing = subtract(recorded.ranges().collect(), held.ranges().collect());
+    if missing.is_empty() {
+        return held.clone();
+    }
+    let mut pieces: Vec<AddrRange> = held.ranges().collect();
+    pieces.extend(missing);
+    Allocation::Range(pieces)
+}
+
+/// The addresses of `from` that are not in `minus`, sorted and merged.
+fn subtract(from: Vec<AddrRange>, minus: Vec<AddrRange>) -> Vec<AddrRange> {
+    let minus = merged(minus);
+    let mut out = Vec::new();
+    for r in merged(from) {
+        let (family, mut first, last) = (r.family(), r.first(), r.last());
+        let mut done = false;
+        for m in minus.iter().filter(|m| m.overlaps(&r)) {
+            if m.first() > first {
+                out.extend(AddrRange::new(family, first, m.first() - 1));
+            }
+            if m.last() >= last {
+                done = true;
+                break;
+            }
+            first = first.max(m.last() + 1);
+        }
+        if !done {
+            out.extend(AddrRange::new(family, first, last));
+        }
+    }
+    out
+}
+
+/// Sorted, overlapping or adjacent pieces of one family merged.
+fn merged(mut ranges: Vec<AddrRange>) -> Vec<AddrRange> {
+    ranges.sort();
+    let mut out: Vec<AddrRange> = Vec::new();
+    for r in ranges {
+        if let Some(last) = out.last_mut()
+            && last.family() == r.family()
+            && (last.last() == u128::MAX || r.first() <= last.last() + 1)
+        {
+            if r.last() > last.last() {
+                *last = AddrRange::new(r.family(), last.first(), r.last()).unwrap_or(*last);
+            }
+            continue;
+        }
+        out.push(r);
+    }
+    out
+}
+
+/// The record of (`pool`, `datacenter`) a plan asks for: every cluster's addresses held there
+/// after the plan, plus every address an existing object still shows there (dropped only once
+/// the object stops showing it, so the record always covers the objects).
+pub fn desired_reservations(
+    pool: &str,
+    datacenter: &str,
+    decisions: &[Decision],
+    objects: &[IPAMAllocation],
+) -> BTreeMap<String, Reservation> {
+    let mut held: BTreeMap<String, Allocation> = BTreeMap::new();
+    for d in decisions {
+        if d.pool != pool || d.datacenter != datacenter || d.change == Change::Release {
+            continue;
+        }
+        if let Some(h) = &d.held {
+            held.insert(d.cluster.clone(), h.clone());
+        }
+    }
+    for obj in objects {
+        if obj.metadata.name.as_deref() != Some(pool) || obj.spec.dc != datacenter {
+            continue;
+        }
+        let Some(cluster) = obj
+            .metadata
+            .namespace
+            .as_deref()
+            .and_then(cluster_of_namespace)
+        else {
+            continue;
+        };
+        let Ok(shown) = allocation_of(&Reservation {
+            cidr: obj.spec.cidr.clone(),
+            addresses: obj.spec.addresses.clone(),
+        }) else {
+            continue;
+        };
+        let next = match held.get(cluster) {
+            Some(h) => with_recorded(h, &shown),
+            None => shown,
+        };
+        held.insert(cluster.to_string(), next);
+    }
+    held.into_iter()
+        .map(|(c, a)| (c, reservation_of(&a)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(text: &str) -> Allocation {
+        Allocation::Range(text.split(',').map(|p| p.parse().unwrap()).collect())
+    }
+
+    #[test]
+    fn recorded_addresses_are_appended_never_rewritten() {
+        let held = range("10.0.0.8-10.0.0.15,10.0.0.0-10.0.0.3");
+        assert_eq!(with_recorded(&held, &range("10.0.0.0-10.0.0.3")), held);
+        assert_eq!(
+            with_recorded(&held, &range("10.0.0.2-10.0.0.5,10.0.0.14-10.0.0.20")).to_string(),
+            "10.0.0.8-10.0.0.15,10.0.0.0-10.0.0.3,10.0.0.4-10.0.0.5,10.0.0.16-10.0.0.20"
+        );
+        let prefix = Allocation::Prefix("10.0.1.0/30".parse().unwrap());
+        assert_eq!(with_recorded(&prefix, &prefix), prefix);
+    }
+
+    #[test]
+    fn entries_round_trip() {
+        for a in [
+            range("10.0.0.0-10.0.0.7,10.0.0.9-10.0.0.9"),
+            Allocation::Prefix("2001:db8::/64".parse().unwrap()),
+        ] {
+            assert_eq!(allocation_of(&reservation_of(&a)).unwrap(), a);
+        }
+        assert!(allocation_of(&Reservation::default()).is_err());
+    }
+}

@@ -1,0 +1,68 @@
+//! `IPAMPoolRecord`: the authoritative record of what one pool holds in one datacenter.
+//!
+//! kipam commits every allocation here first, as one compare-and-swap on the record's
+//! `resourceVersion`, and only then writes the `IPAMAllocation` objects. A replica that lost
+//! the leader Lease holds an outdated `resourceVersion`, so the API server refuses its record
+//! write (409 Conflict) and it never gets to hand those addresses out. See `docs/design.md`.
+
+use std::collections::BTreeMap;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Largest serialised record kipam writes. etcd refuses values over 1.5 MiB; the rest is
+/// headroom for metadata.
+pub const MAX_RECORD_BYTES: usize = 1_000_000;
+
+/// Most clusters one record lists (a DNS-1123 cluster name and an IPv4 range take about 60
+/// bytes, so this stays well inside [`MAX_RECORD_BYTES`] for ordinary names).
+pub const MAX_RECORD_ENTRIES: u32 = 15_000;
+
+/// The addresses every cluster holds from one pool in one datacenter, written by kipam only.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "ipam.kipam.dev",
+    version = "v1alpha1",
+    kind = "IPAMPoolRecord",
+    plural = "ipampoolrecords",
+    singular = "ipampoolrecord",
+    shortname = "ipr",
+    doc = "The authoritative record of the addresses one pool holds in one datacenter, written by kipam only.",
+    printcolumn = r#"{"name":"Pool","type":"string","jsonPath":".spec.pool"}"#,
+    printcolumn = r#"{"name":"DC","type":"string","jsonPath":".spec.datacenter"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct IPAMPoolRecordSpec {
+    /// The pool.
+    #[schemars(length(min = 1, max = 63))]
+    pub pool: String,
+    /// The datacenter of the pool.
+    #[schemars(length(min = 1, max = 63))]
+    pub datacenter: String,
+    /// Cluster name -> the addresses it holds. An address listed here is never handed to
+    /// another cluster.
+    #[serde(default)]
+    #[schemars(extend("maxProperties" = MAX_RECORD_ENTRIES))]
+    pub reservations: BTreeMap<String, Reservation>,
+}
+
+/// What one cluster holds: a subnet (`prefix` pools) or address pieces (`range` pools).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Reservation {
+    /// The subnet held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 43))]
+    pub cidr: Option<String>,
+    /// The address pieces held, as `first-last`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4096), inner(length(max = 79)))]
+    pub addresses: Vec<String>,
+}
+
+/// The record's object name: `<pool>.<datacenter>` (a datacenter name holds no dot).
+pub fn record_name(pool: &str, datacenter: &str) -> String {
+    format!("{pool}.{datacenter}")
+}
