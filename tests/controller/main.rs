@@ -5,4 +5,5 @@ mod support;
 
 mod crashes;
 mod lifecycle;
+mod promise;
 mod serving;

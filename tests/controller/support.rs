@@ -28,10 +28,20 @@ impl Controller {
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
+
+    /// Sends a signal (`STOP`, `CONT`, ...) to the process.
+    pub fn signal(&self, name: &str) {
+        let _ = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .stderr(Stdio::null())
+            .status();
+    }
 }
 
 impl Drop for Controller {
     fn drop(&mut self) {
+        self.signal("CONT");
         self.kill();
     }
 }
@@ -269,6 +279,42 @@ impl Seed {
             }
         }
         held
+    }
+
+    /// Pairs of allocations of one pool and datacenter that share an address, right now.
+    pub fn overlaps(&self) -> Vec<String> {
+        let mut by_pool: BTreeMap<(String, String), Vec<Piece>> = BTreeMap::new();
+        for obj in self.allocations() {
+            let Ok(s) = kipam::validation::stored_allocation(&obj) else {
+                continue;
+            };
+            let Some(allocation) = s.held else { continue };
+            by_pool
+                .entry((s.pool.clone(), s.datacenter.clone()))
+                .or_default()
+                .extend(
+                    allocation
+                        .ranges()
+                        .map(|r| (r.first(), r.last(), s.cluster.clone())),
+                );
+        }
+        let mut found = Vec::new();
+        for ((pool, dc), mut pieces) in by_pool {
+            pieces.sort();
+            for pair in pieces.windows(2) {
+                if pair[0].1 >= pair[1].0 {
+                    found.push(format!("{pool}/{dc}: {} and {}", pair[0].2, pair[1].2));
+                }
+            }
+        }
+        found
+    }
+
+    /// The current holder of the leader Lease.
+    pub fn lease_holder(&self) -> String {
+        self.get("leases", Some("kipam-system"), "kipam-seed")
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_string))
+            .unwrap_or_default()
     }
 
     /// GET on the controller's metrics port (a tiny blocking HTTP/1.1 client).
