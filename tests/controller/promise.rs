@@ -216,7 +216,7 @@ spec:
 ";
     let seed = Seed::start("sigstop").await;
     seed.apply(POOLS);
-    let mut ctls = vec![seed.controller("r0"), seed.controller("r1")];
+    let ctls = [seed.controller("r0"), seed.controller("r1")];
     let mut created = 0usize;
     let mut takeovers = Vec::new();
     let check = |seed: &Seed, step: &str| {

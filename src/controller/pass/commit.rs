@@ -1,0 +1,128 @@
+//! Step 3: commit the pool records — the compare-and-swap that fences every allocation.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::ResourceExt;
+
+use super::*;
+use crate::controller::Context;
+use crate::controller::preconditions;
+use crate::controller::records::{self, RecordKey};
+use crate::planner::{self, PoolInput};
+use crate::reservations;
+use crate::resources::{IPAMAllocation, IPAMPool, IPAMPoolRecord, record_name};
+
+/// Writes every pool record the plan changes, and a no-op compare-and-swap on the records of
+/// pool datacenters about to get objects written; returns the records that are current.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn commit_records(
+    ctx: &Arc<Context>,
+    pools: &[Arc<IPAMPool>],
+    inputs: &[PoolInput],
+    plan: &planner::Plan,
+    objects: &[IPAMAllocation],
+    records: &BTreeMap<RecordKey, IPAMPoolRecord>,
+    jobs: &[AllocationWrite],
+    outcome: &mut PassOutcome,
+) -> HashSet<RecordKey> {
+    let pool_objects: HashMap<String, &Arc<IPAMPool>> =
+        pools.iter().map(|p| (p.name_any(), p)).collect();
+    let to_write: HashSet<RecordKey> = jobs
+        .iter()
+        .filter(|j| j.desired.is_some() && !j.is_status_only())
+        .map(|j| (j.decision.pool.clone(), j.decision.datacenter.clone()))
+        .collect();
+    let mut current = HashSet::new();
+    let mut commits = Vec::new();
+    for input in inputs {
+        let Some(pool) = pool_objects.get(&input.name) else {
+            continue;
+        };
+        for dc in input.datacenters.keys() {
+            let key = (input.name.clone(), dc.clone());
+            let desired =
+                reservations::desired_reservations(&input.name, dc, &plan.decisions, objects);
+            let existing = records.get(&key).map(|r| &r.spec.reservations);
+            let changed = match existing {
+                Some(e) => *e != desired,
+                None => !desired.is_empty(),
+            };
+            if !changed && !to_write.contains(&key) {
+                current.insert(key);
+                continue;
+            }
+            let pool = (*pool).clone();
+            commits.push(async move {
+                if !ctx.leader.holds() {
+                    return (key, Err(None));
+                }
+                let r = records::commit(ctx, &pool, &key, desired).await;
+                (key, r.map_err(Some))
+            });
+        }
+    }
+    // Records of datacenters a pool no longer has, once no object is left there.
+    let served: HashSet<RecordKey> = inputs
+        .iter()
+        .flat_map(|p| {
+            p.datacenters
+                .keys()
+                .map(move |dc| (p.name.clone(), dc.clone()))
+        })
+        .collect();
+    for key in records.keys() {
+        let pool_valid = inputs.iter().any(|p| p.name == key.0);
+        let objects_left = objects
+            .iter()
+            .any(|o| o.metadata.name.as_deref() == Some(key.0.as_str()) && o.spec.dc == key.1);
+        if pool_valid && !served.contains(key) && !objects_left {
+            if let Err(e) = records::remove(ctx, key).await {
+                write_failed(
+                    ctx,
+                    "IPAMPoolRecord",
+                    &record_name(&key.0, &key.1),
+                    "delete",
+                    &e,
+                );
+                outcome.again = true;
+            } else {
+                outcome.writes += 1;
+            }
+        }
+    }
+    let results: Vec<(RecordKey, Result<(), Option<records::CommitError>>)> =
+        futures::stream::iter(commits)
+            .buffer_unordered(PARALLEL_WRITES)
+            .collect()
+            .await;
+    for (key, result) in results {
+        let name = record_name(&key.0, &key.1);
+        match result {
+            Ok(()) => {
+                outcome.writes += 1;
+                write_succeeded(ctx, "IPAMPoolRecord", &name);
+                current.insert(key);
+            }
+            Err(None) => outcome.again = true,
+            Err(Some(records::CommitError::Api(e))) if is_conflict(&e) || is_not_found(&e) => {
+                // Somebody else wrote the record (a newer leader, or a human): re-read, replan.
+                tracing::info!(record = %name, error = %e, "pool record changed under us; planning again");
+                ctx.metrics
+                    .write_failed("IPAMPoolRecord", preconditions::reason(&e));
+                outcome.again = true;
+            }
+            Err(Some(records::CommitError::Api(e))) => {
+                write_failed(ctx, "IPAMPoolRecord", &name, "update", &e);
+                outcome.again = true;
+            }
+            Err(Some(e @ records::CommitError::TooLarge(_))) => {
+                ctx.metrics.write_failed("IPAMPoolRecord", "TooLarge");
+                tracing::error!("{e}");
+                outcome.again = true;
+            }
+        }
+    }
+    current
+}

@@ -1,0 +1,231 @@
+//! Finalizers on clusters and pools, and the clusters' namespaces.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+
+use super::*;
+use crate::controller::Context;
+use crate::resources::{
+    ANNOTATION_RECLAIM_POLICY, Cluster, IPAMPool, LABEL_CLUSTER, ReclaimPolicy, cluster_namespace,
+};
+use crate::validation::{self};
+
+/// Adds our finalizers to clusters and pools that lack them.
+pub(super) async fn add_finalizers(
+    ctx: &Context,
+    pools: &[Arc<IPAMPool>],
+    clusters: &[Arc<Cluster>],
+    outcome: &mut PassOutcome,
+) {
+    let cluster_api: Api<Cluster> = Api::all(ctx.writer.clone());
+    let pool_api: Api<IPAMPool> = Api::all(ctx.writer.clone());
+    let mut jobs = Vec::new();
+    for c in clusters {
+        if c.metadata.deletion_timestamp.is_none()
+            && !c.finalizers().iter().any(|f| f == CLUSTER_FINALIZER)
+        {
+            jobs.push(patch_finalizers(
+                &cluster_api,
+                c.as_ref(),
+                CLUSTER_FINALIZER,
+                true,
+                ctx,
+            ));
+        }
+    }
+    let mut pool_jobs = Vec::new();
+    for p in pools {
+        if p.metadata.deletion_timestamp.is_none()
+            && !p.finalizers().iter().any(|f| f == POOL_FINALIZER)
+        {
+            pool_jobs.push(patch_finalizers(
+                &pool_api,
+                p.as_ref(),
+                POOL_FINALIZER,
+                true,
+                ctx,
+            ));
+        }
+    }
+    let results: Vec<Result<(), kube::Error>> = futures::stream::iter(jobs)
+        .buffer_unordered(PARALLEL_WRITES)
+        .chain(futures::stream::iter(pool_jobs).buffer_unordered(PARALLEL_WRITES))
+        .collect()
+        .await;
+    for r in results {
+        match r {
+            Ok(()) => outcome.writes += 1,
+            Err(e) if is_conflict(&e) => outcome.again = true,
+            Err(e) => {
+                write_failed(ctx, "finalizer", "", "patch", &e);
+                outcome.again = true;
+            }
+        }
+    }
+}
+
+/// Adds or removes one finalizer. The patch carries the `resourceVersion` it was computed
+/// from, so a concurrent change to the object fails (409) instead of being overwritten.
+pub(super) async fn patch_finalizers<K>(
+    api: &Api<K>,
+    obj: &K,
+    finalizer: &str,
+    add: bool,
+    ctx: &Context,
+) -> Result<(), kube::Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut next: Vec<String> = obj
+        .finalizers()
+        .iter()
+        .filter(|f| *f != finalizer)
+        .cloned()
+        .collect();
+    if add {
+        next.push(finalizer.to_string());
+    }
+    let patch = json!({
+        "metadata": {
+            "finalizers": next,
+            "resourceVersion": obj.resource_version(),
+        }
+    });
+    ctx.metrics.wrote("patch", "finalizers");
+    api.patch(
+        &obj.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map(|_| ())
+}
+
+/// Removes our finalizers once the object's allocations are handled.
+pub(super) async fn release_finalizers(
+    ctx: &Context,
+    pools: &[Arc<IPAMPool>],
+    clusters: &[Arc<Cluster>],
+    outcome: &mut PassOutcome,
+) {
+    let ledger = ctx.ledger.lock().await;
+    let mut cluster_done = Vec::new();
+    for c in clusters {
+        if c.metadata.deletion_timestamp.is_some()
+            && c.finalizers().iter().any(|f| f == CLUSTER_FINALIZER)
+            && !ledger.has_namespace(&cluster_namespace(&c.name_any()))
+        {
+            cluster_done.push(c.clone());
+        }
+    }
+    let mut pool_done = Vec::new();
+    for p in pools {
+        if p.metadata.deletion_timestamp.is_none()
+            || !p.finalizers().iter().any(|f| f == POOL_FINALIZER)
+        {
+            continue;
+        }
+        let name = p.name_any();
+        let pending = ledger.of_pool(&name).any(|a| {
+            let retained = a
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|m| m.get(ANNOTATION_RECLAIM_POLICY))
+                .is_some_and(|v| v == "Retain");
+            !(retained && p.spec.reclaim_policy == ReclaimPolicy::Retain)
+        });
+        if !pending {
+            pool_done.push(p.clone());
+        }
+    }
+    drop(ledger);
+    let cluster_api: Api<Cluster> = Api::all(ctx.writer.clone());
+    for c in cluster_done {
+        match patch_finalizers(&cluster_api, c.as_ref(), CLUSTER_FINALIZER, false, ctx).await {
+            Ok(()) => outcome.writes += 1,
+            Err(_) => outcome.again = true,
+        }
+    }
+    let pool_api: Api<IPAMPool> = Api::all(ctx.writer.clone());
+    for p in pool_done {
+        match patch_finalizers(&pool_api, p.as_ref(), POOL_FINALIZER, false, ctx).await {
+            Ok(()) => outcome.writes += 1,
+            Err(_) => outcome.again = true,
+        }
+    }
+}
+
+/// Creates `cluster-<name>` (owned by the Cluster) where it is missing.
+pub(super) async fn ensure_namespaces(
+    ctx: &Context,
+    clusters: &[Arc<Cluster>],
+    existing: &HashSet<String>,
+    outcome: &mut PassOutcome,
+) {
+    let api: Api<Namespace> = Api::all(ctx.writer.clone());
+    let mut jobs = Vec::new();
+    for c in clusters {
+        if c.metadata.deletion_timestamp.is_some() || validation::cluster_input(c).is_err() {
+            continue;
+        }
+        let name = cluster_namespace(&c.name_any());
+        if existing.contains(&name) {
+            continue;
+        }
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name),
+                labels: Some(BTreeMap::from([(LABEL_CLUSTER.to_string(), c.name_any())])),
+                owner_references: Some(vec![OwnerReference {
+                    api_version: Cluster::api_version(&()).into_owned(),
+                    kind: Cluster::kind(&()).into_owned(),
+                    name: c.name_any(),
+                    uid: c.uid().unwrap_or_default(),
+                    controller: Some(true),
+                    block_owner_deletion: Some(true),
+                }]),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api = api.clone();
+        jobs.push(async move {
+            ctx.metrics.wrote("create", "namespaces");
+            match api.create(&PostParams::default(), &ns).await {
+                Ok(_) => Ok(true),
+                Err(e) if is_conflict(&e) => {
+                    // It exists without our label (made by hand): label it so the namespace
+                    // cache sees it and later passes stop trying to create it.
+                    let name = ns.metadata.name.clone().unwrap_or_default();
+                    let labels = json!({"metadata": {"labels": ns.metadata.labels}});
+                    ctx.metrics.wrote("patch", "namespaces");
+                    api.patch(&name, &PatchParams::default(), &Patch::Merge(&labels))
+                        .await
+                        .map(|_| true)
+                }
+                Err(e) => Err(e),
+            }
+        });
+    }
+    let results: Vec<Result<bool, kube::Error>> = futures::stream::iter(jobs)
+        .buffer_unordered(PARALLEL_WRITES)
+        .collect()
+        .await;
+    for r in results {
+        match r {
+            Ok(created) => outcome.writes += created as u64,
+            Err(e) => {
+                write_failed(ctx, "Namespace", "", "create", &e);
+                outcome.again = true;
+            }
+        }
+    }
+}

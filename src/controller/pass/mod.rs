@@ -1,0 +1,228 @@
+//! One planning pass: read the caches, plan, write the differences (leader only).
+//!
+//! Every pass plans the whole seed at once from in-memory state — pools and clusters from the
+//! watch caches, allocations from the [`Ledger`](super::ledger::Ledger), pool records from
+//! [`Records`](super::records::Records) — so creating 1,000 clusters costs a few passes, not a
+//! re-list per cluster. The steps, each in its own file:
+//!
+//! 1. [`inputs`]: the planner's input, confirming with the API server any cluster that holds
+//!    addresses but is missing from the cache, and adding what the pool records hold;
+//! 2. the plan (pure, `crate::planner`);
+//! 3. [`commit`]: the pool records, one compare-and-swap per pool datacenter — the fence;
+//! 4. [`allocations`]: the `IPAMAllocation` writes, only where the record is current;
+//! 5. [`lifecycle`] and [`statuses`]: finalizers, namespaces, conditions, usage, events.
+//!
+//! Failed writes are reported ([`report`]) and retried with per-object backoff.
+
+mod allocations;
+mod commit;
+mod inputs;
+mod lifecycle;
+mod report;
+mod statuses;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::ResourceExt;
+
+use crate::controller::Context;
+use crate::controller::ledger::Key;
+use crate::controller::preconditions;
+use crate::desired::allocation_object;
+use crate::planner::{self};
+use crate::resources::{Cluster, IPAMAllocation, IPAMPool, ReclaimPolicy, cluster_namespace};
+
+use allocations::{AllocationWrite, WriteDone};
+pub(crate) use report::write_failed;
+use report::{cluster_reference, due, is_conflict, is_not_found, publish, write_succeeded};
+
+/// Finalizer on clusters: their allocations are released before they go.
+pub const CLUSTER_FINALIZER: &str = "ipam.kipam.dev/release-allocations";
+/// Finalizer on pools: their allocations are deleted or retained before they go.
+pub const POOL_FINALIZER: &str = "ipam.kipam.dev/reclaim-allocations";
+
+/// How many writes run at once.
+const PARALLEL_WRITES: usize = 16;
+
+/// What a pass asks of the loop.
+#[derive(Debug, Default)]
+pub struct PassOutcome {
+    /// Something was stale or failed: run again soon.
+    pub again: bool,
+    /// The earliest moment a write held back by its backoff may be tried again.
+    pub retry_after: Option<Duration>,
+    pub writes: u64,
+}
+
+/// The pass's error: the view could not be completed, so nothing was planned.
+#[derive(Debug, thiserror::Error)]
+pub enum PassError {
+    #[error("cannot confirm whether cluster {cluster} still exists: {source}")]
+    ConfirmCluster {
+        cluster: String,
+        source: kube::Error,
+    },
+}
+
+/// Runs one pass. The caller checked leadership (in `term`) just before.
+pub async fn run(ctx: &Arc<Context>, term: u64) -> Result<PassOutcome, PassError> {
+    let mut outcome = PassOutcome::default();
+    let pools: Vec<Arc<IPAMPool>> = ctx.pools.state();
+    let mut clusters: Vec<Arc<Cluster>> = ctx.clusters.state();
+    let namespaces: HashSet<String> = ctx
+        .namespaces
+        .state()
+        .iter()
+        .filter(|n| n.metadata.deletion_timestamp.is_none())
+        .map(|n| n.name_any())
+        .collect();
+    let stored_objects = ctx.ledger.lock().await.snapshot();
+    let records = ctx.records.lock().await.snapshot();
+    let now = crate::resources::now_rfc3339();
+
+    lifecycle::add_finalizers(ctx, &pools, &clusters, &mut outcome).await;
+
+    let inputs::Inputs {
+        pool_inputs,
+        pool_errors,
+        deleting_pools,
+        cluster_inputs,
+        cluster_errors,
+        stored,
+    } = inputs::gather(ctx, &pools, &mut clusters, &stored_objects, &records).await?;
+
+    let plan = planner::plan(&pool_inputs, &cluster_inputs, &stored);
+
+    // Namespaces first: allocations live in them.
+    lifecycle::ensure_namespaces(ctx, &clusters, &namespaces, &mut outcome).await;
+
+    let policies: HashMap<&str, ReclaimPolicy> = pool_inputs
+        .iter()
+        .map(|p| (p.name.as_str(), p.reclaim_policy))
+        .chain(deleting_pools.iter().map(|(k, v)| (k.as_str(), *v)))
+        .collect();
+    let by_key: HashMap<Key, &IPAMAllocation> = stored_objects
+        .iter()
+        .map(|o| ((o.namespace().unwrap_or_default(), o.name_any()), o))
+        .collect();
+    let uids: HashMap<String, &Cluster> = clusters
+        .iter()
+        .map(|c| (c.name_any(), c.as_ref()))
+        .collect();
+
+    let mut jobs = Vec::new();
+    for d in &plan.decisions {
+        let key = (cluster_namespace(&d.cluster), d.pool.clone());
+        let existing = by_key.get(&key).copied();
+        let desired = allocation_object(d, existing, policies.get(d.pool.as_str()).copied(), &now);
+        if let Some(job) = AllocationWrite::new(d, existing, desired) {
+            jobs.push(job);
+        }
+    }
+
+    // Commit the pool records first: one compare-and-swap per pool datacenter that is to get
+    // objects written. Only where it succeeded are the objects written.
+    let mut write_failures: HashMap<String, Vec<String>> = HashMap::new();
+    let committed = commit::commit_records(
+        ctx,
+        &pools,
+        &pool_inputs,
+        &plan,
+        &stored_objects,
+        &records,
+        &jobs,
+        &mut outcome,
+    )
+    .await;
+    let mut allowed = Vec::new();
+    for job in jobs {
+        let fenced = job.desired.is_some() && !job.is_status_only();
+        let record = (job.decision.pool.clone(), job.decision.datacenter.clone());
+        if fenced && !committed.contains(&record) {
+            outcome.again = true;
+            continue;
+        }
+        if !due(ctx, "IPAMAllocation", &job.name()) {
+            outcome.again = true;
+            continue;
+        }
+        allowed.push(job);
+    }
+
+    // Allocation writes, in parallel; each result goes into the ledger at once.
+    let results: Vec<(AllocationWrite, Result<WriteDone, kube::Error>)> =
+        futures::stream::iter(allowed)
+            .map(|job| async move {
+                let r = job.execute(ctx, term).await;
+                (job, r)
+            })
+            .buffer_unordered(PARALLEL_WRITES)
+            .collect()
+            .await;
+    for (job, result) in results {
+        match result {
+            Ok(done) => {
+                outcome.writes += done.writes;
+                write_succeeded(ctx, "IPAMAllocation", &job.name());
+                allocations::publish_allocation_event(
+                    ctx,
+                    &job,
+                    uids.get(&job.decision.cluster).copied(),
+                )
+                .await;
+            }
+            Err(e) if is_conflict(&e) || is_not_found(&e) => {
+                tracing::info!(key = ?job.key, error = %e, "stale view of an allocation; re-reading");
+                ctx.metrics
+                    .write_failed("IPAMAllocation", preconditions::reason(&e));
+                allocations::refresh(ctx, &job.key).await;
+                outcome.again = true;
+            }
+            Err(e) => {
+                let message = write_failed(ctx, "IPAMAllocation", &job.name(), job.verb(), &e);
+                outcome.again = true;
+                if let Some(cluster) = uids.get(&job.decision.cluster) {
+                    publish(
+                        ctx,
+                        &cluster_reference(cluster),
+                        true,
+                        "WriteFailed",
+                        format!("IPAMAllocation {}: {message}", job.name()),
+                    )
+                    .await;
+                }
+                write_failures
+                    .entry(job.decision.cluster.clone())
+                    .or_default()
+                    .push(format!("IPAMAllocation {}: {message}", job.name()));
+            }
+        }
+    }
+
+    lifecycle::release_finalizers(ctx, &pools, &clusters, &mut outcome).await;
+    statuses::write_cluster_status(
+        ctx,
+        &clusters,
+        &plan.decisions,
+        &cluster_errors,
+        &write_failures,
+        &now,
+        &mut outcome,
+    )
+    .await;
+    statuses::write_pool_status(
+        ctx,
+        &pools,
+        &pool_inputs,
+        &pool_errors,
+        &plan,
+        &now,
+        &mut outcome,
+    )
+    .await;
+    outcome.retry_after = ctx.backoff.lock().ok().and_then(|b| b.next_due());
+    Ok(outcome)
+}

@@ -1,0 +1,190 @@
+//! Cluster and pool status: conditions, usage, capacity events.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+
+use super::*;
+use crate::controller::Context;
+use crate::planner::{self, Change, Decision, PoolInput};
+use crate::resources::{Cluster, ClusterStatus, IPAMPool, cluster_namespace};
+use crate::status::{self, Overlap};
+use crate::validation::FieldError;
+
+/// `status.namespace` and the `IPAMReady` condition of every cluster, written when changed.
+pub(super) async fn write_cluster_status(
+    ctx: &Context,
+    clusters: &[Arc<Cluster>],
+    decisions: &[Decision],
+    errors: &HashMap<String, Vec<FieldError>>,
+    write_failures: &HashMap<String, Vec<String>>,
+    now: &str,
+    outcome: &mut PassOutcome,
+) {
+    let mut by_cluster: HashMap<&str, Vec<&Decision>> = HashMap::new();
+    for d in decisions {
+        by_cluster.entry(d.cluster.as_str()).or_default().push(d);
+    }
+    let api: Api<Cluster> = Api::all(ctx.writer.clone());
+    let mut jobs = Vec::new();
+    for c in clusters {
+        if c.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let name = c.name_any();
+        let previous = c.status.clone().unwrap_or_default();
+        let mut next = ClusterStatus {
+            namespace: Some(cluster_namespace(&name)),
+            conditions: previous.conditions.clone(),
+        };
+        let (ok, reason, message) = match (errors.get(&name), write_failures.get(&name)) {
+            (_, Some(failed)) => (false, "WriteFailed".to_string(), failed.join("; ")),
+            (Some(errs), None) => (
+                false,
+                "InvalidSpec".to_string(),
+                errs.iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ),
+            (None, None) => {
+                let mine = by_cluster.get(name.as_str()).cloned().unwrap_or_default();
+                if mine.is_empty() {
+                    (
+                        true,
+                        "NoPools".to_string(),
+                        format!("no pool serves datacenter {}", c.spec.datacenter),
+                    )
+                } else {
+                    status::cluster_ipam_condition(&mine)
+                }
+            }
+        };
+        status::set_condition(
+            &mut next.conditions,
+            "IPAMReady",
+            ok,
+            &reason,
+            message,
+            c.metadata.generation,
+            now,
+        );
+        if next == previous {
+            continue;
+        }
+        if !due(ctx, "Cluster", &name) {
+            outcome.again = true;
+            continue;
+        }
+        let api = api.clone();
+        jobs.push(async move {
+            ctx.metrics.wrote("patch", "clusters/status");
+            let r = api
+                .patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "status": next })),
+                )
+                .await;
+            (name, r)
+        });
+    }
+    let results: Vec<(String, Result<Cluster, kube::Error>)> = futures::stream::iter(jobs)
+        .buffer_unordered(PARALLEL_WRITES)
+        .collect()
+        .await;
+    for (name, r) in results {
+        match r {
+            Ok(_) => {
+                outcome.writes += 1;
+                write_succeeded(ctx, "Cluster", &name);
+            }
+            Err(e) => {
+                write_failed(ctx, "Cluster", &name, "patch status of", &e);
+                outcome.again = true;
+            }
+        }
+    }
+}
+
+/// Pool status (usage, capacity conditions, overlap) written when changed, with an event for
+/// every threshold crossed.
+pub(super) async fn write_pool_status(
+    ctx: &Context,
+    pools: &[Arc<IPAMPool>],
+    inputs: &[PoolInput],
+    errors: &HashMap<String, Vec<FieldError>>,
+    plan: &planner::Plan,
+    now: &str,
+    outcome: &mut PassOutcome,
+) {
+    let overlaps: Vec<Overlap> = status::find_overlaps(inputs);
+    let api: Api<IPAMPool> = Api::all(ctx.writer.clone());
+    let mut seen: BTreeSet<(String, String)> = BTreeSet::new();
+    for p in pools {
+        if p.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let name = p.name_any();
+        let reports: Vec<&planner::DatacenterReport> =
+            plan.usage.values().filter(|r| r.pool == name).collect();
+        for r in &reports {
+            let labels = crate::controller::metrics::PoolLabels {
+                pool: r.pool.clone(),
+                datacenter: r.datacenter.clone(),
+            };
+            seen.insert((r.pool.clone(), r.datacenter.clone()));
+            ctx.metrics
+                .pool_utilisation
+                .get_or_create(&labels)
+                .set(r.usage.utilisation_percent() as i64);
+            ctx.metrics
+                .pool_allocations
+                .get_or_create(&labels)
+                .set(r.usage.allocations as i64);
+        }
+        let validation = match errors.get(&name) {
+            Some(e) => Err(e.as_slice()),
+            None => Ok(()),
+        };
+        let conflicts: Vec<&Decision> = plan
+            .decisions
+            .iter()
+            .filter(|d| d.pool == name && d.change == Change::Conflict)
+            .collect();
+        let (next, events) = status::pool_status(
+            &name,
+            p.metadata.generation,
+            validation,
+            &reports,
+            &overlaps,
+            &conflicts,
+            p.status.as_ref(),
+            now,
+        );
+        if p.status.as_ref() != Some(&next) {
+            let mut update = p.as_ref().clone();
+            update.status = Some(next);
+            ctx.metrics.wrote("update", "ipampools/status");
+            match api
+                .replace_status(&name, &PostParams::default(), &update)
+                .await
+            {
+                Ok(_) => outcome.writes += 1,
+                Err(e) => {
+                    write_failed(ctx, "IPAMPool", &name, "update status of", &e);
+                    outcome.again = true;
+                    continue;
+                }
+            }
+            let reference = p.object_ref(&());
+            for ev in events {
+                publish(ctx, &reference, ev.warning, &ev.reason, ev.message).await;
+            }
+        }
+    }
+}
