@@ -132,6 +132,9 @@ pub struct Elector {
     state: Arc<LeaderState>,
     /// The record last seen and when (our clock) it was first seen.
     observed: Option<(String, Instant)>,
+    /// Where to say why the Lease cannot be used (`/readyz`), and the last thing said.
+    metrics: Option<Arc<super::metrics::Metrics>>,
+    last_problem: Option<String>,
 }
 
 impl Elector {
@@ -149,7 +152,15 @@ impl Elector {
             timing,
             state,
             observed: None,
+            metrics: None,
+            last_problem: None,
         }
+    }
+
+    /// Reports Lease problems on `/readyz` too.
+    pub fn with_metrics(mut self, metrics: Arc<super::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Runs until the process ends.
@@ -162,12 +173,26 @@ impl Elector {
             {
                 return;
             }
-            match self.round().await {
+            let result = self.round().await;
+            if result.is_ok() && self.last_problem.take().is_some() {
+                tracing::info!("the leader Lease is usable again");
+                if let Some(m) = &self.metrics {
+                    m.set_not_ready(None);
+                }
+            }
+            match result {
                 Ok(Some(sent)) => self.state.renewed(sent),
                 Ok(None) => self.state.lost(),
                 Err(e) => {
                     let hint = super::preconditions::explain(&e, "update", "leases", &self.name);
-                    tracing::warn!(error = %e, "lease round failed: {hint}");
+                    // One line per distinct problem, not one every retry period.
+                    if self.last_problem.as_deref() != Some(hint.as_str()) {
+                        tracing::error!("cannot use the leader Lease: {hint}");
+                        self.last_problem = Some(hint.clone());
+                    }
+                    if let Some(m) = &self.metrics {
+                        m.set_not_ready(Some(hint));
+                    }
                     if !self.state.holds() {
                         self.state.lost();
                     }

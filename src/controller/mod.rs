@@ -285,7 +285,8 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         &options.identity,
         options.lease,
         leader.clone(),
-    );
+    )
+    .with_metrics(metrics.clone());
     let release_api = Api::<Lease>::namespaced(writer.clone(), &options.namespace);
     let lease_name = format!("kipam-{}", options.seed_name);
     let identity = options.identity.clone();
@@ -358,6 +359,7 @@ async fn planning_loop(ctx: Arc<Context>, wake: Arc<Notify>, resync: Duration) {
     // The leadership term the ledger and records were rebuilt in.
     let mut built_for: Option<u64> = None;
     let mut failures: u32 = 0;
+    let mut last_problem: Option<String> = None;
     loop {
         let holds = ctx.leader.holds();
         ctx.metrics.leader.set(holds as i64);
@@ -377,6 +379,7 @@ async fn planning_loop(ctx: Arc<Context>, wake: Arc<Notify>, resync: Duration) {
                 Ok(()) => {
                     built_for = Some(term);
                     failures = 0;
+                    last_problem = None;
                     tracing::info!(
                         term,
                         "leading: allocations and pool records rebuilt from a fresh list"
@@ -384,7 +387,10 @@ async fn planning_loop(ctx: Arc<Context>, wake: Arc<Notify>, resync: Duration) {
                 }
                 Err(message) => {
                     failures += 1;
-                    tracing::error!("{message} (retrying with backoff)");
+                    if last_problem.as_deref() != Some(message.as_str()) {
+                        tracing::error!("{message} (retrying with backoff)");
+                        last_problem = Some(message.clone());
+                    }
                     ctx.metrics.set_not_ready(Some(message));
                     tokio::time::sleep(backoff::delay(failures)).await;
                     continue;

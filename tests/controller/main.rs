@@ -5,5 +5,6 @@ mod support;
 
 mod crashes;
 mod lifecycle;
+mod preconditions;
 mod promise;
 mod serving;

@@ -71,15 +71,27 @@ fn free_port() -> u16 {
 
 impl Seed {
     pub async fn start(name: &str) -> Seed {
-        let api = ApiServer::start().await.expect("stand-in starts");
+        let seed = Seed::bare(name).await;
+        seed.install_crds();
+        seed.api
+            .apply(
+                &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kipam-system"}}),
+            )
+            .expect("namespace");
+        seed
+    }
+
+    /// kipam's CRDs, as `kubectl apply -f crds/` would install them.
+    pub fn install_crds(&self) {
         for crd in kipam::resources::crds() {
             let value = serde_json::to_value(&crd).expect("CRD serialises");
-            api.apply(&value).expect("CRD registers");
+            self.api.apply(&value).expect("CRD registers");
         }
-        api.apply(
-            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kipam-system"}}),
-        )
-        .expect("namespace");
+    }
+
+    /// An API server with neither kipam's CRDs nor the Lease's namespace.
+    pub async fn bare(name: &str) -> Seed {
+        let api = ApiServer::start().await.expect("stand-in starts");
         let dir = std::env::temp_dir().join(format!("kipam-e2e-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
