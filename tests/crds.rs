@@ -1,5 +1,7 @@
 //! The CRD manifests under `crds/` are generated from the Rust types and must stay in step;
-//! every schema node must carry a `type` (the API server rejects non-structural schemas).
+//! every schema node must carry a `type` (the API server rejects non-structural schemas) and
+//! every string, list and map a bound (the API server refuses CEL rules whose estimated cost
+//! over unbounded input exceeds its budget).
 //!
 //! Regenerate with `KIPAM_UPDATE_CRDS=1 cargo test --test crds` (or `kipam crds --out crds`).
 
@@ -87,6 +89,169 @@ fn every_schema_node_has_a_type() {
             untyped_nodes(&json, &name, &mut bad);
             assert!(bad.is_empty(), "untyped schema nodes in {name}: {bad:?}");
         }
+    }
+}
+
+/// Walks a schema; every string needs `maxLength` (or an `enum`), every list `maxItems`,
+/// every map (`additionalProperties`) and every free-form object `maxProperties`, every
+/// integer or number a `minimum`. Returns the paths of the nodes that break this.
+fn unbounded_nodes(node: &Value, path: &str, out: &mut Vec<String>) {
+    let Some(obj) = node.as_object() else { return };
+    let has = |k: &str| obj.contains_key(k);
+    match obj.get("type").and_then(Value::as_str) {
+        Some("string") if !has("maxLength") && !has("enum") => {
+            out.push(format!("{path}: string without maxLength"))
+        }
+        Some("array") if !has("maxItems") => out.push(format!("{path}: list without maxItems")),
+        Some("integer" | "number") if !has("minimum") => {
+            out.push(format!("{path}: number without minimum"))
+        }
+        Some("object") => {
+            let is_struct = obj
+                .get("properties")
+                .and_then(Value::as_object)
+                .is_some_and(|p| !p.is_empty())
+                && !obj
+                    .get("additionalProperties")
+                    .is_some_and(Value::is_object);
+            if !is_struct && !has("maxProperties") {
+                out.push(format!("{path}: map without maxProperties"));
+            }
+        }
+        _ => {}
+    }
+    if obj.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true)) && !has("maxLength") {
+        out.push(format!("{path}: int-or-string without maxLength"));
+    }
+    if let Some(props) = obj.get("properties").and_then(Value::as_object) {
+        for (k, v) in props {
+            unbounded_nodes(v, &format!("{path}.{k}"), out);
+        }
+    }
+    for key in ["items", "additionalProperties"] {
+        if let Some(v) = obj.get(key)
+            && v.is_object()
+        {
+            unbounded_nodes(v, &format!("{path}[{key}]"), out);
+        }
+    }
+}
+
+/// The guard that would have caught a real server's refusal of the IPAMPool CRD: generic over
+/// every CRD kipam generates, so a new kind is checked without editing this test.
+#[test]
+fn every_string_list_and_map_is_bounded() {
+    let crds = kipam::resources::crds();
+    assert!(!crds.is_empty());
+    for crd in crds {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        for version in &crd.spec.versions {
+            let schema = version
+                .schema
+                .as_ref()
+                .and_then(|s| s.open_api_v3_schema.as_ref())
+                .expect("schema present");
+            let json = serde_json::to_value(schema).expect("schema serialises");
+            let mut bad = Vec::new();
+            unbounded_nodes(&json, &name, &mut bad);
+            assert!(
+                bad.is_empty(),
+                "unbounded schema nodes in {name} {}: {bad:#?}",
+                version.name
+            );
+        }
+    }
+}
+
+#[test]
+fn the_bounds_guard_finds_unbounded_nodes() {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "spec": {
+                "type": "object",
+                "properties": {
+                    "cidr": {"type": "string"},
+                    "mode": {"type": "string", "enum": ["a", "b"]},
+                    "short": {"type": "string", "maxLength": 4},
+                    "list": {"type": "array", "items": {"type": "string", "maxLength": 4}},
+                    "map": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 4}},
+                    "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                    "n": {"type": "integer"},
+                    "m": {"type": "integer", "minimum": 0}
+                }
+            }
+        }
+    });
+    let mut bad = Vec::new();
+    unbounded_nodes(&schema, "x", &mut bad);
+    bad.sort();
+    assert_eq!(
+        bad,
+        vec![
+            "x.spec.cidr: string without maxLength",
+            "x.spec.free: map without maxProperties",
+            "x.spec.list: list without maxItems",
+            "x.spec.map: map without maxProperties",
+            "x.spec.n: number without minimum",
+        ]
+    );
+}
+
+/// The CEL rules of every CRD: immutability of a pool datacenter's `type`, `poolCidr` and
+/// `allocationPrefix`, and the name rules a schema cannot say with a pattern.
+#[test]
+fn cel_rules_are_where_they_belong() {
+    let crds = kipam::resources::crds();
+    let rules = |kind: &str| -> Vec<String> {
+        let crd = crds.iter().find(|c| c.spec.names.kind == kind).unwrap();
+        let json = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+        let mut out = Vec::new();
+        fn collect(v: &Value, out: &mut Vec<String>) {
+            match v {
+                Value::Object(m) => {
+                    if let Some(Value::Array(rs)) = m.get("x-kubernetes-validations") {
+                        for r in rs {
+                            out.push(r["rule"].as_str().unwrap_or_default().to_string());
+                        }
+                    }
+                    m.values().for_each(|x| collect(x, out));
+                }
+                Value::Array(a) => a.iter().for_each(|x| collect(x, out)),
+                _ => {}
+            }
+        }
+        collect(&json, &mut out);
+        out
+    };
+    let pool = rules("IPAMPool");
+    for needle in [
+        "self.poolCidr == oldSelf.poolCidr",
+        "self.type == oldSelf.type",
+        "self.allocationPrefix == oldSelf.allocationPrefix",
+        "size(self.metadata.name) <= 63",
+        "self.all(dc, size(dc) <= 63)",
+    ] {
+        assert!(
+            pool.iter().any(|r| r.contains(needle)),
+            "{needle} in {pool:?}"
+        );
+    }
+    let cluster = rules("Cluster");
+    assert!(
+        cluster
+            .iter()
+            .any(|r| r.contains("size(self.metadata.name) <= 55"))
+    );
+    assert!(
+        cluster
+            .iter()
+            .any(|r| r.contains("self.all(pool, size(pool) <= 63)"))
+    );
+    // No rule runs a regular expression over a map key: the server cannot bound a key's
+    // length, so such a rule's estimated cost is unbounded.
+    for r in pool.iter().chain(&cluster) {
+        assert!(!r.contains("matches("), "{r}");
     }
 }
 
