@@ -294,7 +294,7 @@ mod tests {
         };
         assert_eq!(check_spec("IPAMPool", &spec("dc-1", ok.clone())), vec![]);
 
-        let long = format!("{}/0128", ["0000"; 8].join(":"));
+        let long = "0000:0000:0000:0000:0000:ffff:100.10.0.0/112".to_string();
         assert_eq!(long.len(), 44);
         let bad = IPAMPoolDatacenter {
             pool_cidr: long.clone(),
