@@ -417,4 +417,34 @@ mod tests {
         let errs = prune_default_validate(&schema(), &mut o);
         assert_eq!(errs, vec!["spec.size: Required value".to_string()]);
     }
+
+    #[test]
+    fn patterns_formats_and_unknown_fields() {
+        let schema = json!({
+            "type": "object",
+            "properties": {"spec": {"type": "object", "properties": {
+                "name": {"type": "string", "maxLength": 5, "pattern": "^[a-z]+$"},
+                "at": {"type": "string", "format": "date-time"},
+                "m": {"type": "object", "maxProperties": 1,
+                      "additionalProperties": {"type": "object", "properties": {"x": {"type": "string"}}}}
+            }}}
+        });
+        let mut o =
+            json!({"spec": {"name": "abc", "at": "2026-01-02T03:04:05Z", "m": {"k": {"x": "1"}}}});
+        let c = check(&schema, &mut o);
+        assert!(c.errors.is_empty() && c.unknown.is_empty(), "{c:?}");
+        let mut o = json!({"spec": {"name": "Abcdef", "at": "yesterday", "m": {"k": {"y": 1}, "l": {}}, "z": 1}});
+        let c = check(&schema, &mut o);
+        assert_eq!(
+            c.errors,
+            vec![
+                "spec.at: Invalid value: \"yesterday\": spec.at in body must be of type date-time: \"yesterday\"",
+                "spec.m: Too many: 2: must have at most 1 items",
+                "spec.name: Too long: may not be more than 5 bytes",
+                "spec.name: Invalid value: \"Abcdef\": spec.name in body should match '^[a-z]+$'",
+            ]
+        );
+        assert_eq!(c.unknown, vec!["spec.z", "spec.m[k].y"]);
+        assert_eq!(o["spec"]["m"]["k"], json!({}));
+    }
 }
