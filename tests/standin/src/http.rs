@@ -393,6 +393,21 @@ fn to_partial(obj: &Value) -> Value {
     })
 }
 
+/// One write to the store: what it answers (object, HTTP code).
+type Write<'a> = Box<dyn FnOnce(&mut Store) -> Result<(Value, u16), ApiError> + 'a>;
+
+/// Runs a write under one lock of the store, with the `Warning`s it produced.
+fn write_with_warnings(
+    shared: &Shared,
+    f: Write<'_>,
+) -> Result<((Value, u16), Vec<String>), ApiError> {
+    let mut store = shared.lock_store();
+    store.take_warnings();
+    let result = f(&mut store);
+    let warnings = store.take_warnings();
+    result.map(|r| (r, warnings))
+}
+
 fn handle_resource(shared: &Arc<Shared>, req: ResourceRequest<'_>) -> Result<Response, ApiError> {
     let rp = req.rp;
     let rt = shared
@@ -422,14 +437,7 @@ fn handle_resource(shared: &Arc<Shared>, req: ResourceRequest<'_>) -> Result<Res
             q.get("fieldValidation").map(String::as_str).unwrap_or(""),
         )?,
     };
-    // A write, with the warnings it produced (cleared before, taken after, under one lock).
-    let write = |f: &mut dyn FnMut(&mut Store) -> Result<(Value, u16), ApiError>| {
-        let mut store = shared.lock_store();
-        store.take_warnings();
-        let result = f(&mut store);
-        let warnings = store.take_warnings();
-        result.map(|r| (r, warnings))
-    };
+    let write = |f| write_with_warnings(shared, f);
     let ns = rp.namespace.as_deref();
     let (meta_one, meta_list) = metadata_only(req.accept);
     let answer = |code: u16, v: Value| {
@@ -489,26 +497,24 @@ fn handle_resource(shared: &Arc<Shared>, req: ResourceRequest<'_>) -> Result<Res
                     "POST is not supported on this path",
                 ));
             }
-            let mut body = Some(parse_body(req.body, req.content_type)?);
-            let ((v, code), warnings) = write(&mut |s| {
-                let body = body.take().unwrap_or_default();
+            let body = parse_body(req.body, req.content_type)?;
+            let ((v, code), warnings) = write(Box::new(|s| {
                 s.create(&rt, ns, body, opts).map(|v| (v, 201))
-            })?;
+            }))?;
             Ok(with_warnings(answer(code, v), &warnings))
         }
         ("PUT", Some(name)) => {
-            let mut body = Some(parse_body(req.body, req.content_type)?);
-            let ((v, code), warnings) = write(&mut |s| {
-                let body = body.take().unwrap_or_default();
+            let body = parse_body(req.body, req.content_type)?;
+            let ((v, code), warnings) = write(Box::new(|s| {
                 s.update(&target(name), body, opts)
                     .map(|(v, created)| (v, if created { 201 } else { 200 }))
-            })?;
+            }))?;
             Ok(with_warnings(answer(code, v), &warnings))
         }
         ("PATCH", Some(name)) => {
             let kind = PatchKind::from_content_type(req.content_type)
                 .ok_or_else(|| ApiError::unsupported_media_type(req.content_type))?;
-            let ((v, code), warnings) = write(&mut |s| {
+            let ((v, code), warnings) = write(Box::new(|s| {
                 s.patch(
                     &target(name),
                     kind,
@@ -518,7 +524,7 @@ fn handle_resource(shared: &Arc<Shared>, req: ResourceRequest<'_>) -> Result<Res
                     opts,
                 )
                 .map(|(v, created)| (v, if created { 201 } else { 200 }))
-            })?;
+            }))?;
             Ok(with_warnings(answer(code, v), &warnings))
         }
         ("DELETE", name) => {
