@@ -69,8 +69,9 @@ pub async fn run(ctx: &Arc<Context>) -> Result<PassOutcome, kube::Error> {
 
     add_finalizers(ctx, &pools, &clusters, &mut outcome).await;
 
-    // Inputs for the planner. Invalid objects are left out *together with their allocations*,
-    // so a bad edit never releases anything.
+    // Inputs for the planner. An invalid pool is left out *together with its allocations*
+    // (nothing of it is planned, so nothing is handed out or released); an invalid cluster is
+    // frozen (below). Either way a bad edit never releases or re-uses anything.
     let mut pool_inputs: Vec<PoolInput> = Vec::new();
     let mut pool_errors: HashMap<String, Vec<FieldError>> = HashMap::new();
     let mut frozen_pools: HashSet<String> = HashSet::new();
@@ -95,6 +96,21 @@ pub async fn run(ctx: &Arc<Context>) -> Result<PassOutcome, kube::Error> {
         match validation::cluster_input(cluster) {
             Ok(input) => cluster_inputs.push(input),
             Err(errors) => {
+                // An invalid cluster is frozen, not forgotten: it keeps what it holds and its
+                // addresses stay reserved (the planner must see them, or it would hand them to
+                // another cluster); it gets nothing new and nothing of it is written.
+                cluster_inputs.push(ClusterInput {
+                    name: cluster.name_any(),
+                    created: cluster
+                        .metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map(|t| t.0.to_string()),
+                    datacenter: cluster.spec.datacenter.clone(),
+                    overrides: BTreeMap::new(),
+                    deleting: false,
+                    paused: true,
+                });
                 cluster_errors.insert(cluster.name_any(), errors);
             }
         }
@@ -103,7 +119,7 @@ pub async fn run(ctx: &Arc<Context>) -> Result<PassOutcome, kube::Error> {
     for obj in &stored_objects {
         match validation::stored_allocation(obj) {
             Ok(mut s) => {
-                if frozen_pools.contains(&s.pool) || cluster_errors.contains_key(&s.cluster) {
+                if frozen_pools.contains(&s.pool) {
                     continue;
                 }
                 if let Some(policy) = deleting_pools.get(&s.pool) {
@@ -142,6 +158,9 @@ pub async fn run(ctx: &Arc<Context>) -> Result<PassOutcome, kube::Error> {
     // Allocation writes, in parallel; each result goes into the ledger at once.
     let mut jobs = Vec::new();
     for d in &plan.decisions {
+        if cluster_errors.contains_key(&d.cluster) {
+            continue; // frozen: what it holds is only reserved
+        }
         let key = (cluster_namespace(&d.cluster), d.pool.clone());
         let existing = by_key.get(&key).copied();
         let desired = allocation_object(d, existing, policies.get(d.pool.as_str()).copied(), &now);

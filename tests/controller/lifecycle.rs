@@ -72,3 +72,33 @@ async fn reclaim_policies_datacenter_removal_and_cluster_deletion() {
     assert_eq!(seed.held("c", "metallb-ipv6"), "2001:db8::10-2001:db8::1f");
     seed.assert_no_overlap_no_leak();
 }
+
+/// A cluster whose spec becomes invalid keeps what it holds, and what it holds stays reserved:
+/// another cluster never gets its addresses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_cluster_keeps_its_addresses_reserved() {
+    let seed = Seed::start("invalid-cluster").await;
+    let _ctl = seed.controller("ctl");
+    seed.apply(POOLS);
+    seed.cluster("a", "dc-1");
+    seed.wait_for("a allocated", WAIT, "ctl", |s| {
+        s.phase("a", "metallb") == "Allocated"
+    })
+    .await;
+    let held = seed.held("a", "metallb");
+    // The schema accepts this override, validation does not (at most one setting per pool).
+    seed.api
+        .apply(&serde_json::json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Cluster",
+            "metadata": {"name": "a"},
+            "spec": {"datacenter": "dc-1", "ipam": {"metallb": {"allocationRange": 2, "optOut": true}}},
+        }))
+        .expect("the server accepts the edit");
+    seed.cluster("b", "dc-1");
+    seed.wait_for("b allocated", WAIT, "ctl", |s| {
+        s.phase("b", "metallb") == "Allocated"
+    })
+    .await;
+    assert_eq!(seed.held("a", "metallb"), held);
+    seed.assert_no_overlap_no_leak();
+}
