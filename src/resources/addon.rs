@@ -5,6 +5,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::Condition;
+use super::bounds::*;
 
 /// An addon installed in one user cluster. Lives in the cluster's namespace; `spec.name`
 /// picks the templates (`addons/<name>/`).
@@ -26,10 +27,11 @@ use super::Condition;
 #[serde(rename_all = "camelCase")]
 pub struct AddonSpec {
     /// The addon to render, a directory under the addons directory (e.g. `metallb`).
+    #[schemars(length(max = MAX_LABEL), pattern(PATTERN_DNS_LABEL))]
     pub name: String,
     /// Free-form values the templates see as `Variables`.
     #[serde(default)]
-    #[schemars(schema_with = "super::free_form_object")]
+    #[schemars(schema_with = "super::free_form_object", extend("maxProperties" = MAX_VARIABLES))]
     pub variables: serde_json::Map<String, serde_json::Value>,
 }
 
@@ -39,15 +41,19 @@ pub struct AddonSpec {
 pub struct AddonStatus {
     /// `Rendered`, `Applied`, `InSync`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_CONDITIONS))]
     pub conditions: Vec<Condition>,
     /// The objects last applied to the user cluster (used to prune what is no longer rendered).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_APPLIED_OBJECTS))]
     pub applied_objects: Vec<AppliedObject>,
     /// Hash of the last applied manifests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_HASH))]
     pub last_applied_hash: Option<String>,
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub observed_generation: Option<i64>,
 }
 
@@ -58,12 +64,16 @@ pub struct AddonStatus {
 #[serde(rename_all = "camelCase")]
 pub struct AppliedObject {
     /// `group/version`, or `version` for the core group.
+    #[schemars(length(max = MAX_API_VERSION))]
     pub api_version: String,
     /// Kind of the object.
+    #[schemars(length(max = MAX_KIND))]
     pub kind: String,
     /// Namespace of the object; empty for cluster-scoped objects.
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = MAX_LABEL))]
     pub namespace: String,
     /// Name of the object.
+    #[schemars(length(max = MAX_SUBDOMAIN))]
     pub name: String,
 }

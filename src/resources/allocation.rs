@@ -4,6 +4,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::bounds::*;
 use super::{AllocationType, Condition};
 
 /// The addresses one user cluster holds from one pool. Lives in the cluster's namespace
@@ -33,13 +34,19 @@ pub struct IPAMAllocationSpec {
     #[serde(rename = "type")]
     pub type_: AllocationType,
     /// The datacenter of the pool the addresses come from.
+    #[schemars(length(max = MAX_LABEL), pattern(PATTERN_DNS_LABEL))]
     pub dc: String,
     /// `prefix` allocations: the subnet held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_CIDR), pattern(PATTERN_CIDR))]
     pub cidr: Option<String>,
     /// `range` allocations: the addresses held, as `first-last` pieces. Several disjoint
     /// pieces are normal; growth appends pieces and never rewrites one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = MAX_ALLOCATION_PIECES),
+        inner(length(max = MAX_ADDRESS_RANGE), pattern(PATTERN_ADDRESS_RANGE))
+    )]
     pub addresses: Vec<String>,
 }
 
@@ -82,11 +89,14 @@ pub struct IPAMAllocationStatus {
     pub phase: Option<AllocationPhase>,
     /// Why the allocation is in its phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_MESSAGE))]
     pub message: Option<String>,
     /// When the addresses were first handed out (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_TIMESTAMP), extend("format" = "date-time"))]
     pub allocated_at: Option<String>,
     /// Detailed conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_CONDITIONS))]
     pub conditions: Vec<Condition>,
 }

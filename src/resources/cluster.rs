@@ -7,6 +7,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::Condition;
+use super::bounds::*;
 
 /// A user cluster served by this seed. kipam gives it the namespace `cluster-<name>` and one
 /// `IPAMAllocation` there for every pool that lists its datacenter.
@@ -27,12 +28,20 @@ use super::Condition;
 #[serde(rename_all = "camelCase")]
 pub struct ClusterSpec {
     /// The datacenter the cluster runs in; pools listing it serve the cluster.
+    #[schemars(length(max = MAX_LABEL), pattern(PATTERN_DNS_LABEL))]
     pub datacenter: String,
     /// Where the cluster's kubeconfig is, to push addons into it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeconfig: Option<KubeconfigReference>,
     /// Pool name -> how this cluster departs from the pool's defaults.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend(
+        "maxProperties" = MAX_OVERRIDES,
+        "x-kubernetes-validations" = [{
+            "rule": format!("self.all(pool, size(pool) <= {MAX_LABEL})"),
+            "message": format!("pool names must be at most {MAX_LABEL} characters"),
+        }]
+    ))]
     pub ipam: BTreeMap<String, ClusterPoolOverride>,
     /// When true, kipam leaves the cluster alone (no allocation, growth or release).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -52,11 +61,14 @@ pub struct KubeconfigReference {
 #[serde(rename_all = "camelCase")]
 pub struct SecretKeyRef {
     /// Namespace of the Secret.
+    #[schemars(length(max = MAX_LABEL), pattern(PATTERN_DNS_LABEL))]
     pub namespace: String,
     /// Name of the Secret.
+    #[schemars(length(max = MAX_SUBDOMAIN), pattern(PATTERN_DNS_SUBDOMAIN))]
     pub name: String,
     /// Key inside the Secret (default `kubeconfig`).
     #[serde(default = "default_kubeconfig_key")]
+    #[schemars(length(max = MAX_SECRET_KEY), pattern(PATTERN_SECRET_KEY))]
     pub key: String,
 }
 
@@ -71,16 +83,23 @@ fn default_kubeconfig_key() -> String {
 pub struct ClusterPoolOverride {
     /// `range` pools: this many addresses instead of the pool's `allocationRange`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_ALLOCATION_RANGE))]
     pub allocation_range: Option<i64>,
     /// `prefix` pools: a subnet of this length instead of the pool's `allocationPrefix`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = MAX_PREFIX_LENGTH))]
     pub allocation_prefix: Option<i32>,
     /// `range` pools: exactly these addresses (`a.b.c.d`, `first-last` or CIDR pieces), or a
     /// clear refusal.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = MAX_OVERRIDE_PIECES),
+        inner(length(max = MAX_ADDRESS_RANGE), pattern(PATTERN_ADDRESS_RANGE))
+    )]
     pub addresses: Vec<String>,
     /// `prefix` pools: exactly this subnet, or a clear refusal.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_CIDR), pattern(PATTERN_CIDR))]
     pub cidr: Option<String>,
     /// No allocation from this pool; an existing one is released.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -93,8 +112,10 @@ pub struct ClusterPoolOverride {
 pub struct ClusterStatus {
     /// The namespace holding the cluster's allocations and addons.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_LABEL), pattern(PATTERN_DNS_LABEL))]
     pub namespace: Option<String>,
     /// `IPAMReady`, `AddonsReady`, ...
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_CONDITIONS))]
     pub conditions: Vec<Condition>,
 }

@@ -6,6 +6,7 @@
 
 mod addon;
 mod allocation;
+pub mod bounds;
 mod cluster;
 mod condition;
 mod pool;
@@ -53,23 +54,66 @@ pub fn now_rfc3339() -> String {
 
 /// The namespace kipam keeps a cluster's allocations and addons in.
 pub fn cluster_namespace(cluster: &str) -> String {
-    format!("cluster-{cluster}")
+    format!("{}{cluster}", bounds::CLUSTER_NAMESPACE_PREFIX)
 }
 
 /// The cluster a `cluster-<name>` namespace belongs to.
 pub fn cluster_of_namespace(namespace: &str) -> Option<&str> {
-    namespace.strip_prefix("cluster-").filter(|n| !n.is_empty())
+    namespace
+        .strip_prefix(bounds::CLUSTER_NAMESPACE_PREFIX)
+        .filter(|n| !n.is_empty())
 }
 
 /// Every CRD, in a stable order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![
-        IPAMPool::crd(),
+        with_name_rule(
+            IPAMPool::crd(),
+            bounds::MAX_LABEL,
+            "the pool name is the name of its IPAMAllocations and a label value",
+        ),
         IPAMAllocation::crd(),
-        Cluster::crd(),
+        with_name_rule(
+            Cluster::crd(),
+            bounds::MAX_CLUSTER_NAME,
+            "the namespace cluster-<name> must be a DNS-1123 label",
+        ),
         Addon::crd(),
         IPAMPoolRecord::crd(),
     ]
+}
+
+/// Adds a CEL rule on the object's root that narrows `metadata.name` from the DNS-1123
+/// subdomain the server already requires to a label of at most `max` characters. A name
+/// without dots that is a subdomain is a label, so the rule needs no regular expression and
+/// costs next to nothing.
+fn with_name_rule(
+    mut crd: CustomResourceDefinition,
+    max: u32,
+    why: &str,
+) -> CustomResourceDefinition {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::ValidationRule;
+    for version in &mut crd.spec.versions {
+        if let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        {
+            schema
+                .x_kubernetes_validations
+                .get_or_insert_with(Vec::new)
+                .push(ValidationRule {
+                    rule: format!(
+                        "size(self.metadata.name) <= {max} && !self.metadata.name.contains('.')"
+                    ),
+                    message: Some(format!(
+                        "metadata.name must be a DNS-1123 label of at most {max} characters: {why}"
+                    )),
+                    ..Default::default()
+                });
+        }
+    }
+    crd
 }
 
 /// Every CRD as `(file name, YAML)`, the layout of `crds/` (`<plural>.<group>.yaml`).

@@ -7,6 +7,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::Condition;
+use super::bounds::*;
 
 /// An IP pool that kipam divides between the user clusters of each listed datacenter.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -28,7 +29,14 @@ use super::Condition;
 #[serde(rename_all = "camelCase")]
 pub struct IPAMPoolSpec {
     /// Datacenter name -> the pool's settings in that datacenter. Must not be empty.
-    #[schemars(extend("minProperties" = 1))]
+    #[schemars(extend(
+        "minProperties" = 1,
+        "maxProperties" = MAX_DATACENTERS,
+        "x-kubernetes-validations" = [{
+            "rule": format!("self.all(dc, size(dc) <= {MAX_LABEL})"),
+            "message": format!("datacenter names must be at most {MAX_LABEL} characters"),
+        }]
+    ))]
     pub datacenters: BTreeMap<String, IPAMPoolDatacenter>,
     /// What deleting the pool (or removing a datacenter from it) does to its allocations:
     /// `Delete` (the default, as KKP) removes them, `Retain` keeps them, unmanaged but still
@@ -55,23 +63,32 @@ pub struct IPAMPoolDatacenter {
     pub type_: AllocationType,
     /// The pool's network in CIDR notation, IPv4 or IPv6 (`192.168.1.0/26`, `2001:db8::/64`).
     /// Host bits must be zero. Immutable.
+    #[schemars(length(max = MAX_CIDR), pattern(PATTERN_CIDR))]
     pub pool_cidr: String,
     /// `range` pools: addresses per cluster, at least 1 and at most the pool size. Raising it
     /// grows existing allocations; lowering it releases nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_ALLOCATION_RANGE))]
     pub allocation_range: Option<i64>,
     /// `prefix` pools: the subnet length per cluster, between the pool's prefix length and 32
     /// (IPv4) or 128 (IPv6). Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0, max = 128))]
+    #[schemars(range(min = 0, max = MAX_PREFIX_LENGTH))]
     pub allocation_prefix: Option<i32>,
     /// `range` pools: addresses (`192.168.1.1`), ranges (`192.168.1.5-192.168.1.7`) or CIDRs
     /// kept out of allocations.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = MAX_EXCLUSIONS),
+        inner(length(max = MAX_ADDRESS_RANGE), pattern(PATTERN_ADDRESS_RANGE))
+    )]
     pub exclude_ranges: Vec<String>,
     /// `prefix` pools: subnets (`192.168.1.0/30`) kept out of allocations.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = MAX_EXCLUSIONS),
+        inner(length(max = MAX_CIDR), pattern(PATTERN_CIDR))
+    )]
     pub exclude_prefixes: Vec<String>,
     /// How free space is chosen: `FirstFit` (default, KKP's behaviour: lowest free addresses)
     /// or `BestFit` (Butler's: the smallest free block that fits).
@@ -134,19 +151,24 @@ impl ReclaimPolicy {
 pub struct IPAMPoolStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub observed_generation: Option<i64>,
     /// `Ready`, `CapacityWarning` (>= 70 % used), `CapacityCritical` (>= 85 %),
     /// `CapacityExhausted` (>= 95 %), `Overlap`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_CONDITIONS))]
     pub conditions: Vec<Condition>,
     /// Usage per datacenter.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = MAX_DATACENTERS))]
     pub datacenters: BTreeMap<String, DatacenterUsage>,
     /// The highest `utilisationPercent` over all datacenters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
     pub max_utilisation_percent: Option<i32>,
     /// Number of allocations over all datacenters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub allocations: Option<i64>,
 }
 
@@ -156,19 +178,27 @@ pub struct IPAMPoolStatus {
 #[serde(rename_all = "camelCase")]
 pub struct DatacenterUsage {
     /// Addresses in `poolCidr`.
+    #[schemars(length(max = MAX_COUNT_DIGITS), pattern(PATTERN_COUNT))]
     pub total: String,
     /// Addresses held by allocations.
+    #[schemars(length(max = MAX_COUNT_DIGITS), pattern(PATTERN_COUNT))]
     pub allocated: String,
     /// Addresses removed by exclusions.
+    #[schemars(length(max = MAX_COUNT_DIGITS), pattern(PATTERN_COUNT))]
     pub excluded: String,
     /// Addresses free to allocate.
+    #[schemars(length(max = MAX_COUNT_DIGITS), pattern(PATTERN_COUNT))]
     pub available: String,
     /// Number of allocations.
+    #[schemars(range(min = 0))]
     pub allocations: i64,
     /// The largest contiguous run of free addresses.
+    #[schemars(length(max = MAX_COUNT_DIGITS), pattern(PATTERN_COUNT))]
     pub largest_free_block: String,
     /// `100 * (1 - largestFreeBlock / available)`, floored; 0 when nothing is free.
+    #[schemars(range(min = 0, max = 100))]
     pub fragmentation_percent: i32,
     /// `100 * allocated / (total - excluded)`, floored.
+    #[schemars(range(min = 0, max = 100))]
     pub utilisation_percent: i32,
 }

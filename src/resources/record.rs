@@ -15,9 +15,8 @@ use serde::{Deserialize, Serialize};
 /// headroom for metadata.
 pub const MAX_RECORD_BYTES: usize = 1_000_000;
 
-/// Most clusters one record lists (a DNS-1123 cluster name and an IPv4 range take about 60
-/// bytes, so this stays well inside [`MAX_RECORD_BYTES`] for ordinary names).
-pub const MAX_RECORD_ENTRIES: u32 = 15_000;
+pub use super::bounds::MAX_RECORD_ENTRIES;
+use super::bounds::{MAX_ADDRESS_RANGE, MAX_ALLOCATION_PIECES, MAX_CIDR, MAX_LABEL};
 
 /// The addresses every cluster holds from one pool in one datacenter, written by kipam only.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -36,10 +35,10 @@ pub const MAX_RECORD_ENTRIES: u32 = 15_000;
 #[serde(rename_all = "camelCase")]
 pub struct IPAMPoolRecordSpec {
     /// The pool.
-    #[schemars(length(min = 1, max = 63))]
+    #[schemars(length(min = 1, max = MAX_LABEL))]
     pub pool: String,
     /// The datacenter of the pool.
-    #[schemars(length(min = 1, max = 63))]
+    #[schemars(length(min = 1, max = MAX_LABEL))]
     pub datacenter: String,
     /// Cluster name -> the addresses it holds. An address listed here is never handed to
     /// another cluster.
@@ -54,11 +53,11 @@ pub struct IPAMPoolRecordSpec {
 pub struct Reservation {
     /// The subnet held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 43))]
+    #[schemars(length(max = MAX_CIDR))]
     pub cidr: Option<String>,
     /// The address pieces held, as `first-last`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 4096), inner(length(max = 79)))]
+    #[schemars(length(max = MAX_ALLOCATION_PIECES), inner(length(max = MAX_ADDRESS_RANGE)))]
     pub addresses: Vec<String>,
 }
 

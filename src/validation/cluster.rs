@@ -6,34 +6,25 @@ use crate::address::{AddrRange, Cidr};
 use crate::planner::{ClusterInput, PoolOverride};
 use crate::resources::{Cluster, ClusterPoolOverride};
 
-use super::{Errors, FieldError, is_dns_label};
-
-/// Longest cluster name whose namespace `cluster-<name>` is still a valid label (63).
-const MAX_CLUSTER_NAME: usize = 63 - "cluster-".len();
+use super::{Errors, FieldError, names};
 
 /// Checks a cluster and returns the planner's view of it.
 pub fn cluster_input(cluster: &Cluster) -> Result<ClusterInput, Vec<FieldError>> {
     let name = cluster.metadata.name.clone().unwrap_or_default();
     let mut errors = Errors::new(format!("Cluster {name}"));
-    if !is_dns_label(&name, MAX_CLUSTER_NAME) {
-        errors.add(
-            "metadata.name",
-            &name,
-            format!(
-                "must be a DNS label of at most {MAX_CLUSTER_NAME} characters \
-                 (lowercase letters, digits, '-'), so that namespace cluster-<name> is valid"
-            ),
-        );
-    }
-    if cluster.spec.datacenter.is_empty() {
-        errors.add("spec.datacenter", "", "is required");
-    }
+    errors.check(names::cluster_name("metadata.name", &name));
+    errors.check(names::datacenter_name(
+        "spec.datacenter",
+        &cluster.spec.datacenter,
+    ));
     let mut overrides = BTreeMap::new();
     for (pool, o) in &cluster.spec.ipam {
+        errors.check(names::pool_name("spec.ipam", pool));
         if let Some(parsed) = pool_override(pool, o, &mut errors) {
             overrides.insert(pool.clone(), parsed);
         }
     }
+    errors.check_schema("Cluster", &cluster.spec);
     errors.into_result(ClusterInput {
         name,
         created: cluster

@@ -6,7 +6,9 @@
 
 mod allocation;
 mod cluster;
+pub mod names;
 mod pool;
+mod schema;
 
 pub use allocation::stored_allocation;
 pub use cluster::cluster_input;
@@ -68,6 +70,26 @@ impl Errors {
         });
     }
 
+    /// Records the error of a check that returns one (see [`names`]).
+    pub fn check(&mut self, result: Result<(), FieldError>) {
+        if let Err(mut e) = result {
+            e.object = self.object.clone();
+            self.list.push(e);
+        }
+    }
+
+    /// Checks `spec` against the bounds of `kind`'s CRD schema. A field that already has an
+    /// error keeps only that one: one clear reason per field.
+    pub fn check_schema(&mut self, kind: &str, spec: &impl serde::Serialize) {
+        for mut e in schema::check_spec(kind, spec) {
+            if self.list.iter().any(|x| x.field == e.field) {
+                continue;
+            }
+            e.object = self.object.clone();
+            self.list.push(e);
+        }
+    }
+
     pub fn into_result<T>(self, value: T) -> Result<T, Vec<FieldError>> {
         if self.list.is_empty() {
             Ok(value)
@@ -79,20 +101,4 @@ impl Errors {
     pub fn into_vec(self) -> Vec<FieldError> {
         self.list
     }
-}
-
-/// A valid DNS-1123 label of at most `max` characters.
-pub(crate) fn is_dns_label(name: &str, max: usize) -> bool {
-    !name.is_empty()
-        && name.len() <= max
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
-}
-
-/// A valid DNS-1123 subdomain (object names of most kinds).
-pub(crate) fn is_dns_subdomain(name: &str) -> bool {
-    name.len() <= 253 && name.split('.').all(|part| is_dns_label(part, 63))
 }

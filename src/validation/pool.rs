@@ -7,21 +7,18 @@ use crate::allocator::{PoolConfig, PoolKind, Strategy};
 use crate::planner::{DatacenterInput, PoolInput, StoredAllocation};
 use crate::resources::{AllocationType, IPAMPool, IPAMPoolDatacenter, PoolStrategy};
 
-use super::{Errors, FieldError, is_dns_subdomain};
+use super::{Errors, FieldError, names};
 
 /// Checks a pool on its own (the creation rules) and returns the planner's view of it.
 pub fn pool_input(pool: &IPAMPool) -> Result<PoolInput, Vec<FieldError>> {
     let name = pool.metadata.name.clone().unwrap_or_default();
     let mut errors = Errors::new(format!("IPAMPool {name}"));
-    if !is_dns_subdomain(&name) {
-        errors.add(
-            "metadata.name",
-            &name,
-            "must be a DNS subdomain: lowercase letters, digits, '-' and '.'",
-        );
-    }
+    errors.check(names::pool_name("metadata.name", &name));
     if pool.spec.datacenters.is_empty() {
         errors.add("spec.datacenters", "", "must list at least one datacenter");
+    }
+    for dc in pool.spec.datacenters.keys() {
+        errors.check(names::datacenter_name("spec.datacenters", dc));
     }
     let mut datacenters = BTreeMap::new();
     for (dc, settings) in &pool.spec.datacenters {
@@ -29,6 +26,7 @@ pub fn pool_input(pool: &IPAMPool) -> Result<PoolInput, Vec<FieldError>> {
             datacenters.insert(dc.clone(), input);
         }
     }
+    errors.check_schema("IPAMPool", &pool.spec);
     errors.into_result(PoolInput {
         name,
         reclaim_policy: pool.spec.reclaim_policy,
@@ -72,13 +70,6 @@ fn datacenter_input(
     settings: &IPAMPoolDatacenter,
     errors: &mut Errors,
 ) -> Option<DatacenterInput> {
-    if dc.is_empty() {
-        errors.add(
-            "spec.datacenters",
-            "",
-            "a datacenter name must not be empty",
-        );
-    }
     let cidr = match settings.pool_cidr.parse::<Cidr>() {
         Ok(c) => Some(c),
         Err(e) => {

@@ -279,6 +279,51 @@ fn validate_command() {
     );
 }
 
+/// `kipam validate` enforces the CRDs' bounds and the name rules, so a file it accepts is one
+/// a real API server accepts too.
+#[test]
+fn validate_enforces_the_crd_bounds_and_names() {
+    let w = Workdir::new("validate-bounds");
+    // 44 characters, a well-formed CIDR of the right shape: only the bound refuses it.
+    let long = "0000:0000:0000:0000:0000:ffff:100.10.0.0/112";
+    let file = w.write(
+        "pools.yaml",
+        &format!(
+            "apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata:
+  name: long
+spec:
+  datacenters:
+    dc-1:
+      type: prefix
+      poolCidr: \"{long}\"
+      allocationPrefix: 120
+---
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata:
+  name: spaced
+spec:
+  datacenters:
+    eu west:
+      type: range
+      poolCidr: 10.0.0.0/24
+      allocationRange: 4
+"
+        ),
+    );
+    let run = kipam(&["validate", "-f", file.to_str().unwrap()]);
+    assert_eq!(run.status.code(), Some(1));
+    assert_eq!(
+        text(&run.stderr),
+        format!(
+            "IPAMPool long: spec.datacenters[dc-1].poolCidr \"{long}\": must be at most 43 characters, is 44\n\
+             IPAMPool spaced: spec.datacenters \"eu west\": must be a DNS-1123 label: lowercase letters, digits and '-', starting and ending with a letter or digit (it is the value of label ipam.kipam.dev/datacenter and part of object names)\n"
+        )
+    );
+}
+
 #[test]
 fn crds_command_prints_what_crds_holds() {
     let run = kipam(&["crds"]);

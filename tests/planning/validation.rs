@@ -274,11 +274,122 @@ spec:
     assert_eq!(
         got,
         vec![
-            "Cluster Bad_Name: metadata.name \"Bad_Name\": must be a DNS label of at most 55 characters (lowercase letters, digits, '-'), so that namespace cluster-<name> is valid",
+            "Cluster Bad_Name: metadata.name \"Bad_Name\": must be a DNS-1123 label: lowercase letters, digits and '-', starting and ending with a letter or digit (kipam keeps the cluster's objects in namespace cluster-<name>)",
             "Cluster Bad_Name: spec.datacenter: is required",
             "Cluster Bad_Name: spec.ipam[metallb].allocationRange \"0\": must be at least 1",
             "Cluster Bad_Name: spec.ipam[other] \"cidr, optOut\": set at most one of allocationRange, allocationPrefix, addresses, cidr, optOut",
             "Cluster Bad_Name: spec.ipam[third].addresses[0] \"10.0.0.9-10.0.0.1\": is not valid: \"10.0.0.9-10.0.0.1\" is not a range: the first address is after the last",
+        ]
+    );
+}
+
+/// Names kipam turns into object names, namespaces and label values are refused with the
+/// field and the rule when they could not be used there.
+#[test]
+fn names_must_fit_where_kipam_puts_them() {
+    let pool_with = |name: &str, dc: &str| {
+        format!(
+            "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata:\n  name: {name}\nspec:\n  datacenters:\n    \"{dc}\":\n      type: range\n      poolCidr: 10.0.0.0/24\n      allocationRange: 4\n"
+        )
+    };
+    assert!(messages(&pool_with("metallb", &"d".repeat(63))).is_empty());
+    let got = messages(&pool_with("metallb", "eu west"));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(
+        got[0].starts_with(
+            "IPAMPool metallb: spec.datacenters \"eu west\": must be a DNS-1123 label"
+        ),
+        "{got:?}"
+    );
+    let got = messages(&pool_with("metallb", &"d".repeat(64)));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(
+        got[0].contains("spec.datacenters")
+            && got[0].contains("must be at most 63 characters, is 64"),
+        "{got:?}"
+    );
+    // A pool name is an IPAMAllocation name and a label value: a subdomain with dots is not.
+    let got = messages(&pool_with("metallb.v4", "dc-1"));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(
+        got[0].contains("metadata.name \"metallb.v4\": must be a DNS-1123 label"),
+        "{got:?}"
+    );
+    assert_eq!(messages(&pool_with(&"p".repeat(64), "dc-1")).len(), 1);
+
+    let cluster_with = |name: &str, dc: &str, pool: &str| {
+        cluster(&format!(
+            "apiVersion: ipam.kipam.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: {name}\nspec:\n  datacenter: \"{dc}\"\n  ipam:\n    \"{pool}\":\n      allocationRange: 2\n"
+        ))
+    };
+    let errs = |c| match cluster_input(&c) {
+        Ok(_) => Vec::new(),
+        Err(e) => e.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
+    };
+    assert!(errs(cluster_with(&"c".repeat(55), "dc-1", "metallb")).is_empty());
+    let got = errs(cluster_with(&"c".repeat(56), "dc-1", "metallb"));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(
+        got[0].contains("metadata.name") && got[0].contains("at most 55 characters, is 56"),
+        "{got:?}"
+    );
+    let got = errs(cluster_with("c1", "eu west", "metallb"));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(
+        got[0].contains("spec.datacenter \"eu west\": must be a DNS-1123 label"),
+        "{got:?}"
+    );
+    let got = errs(cluster_with("c1", &"d".repeat(64), "metallb"));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(
+        got[0].contains("spec.datacenter") && got[0].contains("at most 63"),
+        "{got:?}"
+    );
+    let got = errs(cluster_with("c1", "dc-1", "Metal LB"));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(
+        got[0].contains("spec.ipam \"Metal LB\": must be a DNS-1123 label"),
+        "{got:?}"
+    );
+}
+
+/// `kipam validate` (and the controller, and offline mode) enforce the CRD schema's bounds,
+/// with the field paths a real server reports.
+#[test]
+fn schema_bounds_are_enforced_with_server_paths() {
+    // 44 characters (an IPv4-mapped IPv6 network written out in full), a CIDR the address
+    // parser accepts and of the right shape: only the bound refuses it.
+    let long = "0000:0000:0000:0000:0000:ffff:100.10.0.0/112".to_string();
+    assert_eq!(long.len(), 44);
+    let got = messages(&one_dc(&format!(
+        "type: prefix\npoolCidr: \"{long}\"\nallocationPrefix: 120"
+    )));
+    assert_eq!(
+        got,
+        vec![format!(
+            "IPAMPool metallb: spec.datacenters[dc-1].poolCidr \"{long}\": must be at most 43 characters, is 44"
+        )]
+    );
+    let many: Vec<String> = (0..1025)
+        .map(|i| format!("\"10.0.{}.{}\"", i / 256, i % 256))
+        .collect();
+    let got = messages(&one_dc(&format!(
+        "type: range\npoolCidr: 10.0.0.0/16\nallocationRange: 4\nexcludeRanges: [{}]",
+        many.join(", ")
+    )));
+    assert_eq!(
+        got,
+        vec![
+            "IPAMPool metallb: spec.datacenters[dc-1].excludeRanges: must have at most 1024 items, has 1025"
+        ]
+    );
+    let got = messages(&one_dc(
+        "type: range\npoolCidr: 2001:db8::/32\nallocationRange: 9007199254740993",
+    ));
+    assert_eq!(
+        got,
+        vec![
+            "IPAMPool metallb: spec.datacenters[dc-1].allocationRange \"9007199254740993\": must be at most 9007199254740992"
         ]
     );
 }

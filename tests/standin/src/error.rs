@@ -126,7 +126,7 @@ impl ApiError {
         );
         let mut d = json!({ "kind": kind, "name": name, "causes": causes
             .iter()
-            .map(|c| json!({ "reason": "FieldValueInvalid", "message": c }))
+            .map(|c| cause(c))
             .collect::<Vec<_>>() });
         if !group.is_empty() {
             d["group"] = json!(group);
@@ -176,6 +176,26 @@ impl ApiError {
         }
         s
     }
+}
+
+/// A `StatusCause` from `path: Kind of error: detail`, as the real server splits a field
+/// error: the path in `field`, the rest in `message`, the kind of error in `reason`.
+fn cause(text: &str) -> Value {
+    let Some((field, message)) = text.split_once(": ") else {
+        return json!({ "reason": "FieldValueInvalid", "message": text });
+    };
+    let reason = [
+        ("Required value", "FieldValueRequired"),
+        ("Too long", "FieldValueTooLong"),
+        ("Too many", "FieldValueTooMany"),
+        ("Unsupported value", "FieldValueNotSupported"),
+        ("Forbidden", "FieldValueForbidden"),
+        ("Duplicate value", "FieldValueDuplicate"),
+    ]
+    .iter()
+    .find(|(prefix, _)| message.starts_with(prefix))
+    .map_or("FieldValueInvalid", |(_, r)| r);
+    json!({ "reason": reason, "message": message, "field": field })
 }
 
 /// A success `Status`, as answered to a DELETE of an object that is gone at once.

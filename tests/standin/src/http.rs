@@ -11,7 +11,9 @@ use crate::reviews::{
     self, AccessRequest, AccessReviewKind, NonResourceAttributes, ResourceAttributes, UserInfo,
 };
 use crate::selectors::Selectors;
-use crate::store::{DeleteOptions, Propagation, Target, WatchFrom};
+use crate::store::{
+    DeleteOptions, FieldValidation, Propagation, Store, Target, WatchFrom, WriteOptions,
+};
 use crate::watch::{WatchOptions, watch_body};
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -104,6 +106,17 @@ fn json_response(code: u16, v: &Value) -> Response {
         v.to_string(),
     )
         .into_response()
+}
+
+/// Adds one `Warning: 299 - "..."` header per warning, as the real server does.
+fn with_warnings(mut response: Response, warnings: &[String]) -> Response {
+    for w in warnings {
+        let text = format!("299 - {}", Value::String(w.clone()));
+        if let Ok(v) = header::HeaderValue::from_str(&text) {
+            response.headers_mut().append(header::WARNING, v);
+        }
+    }
+    response
 }
 
 fn error_response(e: &ApiError) -> Response {
@@ -380,6 +393,21 @@ fn to_partial(obj: &Value) -> Value {
     })
 }
 
+/// One write to the store: what it answers (object, HTTP code).
+type Write<'a> = Box<dyn FnOnce(&mut Store) -> Result<(Value, u16), ApiError> + 'a>;
+
+/// Runs a write under one lock of the store, with the `Warning`s it produced.
+fn write_with_warnings(
+    shared: &Shared,
+    f: Write<'_>,
+) -> Result<((Value, u16), Vec<String>), ApiError> {
+    let mut store = shared.lock_store();
+    store.take_warnings();
+    let result = f(&mut store);
+    let warnings = store.take_warnings();
+    result.map(|r| (r, warnings))
+}
+
 fn handle_resource(shared: &Arc<Shared>, req: ResourceRequest<'_>) -> Result<Response, ApiError> {
     let rp = req.rp;
     let rt = shared
@@ -403,6 +431,13 @@ fn handle_resource(shared: &Arc<Shared>, req: ResourceRequest<'_>) -> Result<Res
     }
     let q = req.query;
     let dry_run = q.get("dryRun").is_some_and(|v| v == "All");
+    let opts = WriteOptions {
+        dry_run,
+        field_validation: FieldValidation::parse(
+            q.get("fieldValidation").map(String::as_str).unwrap_or(""),
+        )?,
+    };
+    let write = |f| write_with_warnings(shared, f);
     let ns = rp.namespace.as_deref();
     let (meta_one, meta_list) = metadata_only(req.accept);
     let answer = |code: u16, v: Value| {
@@ -463,26 +498,34 @@ fn handle_resource(shared: &Arc<Shared>, req: ResourceRequest<'_>) -> Result<Res
                 ));
             }
             let body = parse_body(req.body, req.content_type)?;
-            let v = shared.lock_store().create(&rt, ns, body, dry_run)?;
-            Ok(answer(201, v))
+            let ((v, code), warnings) = write(Box::new(|s| {
+                s.create(&rt, ns, body, opts).map(|v| (v, 201))
+            }))?;
+            Ok(with_warnings(answer(code, v), &warnings))
         }
         ("PUT", Some(name)) => {
             let body = parse_body(req.body, req.content_type)?;
-            let (v, created) = shared.lock_store().update(&target(name), body, dry_run)?;
-            Ok(answer(if created { 201 } else { 200 }, v))
+            let ((v, code), warnings) = write(Box::new(|s| {
+                s.update(&target(name), body, opts)
+                    .map(|(v, created)| (v, if created { 201 } else { 200 }))
+            }))?;
+            Ok(with_warnings(answer(code, v), &warnings))
         }
         ("PATCH", Some(name)) => {
             let kind = PatchKind::from_content_type(req.content_type)
                 .ok_or_else(|| ApiError::unsupported_media_type(req.content_type))?;
-            let (v, created) = shared.lock_store().patch(
-                &target(name),
-                kind,
-                req.body,
-                q.get("fieldManager").map(String::as_str),
-                truthy(q, "force"),
-                dry_run,
-            )?;
-            Ok(answer(if created { 201 } else { 200 }, v))
+            let ((v, code), warnings) = write(Box::new(|s| {
+                s.patch(
+                    &target(name),
+                    kind,
+                    req.body,
+                    q.get("fieldManager").map(String::as_str),
+                    truthy(q, "force"),
+                    opts,
+                )
+                .map(|(v, created)| (v, if created { 201 } else { 200 }))
+            }))?;
+            Ok(with_warnings(answer(code, v), &warnings))
         }
         ("DELETE", name) => {
             if status {

@@ -6,6 +6,7 @@
 //! kubeconfig from [`ApiServer::write_kubeconfig`] — can run against it. Several instances can
 //! run in one process. See `README.md` next to this crate for what differs from a real server.
 
+mod cel;
 mod discovery;
 mod error;
 mod http;
@@ -30,7 +31,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use store::{DeleteOptions, Store, Target};
+use store::{DeleteOptions, Store, Target, WriteOptions};
 
 /// Request counters: the total and a count per `(verb, resource)`.
 ///
@@ -501,7 +502,7 @@ impl ApiServer {
                 &body,
                 Some("standin"),
                 true,
-                false,
+                WriteOptions::default(),
             )
             .map(|(v, _)| v)
     }
@@ -517,9 +518,12 @@ impl ApiServer {
     /// Creates one object straight in the store (AlreadyExists if present).
     pub fn create(&self, obj: &Value) -> Result<Value, ApiError> {
         let t = self.target_for(obj)?;
-        self.shared()
-            .lock_store()
-            .create(&t.rt, t.namespace.as_deref(), obj.clone(), false)
+        self.shared().lock_store().create(
+            &t.rt,
+            t.namespace.as_deref(),
+            obj.clone(),
+            WriteOptions::default(),
+        )
     }
 
     /// The store target of a named object; `status` selects its status subresource (when the
@@ -560,7 +564,14 @@ impl ApiServer {
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         self.shared()
             .lock_store()
-            .patch(&t, patch::PatchKind::Merge, &body, None, false, false)
+            .patch(
+                &t,
+                patch::PatchKind::Merge,
+                &body,
+                None,
+                false,
+                WriteOptions::default(),
+            )
             .map(|(v, _)| v)
     }
 

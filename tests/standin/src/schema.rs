@@ -1,17 +1,41 @@
 //! The parts of a CRD's structural `openAPIV3Schema` the real server enforces on every write
-//! of a custom resource: pruning of unknown fields, dropping of non-nullable nulls,
-//! defaulting, and validation of type, required, enum, bounds, lengths and item counts.
-//! Not covered: `pattern`, `format`, `allOf`/`anyOf`/`oneOf`/`not`, CEL
-//! (`x-kubernetes-validations`) and list-type uniqueness.
+//! of a custom resource: pruning of unknown fields (reported, for `fieldValidation`), dropping
+//! of non-nullable nulls, defaulting, and validation of type, required, enum, bounds, lengths,
+//! item and property counts, `pattern` and `format: date-time`. CEL rules
+//! (`x-kubernetes-validations`) are in `cel.rs`.
+//! Not covered: other formats, `allOf`/`anyOf`/`oneOf`/`not` and list-type uniqueness.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use regex::Regex;
 use serde_json::{Map, Value};
+
+/// What pruning, defaulting and validation found.
+#[derive(Debug, Default)]
+pub(crate) struct Checked {
+    /// Validation errors as `path: message` strings, in the real server's words.
+    pub errors: Vec<String>,
+    /// Paths of the unknown fields that were pruned (`spec.foo`, `spec.map[key].bar`).
+    pub unknown: Vec<String>,
+}
 
 /// Prunes and defaults `obj` in place according to the root `schema`, then validates it.
 /// Returns the validation errors as `path: message` strings (empty when valid).
+#[cfg(test)]
 pub(crate) fn prune_default_validate(schema: &Value, obj: &mut Value) -> Vec<String> {
+    check(schema, obj).errors
+}
+
+/// Prunes and defaults `obj` in place according to the root `schema`, then validates it.
+pub(crate) fn check(schema: &Value, obj: &mut Value) -> Checked {
     let Value::Object(root) = obj else {
-        return vec!["<root>: Invalid value: must be an object".into()];
+        return Checked {
+            errors: vec!["<root>: Invalid value: must be an object".into()],
+            unknown: Vec::new(),
+        };
     };
+    let mut unknown = Vec::new();
     let props = schema.get("properties").and_then(Value::as_object);
     let preserve = preserves_unknown(schema);
     // apiVersion, kind and metadata are the server's business, never pruned here.
@@ -22,7 +46,12 @@ pub(crate) fn prune_default_validate(schema: &Value, obj: &mut Value) -> Vec<Str
         }
         let drop = match props.and_then(|p| p.get(&k)) {
             Some(s) => root.get(&k).is_some_and(Value::is_null) && !nullable(s),
-            None => !preserve,
+            None => {
+                if !preserve {
+                    unknown.push(k.clone());
+                }
+                !preserve
+            }
         };
         if drop {
             root.remove(&k);
@@ -35,11 +64,40 @@ pub(crate) fn prune_default_validate(schema: &Value, obj: &mut Value) -> Vec<Str
             continue;
         }
         if let Some(v) = root.get_mut(k) {
-            walk(s, v, k, &mut errors);
+            walk(s, v, k, &mut errors, &mut unknown);
         }
     }
     check_required(schema, root, "", &mut errors);
-    errors
+    Checked { errors, unknown }
+}
+
+/// A compiled `pattern`, cached (schemas are re-read on every write).
+fn pattern(p: &str) -> Option<Regex> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Option<Regex>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    cache
+        .entry(p.to_string())
+        .or_insert_with(|| Regex::new(p).ok())
+        .clone()
+}
+
+/// RFC 3339 `date-time`, as the server's `format` check reads it.
+fn is_date_time(s: &str) -> bool {
+    static RE: OnceLock<Option<Regex>> = OnceLock::new();
+    RE.get_or_init(|| {
+        Regex::new(
+            r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$",
+        )
+        .ok()
+    })
+    .as_ref()
+    .is_none_or(|re| re.is_match(s))
+}
+
+/// `path[key]`, the real server's path of a map entry.
+fn key_path(path: &str, key: &str) -> String {
+    format!("{path}[{key}]")
 }
 
 fn preserves_unknown(schema: &Value) -> bool {
@@ -101,7 +159,13 @@ fn type_name(v: &Value) -> &'static str {
 }
 
 /// Prunes, defaults and validates one value against its schema.
-fn walk(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<String>) {
+fn walk(
+    schema: &Value,
+    v: &mut Value,
+    path: &str,
+    errors: &mut Vec<String>,
+    unknown: &mut Vec<String>,
+) {
     if v.is_null() {
         if !nullable(schema) {
             errors.push(format!(
@@ -150,6 +214,20 @@ fn walk(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<String>) {
         ));
     }
     check_bounds(schema, v, path, errors);
+    if let Value::String(s) = &*v {
+        if let Some(p) = schema.get("pattern").and_then(Value::as_str)
+            && pattern(p).is_some_and(|re| !re.is_match(s))
+        {
+            errors.push(format!(
+                "{path}: Invalid value: {v}: {path} in body should match '{p}'"
+            ));
+        }
+        if schema.get("format").and_then(Value::as_str) == Some("date-time") && !is_date_time(s) {
+            errors.push(format!(
+                "{path}: Invalid value: {v}: {path} in body must be of type date-time: {v}"
+            ));
+        }
+    }
     match v {
         Value::Object(m) => {
             if schema
@@ -188,6 +266,7 @@ fn walk(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<String>) {
                             || (embedded
                                 && matches!(k.as_str(), "apiVersion" | "kind" | "metadata"));
                         if !keep {
+                            unknown.push(join(path, &k));
                             m.remove(&k);
                         }
                     }
@@ -195,8 +274,10 @@ fn walk(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<String>) {
             }
             apply_defaults(schema, m);
             for (k, child) in m.iter_mut() {
-                if let Some(s) = props.and_then(|p| p.get(k)).or(additional) {
-                    walk(s, child, &join(path, k), errors);
+                if let Some(s) = props.and_then(|p| p.get(k)) {
+                    walk(s, child, &join(path, k), errors, unknown);
+                } else if let Some(s) = additional {
+                    walk(s, child, &key_path(path, k), errors, unknown);
                 }
             }
             check_required(schema, m, path, errors);
@@ -204,7 +285,7 @@ fn walk(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<String>) {
         Value::Array(items) => {
             if let Some(s) = schema.get("items") {
                 for (i, item) in items.iter_mut().enumerate() {
-                    walk(s, item, &format!("{path}[{i}]"), errors);
+                    walk(s, item, &format!("{path}[{i}]"), errors, unknown);
                 }
             }
         }
@@ -242,29 +323,36 @@ fn check_bounds(schema: &Value, v: &Value, path: &str, errors: &mut Vec<String>)
         }
     }
     let count = |k: &str| schema.get(k).and_then(Value::as_u64);
+    // (length, unit of min/max messages, "at least" wording)
     let (len, what) = match v {
         Value::String(s) => (Some(s.chars().count() as u64), "Length"),
         Value::Array(a) => (Some(a.len() as u64), "Items"),
         Value::Object(m) => (Some(m.len() as u64), "Properties"),
         _ => (None, ""),
     };
-    if let Some(len) = len {
-        if let Some(min) = count(&format!("min{what}"))
-            && len < min
-        {
-            errors.push(format!(
-                "{path}: Invalid value: {len}: {path} in body should have at least {min} {}",
-                what.to_lowercase()
-            ));
-        }
-        if let Some(max) = count(&format!("max{what}"))
-            && len > max
-        {
-            errors.push(format!(
-                "{path}: Too long: may not be more than {max} {}",
-                what.to_lowercase()
-            ));
-        }
+    let Some(len) = len else { return };
+    if let Some(min) = count(&format!("min{what}"))
+        && len < min
+    {
+        errors.push(match what {
+            "Length" => format!(
+                "{path}: Invalid value: {v}: {path} in body should be at least {min} chars long"
+            ),
+            "Items" => format!(
+                "{path}: Invalid value: {len}: {path} in body should have at least {min} items"
+            ),
+            _ => format!(
+                "{path}: Invalid value: {len}: {path} in body should have at least {min} properties"
+            ),
+        });
+    }
+    if let Some(max) = count(&format!("max{what}"))
+        && len > max
+    {
+        errors.push(match what {
+            "Length" => format!("{path}: Too long: may not be more than {max} bytes"),
+            _ => format!("{path}: Too many: {len}: must have at most {max} items"),
+        });
     }
 }
 
@@ -328,5 +416,35 @@ mod tests {
         let mut o = json!({"spec": {}});
         let errs = prune_default_validate(&schema(), &mut o);
         assert_eq!(errs, vec!["spec.size: Required value".to_string()]);
+    }
+
+    #[test]
+    fn patterns_formats_and_unknown_fields() {
+        let schema = json!({
+            "type": "object",
+            "properties": {"spec": {"type": "object", "properties": {
+                "name": {"type": "string", "maxLength": 5, "pattern": "^[a-z]+$"},
+                "at": {"type": "string", "format": "date-time"},
+                "m": {"type": "object", "maxProperties": 1,
+                      "additionalProperties": {"type": "object", "properties": {"x": {"type": "string"}}}}
+            }}}
+        });
+        let mut o =
+            json!({"spec": {"name": "abc", "at": "2026-01-02T03:04:05Z", "m": {"k": {"x": "1"}}}});
+        let c = check(&schema, &mut o);
+        assert!(c.errors.is_empty() && c.unknown.is_empty(), "{c:?}");
+        let mut o = json!({"spec": {"name": "Abcdef", "at": "yesterday", "m": {"k": {"y": 1}, "l": {}}, "z": 1}});
+        let c = check(&schema, &mut o);
+        assert_eq!(
+            c.errors,
+            vec![
+                "spec.at: Invalid value: \"yesterday\": spec.at in body must be of type date-time: \"yesterday\"",
+                "spec.m: Too many: 2: must have at most 1 items",
+                "spec.name: Too long: may not be more than 5 bytes",
+                "spec.name: Invalid value: \"Abcdef\": spec.name in body should match '^[a-z]+$'",
+            ]
+        );
+        assert_eq!(c.unknown, vec!["spec.z", "spec.m[k].y"]);
+        assert_eq!(o["spec"]["m"]["k"], json!({}));
     }
 }

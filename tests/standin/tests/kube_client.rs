@@ -1561,3 +1561,220 @@ async fn project_crds_apply_and_are_discoverable() -> TestResult {
     }
     Ok(())
 }
+
+/// Sends `method path` with a JSON body; answers the status code, the `Warning` headers and
+/// the body.
+async fn raw_json(
+    client: &Client,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &Value,
+) -> (u16, Vec<String>, Value) {
+    let req = axum::http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", content_type)
+        .body(kube::client::Body::from(
+            serde_json::to_vec(body).expect("json"),
+        ))
+        .expect("request");
+    let resp = client.send(req).await.expect("response");
+    let code = resp.status().as_u16();
+    let warnings = resp
+        .headers()
+        .get_all("warning")
+        .iter()
+        .map(|v| v.to_str().unwrap_or_default().to_string())
+        .collect();
+    let bytes = resp.into_body().collect_bytes().await.expect("body");
+    (
+        code,
+        warnings,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+const POOLS: &str = "/apis/ipam.kipam.dev/v1alpha1/ipampools";
+
+fn pool_body(extra_spec: Value) -> Value {
+    let mut spec = json!({"datacenters": {"dc-1": {
+        "type": "range", "poolCidr": "10.0.0.0/24", "allocationRange": 4, "foo": 1
+    }}});
+    if let (Some(s), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
+        s.extend(extra.clone());
+    }
+    json!({"apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMPool",
+           "metadata": {"name": "metallb"}, "spec": spec})
+}
+
+#[tokio::test]
+async fn unknown_fields_are_dropped_with_a_warning_or_refused_when_strict() -> TestResult {
+    let (server, client) = start().await;
+    server.apply_yaml(include_str!("../../../crds/ipampools.ipam.kipam.dev.yaml"))?;
+
+    // kubectl's default: Strict refuses the write before anything is stored.
+    let (code, _, status) = raw_json(
+        &client,
+        "POST",
+        &format!("{POOLS}?fieldValidation=Strict"),
+        "application/json",
+        &pool_body(json!({"bar": true})),
+    )
+    .await;
+    assert_eq!(code, 400, "{status}");
+    assert_eq!(status["reason"], "BadRequest");
+    assert_eq!(
+        status["message"],
+        "strict decoding error: unknown field \"spec.bar\", unknown field \"spec.datacenters[dc-1].foo\""
+    );
+    assert!(server.get("ipampools", None, "metallb").is_none());
+
+    // Unset (kube-rs' default) is Warn on a real server: pruned, one Warning header each.
+    let (code, warnings, created) = raw_json(
+        &client,
+        "POST",
+        POOLS,
+        "application/json",
+        &pool_body(json!({"bar": true})),
+    )
+    .await;
+    assert_eq!(code, 201, "{created}");
+    assert_eq!(
+        warnings,
+        vec![
+            "299 - \"unknown field \\\"spec.bar\\\"\"",
+            "299 - \"unknown field \\\"spec.datacenters[dc-1].foo\\\"\"",
+        ]
+    );
+    assert!(created["spec"].get("bar").is_none());
+    assert!(created["spec"]["datacenters"]["dc-1"].get("foo").is_none());
+
+    // Through kube's PatchParams: Strict refuses, Ignore drops silently.
+    let gvk = GroupVersionKind::gvk("ipam.kipam.dev", "v1alpha1", "IPAMPool");
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk));
+    let e = api
+        .patch(
+            "metallb",
+            &PatchParams::default().validation_strict(),
+            &Patch::Merge(json!({"spec": {"baz": 1}})),
+        )
+        .await
+        .expect_err("strict");
+    assert_eq!(api_code(&e), Some(400));
+    assert!(e.to_string().contains("unknown field \"spec.baz\""), "{e}");
+    let patched = api
+        .patch(
+            "metallb",
+            &PatchParams::default().validation_ignore(),
+            &Patch::Merge(json!({"spec": {"baz": 1, "reclaimPolicy": "Retain"}})),
+        )
+        .await?;
+    assert!(patched.data["spec"].get("baz").is_none());
+    assert_eq!(patched.data["spec"]["reclaimPolicy"], "Retain");
+    let (_, warnings, _) = raw_json(
+        &client,
+        "PATCH",
+        &format!("{POOLS}/metallb?fieldValidation=Ignore"),
+        "application/merge-patch+json",
+        &json!({"spec": {"qux": 1}}),
+    )
+    .await;
+    assert!(warnings.is_empty(), "{warnings:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn crd_rules_and_bounds_are_enforced_with_real_messages() -> TestResult {
+    let (server, client) = start().await;
+    server.apply_yaml(include_str!("../../../crds/ipampools.ipam.kipam.dev.yaml"))?;
+    let gvk = GroupVersionKind::gvk("ipam.kipam.dev", "v1alpha1", "IPAMPool");
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk));
+    let pool = |dcs: Value| -> DynamicObject {
+        serde_json::from_value(
+            json!({"apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMPool",
+            "metadata": {"name": "metallb"}, "spec": {"datacenters": dcs}}),
+        )
+        .expect("object")
+    };
+    let e = api
+        .create(
+            &PostParams::default(),
+            &pool(json!({"dc-1": {"type": "range", "poolCidr": "a".repeat(44), "allocationRange": 0}})),
+        )
+        .await
+        .expect_err("invalid");
+    assert_eq!(api_code(&e), Some(422));
+    let kube::Error::Api(status) = &e else {
+        panic!("{e}")
+    };
+    let causes: Vec<(String, String, String)> = status
+        .details
+        .as_ref()
+        .map(|d| {
+            d.causes
+                .iter()
+                .map(|c| (c.reason.clone(), c.field.clone(), c.message.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let f = "spec.datacenters[dc-1]";
+    assert_eq!(
+        causes,
+        vec![
+            (
+                "FieldValueInvalid".into(),
+                format!("{f}.allocationRange"),
+                format!(
+                    "Invalid value: 0: {f}.allocationRange in body should be greater than or equal to 1"
+                )
+            ),
+            (
+                "FieldValueTooLong".into(),
+                format!("{f}.poolCidr"),
+                "Too long: may not be more than 43 bytes".into()
+            ),
+            (
+                "FieldValueInvalid".into(),
+                format!("{f}.poolCidr"),
+                format!(
+                    "Invalid value: \"{}\": {f}.poolCidr in body should match '^ *[0-9A-Fa-f:.]+ */[0-9]{{1,3}} *$'",
+                    "a".repeat(44)
+                )
+            ),
+        ]
+    );
+    assert!(
+        status
+            .message
+            .starts_with("IPAMPool.ipam.kipam.dev \"metallb\" is invalid: "),
+        "{}",
+        status.message
+    );
+    // A transition rule runs on update only: creating with any type is fine, changing it not.
+    api.create(
+        &PostParams::default(),
+        &pool(
+            json!({"dc-1": {"type": "prefix", "poolCidr": "10.0.0.0/24", "allocationPrefix": 28}}),
+        ),
+    )
+    .await?;
+    let e = api
+        .patch(
+            "metallb",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"datacenters": {"dc-1": {"type": "range", "allocationPrefix": null, "allocationRange": 4}}}})),
+        )
+        .await
+        .expect_err("type is immutable");
+    assert!(
+        e.to_string()
+            .contains("spec.datacenters[dc-1]: Invalid value: \"object\": type is immutable"),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("allocationPrefix is immutable"),
+        "{e}"
+    );
+    Ok(())
+}

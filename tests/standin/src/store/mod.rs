@@ -9,6 +9,39 @@ mod write;
 
 pub(crate) use delete::{DeleteOptions, Propagation};
 
+/// How a write treats fields its schema does not know (`fieldValidation`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum FieldValidation {
+    /// Drop them silently.
+    Ignore,
+    /// Drop them and say so in a `Warning` header (the real server's default).
+    #[default]
+    Warn,
+    /// Refuse the write (400), as kubectl asks by default.
+    Strict,
+}
+
+impl FieldValidation {
+    pub(crate) fn parse(s: &str) -> Result<Self, ApiError> {
+        match s {
+            "" | "Warn" => Ok(Self::Warn),
+            "Ignore" => Ok(Self::Ignore),
+            "Strict" => Ok(Self::Strict),
+            other => Err(ApiError::bad_request(format!(
+                "fieldValidation must be one of Ignore, Warn or Strict, got {other:?}"
+            ))),
+        }
+    }
+}
+
+/// Options of one write request.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct WriteOptions {
+    /// `dryRun=All`: validate everything, store nothing.
+    pub dry_run: bool,
+    pub field_validation: FieldValidation,
+}
+
 use crate::error::ApiError;
 use crate::patch::FieldPath;
 use crate::resources::{Registry, ResourceType, StorageKey};
@@ -111,6 +144,8 @@ pub(crate) struct Store {
     /// owner uid → objects whose `ownerReferences` name it.
     dependents: HashMap<String, BTreeSet<Loc>>,
     ids: Ids,
+    /// `Warning` headers for the current request (unknown fields dropped).
+    warnings: Vec<String>,
 }
 
 /// The object as a client sees it through `rt`: apiVersion and kind of the requested version.
@@ -137,16 +172,22 @@ impl Store {
             uids: HashMap::new(),
             dependents: HashMap::new(),
             ids: Ids::new(),
+            warnings: Vec::new(),
         };
         if let Some(rt) = s.registry.lookup("", "v1", "namespaces").cloned() {
             for ns in SYSTEM_NAMESPACES {
                 let obj =
                     json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
                 // Cannot fail: the names are valid and the store is empty.
-                let _ = s.create_object(&rt, None, obj, false);
+                let _ = s.create_object(&rt, None, obj, WriteOptions::default());
             }
         }
         s
+    }
+
+    /// The warnings of the last write, emptied.
+    pub(crate) fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
     }
 
     pub(crate) fn ids(&mut self) -> &mut Ids {

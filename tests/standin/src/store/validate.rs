@@ -2,7 +2,7 @@
 //! namespace of the body, preconditions, and per-kind rules (Secret `stringData`, Namespace
 //! phase, CRD status, custom resource schemas).
 
-use super::{Store, Target};
+use super::{FieldValidation, Store, Target};
 use crate::error::ApiError;
 use crate::resources::{NameRule, ResourceType, types_from_crd};
 use crate::util::{self, meta, meta_mut, meta_str};
@@ -285,18 +285,52 @@ impl Store {
             }
             _ => {}
         }
-        if let Some(schema) = &rt.schema {
-            let causes = crate::schema::prune_default_validate(schema, obj);
-            if !causes.is_empty() {
-                return Err(ApiError::invalid(
-                    &rt.group,
-                    &rt.kind,
-                    meta_str(obj, "name"),
-                    &causes,
-                ));
-            }
-        }
         Ok(())
+    }
+
+    /// Prunes, defaults and validates a custom resource against its version's schema and
+    /// CEL rules (transition rules against `old`). Unknown fields are refused under
+    /// `Strict` (400, before any validation, as the decoder refuses them) and otherwise
+    /// dropped; under `Warn` their warnings are returned.
+    pub(super) fn check_schema(
+        rt: &ResourceType,
+        obj: &mut Value,
+        old: Option<&Value>,
+        field_validation: FieldValidation,
+    ) -> Result<Vec<String>, ApiError> {
+        let Some(schema) = &rt.schema else {
+            return Ok(Vec::new());
+        };
+        let checked = crate::schema::check(schema, obj);
+        let unknown: Vec<String> = checked
+            .unknown
+            .iter()
+            .map(|u| format!("unknown field \"{u}\""))
+            .collect();
+        if field_validation == FieldValidation::Strict && !unknown.is_empty() {
+            return Err(ApiError::bad_request(format!(
+                "strict decoding error: {}",
+                unknown.join(", ")
+            )));
+        }
+        let mut causes = checked.errors;
+        // The real server skips CEL when the object does not even have the declared types.
+        if !causes.iter().any(|c| c.contains("in body must be of type")) {
+            causes.extend(crate::cel::check_rules(schema, obj, old));
+        }
+        if !causes.is_empty() {
+            return Err(ApiError::invalid(
+                &rt.group,
+                &rt.kind,
+                meta_str(obj, "name"),
+                &causes,
+            ));
+        }
+        Ok(if field_validation == FieldValidation::Warn {
+            unknown
+        } else {
+            Vec::new()
+        })
     }
 
     pub(super) fn check_preconditions(

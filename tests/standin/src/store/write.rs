@@ -1,7 +1,7 @@
 //! Create, update, patch (merge, strategic, JSON) and server-side apply.
 
 use super::validate::{spec_changed, validate_meta};
-use super::{Owners, Store, Target, WriteResult, present};
+use super::{Owners, Store, Target, WriteOptions, WriteResult, present};
 use crate::error::ApiError;
 use crate::patch::{self, JsonPatchError, PatchKind};
 use crate::resources::{ResourceType, types_from_crd};
@@ -139,14 +139,14 @@ impl Store {
         rt: &ResourceType,
         ns: Option<&str>,
         body: Value,
-        dry_run: bool,
+        opts: WriteOptions,
     ) -> Result<Value, ApiError> {
         if !meta_str(&body, "resourceVersion").is_empty() {
             return Err(ApiError::bad_request(
                 "resourceVersion should not be set on objects to be created",
             ));
         }
-        self.create_object(rt, ns, body, dry_run)
+        self.create_object(rt, ns, body, opts)
             .map(|o| present(rt, &o))
     }
 
@@ -155,7 +155,7 @@ impl Store {
         rt: &ResourceType,
         ns: Option<&str>,
         mut obj: Value,
-        dry_run: bool,
+        opts: WriteOptions,
     ) -> Result<Arc<Value>, ApiError> {
         Self::check_type(rt, &mut obj)?;
         Self::check_namespace(rt, ns, &mut obj)?;
@@ -212,6 +212,8 @@ impl Store {
         }
         validate_meta(rt, &obj)?;
         Self::normalize_kind(rt, &mut obj)?;
+        let warnings = Self::check_schema(rt, &mut obj, None, opts.field_validation)?;
+        self.warnings.extend(warnings);
         if self.find(&key, &ns, &name).is_some() {
             return Err(ApiError::already_exists(&rt.group, &rt.plural, &name));
         }
@@ -227,7 +229,7 @@ impl Store {
                 Some(false) => {}
             }
         }
-        if dry_run {
+        if opts.dry_run {
             return Ok(Arc::new(obj));
         }
         let is_crd = rt.group == "apiextensions.k8s.io" && rt.plural == "customresourcedefinitions";
@@ -245,11 +247,13 @@ impl Store {
         rt: &ResourceType,
         old: Arc<Value>,
         mut new: Value,
-        dry_run: bool,
+        opts: WriteOptions,
     ) -> Result<Value, ApiError> {
         let key = rt.storage_key();
         validate_meta(rt, &new)?;
         Self::normalize_kind(rt, &mut new)?;
+        let warnings = Self::check_schema(rt, &mut new, Some(&old), opts.field_validation)?;
+        self.warnings.extend(warnings);
         if !meta_str(&old, "deletionTimestamp").is_empty() {
             let before = util::finalizers(&old);
             if let Some(f) = util::finalizers(&new).iter().find(|f| !before.contains(f)) {
@@ -273,7 +277,7 @@ impl Store {
         if new == *old {
             return Ok(present(rt, &old));
         }
-        if dry_run {
+        if opts.dry_run {
             return Ok(present(rt, &new));
         }
         if self.should_remove(&key, &new) {
@@ -289,7 +293,7 @@ impl Store {
     }
 
     /// PUT of an object or of its `/status`.
-    pub(crate) fn update(&mut self, t: &Target, body: Value, dry_run: bool) -> WriteResult {
+    pub(crate) fn update(&mut self, t: &Target, body: Value, opts: WriteOptions) -> WriteResult {
         let rt = &t.rt;
         let mut obj = body;
         Self::check_type(rt, &mut obj)?;
@@ -300,7 +304,7 @@ impl Store {
                     m.remove("resourceVersion");
                 }
                 return self
-                    .create_object(rt, t.namespace.as_deref(), obj, dry_run)
+                    .create_object(rt, t.namespace.as_deref(), obj, opts)
                     .map(|o| (present(rt, &o), true));
             }
             return Err(ApiError::not_found(&rt.group, &rt.plural, &t.name));
@@ -323,8 +327,7 @@ impl Store {
         } else {
             main_update(rt, &old, obj)
         };
-        self.finish_update(rt, old, new, dry_run)
-            .map(|v| (v, false))
+        self.finish_update(rt, old, new, opts).map(|v| (v, false))
     }
 
     /// PATCH of an object or of its `/status`, in any of the four patch formats.
@@ -335,11 +338,11 @@ impl Store {
         body: &[u8],
         manager: Option<&str>,
         force: bool,
-        dry_run: bool,
+        opts: WriteOptions,
     ) -> WriteResult {
         let rt = &t.rt;
         if kind == PatchKind::Apply {
-            return self.apply(t, body, manager, force, dry_run);
+            return self.apply(t, body, manager, force, opts);
         }
         if kind == PatchKind::Strategic && !rt.strategic_merge {
             return Err(ApiError::new(
@@ -392,8 +395,7 @@ impl Store {
         } else {
             main_update(rt, &old, doc)
         };
-        self.finish_update(rt, old, new, dry_run)
-            .map(|v| (v, false))
+        self.finish_update(rt, old, new, opts).map(|v| (v, false))
     }
 
     /// Server-side apply: merges the applied configuration, removes fields this manager
@@ -405,7 +407,7 @@ impl Store {
         body: &[u8],
         manager: Option<&str>,
         force: bool,
-        dry_run: bool,
+        opts: WriteOptions,
     ) -> WriteResult {
         let rt = &t.rt;
         let manager = manager.filter(|m| !m.is_empty()).ok_or_else(|| {
@@ -446,8 +448,8 @@ impl Store {
             if let Some(ns) = &t.namespace {
                 m.insert("namespace".into(), json!(ns));
             }
-            let created = self.create_object(rt, t.namespace.as_deref(), obj, dry_run)?;
-            if !dry_run {
+            let created = self.create_object(rt, t.namespace.as_deref(), obj, opts)?;
+            if !opts.dry_run {
                 let mut owners = Owners::new();
                 owners.insert((false, manager.to_string()), paths);
                 self.owners
@@ -501,11 +503,11 @@ impl Store {
         } else {
             main_update(rt, &old, doc)
         };
-        let result = self.finish_update(rt, old, new, dry_run)?;
+        let result = self.finish_update(rt, old, new, opts)?;
         let still_there = self
             .find(&key, t.ns(), &t.name)
             .is_some_and(|o| meta_str(o, "uid") == uid);
-        if !dry_run && still_there {
+        if !opts.dry_run && still_there {
             if force {
                 for ((s, m), owned) in owners.iter_mut() {
                     if *s == sub && m != manager {
