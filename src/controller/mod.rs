@@ -180,6 +180,8 @@ where
         move |ev| {
             match &ev {
                 Err(e) => reporter.failed(e),
+                // A re-list announces itself before it is tried: no sign of health yet.
+                Ok(Event::Init) => {}
                 Ok(_) => reporter.ok(),
             }
             wake.notify_one();
@@ -255,6 +257,7 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         async move {
             match &ev {
                 Err(e) => reporter.failed(e),
+                Ok(Event::Init) => {}
                 Ok(_) => reporter.ok(),
             }
             let mut ledger = ctx.ledger.lock().await;

@@ -371,8 +371,21 @@ impl<'a> Planner<'a> {
                     Ok(Growth::Unchanged) => (Change::Keep, Some(current), None, String::new()),
                     Ok(Growth::Appended(added)) => {
                         let grown = allocator.get(&cluster.name).cloned();
-                        let message = format!("grew to {n} addresses (+{})", join(&added));
-                        (Change::Grow, grown, Some(current), message)
+                        match grown.as_ref().map(pieces).unwrap_or(0) {
+                            count if count > MAX_PIECES => {
+                                // Put it back as it was: an object that large would be refused.
+                                allocator.release(&cluster.name);
+                                let _ = allocator.load(&cluster.name, current.clone());
+                                let message = format!(
+                                    "growth to {n} addresses refused: the pool is so fragmented that it would take {count} pieces, more than the {MAX_PIECES} an IPAMAllocation holds; keeping {current}"
+                                );
+                                (Change::Fail, Some(current), None, message)
+                            }
+                            _ => {
+                                let message = format!("grew to {n} addresses (+{})", join(&added));
+                                (Change::Grow, grown, Some(current), message)
+                            }
+                        }
                     }
                     Err(e) => (
                         Change::Fail,
@@ -386,6 +399,14 @@ impl<'a> Planner<'a> {
             // allocations only.
             (Some(current), _) => (Change::Keep, Some(current), None, String::new()),
             (None, request) => match allocator.allocate(&cluster.name, request) {
+                Ok(got) if pieces(got) > MAX_PIECES => {
+                    let count = pieces(got);
+                    allocator.release(&cluster.name);
+                    let message = format!(
+                        "the pool is so fragmented that {request} would take {count} pieces, more than the {MAX_PIECES} an IPAMAllocation holds"
+                    );
+                    (Change::Fail, None, moved_from, message)
+                }
                 Ok(got) => {
                     let message = match &moved_from {
                         Some(old) => format!("moved to datacenter {dc}; {old} released"),
@@ -499,6 +520,16 @@ fn frozen_message(cluster: &ClusterInput) -> String {
     match &cluster.invalid {
         Some(why) => format!("cluster spec is invalid, keeping what it holds: {why}"),
         None => "cluster is paused".into(),
+    }
+}
+
+/// Most pieces one allocation may have: the object holding it must stay storable.
+const MAX_PIECES: usize = crate::resources::bounds::MAX_ALLOCATION_PIECES as usize;
+
+fn pieces(a: &Allocation) -> usize {
+    match a {
+        Allocation::Range(p) => p.len(),
+        Allocation::Prefix(_) => 1,
     }
 }
 

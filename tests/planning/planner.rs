@@ -448,3 +448,32 @@ fn an_unreadable_allocation_stops_new_allocations_in_its_pool_and_datacenter() {
         b.message
     );
 }
+
+#[test]
+fn an_allocation_never_needs_more_pieces_than_its_object_can_hold() {
+    // Every even address of 10.0.0.0/18 is held by somebody: only single odd addresses are
+    // free, so 4,200 addresses would take 4,200 pieces.
+    let pools = vec![pool_input(
+        "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata: {name: metallb}\nspec:\n  datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.0.0.0/18\n      allocationRange: 1\n",
+    )];
+    let mut clusters = Vec::new();
+    let mut stored = Vec::new();
+    for i in 0..8192u32 {
+        let name = format!("h{i:04}");
+        clusters.push(cluster_in(&name, "dc-1", 1));
+        let addr = std::net::Ipv4Addr::from(0x0a00_0000u32 + 2 * i);
+        stored.push(held_by(&name, &addr.to_string()));
+    }
+    let mut big = cluster_in("z", "dc-1", 2);
+    big.overrides
+        .insert("metallb".into(), PoolOverride::Addresses(4200));
+    clusters.push(big);
+    let p = plan(&pools, &clusters, &stored);
+    let z = p.decision("z", "metallb").unwrap();
+    assert_eq!(z.change, Change::Fail);
+    assert!(z.held.is_none());
+    assert!(z.message.contains("4200 pieces"), "{}", z.message);
+    // Nothing of it stays taken.
+    let usage = &p.usage[&("metallb".to_string(), "dc-1".to_string())].usage;
+    assert_eq!(usage.allocations, 8192);
+}
