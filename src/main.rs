@@ -332,7 +332,9 @@ fn run_offline(args: OfflineArgs) -> ExitCode {
     print!("{}", offline::summary_table(&report.plan, &report.pools));
     println!();
     let status = match (report.state_written, report.state_created) {
-        (true, true) => "created (there was no state file; starting from an empty state)",
+        (true, true) => {
+            "written (a new file: there was no state file, so kipam started from an empty state)"
+        }
         (true, false) => "written",
         (false, _) if !report.render_errors.is_empty() => "unchanged (nothing written)",
         (false, _) => "unchanged",
