@@ -20,7 +20,11 @@ fn kipam_with(args: &[&str], extra: &[&Path]) -> Output {
 /// `kipam offline -f FILE --state STATE [more...]`.
 fn offline_with(file: &Path, state: &Path, more: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kipam"));
-    cmd.arg("offline").arg("-f").arg(file).arg("--state").arg(state);
+    cmd.arg("offline")
+        .arg("-f")
+        .arg(file)
+        .arg("--state")
+        .arg(state);
     cmd.args(more);
     cmd.output().expect("run kipam")
 }
@@ -53,7 +57,14 @@ fn addons_dir(w: &Workdir) -> PathBuf {
 
 fn out_args<'a>(out: &'a str, addons: &'a str) -> Vec<&'a str> {
     // No shared templates: a templates directory that does not exist.
-    vec!["--out", out, "--addons-dir", addons, "--templates-dir", "/nonexistent/kipam"]
+    vec![
+        "--out",
+        out,
+        "--addons-dir",
+        addons,
+        "--templates-dir",
+        "/nonexistent/kipam",
+    ]
 }
 
 #[cfg(unix)]
@@ -74,7 +85,10 @@ fn symlinked_state_stays_a_symlink_and_keeps_its_mode() {
     let run = offline_with(&files, &link, &[]);
     assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
     let meta = std::fs::symlink_metadata(&link).unwrap();
-    assert!(meta.file_type().is_symlink(), "the link was replaced by a file");
+    assert!(
+        meta.file_type().is_symlink(),
+        "the link was replaced by a file"
+    );
     let saved = std::fs::read_to_string(&real).unwrap();
     assert!(saved.contains("namespace: cluster-b"), "{saved}");
     let mode = std::fs::metadata(&real).unwrap().permissions().mode() & 0o7777;
@@ -96,7 +110,12 @@ fn dangling_symlink_is_refused_not_a_fresh_start() {
     let err = text(&run.stderr);
     assert!(err.contains("which does not exist"), "{err}");
     assert!(err.contains("state.yaml"), "{err}");
-    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
     assert!(!w.path("gone").exists());
 }
 
@@ -141,7 +160,11 @@ fn missing_directory_is_refused_and_missing_file_is_announced() {
     let files = w.write("in.yaml", &format!("{POOL}{}", clusters(&["a"])));
     let run = offline_with(&files, &w.path("no/such/dir/state.yaml"), &[]);
     assert_eq!(run.status.code(), Some(2));
-    assert!(text(&run.stderr).contains("does not exist"), "{}", text(&run.stderr));
+    assert!(
+        text(&run.stderr).contains("does not exist"),
+        "{}",
+        text(&run.stderr)
+    );
     assert!(!w.path("no").exists());
 
     let state = w.path("state.yaml");
@@ -156,7 +179,10 @@ fn missing_directory_is_refused_and_missing_file_is_announced() {
         "{out}"
     );
     let again = text(&offline_with(&files, &state, &[]).stdout);
-    assert!(again.contains("unchanged") && !again.contains("new file"), "{again}");
+    assert!(
+        again.contains("unchanged") && !again.contains("new file"),
+        "{again}"
+    );
 }
 
 #[test]
@@ -176,7 +202,10 @@ fn releasing_most_of_the_state_needs_allow_release() {
         err.contains("this run would release every allocation of the state"),
         "{err}"
     );
-    assert!(err.contains("clusters missing from the input: a ("), "{err}");
+    assert!(
+        err.contains("clusters missing from the input: a ("),
+        "{err}"
+    );
     assert!(err.contains("--allow-release"), "{err}");
     assert_eq!(w.read("state.yaml"), saved, "nothing written");
 
@@ -184,7 +213,11 @@ fn releasing_most_of_the_state_needs_allow_release() {
     std::fs::write(&files, format!("{POOL}{}", clusters(&["a"]))).unwrap();
     let run = offline_with(&files, &state, &[]);
     assert_eq!(run.status.code(), Some(2));
-    assert!(text(&run.stderr).contains("more than half"), "{}", text(&run.stderr));
+    assert!(
+        text(&run.stderr).contains("more than half"),
+        "{}",
+        text(&run.stderr)
+    );
     assert_eq!(w.read("state.yaml"), saved);
 
     // Every pool forgotten.
@@ -202,7 +235,10 @@ fn releasing_most_of_the_state_needs_allow_release() {
     let run = offline_with(&files, &state, &["--allow-release"]);
     assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
     let now = w.read("state.yaml");
-    assert!(!now.contains("cluster-b") && !now.contains("cluster-c"), "{now}");
+    assert!(
+        !now.contains("cluster-b") && !now.contains("cluster-c"),
+        "{now}"
+    );
 }
 
 #[test]
@@ -285,11 +321,7 @@ fn out_removes_only_what_kipam_wrote() {
     // b's Addon removed, c's cluster removed (with its Addon).
     std::fs::write(
         &files,
-        format!(
-            "{pool}{}{}",
-            clusters(&["a", "b"]),
-            addon("a", "cm", "cm")
-        ),
+        format!("{pool}{}{}", clusters(&["a", "b"]), addon("a", "cm", "cm")),
     )
     .unwrap();
     let run = offline_with(&files, &state, &args);
@@ -299,11 +331,23 @@ fn out_removes_only_what_kipam_wrote() {
     assert!(out.join("a/cm.yaml").exists());
     assert!(!out.join("b/cm.yaml").exists(), "{printed}");
     assert!(!out.join("c/cm.yaml").exists(), "{printed}");
-    assert!(!out.join("c").exists(), "an emptied cluster directory goes too");
-    assert_eq!(std::fs::read_to_string(out.join("b/notes.yaml")).unwrap(), "mine");
-    assert_eq!(std::fs::read_to_string(out.join("z/cm.yaml")).unwrap(), "mine too");
+    assert!(
+        !out.join("c").exists(),
+        "an emptied cluster directory goes too"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("b/notes.yaml")).unwrap(),
+        "mine"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("z/cm.yaml")).unwrap(),
+        "mine too"
+    );
     let index = std::fs::read_to_string(out.join(".kipam-index.json")).unwrap();
-    assert!(index.contains("a/cm.yaml") && !index.contains("b/cm.yaml"), "{index}");
+    assert!(
+        index.contains("a/cm.yaml") && !index.contains("b/cm.yaml"),
+        "{index}"
+    );
 
     // A tampered index never leads outside --out.
     let victim = w.write("victim.yaml", "keep me");
@@ -438,7 +482,18 @@ spec:
     assert!(out.contains("1.8e19"), "{out}");
     assert!(out.contains("65534 /64s"), "{out}");
     // Stored as before: `first-last`, as KKP writes it.
-    assert!(w.read("state.yaml").contains("10.0.0.0-10.0.0.0"));
+    let saved = w.read("state.yaml");
+    assert!(saved.contains("10.0.0.0-10.0.0.0"), "{saved}");
+    // A state holding the short form is read too, and the cluster keeps its address.
+    std::fs::write(&state, saved.replace("10.0.0.0-10.0.0.0", "10.0.0.0")).unwrap();
+    let run = offline_with(&files, &state, &[]);
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
+    let out = text(&run.stdout);
+    assert!(
+        out.contains("one   dc-1        range   10.0.0.0  "),
+        "{out}"
+    );
+    assert!(!out.contains("created"), "{out}");
 }
 
 #[test]
@@ -477,8 +532,7 @@ fn json_and_yaml_for_scripts() {
     assert_eq!(big["allocated"], "55340232221128654848");
 
     let run = offline_with(&files, &state, &["-o", "yaml"]);
-    let y: serde_json::Value =
-        serde_saphyr::from_str(&text(&run.stdout)).expect("YAML on stdout");
+    let y: serde_json::Value = serde_saphyr::from_str(&text(&run.stdout)).expect("YAML on stdout");
     assert_eq!(y["usage"], v["usage"]);
 
     // Refused runs say so in JSON too.
@@ -495,7 +549,10 @@ fn json_and_yaml_for_scripts() {
     let v: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
     assert_eq!(v["valid"], true);
     assert_eq!(v["pools"], 2);
-    let bad = w.write("bad.yaml", &POOL.replace("allocationRange: 4", "allocationRange: 400"));
+    let bad = w.write(
+        "bad.yaml",
+        &POOL.replace("allocationRange: 4", "allocationRange: 400"),
+    );
     let run = kipam(&["validate", "-f", bad.to_str().unwrap(), "-o", "json"]);
     assert_eq!(run.status.code(), Some(1));
     let v: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
@@ -505,7 +562,12 @@ fn json_and_yaml_for_scripts() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let examples_state = w.path("examples-state.yaml");
     let _ = kipam_with(
-        &["offline", "-f", root.join("examples").to_str().unwrap(), "--state"],
+        &[
+            "offline",
+            "-f",
+            root.join("examples").to_str().unwrap(),
+            "--state",
+        ],
         &[&examples_state],
     );
     let one = kipam_with(
