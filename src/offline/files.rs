@@ -42,6 +42,15 @@ pub enum FileError {
         path: PathBuf,
         dir: PathBuf,
     },
+    #[error(
+        "{what} {path} is in use by another kipam run (it holds the lock {lock}); run again \
+         when it has finished"
+    )]
+    Locked {
+        what: &'static str,
+        path: PathBuf,
+        lock: PathBuf,
+    },
     #[error("{what} {path}: too many levels of symlinks")]
     SymlinkLoop { what: &'static str, path: PathBuf },
     #[error("cannot {action} {what} {path}: {source}")]
@@ -93,6 +102,68 @@ pub fn check_existing(path: &Path, what: &'static str) -> Result<Target, FileErr
         }
         Err(source) => Err(FileError::Io {
             action: "inspect",
+            what,
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// An exclusive lock on a file kipam reads and rewrites, held until dropped.
+#[derive(Debug)]
+pub struct FileLock {
+    _file: Option<File>,
+}
+
+/// Takes the lock of the file at `path` (after [`check_existing`]): an advisory lock on
+/// `.<name>.lock` next to the final target, so two runs on one state file (through any
+/// symlink) never both read it and then overwrite each other's allocations. Refused at once
+/// when another run holds it. In a directory kipam cannot write, there is no lock (nor any
+/// write to protect).
+pub fn lock(path: &Path, what: &'static str) -> Result<FileLock, FileError> {
+    let target = match check_existing(path, what)? {
+        Target::Regular(resolved) => resolved,
+        Target::Absent => path.to_path_buf(),
+    };
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "file".into());
+    let lock_path = parent_dir(&target).join(format!(".{name}.lock"));
+    let file = match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+    {
+        Ok(f) => f,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+            ) =>
+        {
+            return Ok(FileLock { _file: None });
+        }
+        Err(source) => {
+            return Err(FileError::Io {
+                action: "create the lock of",
+                what,
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    match file.try_lock() {
+        Ok(()) => Ok(FileLock { _file: Some(file) }),
+        Err(std::fs::TryLockError::WouldBlock) => Err(FileError::Locked {
+            what,
+            path: path.to_path_buf(),
+            lock: lock_path,
+        }),
+        Err(std::fs::TryLockError::Error(source)) => Err(FileError::Io {
+            action: "lock",
             what,
             path: path.to_path_buf(),
             source,
@@ -328,6 +399,18 @@ mod tests {
         write_atomic(&p, b"new", "state file").unwrap();
         let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode, 0o640);
+    }
+
+    #[test]
+    fn a_second_lock_is_refused_until_the_first_is_dropped() {
+        let d = Dir::new("lock");
+        let p = d.0.join("state.yaml");
+        let first = lock(&p, "state file").unwrap();
+        let err = lock(&p, "state file").unwrap_err().to_string();
+        assert!(err.contains("in use by another kipam run"), "{err}");
+        assert!(err.contains(".state.yaml.lock"), "{err}");
+        drop(first);
+        assert!(lock(&p, "state file").is_ok());
     }
 
     #[test]

@@ -124,6 +124,9 @@ pub fn run_with_out(
     // state; both are refused here with what they are.
     let state_created =
         files::check_existing(&options.state, "state file")? == files::Target::Absent;
+    // Held until the run ends: a concurrent run on the same state is refused rather than
+    // allowed to overwrite this one's allocations.
+    let _lock = files::lock(&options.state, "state file")?;
     let stored_objects = state_file::read(&options.state)?;
 
     let mut errors = Vec::new();

@@ -93,9 +93,33 @@ fn symlinked_state_stays_a_symlink_and_keeps_its_mode() {
     assert!(saved.contains("namespace: cluster-b"), "{saved}");
     let mode = std::fs::metadata(&real).unwrap().permissions().mode() & 0o7777;
     assert_eq!(mode, 0o640, "the mode of the state file is kept");
-    // No temporary file is left next to the target.
-    let left: Vec<_> = std::fs::read_dir(w.path("real")).unwrap().collect();
-    assert_eq!(left.len(), 1);
+    // No temporary file is left next to the target (only the state and its lock).
+    let mut left: Vec<String> = std::fs::read_dir(w.path("real"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, [".state.yaml.lock", "state.yaml"]);
+}
+
+#[test]
+fn a_concurrent_run_on_the_same_state_is_refused() {
+    let w = Workdir::new("locked");
+    let files = w.write("in.yaml", &format!("{POOL}{}", clusters(&["a"])));
+    let state = w.path("state.yaml");
+    assert_eq!(offline_with(&files, &state, &[]).status.code(), Some(0));
+    let saved = w.read("state.yaml");
+    // Another run holds the lock.
+    let held = std::fs::File::open(w.path(".state.yaml.lock")).expect("lock file");
+    held.lock().expect("lock");
+    std::fs::write(&files, format!("{POOL}{}", clusters(&["a", "b"]))).unwrap();
+    let run = offline_with(&files, &state, &[]);
+    assert_eq!(run.status.code(), Some(2));
+    let err = text(&run.stderr);
+    assert!(err.contains("in use by another kipam run"), "{err}");
+    assert_eq!(w.read("state.yaml"), saved);
+    drop(held);
+    assert_eq!(offline_with(&files, &state, &[]).status.code(), Some(0));
 }
 
 #[cfg(unix)]
