@@ -118,8 +118,21 @@ pub fn write_out(out: &Path, rendered: &[RenderedFile]) -> OutReport {
             return report;
         }
     };
-    let unchanged = std::fs::read_to_string(&index_path).ok().as_deref() == Some(text.as_str());
-    if !unchanged && let Err(e) = write_atomic(&index_path, text.as_bytes(), "index") {
+    match std::fs::symlink_metadata(&index_path) {
+        // Never written through a symlink: its target could be anywhere.
+        Ok(meta) if !meta.file_type().is_file() => {
+            report.errors.push(format!(
+                "{}: not a regular file; the index was not updated",
+                index_path.display()
+            ));
+            return report;
+        }
+        Ok(_) if std::fs::read(&index_path).ok().as_deref() == Some(text.as_bytes()) => {
+            return report;
+        }
+        _ => {}
+    }
+    if let Err(e) = write_atomic(&index_path, text.as_bytes(), "index") {
         report.errors.push(e.to_string());
     }
     report

@@ -386,6 +386,24 @@ fn out_removes_only_what_kipam_wrote() {
     let run = offline_with(&files, &state, &args);
     assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+
+    // Nor does a symlinked index or cluster directory.
+    #[cfg(unix)]
+    {
+        std::fs::remove_file(out.join(".kipam-index.json")).unwrap();
+        std::os::unix::fs::symlink(&victim, out.join(".kipam-index.json")).unwrap();
+        let elsewhere = w.path("elsewhere");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::fs::remove_dir_all(out.join("a")).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, out.join("a")).unwrap();
+        let run = offline_with(&files, &state, &args);
+        assert_eq!(run.status.code(), Some(1));
+        let err = text(&run.stderr);
+        assert!(err.contains("is not a plain directory"), "{err}");
+        assert!(err.contains("the index was not updated"), "{err}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    }
 }
 
 #[test]
