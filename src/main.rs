@@ -485,6 +485,13 @@ fn validate(args: &ValidateArgs) -> Result<(usize, usize), Vec<String>> {
             errors.extend(e.iter().map(|e| e.to_string()));
         }
     }
+    for addon in &new.addons {
+        errors.extend(
+            offline::addons::check_addon(addon)
+                .iter()
+                .map(|e| e.to_string()),
+        );
+    }
     if !errors.is_empty() {
         return Err(errors);
     }

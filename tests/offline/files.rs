@@ -313,6 +313,10 @@ fn addon_names_cannot_leave_out() {
         assert!(!w.path("escaped.yaml").exists(), "{name} escaped --out");
         assert!(!out.exists(), "nothing written for {name}");
         assert!(!state.exists(), "nothing written for {name}");
+        // `kipam validate` applies the same rule.
+        let run = kipam(&["validate", "-f", files.to_str().unwrap()]);
+        assert_eq!(run.status.code(), Some(1));
+        assert!(text(&run.stderr).contains("DNS-1123 label"), "{name}");
     }
 }
 
