@@ -207,22 +207,31 @@ fn edit_distance(a: &str, b: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::allocator::{Allocation, PoolConfig, PoolKind, Strategy};
-    use crate::planner::{DatacenterInput, Decision};
-    use crate::resources::{AllocationType, ReclaimPolicy};
+    use crate::allocator::Allocation;
+    use crate::planner::Decision;
+    use crate::resources::{AllocationType, Cluster, IPAMAllocation, IPAMPool};
+    use crate::validation;
+
+    // Inputs are built from manifests through the validation functions, as `kipam offline`
+    // builds them, so these tests do not depend on the planner's struct layouts.
 
     fn held() -> Option<Allocation> {
         Some(Allocation::Prefix("10.0.0.0/30".parse().unwrap()))
     }
 
     fn stored(cluster: &str, pool: &str, dc: &str) -> StoredAllocation {
-        StoredAllocation {
-            cluster: cluster.into(),
-            pool: pool.into(),
-            datacenter: dc.into(),
-            held: held(),
-            reclaim_policy: None,
-        }
+        stored_from(cluster, pool, dc, Some("10.0.0.0/30"))
+    }
+
+    fn stored_from(cluster: &str, pool: &str, dc: &str, cidr: Option<&str>) -> StoredAllocation {
+        let obj: IPAMAllocation = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1",
+            "kind": "IPAMAllocation",
+            "metadata": {"name": pool, "namespace": format!("cluster-{cluster}")},
+            "spec": {"type": "prefix", "dc": dc, "cidr": cidr},
+        }))
+        .unwrap();
+        validation::stored_allocation(&obj).unwrap()
     }
 
     fn release(cluster: &str, pool: &str, dc: &str) -> Decision {
@@ -248,40 +257,36 @@ mod tests {
     }
 
     fn pool(name: &str, dcs: &[&str]) -> PoolInput {
-        let config = PoolConfig::new(
-            "10.0.0.0/16".parse().unwrap(),
-            PoolKind::Prefix {
-                allocation_prefix: 30,
-            },
-            Strategy::FirstFit,
-        );
-        PoolInput {
-            name: name.into(),
-            reclaim_policy: ReclaimPolicy::Delete,
-            datacenters: dcs
-                .iter()
-                .map(|d| {
-                    (
-                        d.to_string(),
-                        DatacenterInput {
-                            config: config.clone(),
-                            exclusions: Vec::new(),
-                        },
-                    )
-                })
-                .collect(),
-        }
+        let datacenters: serde_json::Map<String, serde_json::Value> = dcs
+            .iter()
+            .map(|d| {
+                (
+                    d.to_string(),
+                    serde_json::json!({
+                        "type": "prefix", "poolCidr": "10.0.0.0/16", "allocationPrefix": 30,
+                    }),
+                )
+            })
+            .collect();
+        let obj: IPAMPool = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1",
+            "kind": "IPAMPool",
+            "metadata": {"name": name},
+            "spec": {"datacenters": datacenters},
+        }))
+        .unwrap();
+        validation::pool_input(&obj).unwrap()
     }
 
     fn cluster(name: &str, dc: &str) -> ClusterInput {
-        ClusterInput {
-            name: name.into(),
-            created: None,
-            datacenter: dc.into(),
-            overrides: BTreeMap::new(),
-            deleting: false,
-            paused: false,
-        }
+        let obj: Cluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1",
+            "kind": "Cluster",
+            "metadata": {"name": name},
+            "spec": {"datacenter": dc},
+        }))
+        .unwrap();
+        validation::cluster_input(&obj).unwrap()
     }
 
     fn plan(decisions: Vec<Decision>) -> Plan {
@@ -360,8 +365,8 @@ mod tests {
     #[test]
     fn released_failed_requests_do_not_count() {
         // b never got addresses: releasing its failed request loses nothing.
-        let mut b = stored("b", "p", "dc-1");
-        b.held = None;
+        let b = stored_from("b", "p", "dc-1", None);
+        assert_eq!(b.held, None);
         let stored = [stored("a", "p", "dc-1"), b];
         let mut rb = release("b", "p", "dc-1");
         rb.previous = None;
