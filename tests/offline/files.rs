@@ -641,3 +641,48 @@ fn json_and_yaml_for_scripts() {
     assert_eq!(v["cluster"], "echo");
     assert_eq!(v["objects"].as_array().unwrap().len(), 3);
 }
+
+#[test]
+fn a_failed_write_under_out_says_exactly_what_was_written() {
+    let w = Workdir::new("partial");
+    let addons = addons_dir(&w);
+    let out = w.path("out");
+    let state = w.path("state.yaml");
+    let args = out_args(out.to_str().unwrap(), addons.to_str().unwrap());
+    let files = w.write(
+        "in.yaml",
+        &format!(
+            "{POOL}{}{}{}",
+            clusters(&["a", "b"]),
+            addon("a", "cm", "cm"),
+            addon("b", "cm", "cm")
+        ),
+    );
+    // `b` cannot be a directory: a file is in the way.
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("b"), "in the way").unwrap();
+    let run = offline_with(&files, &state, &args);
+    assert_eq!(run.status.code(), Some(1));
+    let printed = text(&run.stdout);
+    let err = text(&run.stderr);
+    assert!(
+        printed.contains(&format!(
+            "rendered {} (1 objects)",
+            out.join("a/cm.yaml").display()
+        )),
+        "{printed}"
+    );
+    assert!(!printed.contains("b/cm.yaml"), "{printed}");
+    assert!(err.contains(&out.join("b").display().to_string()), "{err}");
+    assert!(err.contains("is not a plain directory"), "{err}");
+    assert!(out.join("a/cm.yaml").exists());
+    assert_eq!(
+        std::fs::read_to_string(out.join("b")).unwrap(),
+        "in the way"
+    );
+    let index = std::fs::read_to_string(out.join(".kipam-index.json")).unwrap();
+    assert!(
+        index.contains("a/cm.yaml") && !index.contains("b/cm.yaml"),
+        "{index}"
+    );
+}
