@@ -53,6 +53,15 @@ pub enum FileError {
     },
     #[error("{what} {path}: too many levels of symlinks")]
     SymlinkLoop { what: &'static str, path: PathBuf },
+    #[error(
+        "{what} {path} was replaced, but its directory could not be flushed to disk, so the \
+         change may not survive a crash: {source}"
+    )]
+    DirectorySync {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot {action} {what} {path}: {source}")]
     Io {
         action: &'static str,
@@ -211,7 +220,11 @@ pub fn write_atomic(path: &Path, content: &[u8], what: &'static str) -> Result<(
     // The rename is durable once the directory itself is flushed.
     File::open(&dir)
         .and_then(|d| d.sync_all())
-        .map_err(|e| io("flush the directory of", e))
+        .map_err(|source| FileError::DirectorySync {
+            what,
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// Follows the symlink chain of `path`, returning the final path (which may not exist).
