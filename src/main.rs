@@ -73,11 +73,58 @@ struct OfflineArgs {
     /// The state file of IPAMAllocation objects (created when missing).
     #[arg(long)]
     state: PathBuf,
-    /// Render every Addon into DIR/<cluster>/<addon>.yaml.
+    /// Render every Addon into DIR/<cluster>/<addon>.yaml (and remove the files of Addons
+    /// that are gone; kipam lists what it wrote in DIR/.kipam-index.json).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Let through releases that look like a mistake: more than half of the state released
+    /// because clusters or pools are missing from the input, or a cluster moved to a
+    /// datacenter no pool serves.
+    #[arg(long)]
+    allow_release: bool,
+    /// Output format: a table (text), or the full result as json or yaml.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
+    output: OutputFormat,
     #[command(flatten)]
     templates: TemplateDirs,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum OutputFormat {
+    Text,
+    Json,
+    Yaml,
+}
+
+impl OutputFormat {
+    fn machine(self) -> Option<offline::report::Format> {
+        match self {
+            OutputFormat::Text => None,
+            OutputFormat::Json => Some(offline::report::Format::Json),
+            OutputFormat::Yaml => Some(offline::report::Format::Yaml),
+        }
+    }
+}
+
+/// `4194304`, `512KiB`, `4MiB` (also `K`, `KB`, `M`, `MB`, all binary).
+fn parse_size(text: &str) -> Result<usize, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (bytes, or a number with KiB or MiB)"))?;
+    let factor = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1024,
+        "m" | "mb" | "mib" => 1024 * 1024,
+        _ => return Err(format!("{text:?}: unknown unit (use KiB or MiB)")),
+    };
+    match n.checked_mul(factor) {
+        Some(0) => Err(format!("{text:?}: must be more than 0")),
+        Some(v) => Ok(v),
+        None => Err(format!("{text:?} is too large")),
+    }
 }
 
 #[derive(clap::Args)]
@@ -88,6 +135,10 @@ struct TemplateDirs {
     /// Directory of shared template macros.
     #[arg(long, default_value = "templates")]
     templates_dir: PathBuf,
+    /// Largest rendered addon (all its templates together), and largest string kipam's
+    /// filters build; an addon over it fails with a message naming it.
+    #[arg(long, default_value = "4MiB", value_parser = parse_size)]
+    max_addon_size: usize,
 }
 
 #[derive(clap::Args)]
@@ -104,6 +155,9 @@ struct RenderArgs {
     /// The state file holding the cluster's allocations.
     #[arg(long)]
     state: Option<PathBuf>,
+    /// Output format: the manifests as YAML (text), or the result as json or yaml.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
+    output: OutputFormat,
     #[command(flatten)]
     templates: TemplateDirs,
 }
@@ -119,6 +173,9 @@ struct ValidateArgs {
     /// Stored IPAMAllocations (a state file), to check that added exclusions hit none.
     #[arg(long)]
     state: Option<PathBuf>,
+    /// Output format: a summary (text), or the result as json or yaml.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
+    output: OutputFormat,
 }
 
 #[derive(clap::Args)]
@@ -195,18 +252,41 @@ fn run_controller(args: ControllerArgs) -> ExitCode {
 }
 
 fn load_renderer(dirs: &TemplateDirs) -> Result<kipam::render::Renderer, String> {
-    kipam::render::Renderer::load(&dirs.addons_dir, &dirs.templates_dir).map_err(|e| e.to_string())
+    kipam::render::Renderer::load(&dirs.addons_dir, &dirs.templates_dir)
+        .map(|r| r.with_max_output(dirs.max_addon_size))
+        .map_err(|e| e.to_string())
+}
+
+/// Reads a state file given to `render` or `validate`, refusing what is not a regular file
+/// (a FIFO would hang the read).
+fn read_state(path: &std::path::Path) -> Result<Vec<resources::IPAMAllocation>, String> {
+    match offline::files::check_existing(path, "state file").map_err(|e| e.to_string())? {
+        offline::files::Target::Absent => {
+            Err(format!("state file {}: does not exist", path.display()))
+        }
+        offline::files::Target::Regular(_) => {
+            offline::state_file::read(path).map_err(|e| e.to_string())
+        }
+    }
 }
 
 fn run_offline(args: OfflineArgs) -> ExitCode {
+    let machine = args.output.machine();
+    let refuse = |message: String| {
+        eprintln!("error: {message}");
+        if let Some(format) = machine {
+            print!(
+                "{}",
+                offline::report::to_text(&offline::report::error_json(2, &message), format)
+            );
+        }
+        ExitCode::from(2)
+    };
     // Templates are loaded first: a broken addon stops the run before anything is written.
     let renderer = match &args.out {
         Some(_) => match load_renderer(&args.templates) {
             Ok(r) => Some(r),
-            Err(e) => {
-                eprintln!("error: {e}");
-                return ExitCode::from(2);
-            }
+            Err(e) => return refuse(e),
         },
         None => None,
     };
@@ -214,68 +294,95 @@ fn run_offline(args: OfflineArgs) -> ExitCode {
         files: args.files,
         state: args.state,
         now: resources::now_rfc3339(),
+        allow_release: args.allow_release,
     };
-    let report = match offline::run(&options) {
+    let target = match (&renderer, &args.out) {
+        (Some(renderer), Some(dir)) => Some(offline::OutTarget { renderer, dir }),
+        _ => None,
+    };
+    let report = match offline::run_with_out(&options, target) {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return refuse(e.to_string()),
     };
-    for skipped in &report.ignored {
+    for skipped in report.ignored.iter().chain(&report.render_skipped) {
         eprintln!("note: skipped {skipped}");
     }
-    print!("{}", offline::summary_table(&report.plan));
-    println!();
-    println!(
-        "state {}: {}",
-        options.state.display(),
-        if report.state_written {
-            "written"
-        } else {
-            "unchanged"
-        }
-    );
-    let mut failed = offline::has_failures(&report.plan);
-    if let (Some(renderer), Some(out)) = (&renderer, &args.out) {
-        let files = offline::addons::render_all(
-            renderer,
-            &report.addons,
-            &report.clusters,
-            &report.allocations,
-            out,
+    for e in &report.render_errors {
+        eprintln!("error: {e}");
+    }
+    if !report.render_errors.is_empty() {
+        eprintln!(
+            "error: an addon did not render; nothing written (the state and --out are unchanged)"
         );
-        for f in files {
-            match f.result {
-                Ok((path, objects)) => println!("rendered {} ({objects} objects)", path.display()),
-                Err(e) => {
-                    failed = true;
-                    eprintln!("error: {e}");
-                }
-            }
+    }
+    if let Some(out) = &report.out {
+        for e in &out.errors {
+            eprintln!("error: {e}");
         }
     }
-    if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
+    let failed = offline::report_failed(&report);
+    let code: u8 = if failed { 1 } else { 0 };
+    let state = options.state.display().to_string();
+    if let Some(format) = machine {
+        let out = args.out.as_ref().map(|p| p.display().to_string());
+        let value = offline::report::offline_json(&report, &state, out.as_deref(), code);
+        print!("{}", offline::report::to_text(&value, format));
+        return ExitCode::from(code);
     }
+    print!("{}", offline::summary_table(&report.plan, &report.pools));
+    println!();
+    let status = match (report.state_written, report.state_created) {
+        (true, true) => {
+            "written (a new file: there was no state file, so kipam started from an empty state)"
+        }
+        (true, false) => "written",
+        (false, _) if !report.render_errors.is_empty() => "unchanged (nothing written)",
+        (false, _) => "unchanged",
+    };
+    println!("state {state}: {status}");
+    if let Some(out) = &report.out {
+        for f in &out.files {
+            let what = if f.written { "rendered" } else { "unchanged" };
+            println!("{what} {} ({} objects)", f.path.display(), f.objects);
+        }
+        for p in &out.removed {
+            println!("removed {} (no longer rendered)", p.display());
+        }
+    }
+    ExitCode::from(code)
 }
 
 fn run_render(args: RenderArgs) -> ExitCode {
+    let machine = args.output.machine();
     match render(&args) {
-        Ok(yaml) => {
-            print!("{yaml}");
+        Ok((cluster, rendered)) => {
+            match machine {
+                None => print!("{}", rendered.to_yaml()),
+                Some(format) => {
+                    let value = serde_json::json!({
+                        "addon": rendered.addon,
+                        "cluster": cluster,
+                        "objects": rendered.objects,
+                    });
+                    print!("{}", offline::report::to_text(&value, format));
+                }
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!("error: {e}");
+            if let Some(format) = machine {
+                print!(
+                    "{}",
+                    offline::report::to_text(&offline::report::error_json(1, &e), format)
+                );
+            }
             ExitCode::FAILURE
         }
     }
 }
 
-fn render(args: &RenderArgs) -> Result<String, String> {
+fn render(args: &RenderArgs) -> Result<(String, kipam::render::RenderedAddon), String> {
     let renderer = load_renderer(&args.templates)?;
     let manifests =
         offline::manifests::load(std::slice::from_ref(&args.cluster)).map_err(|e| e.to_string())?;
@@ -304,7 +411,7 @@ fn render(args: &RenderArgs) -> Result<String, String> {
         .map(|a| a.spec.variables.clone())
         .unwrap_or_default();
     let allocations = match &args.state {
-        Some(p) => offline::state_file::read(p).map_err(|e| e.to_string())?,
+        Some(p) => read_state(p)?,
         None => Vec::new(),
     };
     let data =
@@ -312,13 +419,25 @@ fn render(args: &RenderArgs) -> Result<String, String> {
     let rendered = renderer
         .render(&args.addon, &data)
         .map_err(|e| e.to_string())?;
-    Ok(rendered.to_yaml())
+    Ok((name, rendered))
 }
 
 fn run_validate(args: ValidateArgs) -> ExitCode {
-    match validate(&args) {
-        Ok(summary) => {
-            println!("{summary}");
+    let result = validate(&args);
+    if let Some(format) = args.output.machine() {
+        let value = match &result {
+            Ok((pools, clusters)) => serde_json::json!({
+                "valid": true, "pools": pools, "clusters": clusters, "errors": [],
+            }),
+            Err(messages) => serde_json::json!({ "valid": false, "errors": messages }),
+        };
+        print!("{}", offline::report::to_text(&value, format));
+    }
+    match result {
+        Ok((pools, clusters)) => {
+            if args.output == OutputFormat::Text {
+                println!("valid: {pools} pools, {clusters} clusters");
+            }
             ExitCode::SUCCESS
         }
         Err(messages) => {
@@ -330,7 +449,7 @@ fn run_validate(args: ValidateArgs) -> ExitCode {
     }
 }
 
-fn validate(args: &ValidateArgs) -> Result<String, Vec<String>> {
+fn validate(args: &ValidateArgs) -> Result<(usize, usize), Vec<String>> {
     let new = offline::manifests::load(&args.files).map_err(|e| vec![e.to_string()])?;
     let old = match &args.old {
         Some(p) => {
@@ -342,7 +461,7 @@ fn validate(args: &ValidateArgs) -> Result<String, Vec<String>> {
     };
     let stored = match &args.state {
         Some(p) => {
-            let objects = offline::state_file::read(p).map_err(|e| vec![e.to_string()])?;
+            let objects = read_state(p).map_err(|e| vec![e])?;
             let mut stored = Vec::new();
             for obj in &objects {
                 stored.push(
@@ -366,14 +485,17 @@ fn validate(args: &ValidateArgs) -> Result<String, Vec<String>> {
             errors.extend(e.iter().map(|e| e.to_string()));
         }
     }
+    for addon in &new.addons {
+        errors.extend(
+            offline::addons::check_addon(addon)
+                .iter()
+                .map(|e| e.to_string()),
+        );
+    }
     if !errors.is_empty() {
         return Err(errors);
     }
-    Ok(format!(
-        "valid: {} pools, {} clusters",
-        new.pools.len(),
-        new.clusters.len()
-    ))
+    Ok((new.pools.len(), new.clusters.len()))
 }
 
 fn run_crds(args: CrdsArgs) -> ExitCode {

@@ -1,82 +1,164 @@
-//! `kipam offline --out DIR`: each cluster's Addons rendered to `DIR/<cluster>/<addon>.yaml`.
+//! `kipam offline --out DIR`: each cluster's Addons rendered, in memory first, for
+//! `DIR/<cluster>/<addon>.yaml`.
+//!
+//! Rendering and writing are separate steps so that a run whose rendering fails writes
+//! nothing at all (see [`super::out_dir`] for the writing).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::desired::template_data;
 use crate::render::Renderer;
 use crate::resources::{Addon, Cluster, IPAMAllocation, cluster_of_namespace};
+use crate::validation::FieldError;
 
-use super::state_file::write_atomic;
+/// The longest name a path component written under `--out` may have (a DNS-1123 label).
+pub const MAX_NAME: usize = 63;
 
-/// One Addon's outcome.
-#[derive(Debug)]
+/// One Addon rendered in memory.
+#[derive(Clone, Debug)]
 pub struct RenderedFile {
     pub cluster: String,
     pub addon: String,
-    /// The file written, or why nothing was.
-    pub result: Result<(PathBuf, usize), String>,
+    /// `<cluster>/<addon>.yaml`, relative to `--out`.
+    pub relative: PathBuf,
+    /// The YAML to write.
+    pub content: String,
+    /// How many objects it holds.
+    pub objects: usize,
 }
 
-/// Renders every Addon with its cluster's allocations and writes one file per Addon (written
-/// atomically, and only when the content changed).
+/// The outcome of rendering every Addon.
+#[derive(Debug, Default)]
+pub struct Rendering {
+    pub files: Vec<RenderedFile>,
+    /// One message per Addon that failed to render.
+    pub errors: Vec<String>,
+    /// Addons not rendered because their cluster is not in the input.
+    pub skipped: Vec<String>,
+}
+
+/// Whether `name` is a DNS-1123 label: 1 to 63 lower-case letters, digits and `-`, starting
+/// and ending with a letter or digit. Such a name is a single, plain path component.
+pub fn is_dns1123_label(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= MAX_NAME
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
+/// The problems of an Addon's name and namespace, which end up in a file path under `--out`:
+/// the name must be a DNS-1123 label, the namespace `cluster-<cluster>` with a cluster name
+/// that is one too.
+pub fn check_addon(addon: &Addon) -> Vec<FieldError> {
+    let name = addon.metadata.name.clone().unwrap_or_default();
+    let namespace = addon.metadata.namespace.clone().unwrap_or_default();
+    let object = if namespace.is_empty() {
+        format!("Addon {name}")
+    } else {
+        format!("Addon {namespace}/{name}")
+    };
+    let mut errors = Vec::new();
+    if !is_dns1123_label(&name) {
+        errors.push(FieldError {
+            object: object.clone(),
+            field: "metadata.name".into(),
+            value: name.clone(),
+            reason: format!(
+                "must be a DNS-1123 label (at most {MAX_NAME} lower-case letters, digits and \
+                 '-', starting and ending with a letter or digit); it names the file \
+                 <cluster>/<name>.yaml under --out"
+            ),
+        });
+    }
+    match cluster_of_namespace(&namespace) {
+        Some(cluster) if is_dns1123_label(&namespace) && is_dns1123_label(cluster) => {}
+        _ => errors.push(FieldError {
+            object,
+            field: "metadata.namespace".into(),
+            value: namespace,
+            reason: "must be cluster-<cluster name>, a DNS-1123 label of at most 63 characters"
+                .into(),
+        }),
+    }
+    errors
+}
+
+/// Renders every Addon with its cluster's allocations, in memory. Addons are expected to have
+/// passed [`check_addon`]; one that did not is reported as an error here all the same.
 pub fn render_all(
     renderer: &Renderer,
     addons: &[Addon],
     clusters: &[Cluster],
     allocations: &[IPAMAllocation],
-    out: &Path,
-) -> Vec<RenderedFile> {
-    let mut results = Vec::new();
+) -> Rendering {
+    let mut out = Rendering::default();
     for addon in addons {
-        let namespace = addon.metadata.namespace.clone().unwrap_or_default();
         let name = addon.metadata.name.clone().unwrap_or_default();
+        let namespace = addon.metadata.namespace.clone().unwrap_or_default();
+        if let Some(e) = check_addon(addon).first() {
+            out.errors.push(e.to_string());
+            continue;
+        }
         let cluster_name = cluster_of_namespace(&namespace)
             .unwrap_or_default()
             .to_string();
-        let result = render_one(renderer, addon, &cluster_name, clusters, allocations, out);
-        results.push(RenderedFile {
-            cluster: cluster_name,
-            addon: name,
-            result,
-        });
+        let Some(cluster) = clusters
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(cluster_name.as_str()))
+        else {
+            out.skipped.push(format!(
+                "Addon {namespace}/{name}: no Cluster {cluster_name} in the input, not rendered"
+            ));
+            continue;
+        };
+        let data = template_data(
+            &cluster_name,
+            &cluster.spec.datacenter,
+            allocations,
+            addon.spec.variables.clone(),
+        );
+        match renderer.render(&addon.spec.name, &data) {
+            Ok(rendered) => out.files.push(RenderedFile {
+                relative: PathBuf::from(&cluster_name).join(format!("{name}.yaml")),
+                cluster: cluster_name,
+                addon: name,
+                content: rendered.to_yaml(),
+                objects: rendered.objects.len(),
+            }),
+            Err(e) => out.errors.push(format!("Addon {namespace}/{name}: {e}")),
+        }
     }
-    results
+    out
 }
 
-fn render_one(
-    renderer: &Renderer,
-    addon: &Addon,
-    cluster_name: &str,
-    clusters: &[Cluster],
-    allocations: &[IPAMAllocation],
-    out: &Path,
-) -> Result<(PathBuf, usize), String> {
-    let name = addon.metadata.name.clone().unwrap_or_default();
-    let namespace = addon.metadata.namespace.clone().unwrap_or_default();
-    if cluster_name.is_empty() {
-        return Err(format!(
-            "Addon {namespace}/{name}: its namespace must be cluster-<cluster name>"
-        ));
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels() {
+        for good in ["a", "metallb", "a-1", &"x".repeat(63)] {
+            assert!(is_dns1123_label(good), "{good}");
+        }
+        for bad in [
+            "",
+            "../../x",
+            "/tmp/x",
+            "..",
+            ".",
+            "a/b",
+            "A",
+            "-a",
+            "a-",
+            "a.b",
+            "a b",
+            &"x".repeat(64),
+        ] {
+            assert!(!is_dns1123_label(bad), "{bad}");
+        }
     }
-    let cluster = clusters
-        .iter()
-        .find(|c| c.metadata.name.as_deref() == Some(cluster_name))
-        .ok_or_else(|| format!("Addon {namespace}/{name}: no Cluster {cluster_name}"))?;
-    let data = template_data(
-        cluster_name,
-        &cluster.spec.datacenter,
-        allocations,
-        addon.spec.variables.clone(),
-    );
-    let rendered = renderer
-        .render(&addon.spec.name, &data)
-        .map_err(|e| e.to_string())?;
-    let dir = out.join(cluster_name);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let path = dir.join(format!("{name}.yaml"));
-    let content = rendered.to_yaml();
-    if std::fs::read_to_string(&path).ok().as_deref() != Some(content.as_str()) {
-        write_atomic(&path, &content).map_err(|e| e.to_string())?;
-    }
-    Ok((path, rendered.objects.len()))
 }

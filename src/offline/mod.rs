@@ -6,19 +6,27 @@
 //! changes nothing.
 
 pub mod addons;
+pub mod files;
+pub mod guard;
 pub mod manifests;
+pub mod out_dir;
+pub mod report;
 pub mod state_file;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::desired::allocation_object;
 use crate::planner::{self, Change, Plan};
+use crate::render::Renderer;
 use crate::resources::{Addon, Cluster, IPAMAllocation, IPAMPool, cluster_namespace};
 use crate::validation::{self, FieldError};
 
+pub use files::FileError;
+pub use guard::Concern;
 pub use manifests::{ManifestError, Manifests};
+pub use out_dir::OutReport;
 pub use state_file::StateError;
 
 /// What `kipam offline` is asked to do.
@@ -30,6 +38,15 @@ pub struct OfflineOptions {
     pub state: PathBuf,
     /// RFC 3339 time stamped on new allocations.
     pub now: String,
+    /// Let releases through that look like a mistake (see [`guard`]).
+    pub allow_release: bool,
+}
+
+/// Where and with what to render the Addons (`--out`).
+#[derive(Clone, Copy, Debug)]
+pub struct OutTarget<'a> {
+    pub renderer: &'a Renderer,
+    pub dir: &'a Path,
 }
 
 /// What a run did.
@@ -44,6 +61,15 @@ pub struct OfflineReport {
     pub addons: Vec<Addon>,
     /// Whether the state file was (re)written.
     pub state_written: bool,
+    /// Whether the state file did not exist before this run (and was created).
+    pub state_created: bool,
+    /// With `--out`: Addons that failed to render. When there are any, nothing at all was
+    /// written (neither the state nor `--out`).
+    pub render_errors: Vec<String>,
+    /// With `--out`: Addons not rendered because their cluster is not in the input.
+    pub render_skipped: Vec<String>,
+    /// With `--out`, when everything rendered: what was written there.
+    pub out: Option<OutReport>,
     /// Documents skipped because kipam does not read their kind.
     pub ignored: Vec<String>,
 }
@@ -56,6 +82,20 @@ pub enum OfflineError {
     State(#[from] StateError),
     #[error("invalid input, nothing written:\n{}", list(.0))]
     Invalid(Vec<FieldError>),
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error(
+        "refusing to release allocations, nothing written:\n{}\n(if this is intended, run again with --allow-release)",
+        concerns(.0)
+    )]
+    Release(Vec<Concern>),
+}
+
+fn concerns(list: &[Concern]) -> String {
+    list.iter()
+        .map(|c| format!("  {c}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn list(errors: &[FieldError]) -> String {
@@ -69,7 +109,24 @@ fn list(errors: &[FieldError]) -> String {
 /// Reads, validates, plans and writes the state. Refuses (writing nothing) on any invalid
 /// input or unreadable state.
 pub fn run(options: &OfflineOptions) -> Result<OfflineReport, OfflineError> {
+    run_with_out(options, None)
+}
+
+/// [`run`], then, with `out`, every Addon rendered into `out.dir`. All Addons are rendered in
+/// memory before anything is written: when one fails, neither the state nor `out.dir` is
+/// touched.
+pub fn run_with_out(
+    options: &OfflineOptions,
+    out: Option<OutTarget<'_>>,
+) -> Result<OfflineReport, OfflineError> {
     let manifests = manifests::load(&options.files)?;
+    // Before reading: a FIFO would hang the read, a dangling symlink would look like a new
+    // state; both are refused here with what they are.
+    let state_created =
+        files::check_existing(&options.state, "state file")? == files::Target::Absent;
+    // Held until the run ends: a concurrent run on the same state is refused rather than
+    // allowed to overwrite this one's allocations.
+    let _lock = files::lock(&options.state, "state file")?;
     let stored_objects = state_file::read(&options.state)?;
 
     let mut errors = Vec::new();
@@ -101,11 +158,20 @@ pub fn run(options: &OfflineOptions) -> Result<OfflineReport, OfflineError> {
             Err(e) => errors.extend(e),
         }
     }
+    for addon in &manifests.addons {
+        errors.extend(addons::check_addon(addon));
+    }
     if !errors.is_empty() {
         return Err(OfflineError::Invalid(errors));
     }
 
     let plan = planner::plan(&pools, &clusters, &stored);
+    if !options.allow_release {
+        let concerns = guard::suspicious_releases(&plan, &stored, &pools, &clusters);
+        if !concerns.is_empty() {
+            return Err(OfflineError::Release(concerns));
+        }
+    }
 
     let existing: HashMap<(String, String), &IPAMAllocation> = stored_objects
         .iter()
@@ -142,24 +208,49 @@ pub fn run(options: &OfflineOptions) -> Result<OfflineReport, OfflineError> {
     }
     let allocations: Vec<IPAMAllocation> = next.into_values().collect();
     let content = state_file::render(&allocations)?;
-    let current = std::fs::read_to_string(&options.state).ok();
-    let state_written = current.as_deref() != Some(content.as_str());
-    if state_written {
-        state_file::write_atomic(&options.state, &content)?;
-    }
-    Ok(OfflineReport {
+    let rendering = out.map(|target| {
+        addons::render_all(
+            target.renderer,
+            &manifests.addons,
+            &manifests.clusters,
+            &allocations,
+        )
+    });
+    let mut report = OfflineReport {
         plan,
         allocations,
         pools: manifests.pools,
         clusters: manifests.clusters,
         addons: manifests.addons,
-        state_written,
+        state_written: false,
+        state_created,
+        render_errors: Vec::new(),
+        render_skipped: Vec::new(),
+        out: None,
         ignored: manifests.ignored,
-    })
+    };
+    if let Some(rendering) = &rendering {
+        report.render_skipped = rendering.skipped.clone();
+        if !rendering.errors.is_empty() {
+            // All or nothing: the state and --out stay as they were.
+            report.render_errors = rendering.errors.clone();
+            return Ok(report);
+        }
+    }
+    let current = std::fs::read_to_string(&options.state).ok();
+    report.state_written = current.as_deref() != Some(content.as_str());
+    if report.state_written {
+        state_file::write_atomic(&options.state, &content)?;
+    }
+    if let (Some(target), Some(rendering)) = (out, &rendering) {
+        report.out = Some(out_dir::write_out(target.dir, &rendering.files));
+    }
+    Ok(report)
 }
 
-/// The result table: one row per (cluster, pool), then the pools' usage.
-pub fn summary_table(plan: &Plan) -> String {
+/// The result table: one row per (cluster, pool), then the pools' usage (`pools` tells which
+/// are IPv6 prefix pools, whose counts are shown in subnets).
+pub fn summary_table(plan: &Plan, pools: &[IPAMPool]) -> String {
     let mut rows = vec![[
         "CLUSTER".to_string(),
         "POOL".into(),
@@ -172,7 +263,7 @@ pub fn summary_table(plan: &Plan) -> String {
         let allocation = d
             .held
             .as_ref()
-            .map(|a| a.to_string())
+            .map(report::short_allocation)
             .unwrap_or_else(|| "-".into());
         let status = if d.message.is_empty() {
             d.change.to_string()
@@ -202,15 +293,17 @@ pub fn summary_table(plan: &Plan) -> String {
     ]];
     for r in plan.usage.values() {
         let u = &r.usage;
+        let [allocated, excluded, available, largest] =
+            report::usage_cells(pools, &r.pool, &r.datacenter, u);
         usage.push([
             r.pool.clone(),
             r.datacenter.clone(),
             format!("{}%", u.utilisation_percent()),
-            u.allocated.to_string(),
-            u.excluded.to_string(),
-            u.available.to_string(),
+            allocated,
+            excluded,
+            available,
             u.allocations.to_string(),
-            u.largest_free_block.to_string(),
+            largest,
         ]);
     }
     out.push_str(&table(&usage));
@@ -243,4 +336,12 @@ fn table<const N: usize>(rows: &[[String; N]]) -> String {
 /// True when any decision failed (the exit status of `kipam offline`).
 pub fn has_failures(plan: &Plan) -> bool {
     plan.decisions.iter().any(|d| d.change == Change::Fail)
+}
+
+/// True when the run did not do everything asked: an allocation failed, an Addon did not
+/// render, or a file under `--out` could not be written or removed.
+pub fn report_failed(report: &OfflineReport) -> bool {
+    has_failures(&report.plan)
+        || !report.render_errors.is_empty()
+        || report.out.as_ref().is_some_and(|o| !o.errors.is_empty())
 }

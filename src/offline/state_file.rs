@@ -5,7 +5,6 @@
 //! A state file that cannot be read or parsed is refused, never overwritten.
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::resources::IPAMAllocation;
@@ -28,6 +27,8 @@ pub enum StateError {
     },
     #[error("cannot serialise the state: {0}")]
     Serialise(String),
+    #[error(transparent)]
+    File(#[from] super::files::FileError),
 }
 
 /// The stored allocations; an absent file is an empty state.
@@ -88,34 +89,9 @@ pub fn render(objects: &[IPAMAllocation]) -> Result<String, StateError> {
     Ok(out)
 }
 
-/// Replaces the file at `path` with `content`, atomically.
+/// Replaces the file at `path` with `content`, atomically (see [`super::files::write_atomic`]:
+/// exclusive temporary file next to the real target, flushed, renamed, directory flushed; a
+/// symlink stays a symlink and the mode is kept).
 pub fn write_atomic(path: &Path, content: &str) -> Result<(), StateError> {
-    let fail = |source: std::io::Error| StateError::Write {
-        path: path.to_path_buf(),
-        source,
-    };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "state".into());
-    let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(content.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        // Make the rename itself durable.
-        if let Ok(d) = std::fs::File::open(&dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map_err(fail)
+    super::files::write_atomic(path, content.as_bytes(), "state file").map_err(StateError::from)
 }

@@ -1,7 +1,10 @@
 //! The template engine: a configured minijinja environment holding every addon.
 
 use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::{Serde, Value};
@@ -16,6 +19,10 @@ use super::{RenderError, TemplateData, filters};
 /// loop in well under a second.
 pub const DEFAULT_FUEL: u64 = 1_000_000;
 
+/// Default bound on the size of one rendered addon (all its template files together), and on
+/// any string kipam's filters build: 4 MiB. The MetalLB addon renders well under 1 KiB.
+pub const DEFAULT_MAX_OUTPUT: usize = 4 * 1024 * 1024;
+
 /// All addons, parsed and ready to render. Cheap to share between threads (`Send + Sync`).
 pub struct Renderer {
     env: Environment<'static>,
@@ -24,6 +31,8 @@ pub struct Renderer {
     /// Template name → the path shown in messages.
     display: HashMap<String, String>,
     fuel: u64,
+    /// Bytes one addon may render; shared with the filters that build strings.
+    max_output: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Renderer {
@@ -31,6 +40,7 @@ impl std::fmt::Debug for Renderer {
         f.debug_struct("Renderer")
             .field("addons", &self.addons)
             .field("fuel", &self.fuel)
+            .field("max_output", &self.max_output())
             .finish_non_exhaustive()
     }
 }
@@ -117,6 +127,18 @@ impl Renderer {
         self
     }
 
+    /// Replaces the bound on the size of one rendered addon (bytes of rendered text, all its
+    /// template files together), which also bounds the strings kipam's filters build.
+    pub fn with_max_output(self, bytes: usize) -> Renderer {
+        self.max_output.store(bytes, Ordering::Relaxed);
+        self
+    }
+
+    /// The bound on the size of one rendered addon, in bytes.
+    pub fn max_output(&self) -> usize {
+        self.max_output.load(Ordering::Relaxed)
+    }
+
     /// The names of the loaded addons, sorted.
     pub fn addon_names(&self) -> Vec<String> {
         self.addons.keys().cloned().collect()
@@ -140,8 +162,10 @@ impl Renderer {
             })?;
         let context = Value::from(Serde(data));
         let mut objects = Vec::new();
+        let mut budget = self.max_output();
         for name in names {
-            let text = self.render_file(addon, name, &context)?;
+            let text = self.render_file(addon, name, &context, budget)?;
+            budget -= text.len();
             let origin = Origin {
                 addon,
                 file: self.display_name(name),
@@ -154,12 +178,41 @@ impl Renderer {
         })
     }
 
-    /// Runs one template file of an addon.
-    fn render_file(&self, addon: &str, name: &str, context: &Value) -> Result<String, RenderError> {
-        self.env
+    /// Runs one template file of an addon, stopping it as soon as its output passes `budget`
+    /// bytes.
+    fn render_file(
+        &self,
+        addon: &str,
+        name: &str,
+        context: &Value,
+        budget: usize,
+    ) -> Result<String, RenderError> {
+        let mut out = Bounded {
+            text: Vec::new(),
+            budget,
+            exceeded: false,
+        };
+        let result = self
+            .env
             .get_template(name)
-            .and_then(|template| template.render(context))
-            .map_err(|err| self.template_error(addon, name, &err))
+            .and_then(|template| template.render_captured_to(context, &mut out).map(|_| ()));
+        if out.exceeded {
+            return Err(RenderError::TooLarge {
+                addon: addon.to_string(),
+                file: self.display_name(name).to_string(),
+                limit: self.max_output(),
+            });
+        }
+        if let Err(err) = result {
+            return Err(self.template_error(addon, name, &err));
+        }
+        String::from_utf8(out.text).map_err(|_| RenderError::Template {
+            addon: addon.to_string(),
+            file: self.display_name(name).to_string(),
+            line: None,
+            rendering: self.display_name(name).to_string(),
+            cause: "the rendered output is not UTF-8".into(),
+        })
     }
 
     fn build(addons: Vec<AddonFiles>, shared: Vec<SourceFile>) -> Result<Renderer, RenderError> {
@@ -180,7 +233,8 @@ impl Renderer {
         {
             env.set_syntax(syntax);
         }
-        filters::register(&mut env);
+        let max_output = Arc::new(AtomicUsize::new(DEFAULT_MAX_OUTPUT));
+        filters::register(&mut env, Arc::clone(&max_output));
 
         let mut display = HashMap::new();
         let mut addon_names = BTreeMap::new();
@@ -224,6 +278,7 @@ impl Renderer {
             addons: addon_names,
             display,
             fuel: DEFAULT_FUEL,
+            max_output,
         })
     }
 
@@ -261,6 +316,28 @@ impl Renderer {
             rendering,
             cause: cause(innermost),
         }
+    }
+}
+
+/// Collects rendered text and refuses to grow past its budget.
+struct Bounded {
+    text: Vec<u8>,
+    budget: usize,
+    exceeded: bool,
+}
+
+impl Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.text.len() + buf.len() > self.budget {
+            self.exceeded = true;
+            return Err(std::io::Error::other("rendered addon too large"));
+        }
+        self.text.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -314,7 +391,7 @@ mod tests {
         for cluster in clusters {
             let context = Value::from(Serde(TemplateData::new(cluster)));
             for name in &renderer.addons["metallb"] {
-                let text = match renderer.render_file("metallb", name, &context) {
+                let text = match renderer.render_file("metallb", name, &context, usize::MAX) {
                     Ok(text) => text,
                     Err(err) => panic!("{err}"),
                 };

@@ -62,6 +62,18 @@ pub enum RenderError {
         fuel: u64,
     },
 
+    /// An addon rendered more than the size bound (`--max-addon-size`), or a filter was asked
+    /// to build a string larger than that.
+    #[error(
+        "addon {addon}: {file}: the rendered addon is larger than the {limit}-byte bound \
+         (--max-addon-size); rendering stopped"
+    )]
+    TooLarge {
+        addon: String,
+        file: String,
+        limit: usize,
+    },
+
     /// A template rendered text that is not YAML.
     #[error(
         "addon {addon}: {file}: the rendered output is not valid YAML: {cause}{}",

@@ -8,13 +8,17 @@
 //! `192.168.1.5/26`), a range (`192.168.1.0-192.168.1.7`), or — for filters that count or pick
 //! addresses — a list of those, such as a range allocation's `Addresses`.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use minijinja::value::{StringInput, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
 
 use crate::address::{AddrRange, AddressCount, Cidr, Family, parse_address};
 
-/// Registers every filter and test of this module.
-pub(crate) fn register(env: &mut Environment<'_>) {
+/// Registers every filter and test of this module. `max_string` bounds the strings the
+/// filters build (the renderer's `--max-addon-size`).
+pub(crate) fn register(env: &mut Environment<'_>, max_string: Arc<AtomicUsize>) {
     env.add_filter("nth_host", nth_host);
     env.add_filter("prefix_len", prefix_len);
     env.add_filter("netmask", netmask);
@@ -22,7 +26,20 @@ pub(crate) fn register(env: &mut Environment<'_>) {
     env.add_filter("broadcast", broadcast);
     env.add_filter("ip_family", ip_family);
     env.add_filter("address_count", address_count);
-    env.add_filter("to_yaml", to_yaml);
+    env.add_filter("to_yaml", move |state: &State, value: &Value| {
+        let yaml = to_yaml(state, value)?;
+        let limit = max_string.load(Ordering::Relaxed);
+        match yaml.as_str() {
+            Some(text) if text.len() > limit => Err(invalid(
+                "to_yaml",
+                format!(
+                    "the YAML is {} bytes, over the {limit}-byte bound (--max-addon-size)",
+                    text.len()
+                ),
+            )),
+            _ => Ok(yaml),
+        }
+    });
     env.add_filter("as_bool", as_bool);
     env.add_filter("items", items);
     env.add_function("fail", fail);

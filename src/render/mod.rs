@@ -24,6 +24,6 @@ mod quick_yaml;
 pub use data::{
     ALLOCATION_PREFIX, ALLOCATION_RANGE, AllocationData, ClusterData, NetworkData, TemplateData,
 };
-pub use engine::{DEFAULT_FUEL, RenderedAddon, Renderer};
+pub use engine::{DEFAULT_FUEL, DEFAULT_MAX_OUTPUT, RenderedAddon, Renderer};
 pub use error::RenderError;
 pub use output::ADDON_LABEL;

@@ -7,6 +7,7 @@
 mod errors;
 mod example;
 mod filters;
+mod limits;
 mod metallb;
 mod schema;
 mod yaml;
