@@ -37,17 +37,10 @@ pub struct Rendering {
     pub skipped: Vec<String>,
 }
 
-/// Whether `name` is a DNS-1123 label: 1 to 63 lower-case letters, digits and `-`, starting
-/// and ending with a letter or digit. Such a name is a single, plain path component.
+/// Whether `name` is a DNS-1123 label of at most 63 characters: a single, plain path
+/// component (no `/`, no `.`, never `..`).
 pub fn is_dns1123_label(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= MAX_NAME
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
-        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+    crate::validation::names::is_dns1123_label(name, crate::resources::bounds::MAX_LABEL)
 }
 
 /// The problems of an Addon's name and namespace, which end up in a file path under `--out`:
