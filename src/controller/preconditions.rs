@@ -60,6 +60,10 @@ pub fn explain(e: &Error, verb: &str, resource: &str, name: &str) -> String {
              service account token ({})",
             s.message
         ),
+        Error::Api(s) => format!(
+            "{verb} {resource} {name} failed: {} ({} {})",
+            s.message, s.code, s.reason
+        ),
         _ => format!("{verb} {resource} {name} failed: {e}"),
     }
 }

@@ -175,6 +175,13 @@ pub(super) async fn write_pool_status(
                 .await
             {
                 Ok(_) => outcome.writes += 1,
+                Err(e) if is_conflict(&e) => {
+                    // The pool changed since the cache saw it: the next pass writes on the
+                    // newer version.
+                    tracing::debug!(pool = %name, "pool changed under its status update; planning again");
+                    outcome.again = true;
+                    continue;
+                }
                 Err(e) => {
                     write_failed(ctx, "IPAMPool", &name, "update status of", &e);
                     outcome.again = true;
