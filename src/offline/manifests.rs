@@ -7,6 +7,9 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::resources::{API_VERSION, Addon, Cluster, IPAMAllocation, IPAMPool};
+use crate::validation::strict::{self, Kind, RawNode};
+
+use super::yaml;
 
 /// Everything read, in file order.
 #[derive(Clone, Debug, Default)]
@@ -28,12 +31,8 @@ pub enum ManifestError {
     },
     #[error("{path}: not valid YAML: {message}")]
     Yaml { path: PathBuf, message: String },
-    #[error("{path}: document {index}: {message}")]
-    Document {
-        path: PathBuf,
-        index: usize,
-        message: String,
-    },
+    #[error("invalid manifests:\n{}", .0.iter().map(|p| format!("  {p}")).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<String>),
     #[error("{kind} {name} is defined twice: in {first} and in {second}")]
     Duplicate {
         kind: String,
@@ -45,95 +44,121 @@ pub enum ManifestError {
 
 /// Reads every path: a file, or a directory whose `*.yaml` / `*.yml` files are read in name
 /// order (subdirectories included).
+///
+/// Every document of a kipam kind is checked strictly against its schema first (unknown
+/// fields, wrong types, numbers that are not whole or do not fit; see
+/// [`crate::validation::strict`]). All problems of all files are reported together.
 pub fn load(paths: &[PathBuf]) -> Result<Manifests, ManifestError> {
     let mut files = Vec::new();
     for path in paths {
         collect(path, &mut files)?;
     }
     let mut out = Manifests::default();
+    let mut problems = Vec::new();
     let mut seen: BTreeMap<(String, String), String> = BTreeMap::new();
     for file in files {
-        let text = std::fs::read_to_string(&file).map_err(|source| ManifestError::Read {
+        let text = yaml::read_text(&file).map_err(|source| ManifestError::Read {
             path: file.clone(),
             source,
         })?;
         let docs = parse_documents(&file, &text)?;
         for (index, doc) in docs.into_iter().enumerate() {
-            let where_ = format!("{} (document {})", file.display(), index + 1);
-            let Some(kind) = doc.get("kind").and_then(Value::as_str).map(str::to_string) else {
-                return Err(ManifestError::Document {
-                    path: file.clone(),
-                    index: index + 1,
-                    message: "has no kind".into(),
-                });
+            let where_ = match doc.line {
+                Some(line) => format!("{}:{line}", file.display()),
+                None => format!("{} (document {})", file.display(), index + 1),
             };
-            let ours = matches!(
-                kind.as_str(),
-                "IPAMPool" | "Cluster" | "Addon" | "IPAMAllocation"
-            );
-            let api_version = doc.get("apiVersion").and_then(Value::as_str).unwrap_or("");
-            let name = doc
-                .pointer("/metadata/name")
-                .and_then(Value::as_str)
+            let Some(kind) = doc.get_str("kind").map(str::to_string) else {
+                problems.push(format!("{where_}: the document has no kind"));
+                continue;
+            };
+            let api_version = doc.get_str("apiVersion").unwrap_or("").to_string();
+            let metadata = doc.get("metadata");
+            let name = metadata
+                .and_then(|m| m.get_str("name"))
                 .unwrap_or("")
                 .to_string();
-            if !ours || (kind == "Cluster" && api_version != API_VERSION) {
+            let kipam_kind = Kind::from_name(&kind);
+            let Some(kipam_kind) =
+                kipam_kind.filter(|_| kind != "Cluster" || api_version == API_VERSION)
+            else {
                 out.ignored
                     .push(format!("{where_}: {api_version} {kind} {name}"));
                 continue;
-            }
+            };
             if api_version != API_VERSION {
-                return Err(ManifestError::Document {
-                    path: file.clone(),
-                    index: index + 1,
-                    message: format!(
-                        "{kind} {name}: apiVersion {api_version:?} is not {API_VERSION} \
-                         (a KKP manifest works once its apiVersion is changed)"
-                    ),
-                });
+                problems.push(format!(
+                    "{where_}: {kind} {name}: apiVersion {api_version:?} is not {API_VERSION} \
+                     (a KKP manifest works once its apiVersion is changed)"
+                ));
+                continue;
             }
-            let namespace = doc
-                .pointer("/metadata/namespace")
-                .and_then(Value::as_str)
+            let namespace = metadata
+                .and_then(|m| m.get_str("namespace"))
                 .unwrap_or("")
                 .to_string();
             let key = (kind.clone(), format!("{namespace}/{name}"));
             if let Some(first) = seen.get(&key) {
-                return Err(ManifestError::Duplicate {
-                    kind,
-                    name: if namespace.is_empty() {
-                        name
-                    } else {
-                        format!("{namespace}/{name}")
-                    },
-                    first: first.clone(),
-                    second: where_,
-                });
+                problems.push(
+                    ManifestError::Duplicate {
+                        kind,
+                        name: if namespace.is_empty() {
+                            name
+                        } else {
+                            format!("{namespace}/{name}")
+                        },
+                        first: first.clone(),
+                        second: where_,
+                    }
+                    .to_string(),
+                );
+                continue;
             }
-            seen.insert(key, where_);
-            let at = |message: String| ManifestError::Document {
-                path: file.clone(),
-                index: index + 1,
-                message: format!("{kind} {name}: {message}"),
+            seen.insert(key, where_.clone());
+            let object = if namespace.is_empty() {
+                format!("{kind} {name}")
+            } else {
+                format!("{kind} {namespace}/{name}")
             };
-            match kind.as_str() {
-                "IPAMPool" => out.pools.push(typed(doc).map_err(at)?),
-                "Cluster" => out.clusters.push(typed(doc).map_err(at)?),
-                "Addon" => out.addons.push(typed(doc).map_err(at)?),
-                _ => out.allocations.push(typed(doc).map_err(at)?),
+            let found = strict::check_object(kipam_kind, &object, &doc);
+            if !found.is_empty() {
+                problems.extend(found.iter().map(|p| located(&file, &where_, p)));
+                continue;
+            }
+            let at = |message: String| format!("{where_}: {object}: {message}");
+            let json = doc.to_json();
+            let result = match kipam_kind {
+                Kind::IPAMPool => typed(json).map(|o| out.pools.push(o)),
+                Kind::Cluster => typed(json).map(|o| out.clusters.push(o)),
+                Kind::Addon => typed(json).map(|o| out.addons.push(o)),
+                Kind::IPAMAllocation => typed(json).map(|o| out.allocations.push(o)),
+            };
+            if let Err(message) = result {
+                problems.push(at(message));
             }
         }
     }
-    Ok(out)
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(ManifestError::Invalid(problems))
+    }
 }
 
-/// The non-empty documents of a YAML stream.
-pub fn parse_documents(path: &Path, text: &str) -> Result<Vec<Value>, ManifestError> {
-    let docs: Vec<Value> = serde_saphyr::from_multiple(text).map_err(|e| ManifestError::Yaml {
+/// `file:line: message` for a problem found by the strict check (`where_` when the line of
+/// the field itself is unknown).
+pub(crate) fn located(file: &Path, where_: &str, problem: &strict::Problem) -> String {
+    match problem.line {
+        Some(line) => format!("{}:{line}: {}", file.display(), problem.error),
+        None => format!("{where_}: {}", problem.error),
+    }
+}
+
+/// The non-empty documents of a YAML stream, scalars kept as written.
+pub fn parse_documents(path: &Path, text: &str) -> Result<Vec<RawNode>, ManifestError> {
+    yaml::parse_stream(text).map_err(|message| ManifestError::Yaml {
         path: path.to_path_buf(),
-        message: e.to_string(),
-    })?;
-    Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
+        message,
+    })
 }
 
 fn typed<T: DeserializeOwned>(doc: Value) -> Result<T, String> {

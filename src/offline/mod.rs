@@ -8,6 +8,7 @@
 pub mod addons;
 pub mod manifests;
 pub mod state_file;
+pub mod yaml;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;

@@ -8,9 +8,11 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::resources::IPAMAllocation;
+use crate::resources::{API_VERSION, IPAMAllocation};
+use crate::validation::strict::{self, Kind};
 
-use super::manifests::parse_documents;
+use super::manifests::{located, parse_documents};
+use super::yaml;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -31,8 +33,13 @@ pub enum StateError {
 }
 
 /// The stored allocations; an absent file is an empty state.
+///
+/// Read as strictly as manifests: every document must be an `IPAMAllocation` of
+/// `ipam.kipam.dev/v1alpha1` with only known fields of the right types (see
+/// [`crate::validation::strict`]). Any problem refuses the whole file; it is never rewritten
+/// by a refused run.
 pub fn read(path: &Path) -> Result<Vec<IPAMAllocation>, StateError> {
-    let text = match std::fs::read_to_string(path) {
+    let text = match yaml::read_text(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(source) => {
@@ -47,29 +54,65 @@ pub fn read(path: &Path) -> Result<Vec<IPAMAllocation>, StateError> {
         message,
     };
     let docs = parse_documents(path, &text).map_err(|e| corrupt(e.to_string()))?;
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(docs.len());
+    let mut problems = Vec::new();
     let mut seen = BTreeSet::new();
     for (i, doc) in docs.into_iter().enumerate() {
-        let kind = doc.get("kind").and_then(|k| k.as_str()).unwrap_or("");
+        let where_ = match doc.line {
+            Some(line) => format!("{}:{line}", path.display()),
+            None => format!("{} (document {})", path.display(), i + 1),
+        };
+        let kind = doc.get_str("kind").unwrap_or("");
         if kind != "IPAMAllocation" {
-            return Err(corrupt(format!(
-                "document {} is a {kind:?}, not an IPAMAllocation",
+            problems.push(format!(
+                "{where_}: document {} is a {kind:?}, not an IPAMAllocation",
                 i + 1
-            )));
+            ));
+            continue;
         }
-        let obj: IPAMAllocation =
-            serde_json::from_value(doc).map_err(|e| corrupt(format!("document {}: {e}", i + 1)))?;
+        let api_version = doc.get_str("apiVersion").unwrap_or("");
+        if api_version != API_VERSION {
+            problems.push(format!(
+                "{where_}: apiVersion {api_version:?} is not {API_VERSION}"
+            ));
+            continue;
+        }
+        let metadata = doc.get("metadata");
+        let name = |key: &str| {
+            metadata
+                .and_then(|m| m.get_str(key))
+                .unwrap_or("")
+                .to_string()
+        };
+        let object = format!("IPAMAllocation {}/{}", name("namespace"), name("name"));
+        let found = strict::check_object(Kind::IPAMAllocation, &object, &doc);
+        if !found.is_empty() {
+            problems.extend(found.iter().map(|p| located(path, &where_, p)));
+            continue;
+        }
+        let obj: IPAMAllocation = match serde_json::from_value(doc.to_json()) {
+            Ok(o) => o,
+            Err(e) => {
+                problems.push(format!("{where_}: {object}: {e}"));
+                continue;
+            }
+        };
         let key = (obj.metadata.namespace.clone(), obj.metadata.name.clone());
         if !seen.insert(key.clone()) {
-            return Err(corrupt(format!(
-                "IPAMAllocation {}/{} appears twice",
+            problems.push(format!(
+                "{where_}: IPAMAllocation {}/{} appears twice",
                 key.0.unwrap_or_default(),
                 key.1.unwrap_or_default()
-            )));
+            ));
+            continue;
         }
         out.push(obj);
     }
-    Ok(out)
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(corrupt(problems.join("\n  ")))
+    }
 }
 
 /// The file content for a state: objects sorted by namespace and name.

@@ -7,10 +7,13 @@
 mod allocation;
 mod cluster;
 mod pool;
+mod references;
+pub mod strict;
 
 pub use allocation::stored_allocation;
 pub use cluster::cluster_input;
 pub use pool::{pool_input, validate_pool};
+pub use references::override_pools;
 
 use std::fmt;
 

@@ -1,0 +1,221 @@
+//! Reading YAML streams (manifests and the state file) into [`RawNode`] trees, with the
+//! parser's budgets set on purpose.
+//!
+//! serde-saphyr protects itself with budgets whose defaults suit a configuration file (at most
+//! 1,024 documents, 250,000 nodes, 1,000,000 events per stream). kipam's state file holds one
+//! document per cluster and pool, so those defaults would make a state written for 1,500
+//! clusters unreadable by the next run. Instead, one bound is documented — [`MAX_FILE_BYTES`]
+//! per file — and the budgets are derived from it so that any file under that size that is
+//! ordinary YAML fits, while alias bombs and nesting storms stay refused.
+
+use std::path::Path;
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_saphyr::Spanned;
+
+use crate::validation::strict::{RawNode, RawValue};
+
+/// The largest file kipam reads (manifest or state): 256 MiB. A state file of 100,000
+/// allocations is about 40 MiB.
+pub const MAX_FILE_BYTES: u64 = 256 * 1024 * 1024;
+
+/// Documents per file: far above any real input (a document takes at least a few bytes).
+const MAX_DOCUMENTS: usize = 4_000_000;
+/// Nodes (scalars, lists, mappings) per file: one node per 8 bytes of input, the density of
+/// a state file is about one per 15.
+const MAX_NODES: usize = (MAX_FILE_BYTES / 8) as usize;
+/// Parser events per file: about one per node plus the ends of lists, mappings, documents.
+const MAX_EVENTS: usize = 3 * MAX_NODES;
+/// Nesting: kipam's kinds are at most 7 levels deep; 64 is the parser's default.
+const MAX_DEPTH: usize = 64;
+
+/// Reads the file at `path`, refusing files larger than [`MAX_FILE_BYTES`].
+pub fn read_text(path: &Path) -> std::io::Result<String> {
+    let meta = std::fs::metadata(path)?;
+    if meta.is_file() && meta.len() > MAX_FILE_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::FileTooLarge,
+            format!(
+                "the file is {} bytes; kipam reads files of at most {} bytes (256 MiB)",
+                meta.len(),
+                MAX_FILE_BYTES
+            ),
+        ));
+    }
+    std::fs::read_to_string(path)
+}
+
+/// The parser options kipam reads with.
+fn options() -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_reader_input_bytes = Some(MAX_FILE_BYTES as usize);
+    budget.max_documents = MAX_DOCUMENTS;
+    budget.max_nodes = MAX_NODES;
+    budget.max_events = MAX_EVENTS;
+    budget.max_total_scalar_bytes = MAX_FILE_BYTES as usize;
+    budget.max_depth = MAX_DEPTH;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options
+}
+
+/// The non-empty documents of a YAML stream, each with the line it starts on.
+pub fn parse_stream(text: &str) -> Result<Vec<RawNode>, String> {
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!(
+            "{} bytes is more than the {MAX_FILE_BYTES} bytes (256 MiB) kipam reads",
+            text.len()
+        ));
+    }
+    let docs: Vec<Spanned<Raw>> =
+        serde_saphyr::from_multiple_with_options(text, options()).map_err(|e| e.to_string())?;
+    let mut out = Vec::with_capacity(docs.len());
+    for doc in docs {
+        let node = convert(text, doc);
+        if !node.is_null() {
+            out.push(node);
+        }
+    }
+    Ok(out)
+}
+
+fn convert(text: &str, node: Spanned<Raw>) -> RawNode {
+    let line = Some(node.referenced.line()).filter(|l| *l > 0);
+    let span = node.referenced.span();
+    let written = match node.value {
+        Raw::Null | Raw::Bool(_) | Raw::Int(_) | Raw::Float(_) => span
+            .byte_offset()
+            .zip(span.byte_len())
+            .and_then(|(o, l)| text.get(o as usize..(o + l) as usize))
+            .filter(|w| !w.is_empty())
+            .map(str::to_string),
+        _ => None,
+    };
+    let value = match node.value {
+        Raw::Null => RawValue::Null,
+        Raw::Bool(b) => RawValue::Bool(b),
+        Raw::Int(i) => RawValue::Int(i),
+        Raw::Float(f) => RawValue::Float(f),
+        Raw::String(s) => RawValue::String(s),
+        Raw::Seq(items) => RawValue::Seq(items.into_iter().map(|i| convert(text, i)).collect()),
+        Raw::Map(entries) => RawValue::Map(
+            entries
+                .into_iter()
+                .map(|(k, v)| (k, convert(text, v)))
+                .collect(),
+        ),
+    };
+    RawNode {
+        value,
+        written,
+        line,
+    }
+}
+
+/// What the parser hands over, before locations are turned into lines and written text.
+enum Raw {
+    Null,
+    Bool(bool),
+    Int(i128),
+    Float(f64),
+    String(String),
+    Seq(Vec<Spanned<Raw>>),
+    Map(Vec<(String, Spanned<Raw>)>),
+}
+
+struct RawVisitor;
+
+impl<'de> Visitor<'de> for RawVisitor {
+    type Value = Raw;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any YAML value")
+    }
+    fn visit_unit<E>(self) -> Result<Raw, E> {
+        Ok(Raw::Null)
+    }
+    fn visit_none<E>(self) -> Result<Raw, E> {
+        Ok(Raw::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Raw, D::Error> {
+        d.deserialize_any(RawVisitor)
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Raw, E> {
+        Ok(Raw::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Raw, E> {
+        Ok(Raw::Int(v.into()))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Raw, E> {
+        Ok(Raw::Int(v.into()))
+    }
+    fn visit_i128<E>(self, v: i128) -> Result<Raw, E> {
+        Ok(Raw::Int(v))
+    }
+    fn visit_u128<E: de::Error>(self, v: u128) -> Result<Raw, E> {
+        Ok(i128::try_from(v)
+            .map(Raw::Int)
+            .unwrap_or(Raw::Float(v as f64)))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Raw, E> {
+        Ok(Raw::Float(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Raw, E> {
+        Ok(Raw::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Raw, E> {
+        Ok(Raw::String(v))
+    }
+    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Raw, E> {
+        Ok(Raw::String(String::from_utf8_lossy(v).into_owned()))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Raw, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Raw::Seq(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Raw, A::Error> {
+        let mut entries = Vec::new();
+        while let Some((key, value)) = map.next_entry::<String, Spanned<Raw>>()? {
+            entries.push((key, value));
+        }
+        Ok(Raw::Map(entries))
+    }
+}
+
+impl<'de> Deserialize<'de> for Raw {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Raw, D::Error> {
+        d.deserialize_any(RawVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scalars_keep_their_written_form_and_line() {
+        let docs = parse_stream("# c\na: 8.5\nb: 18446744073709551616\n---\n---\nc: yes\n")
+            .expect("parses");
+        assert_eq!(docs.len(), 2, "the empty document is dropped");
+        let a = docs[0].get("a").expect("a");
+        assert_eq!((a.as_written(), a.line), ("8.5".to_string(), Some(2)));
+        assert_eq!(
+            docs[0].get("b").map(RawNode::as_written).as_deref(),
+            Some("18446744073709551616")
+        );
+        let c = docs[1].get("c").expect("c");
+        assert_eq!(
+            (c.value.clone(), c.as_written()),
+            (RawValue::Bool(true), "yes".into())
+        );
+    }
+
+    #[test]
+    fn more_than_the_default_1024_documents() {
+        let text = "---\na: 1\n".repeat(5_000);
+        assert_eq!(parse_stream(&text).map(|d| d.len()), Ok(5_000));
+    }
+}
