@@ -225,6 +225,9 @@ fn run_offline(args: OfflineArgs) -> ExitCode {
     for skipped in &report.ignored {
         eprintln!("note: skipped {skipped}");
     }
+    for warning in &report.warnings {
+        eprintln!("warning: {warning}");
+    }
     print!("{}", offline::summary_table(&report.plan));
     println!();
     println!(
@@ -317,7 +320,10 @@ fn render(args: &RenderArgs) -> Result<String, String> {
 
 fn run_validate(args: ValidateArgs) -> ExitCode {
     match validate(&args) {
-        Ok(summary) => {
+        Ok((summary, warnings)) => {
+            for w in warnings {
+                eprintln!("warning: {w}");
+            }
             println!("{summary}");
             ExitCode::SUCCESS
         }
@@ -330,7 +336,8 @@ fn run_validate(args: ValidateArgs) -> ExitCode {
     }
 }
 
-fn validate(args: &ValidateArgs) -> Result<String, Vec<String>> {
+/// The summary and the warnings, or every problem found.
+fn validate(args: &ValidateArgs) -> Result<(String, Vec<String>), Vec<String>> {
     let new = offline::manifests::load(&args.files).map_err(|e| vec![e.to_string()])?;
     let old = match &args.old {
         Some(p) => {
@@ -355,24 +362,46 @@ fn validate(args: &ValidateArgs) -> Result<String, Vec<String>> {
         None => Vec::new(),
     };
     let mut errors = Vec::new();
-    for pool in &new.pools {
-        let previous = old.iter().find(|o| o.metadata.name == pool.metadata.name);
-        if let Err(e) = validation::validate_pool(pool, previous, &stored) {
-            errors.extend(e.iter().map(|e| e.to_string()));
+    let mut cluster_inputs = Vec::new();
+    for cluster in &new.clusters {
+        match validation::cluster_input(cluster) {
+            Ok(c) => cluster_inputs.push(c),
+            Err(e) => errors.extend(e.iter().map(|e| e.to_string())),
         }
     }
-    for cluster in &new.clusters {
-        if let Err(e) = validation::cluster_input(cluster) {
-            errors.extend(e.iter().map(|e| e.to_string()));
+    // Overrides must name a pool, when pools are known at all.
+    let pool_names: Vec<&str> = new
+        .pools
+        .iter()
+        .chain(&old)
+        .filter_map(|p| p.metadata.name.as_deref())
+        .collect();
+    if !pool_names.is_empty() {
+        for cluster in &new.clusters {
+            let found = validation::override_pools(cluster, pool_names.iter().copied());
+            errors.extend(found.iter().map(|e| e.to_string()));
+        }
+    }
+    let clusters = (!new.clusters.is_empty()).then_some(cluster_inputs.as_slice());
+    let mut pool_inputs = Vec::new();
+    for pool in &new.pools {
+        let previous = old.iter().find(|o| o.metadata.name == pool.metadata.name);
+        match validation::validate_pool_with_clusters(pool, previous, &stored, clusters) {
+            Ok(p) => pool_inputs.push(p),
+            Err(e) => errors.extend(e.iter().map(|e| e.to_string())),
         }
     }
     if !errors.is_empty() {
         return Err(errors);
     }
-    Ok(format!(
-        "valid: {} pools, {} clusters",
-        new.pools.len(),
-        new.clusters.len()
+    let warnings = offline::overlaps::overlap_warnings(&pool_inputs, &[]);
+    Ok((
+        format!(
+            "valid: {} pools, {} clusters",
+            new.pools.len(),
+            new.clusters.len()
+        ),
+        warnings,
     ))
 }
 

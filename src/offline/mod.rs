@@ -7,6 +7,7 @@
 
 pub mod addons;
 pub mod manifests;
+pub mod overlaps;
 pub mod state_file;
 pub mod yaml;
 
@@ -47,6 +48,9 @@ pub struct OfflineReport {
     pub state_written: bool,
     /// Documents skipped because kipam does not read their kind.
     pub ignored: Vec<String>,
+    /// Things that are allowed but likely wrong: pools overlapping in one datacenter, and the
+    /// addresses held through both.
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -88,17 +92,28 @@ pub fn run(options: &OfflineOptions) -> Result<OfflineReport, OfflineError> {
         }
         .into());
     }
-    let mut pools = Vec::new();
-    for pool in &manifests.pools {
-        match validation::validate_pool(pool, None, &stored) {
-            Ok(p) => pools.push(p),
-            Err(e) => errors.extend(e),
-        }
-    }
     let mut clusters = Vec::new();
     for cluster in &manifests.clusters {
         match validation::cluster_input(cluster) {
             Ok(c) => clusters.push(c),
+            Err(e) => errors.extend(e),
+        }
+    }
+    let pool_names: Vec<&str> = manifests
+        .pools
+        .iter()
+        .filter_map(|p| p.metadata.name.as_deref())
+        .collect();
+    for cluster in &manifests.clusters {
+        errors.extend(validation::override_pools(
+            cluster,
+            pool_names.iter().copied(),
+        ));
+    }
+    let mut pools = Vec::new();
+    for pool in &manifests.pools {
+        match validation::validate_pool_with_clusters(pool, None, &stored, Some(&clusters)) {
+            Ok(p) => pools.push(p),
             Err(e) => errors.extend(e),
         }
     }
@@ -107,6 +122,7 @@ pub fn run(options: &OfflineOptions) -> Result<OfflineReport, OfflineError> {
     }
 
     let plan = planner::plan(&pools, &clusters, &stored);
+    let warnings = overlaps::overlap_warnings(&pools, &plan.decisions);
 
     let existing: HashMap<(String, String), &IPAMAllocation> = stored_objects
         .iter()
@@ -156,6 +172,7 @@ pub fn run(options: &OfflineOptions) -> Result<OfflineReport, OfflineError> {
         addons: manifests.addons,
         state_written,
         ignored: manifests.ignored,
+        warnings,
     })
 }
 
