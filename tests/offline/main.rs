@@ -1,6 +1,8 @@
 //! `kipam offline`, `kipam validate` and `kipam crds` run as a user runs them: the real
 //! binary over files in a temporary directory.
 
+mod strict;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
