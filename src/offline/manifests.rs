@@ -68,7 +68,7 @@ pub fn load(paths: &[PathBuf]) -> Result<Manifests, ManifestError> {
                 None => format!("{} (document {})", file.display(), index + 1),
             };
             let Some(kind) = doc.get_str("kind").map(str::to_string) else {
-                problems.push(format!("{where_}: the document has no kind"));
+                problems.push(format!("{where_}: {}", no_kind(&doc)));
                 continue;
             };
             let api_version = doc.get_str("apiVersion").unwrap_or("").to_string();
@@ -78,13 +78,28 @@ pub fn load(paths: &[PathBuf]) -> Result<Manifests, ManifestError> {
                 .unwrap_or("")
                 .to_string();
             let kipam_kind = Kind::from_name(&kind);
-            let Some(kipam_kind) =
-                kipam_kind.filter(|_| kind != "Cluster" || api_version == API_VERSION)
-            else {
+            // KKP's Cluster kind shares the name: a Cluster of another API group is not ours.
+            // One without any apiVersion is a mistake in a kipam manifest.
+            let Some(kipam_kind) = kipam_kind.filter(|_| {
+                kind != "Cluster" || api_version == API_VERSION || api_version.is_empty()
+            }) else {
                 out.ignored
                     .push(format!("{where_}: {api_version} {kind} {name}"));
                 continue;
             };
+            if api_version.is_empty() {
+                let mut found = vec![format!(
+                    "{where_}: {kind} {name}: apiVersion: is required ({API_VERSION})"
+                )];
+                let object = format!("{kind} {name}");
+                found.extend(
+                    strict::check_object(kipam_kind, &object, &doc)
+                        .iter()
+                        .map(|p| located(&file, &where_, p)),
+                );
+                problems.extend(found);
+                continue;
+            }
             if api_version != API_VERSION {
                 problems.push(format!(
                     "{where_}: {kind} {name}: apiVersion {api_version:?} is not {API_VERSION} \
@@ -142,6 +157,19 @@ pub fn load(paths: &[PathBuf]) -> Result<Manifests, ManifestError> {
     } else {
         Err(ManifestError::Invalid(problems))
     }
+}
+
+/// Why a document without a `kind` is refused, with the key meant when one is close.
+pub(crate) fn no_kind(doc: &RawNode) -> String {
+    let mut message = "the document has no kind".to_string();
+    if let strict::RawValue::Map(entries) = &doc.value
+        && let Some((key, _)) = entries
+            .iter()
+            .find(|(k, _)| strict::suggest(k, ["kind"]).is_some())
+    {
+        message.push_str(&format!(" (is `{key}` meant to be `kind`?)"));
+    }
+    message
 }
 
 /// `file:line: message` for a problem found by the strict check (`where_` when the line of

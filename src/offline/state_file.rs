@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use crate::resources::{API_VERSION, IPAMAllocation};
 use crate::validation::strict::{self, Kind};
 
-use super::manifests::{located, parse_documents};
+use super::manifests::{located, no_kind, parse_documents};
 use super::yaml;
 
 #[derive(Debug, thiserror::Error)]
@@ -62,7 +62,10 @@ pub fn read(path: &Path) -> Result<Vec<IPAMAllocation>, StateError> {
             Some(line) => format!("{}:{line}", path.display()),
             None => format!("{} (document {})", path.display(), i + 1),
         };
-        let kind = doc.get_str("kind").unwrap_or("");
+        let Some(kind) = doc.get_str("kind") else {
+            problems.push(format!("{where_}: {}", no_kind(&doc)));
+            continue;
+        };
         if kind != "IPAMAllocation" {
             problems.push(format!(
                 "{where_}: document {} is a {kind:?}, not an IPAMAllocation",
