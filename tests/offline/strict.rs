@@ -369,3 +369,77 @@ fn a_cluster_with_its_own_prefix_is_not_mistaken_for_a_changed_pool() {
     }
     assert!(w.read("state.yaml").contains("cidr: 2001:db8::/60"));
 }
+
+#[test]
+fn validate_checks_pools_against_the_state_and_overrides_against_the_pools() {
+    let w = Workdir::new("validate-state");
+    let good = w.write("good.yaml", &format!("{POOL}{}", clusters(&["a"])));
+    let state = w.path("state.yaml");
+    assert_eq!(
+        offline(&[good.to_str().unwrap()], &state).status.code(),
+        Some(0)
+    );
+    let moved = w.write(
+        "moved.yaml",
+        &format!(
+            "{}{}",
+            POOL.replace("10.0.0.0/29", "10.0.1.0/29"),
+            clusters(&["a"])
+        ),
+    );
+    // Without --old: the state shows the allocation outside the new poolCidr.
+    let run = kipam(&[
+        "validate",
+        "-f",
+        moved.to_str().unwrap(),
+        "--state",
+        state.to_str().unwrap(),
+    ]);
+    assert_eq!(run.status.code(), Some(1));
+    assert!(
+        text(&run.stderr).contains("IPAMPool small: spec.datacenters[dc-1].poolCidr \"10.0.1.0/29\": is immutable: stored allocations lie outside it (made from an earlier poolCidr); allocations affected: a (10.0.0.0-10.0.0.3)"),
+        "{}",
+        text(&run.stderr)
+    );
+    // With --old too: the old value, and the allocations affected.
+    let run = kipam(&[
+        "validate",
+        "-f",
+        moved.to_str().unwrap(),
+        "--old",
+        good.to_str().unwrap(),
+        "--state",
+        state.to_str().unwrap(),
+    ]);
+    assert_eq!(run.status.code(), Some(1));
+    assert_eq!(
+        text(&run.stderr),
+        "IPAMPool small: spec.datacenters[dc-1].poolCidr \"10.0.1.0/29\": is immutable (was 10.0.0.0/29); allocations affected: a (10.0.0.0-10.0.0.3)\n"
+    );
+    // An override naming a pool that is not among the pools validated.
+    let typo = w.write(
+        "typo.yaml",
+        &format!(
+            "{POOL}{}",
+            cluster_doc("a", 1, "  ipam:\n    bigg:\n      optOut: true\n")
+        ),
+    );
+    let run = kipam(&["validate", "-f", typo.to_str().unwrap()]);
+    assert_eq!(run.status.code(), Some(1));
+    assert_eq!(
+        text(&run.stderr),
+        "Cluster a: spec.ipam[bigg]: names no IPAMPool, did you mean big?\n"
+    );
+    // Unknown fields in validate's input: exit 1, the same message as offline.
+    let unknown = w.write(
+        "unknown.yaml",
+        &POOL.replace("type: range", "type: range\n      strategie: BestFit"),
+    );
+    let run = kipam(&["validate", "-f", unknown.to_str().unwrap()]);
+    assert_eq!(run.status.code(), Some(1));
+    assert!(
+        text(&run.stderr).contains("unknown.yaml:9: IPAMPool small: spec.datacenters[dc-1].strategie: unknown field, did you mean `strategy`?"),
+        "{}",
+        text(&run.stderr)
+    );
+}
