@@ -1,6 +1,6 @@
 //! `IPAMPool` rules, for creation and update.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::address::{AddrRange, AddressCount, AddressError, Cidr};
 use crate::allocator::{Allocation, PoolConfig, PoolKind, Strategy};
@@ -367,16 +367,17 @@ fn immutables(
             (None, Some(clusters)) => {
                 // Allocations that took the pool's length: clusters still listed, without an
                 // override of their own length or subnet for this pool.
+                let by_name: HashMap<&str, &ClusterInput> =
+                    clusters.iter().map(|c| (c.name.as_str(), c)).collect();
                 let plain: Vec<(&str, &Allocation)> = held
                     .iter()
                     .copied()
                     .filter(|(c, _)| {
-                        clusters.iter().any(|ci| {
-                            ci.name == *c
-                                && !matches!(
-                                    ci.overrides.get(pool),
-                                    Some(PoolOverride::Prefix(_) | PoolOverride::PinnedCidr(_))
-                                )
+                        by_name.get(c).is_some_and(|ci| {
+                            !matches!(
+                                ci.overrides.get(pool),
+                                Some(PoolOverride::Prefix(_) | PoolOverride::PinnedCidr(_))
+                            )
                         })
                     })
                     .collect();
