@@ -8,6 +8,7 @@
 //! per file — and the budgets are derived from it so that any file under that size that is
 //! ordinary YAML fits, while alias bombs and nesting storms stay refused.
 
+use std::cell::RefCell;
 use std::path::Path;
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -67,127 +68,123 @@ pub fn parse_stream(text: &str) -> Result<Vec<RawNode>, String> {
             text.len()
         ));
     }
-    let docs: Vec<Spanned<Raw>> =
-        serde_saphyr::from_multiple_with_options(text, options()).map_err(|e| e.to_string())?;
-    let mut out = Vec::with_capacity(docs.len());
-    for doc in docs {
-        let node = convert(text, doc);
-        if !node.is_null() {
-            out.push(node);
-        }
-    }
-    Ok(out)
+    // The visitor builds the final tree directly (no second, span-carrying copy of it) and
+    // needs the source to keep scalars as written.
+    SOURCE.with(|s| *s.borrow_mut() = text.to_string());
+    let parsed: Result<Vec<Node>, _> = serde_saphyr::from_multiple_with_options(text, options());
+    SOURCE.with(|s| s.borrow_mut().clear());
+    let docs = parsed.map_err(|e| e.to_string())?;
+    Ok(docs
+        .into_iter()
+        .map(|n| n.0)
+        .filter(|n| !n.is_null())
+        .collect())
 }
 
-fn convert(text: &str, node: Spanned<Raw>) -> RawNode {
-    let line = Some(node.referenced.line()).filter(|l| *l > 0);
-    let span = node.referenced.span();
-    let written = match node.value {
-        Raw::Null | Raw::Bool(_) | Raw::Int(_) | Raw::Float(_) => span
-            .byte_offset()
-            .zip(span.byte_len())
-            .and_then(|(o, l)| text.get(o as usize..(o + l) as usize))
-            .filter(|w| !w.is_empty())
-            .map(str::to_string),
-        _ => None,
-    };
-    let value = match node.value {
-        Raw::Null => RawValue::Null,
-        Raw::Bool(b) => RawValue::Bool(b),
-        Raw::Int(i) => RawValue::Int(i),
-        Raw::Float(f) => RawValue::Float(f),
-        Raw::String(s) => RawValue::String(s),
-        Raw::Seq(items) => RawValue::Seq(items.into_iter().map(|i| convert(text, i)).collect()),
-        Raw::Map(entries) => RawValue::Map(
-            entries
-                .into_iter()
-                .map(|(k, v)| (k, convert(text, v)))
-                .collect(),
-        ),
-    };
-    RawNode {
-        value,
-        written,
-        line,
+thread_local! {
+    /// The text being parsed on this thread, for [`Node`] to slice scalars out of.
+    static SOURCE: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// A [`RawNode`] as the parser hands it over: its value, line and, for scalars that are not
+/// strings, the text as written.
+struct Node(RawNode);
+
+impl<'de> Deserialize<'de> for Node {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Node, D::Error> {
+        let spanned = Spanned::<Inner>::deserialize(d)?;
+        let value = spanned.value.0;
+        let line = Some(spanned.referenced.line()).filter(|l| *l > 0);
+        let written = match value {
+            RawValue::Null | RawValue::Bool(_) | RawValue::Int(_) | RawValue::Float(_) => {
+                let span = spanned.referenced.span();
+                span.byte_offset().zip(span.byte_len()).and_then(|(o, l)| {
+                    SOURCE.with(|s| {
+                        s.borrow()
+                            .get(o as usize..(o + l) as usize)
+                            .filter(|w| !w.is_empty())
+                            .map(str::to_string)
+                    })
+                })
+            }
+            _ => None,
+        };
+        Ok(Node(RawNode {
+            value,
+            written,
+            line,
+        }))
     }
 }
 
-/// What the parser hands over, before locations are turned into lines and written text.
-enum Raw {
-    Null,
-    Bool(bool),
-    Int(i128),
-    Float(f64),
-    String(String),
-    Seq(Vec<Spanned<Raw>>),
-    Map(Vec<(String, Spanned<Raw>)>),
+/// The value alone, read through [`RawVisitor`].
+struct Inner(RawValue);
+
+impl<'de> Deserialize<'de> for Inner {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Inner, D::Error> {
+        d.deserialize_any(RawVisitor).map(Inner)
+    }
 }
 
 struct RawVisitor;
 
 impl<'de> Visitor<'de> for RawVisitor {
-    type Value = Raw;
+    type Value = RawValue;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("any YAML value")
     }
-    fn visit_unit<E>(self) -> Result<Raw, E> {
-        Ok(Raw::Null)
+    fn visit_unit<E>(self) -> Result<RawValue, E> {
+        Ok(RawValue::Null)
     }
-    fn visit_none<E>(self) -> Result<Raw, E> {
-        Ok(Raw::Null)
+    fn visit_none<E>(self) -> Result<RawValue, E> {
+        Ok(RawValue::Null)
     }
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Raw, D::Error> {
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<RawValue, D::Error> {
         d.deserialize_any(RawVisitor)
     }
-    fn visit_bool<E>(self, v: bool) -> Result<Raw, E> {
-        Ok(Raw::Bool(v))
+    fn visit_bool<E>(self, v: bool) -> Result<RawValue, E> {
+        Ok(RawValue::Bool(v))
     }
-    fn visit_i64<E>(self, v: i64) -> Result<Raw, E> {
-        Ok(Raw::Int(v.into()))
+    fn visit_i64<E>(self, v: i64) -> Result<RawValue, E> {
+        Ok(RawValue::Int(v.into()))
     }
-    fn visit_u64<E>(self, v: u64) -> Result<Raw, E> {
-        Ok(Raw::Int(v.into()))
+    fn visit_u64<E>(self, v: u64) -> Result<RawValue, E> {
+        Ok(RawValue::Int(v.into()))
     }
-    fn visit_i128<E>(self, v: i128) -> Result<Raw, E> {
-        Ok(Raw::Int(v))
+    fn visit_i128<E>(self, v: i128) -> Result<RawValue, E> {
+        Ok(RawValue::Int(v))
     }
-    fn visit_u128<E: de::Error>(self, v: u128) -> Result<Raw, E> {
+    fn visit_u128<E: de::Error>(self, v: u128) -> Result<RawValue, E> {
         Ok(i128::try_from(v)
-            .map(Raw::Int)
-            .unwrap_or(Raw::Float(v as f64)))
+            .map(RawValue::Int)
+            .unwrap_or(RawValue::Float(v as f64)))
     }
-    fn visit_f64<E>(self, v: f64) -> Result<Raw, E> {
-        Ok(Raw::Float(v))
+    fn visit_f64<E>(self, v: f64) -> Result<RawValue, E> {
+        Ok(RawValue::Float(v))
     }
-    fn visit_str<E>(self, v: &str) -> Result<Raw, E> {
-        Ok(Raw::String(v.to_string()))
+    fn visit_str<E>(self, v: &str) -> Result<RawValue, E> {
+        Ok(RawValue::String(v.to_string()))
     }
-    fn visit_string<E>(self, v: String) -> Result<Raw, E> {
-        Ok(Raw::String(v))
+    fn visit_string<E>(self, v: String) -> Result<RawValue, E> {
+        Ok(RawValue::String(v))
     }
-    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Raw, E> {
-        Ok(Raw::String(String::from_utf8_lossy(v).into_owned()))
+    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<RawValue, E> {
+        Ok(RawValue::String(String::from_utf8_lossy(v).into_owned()))
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Raw, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<RawValue, A::Error> {
         let mut items = Vec::new();
-        while let Some(item) = seq.next_element()? {
+        while let Some(Node(item)) = seq.next_element()? {
             items.push(item);
         }
-        Ok(Raw::Seq(items))
+        Ok(RawValue::Seq(items))
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Raw, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawValue, A::Error> {
         let mut entries = Vec::new();
-        while let Some((key, value)) = map.next_entry::<String, Spanned<Raw>>()? {
+        while let Some((key, Node(value))) = map.next_entry::<String, Node>()? {
             entries.push((key, value));
         }
-        Ok(Raw::Map(entries))
-    }
-}
-
-impl<'de> Deserialize<'de> for Raw {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Raw, D::Error> {
-        d.deserialize_any(RawVisitor)
+        Ok(RawValue::Map(entries))
     }
 }
 
