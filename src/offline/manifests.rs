@@ -61,94 +61,44 @@ pub fn load(paths: &[PathBuf]) -> Result<Manifests, ManifestError> {
             path: file.clone(),
             source,
         })?;
-        let docs = parse_documents(&file, &text)?;
-        for (index, doc) in docs.into_iter().enumerate() {
+        let docs: FileDocs = yaml::parse_each(&text).map_err(|message| ManifestError::Yaml {
+            path: file.clone(),
+            message,
+        })?;
+        for (index, doc) in docs.0.into_iter().enumerate() {
             let where_ = match doc.line {
                 Some(line) => format!("{}:{line}", file.display()),
                 None => format!("{} (document {})", file.display(), index + 1),
             };
-            let Some(kind) = doc.get_str("kind").map(str::to_string) else {
-                problems.push(format!("{where_}: {}", no_kind(&doc)));
-                continue;
-            };
-            let api_version = doc.get_str("apiVersion").unwrap_or("").to_string();
-            let metadata = doc.get("metadata");
-            let name = metadata
-                .and_then(|m| m.get_str("name"))
-                .unwrap_or("")
-                .to_string();
-            let kipam_kind = Kind::from_name(&kind);
-            // KKP's Cluster kind shares the name: a Cluster of another API group is not ours.
-            // One without any apiVersion is a mistake in a kipam manifest.
-            let Some(kipam_kind) = kipam_kind.filter(|_| {
-                kind != "Cluster" || api_version == API_VERSION || api_version.is_empty()
-            }) else {
-                out.ignored
-                    .push(format!("{where_}: {api_version} {kind} {name}"));
-                continue;
-            };
-            if api_version.is_empty() {
-                let mut found = vec![format!(
-                    "{where_}: {kind} {name}: apiVersion: is required ({API_VERSION})"
-                )];
-                let object = format!("{kind} {name}");
-                found.extend(
-                    strict::check_object(kipam_kind, &object, &doc)
-                        .iter()
-                        .map(|p| located(&file, &where_, p)),
-                );
-                problems.extend(found);
-                continue;
-            }
-            if api_version != API_VERSION {
-                problems.push(format!(
-                    "{where_}: {kind} {name}: apiVersion {api_version:?} is not {API_VERSION} \
-                     (a KKP manifest works once its apiVersion is changed)"
-                ));
-                continue;
-            }
-            let namespace = metadata
-                .and_then(|m| m.get_str("namespace"))
-                .unwrap_or("")
-                .to_string();
-            let key = (kind.clone(), format!("{namespace}/{name}"));
-            if let Some(first) = seen.get(&key) {
-                problems.push(
-                    ManifestError::Duplicate {
-                        kind,
-                        name: if namespace.is_empty() {
-                            name
-                        } else {
-                            format!("{namespace}/{name}")
-                        },
-                        first: first.clone(),
-                        second: where_,
+            match doc.read {
+                Read::Ignored(what) => out.ignored.push(format!("{where_}: {what}")),
+                Read::Refused(found) => {
+                    problems.extend(found.into_iter().map(|(line, message)| match line {
+                        Some(line) => format!("{}:{line}: {message}", file.display()),
+                        None => format!("{where_}: {message}"),
+                    }));
+                }
+                Read::Object { key, shown, object } => {
+                    if let Some(first) = seen.get(&key) {
+                        problems.push(
+                            ManifestError::Duplicate {
+                                kind: key.0.clone(),
+                                name: shown,
+                                first: first.clone(),
+                                second: where_,
+                            }
+                            .to_string(),
+                        );
+                        continue;
                     }
-                    .to_string(),
-                );
-                continue;
-            }
-            seen.insert(key, where_.clone());
-            let object = if namespace.is_empty() {
-                format!("{kind} {name}")
-            } else {
-                format!("{kind} {namespace}/{name}")
-            };
-            let found = strict::check_object(kipam_kind, &object, &doc);
-            if !found.is_empty() {
-                problems.extend(found.iter().map(|p| located(&file, &where_, p)));
-                continue;
-            }
-            let at = |message: String| format!("{where_}: {object}: {message}");
-            let json = doc.to_json();
-            let result = match kipam_kind {
-                Kind::IPAMPool => typed(json).map(|o| out.pools.push(o)),
-                Kind::Cluster => typed(json).map(|o| out.clusters.push(o)),
-                Kind::Addon => typed(json).map(|o| out.addons.push(o)),
-                Kind::IPAMAllocation => typed(json).map(|o| out.allocations.push(o)),
-            };
-            if let Err(message) = result {
-                problems.push(at(message));
+                    seen.insert(key, where_);
+                    match object {
+                        Typed::Pool(o) => out.pools.push(o),
+                        Typed::Cluster(o) => out.clusters.push(o),
+                        Typed::Addon(o) => out.addons.push(o),
+                        Typed::Allocation(o) => out.allocations.push(o),
+                    }
+                }
             }
         }
     }
@@ -156,6 +106,108 @@ pub fn load(paths: &[PathBuf]) -> Result<Manifests, ManifestError> {
         Ok(out)
     } else {
         Err(ManifestError::Invalid(problems))
+    }
+}
+
+/// The documents of one file, each read as soon as it is parsed (so a large file never holds
+/// more than one document's tree at a time).
+#[derive(Default)]
+struct FileDocs(Vec<DocRead>);
+
+struct DocRead {
+    line: Option<u64>,
+    read: Read,
+}
+
+/// What one document turned out to be. Messages carry the line they are about, when known;
+/// the file is added by the caller.
+enum Read {
+    /// Not a kipam kind: `apiVersion kind name`.
+    Ignored(String),
+    Refused(Vec<(Option<u64>, String)>),
+    Object {
+        /// `(kind, namespace/name)`, to find an object defined twice.
+        key: (String, String),
+        /// The name as shown in messages (`namespace/name`, or `name`).
+        shown: String,
+        object: Typed,
+    },
+}
+
+enum Typed {
+    Pool(IPAMPool),
+    Cluster(Cluster),
+    Addon(Addon),
+    Allocation(IPAMAllocation),
+}
+
+impl yaml::DocumentSink for FileDocs {
+    fn document(&mut self, doc: RawNode) {
+        self.0.push(DocRead {
+            line: doc.line,
+            read: read_document(&doc),
+        });
+    }
+}
+
+/// Checks one document strictly and turns it into its kind's type.
+fn read_document(doc: &RawNode) -> Read {
+    let at_doc = |message: String| Read::Refused(vec![(doc.line, message)]);
+    let Some(kind) = doc.get_str("kind") else {
+        return at_doc(no_kind(doc));
+    };
+    let api_version = doc.get_str("apiVersion").unwrap_or("");
+    let metadata = doc.get("metadata");
+    let name = metadata.and_then(|m| m.get_str("name")).unwrap_or("");
+    // KKP's Cluster kind shares the name: a Cluster of another API group is not ours. One
+    // without any apiVersion is a mistake in a kipam manifest.
+    let Some(kipam_kind) = Kind::from_name(kind)
+        .filter(|_| kind != "Cluster" || api_version == API_VERSION || api_version.is_empty())
+    else {
+        return Read::Ignored(format!("{api_version} {kind} {name}"));
+    };
+    if !api_version.is_empty() && api_version != API_VERSION {
+        return at_doc(format!(
+            "{kind} {name}: apiVersion {api_version:?} is not {API_VERSION} \
+             (a KKP manifest works once its apiVersion is changed)"
+        ));
+    }
+    let namespace = metadata.and_then(|m| m.get_str("namespace")).unwrap_or("");
+    let shown = if namespace.is_empty() {
+        name.to_string()
+    } else {
+        format!("{namespace}/{name}")
+    };
+    let object = format!("{kind} {shown}");
+    let mut found: Vec<(Option<u64>, String)> = Vec::new();
+    if api_version.is_empty() {
+        found.push((
+            doc.line,
+            format!("{object}: apiVersion: is required ({API_VERSION})"),
+        ));
+    }
+    found.extend(
+        strict::check_object(kipam_kind, &object, doc)
+            .into_iter()
+            .map(|p| (p.line.or(doc.line), p.error.to_string())),
+    );
+    if !found.is_empty() {
+        return Read::Refused(found);
+    }
+    let json = doc.to_json();
+    let typed = match kipam_kind {
+        Kind::IPAMPool => typed(json).map(Typed::Pool),
+        Kind::Cluster => typed(json).map(Typed::Cluster),
+        Kind::Addon => typed(json).map(Typed::Addon),
+        Kind::IPAMAllocation => typed(json).map(Typed::Allocation),
+    };
+    match typed {
+        Ok(object) => Read::Object {
+            key: (kind.to_string(), format!("{namespace}/{name}")),
+            shown,
+            object,
+        },
+        Err(message) => at_doc(format!("{object}: {message}")),
     }
 }
 
@@ -170,23 +222,6 @@ pub(crate) fn no_kind(doc: &RawNode) -> String {
         message.push_str(&format!(" (is `{key}` meant to be `kind`?)"));
     }
     message
-}
-
-/// `file:line: message` for a problem found by the strict check (`where_` when the line of
-/// the field itself is unknown).
-pub(crate) fn located(file: &Path, where_: &str, problem: &strict::Problem) -> String {
-    match problem.line {
-        Some(line) => format!("{}:{line}: {}", file.display(), problem.error),
-        None => format!("{where_}: {}", problem.error),
-    }
-}
-
-/// The non-empty documents of a YAML stream, scalars kept as written.
-pub fn parse_documents(path: &Path, text: &str) -> Result<Vec<RawNode>, ManifestError> {
-    yaml::parse_stream(text).map_err(|message| ManifestError::Yaml {
-        path: path.to_path_buf(),
-        message,
-    })
 }
 
 fn typed<T: DeserializeOwned>(doc: Value) -> Result<T, String> {

@@ -9,9 +9,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::resources::{API_VERSION, IPAMAllocation};
-use crate::validation::strict::{self, Kind};
+use crate::validation::strict::{self, Kind, RawNode};
 
-use super::manifests::{located, no_kind, parse_documents};
+use super::manifests::{ManifestError, no_kind};
 use super::yaml;
 
 #[derive(Debug, thiserror::Error)]
@@ -53,50 +53,30 @@ pub fn read(path: &Path) -> Result<Vec<IPAMAllocation>, StateError> {
         path: path.to_path_buf(),
         message,
     };
-    let docs = parse_documents(path, &text).map_err(|e| corrupt(e.to_string()))?;
-    let mut out = Vec::with_capacity(docs.len());
+    let docs: StateDocs = yaml::parse_each(&text).map_err(|message| {
+        corrupt(
+            ManifestError::Yaml {
+                path: path.to_path_buf(),
+                message,
+            }
+            .to_string(),
+        )
+    })?;
+    let mut out = Vec::with_capacity(docs.0.len());
     let mut problems = Vec::new();
     let mut seen = BTreeSet::new();
-    for (i, doc) in docs.into_iter().enumerate() {
-        let where_ = match doc.line {
+    for (i, (line, read)) in docs.0.into_iter().enumerate() {
+        let where_ = match line {
             Some(line) => format!("{}:{line}", path.display()),
             None => format!("{} (document {})", path.display(), i + 1),
         };
-        let Some(kind) = doc.get_str("kind") else {
-            problems.push(format!("{where_}: {}", no_kind(&doc)));
-            continue;
-        };
-        if kind != "IPAMAllocation" {
-            problems.push(format!(
-                "{where_}: document {} is a {kind:?}, not an IPAMAllocation",
-                i + 1
-            ));
-            continue;
-        }
-        let api_version = doc.get_str("apiVersion").unwrap_or("");
-        if api_version != API_VERSION {
-            problems.push(format!(
-                "{where_}: apiVersion {api_version:?} is not {API_VERSION}"
-            ));
-            continue;
-        }
-        let metadata = doc.get("metadata");
-        let name = |key: &str| {
-            metadata
-                .and_then(|m| m.get_str(key))
-                .unwrap_or("")
-                .to_string()
-        };
-        let object = format!("IPAMAllocation {}/{}", name("namespace"), name("name"));
-        let found = strict::check_object(Kind::IPAMAllocation, &object, &doc);
-        if !found.is_empty() {
-            problems.extend(found.iter().map(|p| located(path, &where_, p)));
-            continue;
-        }
-        let obj: IPAMAllocation = match serde_json::from_value(doc.to_json()) {
-            Ok(o) => o,
-            Err(e) => {
-                problems.push(format!("{where_}: {object}: {e}"));
+        let obj = match read {
+            Ok(obj) => obj,
+            Err(found) => {
+                problems.extend(found.into_iter().map(|(line, message)| match line {
+                    Some(line) => format!("{}:{line}: {message}", path.display()),
+                    None => format!("{where_}: {message}"),
+                }));
                 continue;
             }
         };
@@ -116,6 +96,47 @@ pub fn read(path: &Path) -> Result<Vec<IPAMAllocation>, StateError> {
     } else {
         Err(corrupt(problems.join("\n  ")))
     }
+}
+
+/// The documents of a state file, each checked and typed as soon as it is parsed: the line it
+/// starts on, and the allocation or the problems (with their lines).
+#[derive(Default)]
+struct StateDocs(Vec<(Option<u64>, DocResult)>);
+
+type DocResult = Result<IPAMAllocation, Vec<(Option<u64>, String)>>;
+
+impl yaml::DocumentSink for StateDocs {
+    fn document(&mut self, doc: RawNode) {
+        let index = self.0.len() + 1;
+        self.0.push((doc.line, read_document(&doc, index)));
+    }
+}
+
+fn read_document(doc: &RawNode, index: usize) -> DocResult {
+    let at_doc = |message: String| Err(vec![(doc.line, message)]);
+    let Some(kind) = doc.get_str("kind") else {
+        return at_doc(no_kind(doc));
+    };
+    if kind != "IPAMAllocation" {
+        return at_doc(format!(
+            "document {index} is a {kind:?}, not an IPAMAllocation"
+        ));
+    }
+    let api_version = doc.get_str("apiVersion").unwrap_or("");
+    if api_version != API_VERSION {
+        return at_doc(format!("apiVersion {api_version:?} is not {API_VERSION}"));
+    }
+    let metadata = doc.get("metadata");
+    let name = |key: &str| metadata.and_then(|m| m.get_str(key)).unwrap_or("");
+    let object = format!("IPAMAllocation {}/{}", name("namespace"), name("name"));
+    let found = strict::check_object(Kind::IPAMAllocation, &object, doc);
+    if !found.is_empty() {
+        return Err(found
+            .into_iter()
+            .map(|p| (p.line.or(doc.line), p.error.to_string()))
+            .collect());
+    }
+    serde_json::from_value(doc.to_json()).or_else(|e| at_doc(format!("{object}: {e}")))
 }
 
 /// The file content for a state: objects sorted by namespace and name.

@@ -60,8 +60,39 @@ fn options() -> serde_saphyr::Options {
     options
 }
 
+/// Receives each document of a stream as soon as it is parsed, so that reading a stream of
+/// 100,000 documents never holds more than one document's tree at a time.
+pub trait DocumentSink: Default {
+    fn document(&mut self, node: RawNode);
+}
+
+impl DocumentSink for Vec<RawNode> {
+    fn document(&mut self, node: RawNode) {
+        self.push(node);
+    }
+}
+
+/// Adapts a [`DocumentSink`] to the collection the parser fills.
+#[derive(Default)]
+struct Collect<S>(S);
+
+impl<S: DocumentSink> Extend<Node> for Collect<S> {
+    fn extend<I: IntoIterator<Item = Node>>(&mut self, iter: I) {
+        for Node(node) in iter {
+            if !node.is_null() {
+                self.0.document(node);
+            }
+        }
+    }
+}
+
 /// The non-empty documents of a YAML stream, each with the line it starts on.
 pub fn parse_stream(text: &str) -> Result<Vec<RawNode>, String> {
+    parse_each(text)
+}
+
+/// Parses a YAML stream, handing each non-empty document to a new `S` as it is parsed.
+pub fn parse_each<S: DocumentSink>(text: &str) -> Result<S, String> {
     if text.len() as u64 > MAX_FILE_BYTES {
         return Err(format!(
             "{} bytes is more than the {MAX_FILE_BYTES} bytes (256 MiB) kipam reads",
@@ -71,14 +102,9 @@ pub fn parse_stream(text: &str) -> Result<Vec<RawNode>, String> {
     // The visitor builds the final tree directly (no second, span-carrying copy of it) and
     // needs the source to keep scalars as written.
     SOURCE.with(|s| *s.borrow_mut() = text.to_string());
-    let parsed: Result<Vec<Node>, _> = serde_saphyr::from_multiple_with_options(text, options());
+    let parsed = serde_saphyr::from_str_multiple_with_options::<Node, Collect<S>>(text, options());
     SOURCE.with(|s| s.borrow_mut().clear());
-    let docs = parsed.map_err(|e| e.to_string())?;
-    Ok(docs
-        .into_iter()
-        .map(|n| n.0)
-        .filter(|n| !n.is_null())
-        .collect())
+    parsed.map(|c| c.0).map_err(|e| e.to_string())
 }
 
 thread_local! {
