@@ -92,7 +92,7 @@ pub fn load(paths: &[PathBuf]) -> Result<Manifests, ManifestError> {
                         continue;
                     }
                     seen.insert(key, where_);
-                    match object {
+                    match *object {
                         Typed::Pool(o) => out.pools.push(o),
                         Typed::Cluster(o) => out.clusters.push(o),
                         Typed::Addon(o) => out.addons.push(o),
@@ -130,7 +130,7 @@ enum Read {
         key: (String, String),
         /// The name as shown in messages (`namespace/name`, or `name`).
         shown: String,
-        object: Typed,
+        object: Box<Typed>,
     },
 }
 
@@ -205,7 +205,7 @@ fn read_document(doc: &RawNode) -> Read {
         Ok(object) => Read::Object {
             key: (kind.to_string(), format!("{namespace}/{name}")),
             shown,
-            object,
+            object: Box::new(object),
         },
         Err(message) => at_doc(format!("{object}: {message}")),
     }
