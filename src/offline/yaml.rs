@@ -29,6 +29,9 @@ const MAX_NODES: usize = (MAX_FILE_BYTES / 8) as usize;
 const MAX_EVENTS: usize = 3 * MAX_NODES;
 /// Nesting: kipam's kinds are at most 7 levels deep; 64 is the parser's default.
 const MAX_DEPTH: usize = 64;
+/// Events replayed by aliases (`*defaults`, `<<: *defaults`) per file. This is what bounds
+/// an alias bomb; 8,000,000 is eight events of defaults merged into each of 1,000,000 objects.
+const MAX_REPLAYED_EVENTS: usize = 8_000_000;
 
 /// Reads the file at `path`, refusing files larger than [`MAX_FILE_BYTES`].
 pub fn read_text(path: &Path) -> std::io::Result<String> {
@@ -55,8 +58,16 @@ fn options() -> serde_saphyr::Options {
     budget.max_events = MAX_EVENTS;
     budget.max_total_scalar_bytes = MAX_FILE_BYTES as usize;
     budget.max_depth = MAX_DEPTH;
+    // Anchors, aliases and merge keys are bounded by the replayed events below, not by
+    // counts that a large, ordinary file (one `<<: *defaults` per object) would exceed; nor
+    // by the aliases-per-anchor ratio, which refuses one anchor used by many objects.
+    budget.max_anchors = MAX_DOCUMENTS;
+    budget.max_aliases = MAX_DOCUMENTS;
+    budget.max_merge_keys = MAX_DOCUMENTS;
+    budget.enforce_alias_anchor_ratio = false;
     let mut options = serde_saphyr::Options::default();
     options.budget = Some(budget);
+    options.alias_limits.max_total_replayed_events = MAX_REPLAYED_EVENTS;
     options
 }
 
@@ -234,6 +245,27 @@ mod tests {
             (c.value.clone(), c.as_written()),
             (RawValue::Bool(true), "yes".into())
         );
+    }
+
+    #[test]
+    fn one_anchor_merged_into_many_objects() {
+        let mut text = String::from("defaults: &d {type: range, allocationRange: 4}\ndcs:\n");
+        for i in 0..2_000 {
+            text.push_str(&format!("  dc-{i}: {{<<: *d, poolCidr: 10.0.0.0/24}}\n"));
+        }
+        let docs = parse_stream(&text).expect("parses");
+        let dcs = docs[0].get("dcs").expect("dcs");
+        let last = dcs.get("dc-1999").expect("last");
+        assert_eq!(last.get_str("type"), Some("range"));
+        // A bomb still stops: 9 levels of 10 aliases each is 10^9 replayed events.
+        let mut bomb = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..10 {
+            let p = i - 1;
+            bomb.push_str(&format!(
+                "a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
+            ));
+        }
+        assert!(parse_stream(&bomb).is_err());
     }
 
     #[test]
