@@ -92,11 +92,14 @@ pub fn run(options: &OfflineOptions) -> Result<OfflineReport, OfflineError> {
         }
         .into());
     }
+    // Clusters are read first (the pool checks against the state need their overrides), but
+    // their messages come after the pools'.
     let mut clusters = Vec::new();
+    let mut cluster_errors = Vec::new();
     for cluster in &manifests.clusters {
         match validation::cluster_input(cluster) {
             Ok(c) => clusters.push(c),
-            Err(e) => errors.extend(e),
+            Err(e) => cluster_errors.extend(e),
         }
     }
     let pool_names: Vec<&str> = manifests
@@ -105,7 +108,7 @@ pub fn run(options: &OfflineOptions) -> Result<OfflineReport, OfflineError> {
         .filter_map(|p| p.metadata.name.as_deref())
         .collect();
     for cluster in &manifests.clusters {
-        errors.extend(validation::override_pools(
+        cluster_errors.extend(validation::override_pools(
             cluster,
             pool_names.iter().copied(),
         ));
@@ -117,6 +120,7 @@ pub fn run(options: &OfflineOptions) -> Result<OfflineReport, OfflineError> {
             Err(e) => errors.extend(e),
         }
     }
+    errors.extend(cluster_errors);
     if !errors.is_empty() {
         return Err(OfflineError::Invalid(errors));
     }
