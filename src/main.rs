@@ -362,11 +362,14 @@ fn validate(args: &ValidateArgs) -> Result<(String, Vec<String>), Vec<String>> {
         None => Vec::new(),
     };
     let mut errors = Vec::new();
+    // Clusters first (the pool checks against the state need their overrides), their
+    // messages after the pools'.
+    let mut cluster_errors = Vec::new();
     let mut cluster_inputs = Vec::new();
     for cluster in &new.clusters {
         match validation::cluster_input(cluster) {
             Ok(c) => cluster_inputs.push(c),
-            Err(e) => errors.extend(e.iter().map(|e| e.to_string())),
+            Err(e) => cluster_errors.extend(e.iter().map(|e| e.to_string())),
         }
     }
     // Overrides must name a pool, when pools are known at all.
@@ -379,7 +382,7 @@ fn validate(args: &ValidateArgs) -> Result<(String, Vec<String>), Vec<String>> {
     if !pool_names.is_empty() {
         for cluster in &new.clusters {
             let found = validation::override_pools(cluster, pool_names.iter().copied());
-            errors.extend(found.iter().map(|e| e.to_string()));
+            cluster_errors.extend(found.iter().map(|e| e.to_string()));
         }
     }
     let clusters = (!new.clusters.is_empty()).then_some(cluster_inputs.as_slice());
@@ -391,6 +394,7 @@ fn validate(args: &ValidateArgs) -> Result<(String, Vec<String>), Vec<String>> {
             Err(e) => errors.extend(e.iter().map(|e| e.to_string())),
         }
     }
+    errors.extend(cluster_errors);
     if !errors.is_empty() {
         return Err(errors);
     }
