@@ -307,6 +307,9 @@ fn run_offline(args: OfflineArgs) -> ExitCode {
     for skipped in report.ignored.iter().chain(&report.render_skipped) {
         eprintln!("note: skipped {skipped}");
     }
+    for warning in &report.warnings {
+        eprintln!("warning: {warning}");
+    }
     for e in &report.render_errors {
         eprintln!("error: {e}");
     }
@@ -426,15 +429,19 @@ fn run_validate(args: ValidateArgs) -> ExitCode {
     let result = validate(&args);
     if let Some(format) = args.output.machine() {
         let value = match &result {
-            Ok((pools, clusters)) => serde_json::json!({
+            Ok((pools, clusters, warnings)) => serde_json::json!({
                 "valid": true, "pools": pools, "clusters": clusters, "errors": [],
+                "warnings": warnings,
             }),
             Err(messages) => serde_json::json!({ "valid": false, "errors": messages }),
         };
         print!("{}", offline::report::to_text(&value, format));
     }
     match result {
-        Ok((pools, clusters)) => {
+        Ok((pools, clusters, warnings)) => {
+            for w in warnings {
+                eprintln!("warning: {w}");
+            }
             if args.output == OutputFormat::Text {
                 println!("valid: {pools} pools, {clusters} clusters");
             }
@@ -449,7 +456,8 @@ fn run_validate(args: ValidateArgs) -> ExitCode {
     }
 }
 
-fn validate(args: &ValidateArgs) -> Result<(usize, usize), Vec<String>> {
+/// The counts of pools and clusters and the warnings, or every problem found.
+fn validate(args: &ValidateArgs) -> Result<(usize, usize, Vec<String>), Vec<String>> {
     let new = offline::manifests::load(&args.files).map_err(|e| vec![e.to_string()])?;
     let old = match &args.old {
         Some(p) => {
@@ -474,15 +482,36 @@ fn validate(args: &ValidateArgs) -> Result<(usize, usize), Vec<String>> {
         None => Vec::new(),
     };
     let mut errors = Vec::new();
-    for pool in &new.pools {
-        let previous = old.iter().find(|o| o.metadata.name == pool.metadata.name);
-        if let Err(e) = validation::validate_pool(pool, previous, &stored) {
-            errors.extend(e.iter().map(|e| e.to_string()));
+    // Clusters first (the pool checks against the state need their overrides), their
+    // messages after the pools'.
+    let mut cluster_errors = Vec::new();
+    let mut cluster_inputs = Vec::new();
+    for cluster in &new.clusters {
+        match validation::cluster_input(cluster) {
+            Ok(c) => cluster_inputs.push(c),
+            Err(e) => cluster_errors.extend(e.iter().map(|e| e.to_string())),
         }
     }
-    for cluster in &new.clusters {
-        if let Err(e) = validation::cluster_input(cluster) {
-            errors.extend(e.iter().map(|e| e.to_string()));
+    // Overrides must name a pool, when pools are known at all.
+    let pool_names: Vec<&str> = new
+        .pools
+        .iter()
+        .chain(&old)
+        .filter_map(|p| p.metadata.name.as_deref())
+        .collect();
+    if !pool_names.is_empty() {
+        for cluster in &new.clusters {
+            let found = validation::override_pools(cluster, pool_names.iter().copied());
+            cluster_errors.extend(found.iter().map(|e| e.to_string()));
+        }
+    }
+    let clusters = (!new.clusters.is_empty()).then_some(cluster_inputs.as_slice());
+    let mut pool_inputs = Vec::new();
+    for pool in &new.pools {
+        let previous = old.iter().find(|o| o.metadata.name == pool.metadata.name);
+        match validation::validate_pool_with_clusters(pool, previous, &stored, clusters) {
+            Ok(p) => pool_inputs.push(p),
+            Err(e) => errors.extend(e.iter().map(|e| e.to_string())),
         }
     }
     for addon in &new.addons {
@@ -492,10 +521,12 @@ fn validate(args: &ValidateArgs) -> Result<(usize, usize), Vec<String>> {
                 .map(|e| e.to_string()),
         );
     }
+    errors.extend(cluster_errors);
     if !errors.is_empty() {
         return Err(errors);
     }
-    Ok((new.pools.len(), new.clusters.len()))
+    let warnings = offline::overlaps::overlap_warnings(&pool_inputs, &[]);
+    Ok((new.pools.len(), new.clusters.len(), warnings))
 }
 
 fn run_crds(args: CrdsArgs) -> ExitCode {

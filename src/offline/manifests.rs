@@ -7,6 +7,9 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::resources::{API_VERSION, Addon, Cluster, IPAMAllocation, IPAMPool};
+use crate::validation::strict::{self, Kind, RawNode};
+
+use super::yaml;
 
 /// Everything read, in file order.
 #[derive(Clone, Debug, Default)]
@@ -28,12 +31,8 @@ pub enum ManifestError {
     },
     #[error("{path}: not valid YAML: {message}")]
     Yaml { path: PathBuf, message: String },
-    #[error("{path}: document {index}: {message}")]
-    Document {
-        path: PathBuf,
-        index: usize,
-        message: String,
-    },
+    #[error("invalid manifests:\n{}", .0.iter().map(|p| format!("  {p}")).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<String>),
     #[error("{kind} {name} is defined twice: in {first} and in {second}")]
     Duplicate {
         kind: String,
@@ -45,95 +44,184 @@ pub enum ManifestError {
 
 /// Reads every path: a file, or a directory whose `*.yaml` / `*.yml` files are read in name
 /// order (subdirectories included).
+///
+/// Every document of a kipam kind is checked strictly against its schema first (unknown
+/// fields, wrong types, numbers that are not whole or do not fit; see
+/// [`crate::validation::strict`]). All problems of all files are reported together.
 pub fn load(paths: &[PathBuf]) -> Result<Manifests, ManifestError> {
     let mut files = Vec::new();
     for path in paths {
         collect(path, &mut files)?;
     }
     let mut out = Manifests::default();
+    let mut problems = Vec::new();
     let mut seen: BTreeMap<(String, String), String> = BTreeMap::new();
     for file in files {
-        let text = std::fs::read_to_string(&file).map_err(|source| ManifestError::Read {
+        let text = yaml::read_text(&file).map_err(|source| ManifestError::Read {
             path: file.clone(),
             source,
         })?;
-        let docs = parse_documents(&file, &text)?;
-        for (index, doc) in docs.into_iter().enumerate() {
-            let where_ = format!("{} (document {})", file.display(), index + 1);
-            let Some(kind) = doc.get("kind").and_then(Value::as_str).map(str::to_string) else {
-                return Err(ManifestError::Document {
-                    path: file.clone(),
-                    index: index + 1,
-                    message: "has no kind".into(),
-                });
+        let docs: FileDocs = yaml::parse_each(&text).map_err(|message| ManifestError::Yaml {
+            path: file.clone(),
+            message,
+        })?;
+        for (index, doc) in docs.0.into_iter().enumerate() {
+            let where_ = match doc.line {
+                Some(line) => format!("{}:{line}", file.display()),
+                None => format!("{} (document {})", file.display(), index + 1),
             };
-            let ours = matches!(
-                kind.as_str(),
-                "IPAMPool" | "Cluster" | "Addon" | "IPAMAllocation"
-            );
-            let api_version = doc.get("apiVersion").and_then(Value::as_str).unwrap_or("");
-            let name = doc
-                .pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
-            if !ours || (kind == "Cluster" && api_version != API_VERSION) {
-                out.ignored
-                    .push(format!("{where_}: {api_version} {kind} {name}"));
-                continue;
-            }
-            if api_version != API_VERSION {
-                return Err(ManifestError::Document {
-                    path: file.clone(),
-                    index: index + 1,
-                    message: format!(
-                        "{kind} {name}: apiVersion {api_version:?} is not {API_VERSION} \
-                         (a KKP manifest works once its apiVersion is changed)"
-                    ),
-                });
-            }
-            let namespace = doc
-                .pointer("/metadata/namespace")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
-            let key = (kind.clone(), format!("{namespace}/{name}"));
-            if let Some(first) = seen.get(&key) {
-                return Err(ManifestError::Duplicate {
-                    kind,
-                    name: if namespace.is_empty() {
-                        name
-                    } else {
-                        format!("{namespace}/{name}")
-                    },
-                    first: first.clone(),
-                    second: where_,
-                });
-            }
-            seen.insert(key, where_);
-            let at = |message: String| ManifestError::Document {
-                path: file.clone(),
-                index: index + 1,
-                message: format!("{kind} {name}: {message}"),
-            };
-            match kind.as_str() {
-                "IPAMPool" => out.pools.push(typed(doc).map_err(at)?),
-                "Cluster" => out.clusters.push(typed(doc).map_err(at)?),
-                "Addon" => out.addons.push(typed(doc).map_err(at)?),
-                _ => out.allocations.push(typed(doc).map_err(at)?),
+            match doc.read {
+                Read::Ignored(what) => out.ignored.push(format!("{where_}: {what}")),
+                Read::Refused(found) => {
+                    problems.extend(found.into_iter().map(|(line, message)| match line {
+                        Some(line) => format!("{}:{line}: {message}", file.display()),
+                        None => format!("{where_}: {message}"),
+                    }));
+                }
+                Read::Object { key, shown, object } => {
+                    if let Some(first) = seen.get(&key) {
+                        problems.push(
+                            ManifestError::Duplicate {
+                                kind: key.0.clone(),
+                                name: shown,
+                                first: first.clone(),
+                                second: where_,
+                            }
+                            .to_string(),
+                        );
+                        continue;
+                    }
+                    seen.insert(key, where_);
+                    match *object {
+                        Typed::Pool(o) => out.pools.push(o),
+                        Typed::Cluster(o) => out.clusters.push(o),
+                        Typed::Addon(o) => out.addons.push(o),
+                        Typed::Allocation(o) => out.allocations.push(o),
+                    }
+                }
             }
         }
     }
-    Ok(out)
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(ManifestError::Invalid(problems))
+    }
 }
 
-/// The non-empty documents of a YAML stream.
-pub fn parse_documents(path: &Path, text: &str) -> Result<Vec<Value>, ManifestError> {
-    let docs: Vec<Value> = serde_saphyr::from_multiple(text).map_err(|e| ManifestError::Yaml {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })?;
-    Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
+/// The documents of one file, each read as soon as it is parsed (so a large file never holds
+/// more than one document's tree at a time).
+#[derive(Default)]
+struct FileDocs(Vec<DocRead>);
+
+struct DocRead {
+    line: Option<u64>,
+    read: Read,
+}
+
+/// What one document turned out to be. Messages carry the line they are about, when known;
+/// the file is added by the caller.
+enum Read {
+    /// Not a kipam kind: `apiVersion kind name`.
+    Ignored(String),
+    Refused(Vec<(Option<u64>, String)>),
+    Object {
+        /// `(kind, namespace/name)`, to find an object defined twice.
+        key: (String, String),
+        /// The name as shown in messages (`namespace/name`, or `name`).
+        shown: String,
+        object: Box<Typed>,
+    },
+}
+
+enum Typed {
+    Pool(IPAMPool),
+    Cluster(Cluster),
+    Addon(Addon),
+    Allocation(IPAMAllocation),
+}
+
+impl yaml::DocumentSink for FileDocs {
+    fn document(&mut self, doc: RawNode) {
+        self.0.push(DocRead {
+            line: doc.line,
+            read: read_document(&doc),
+        });
+    }
+}
+
+/// Checks one document strictly and turns it into its kind's type.
+fn read_document(doc: &RawNode) -> Read {
+    let at_doc = |message: String| Read::Refused(vec![(doc.line, message)]);
+    let Some(kind) = doc.get_str("kind") else {
+        return at_doc(no_kind(doc));
+    };
+    let api_version = doc.get_str("apiVersion").unwrap_or("");
+    let metadata = doc.get("metadata");
+    let name = metadata.and_then(|m| m.get_str("name")).unwrap_or("");
+    // KKP's Cluster kind shares the name: a Cluster of another API group is not ours. One
+    // without any apiVersion is a mistake in a kipam manifest.
+    let Some(kipam_kind) = Kind::from_name(kind)
+        .filter(|_| kind != "Cluster" || api_version == API_VERSION || api_version.is_empty())
+    else {
+        return Read::Ignored(format!("{api_version} {kind} {name}"));
+    };
+    if !api_version.is_empty() && api_version != API_VERSION {
+        return at_doc(format!(
+            "{kind} {name}: apiVersion {api_version:?} is not {API_VERSION} \
+             (a KKP manifest works once its apiVersion is changed)"
+        ));
+    }
+    let namespace = metadata.and_then(|m| m.get_str("namespace")).unwrap_or("");
+    let shown = if namespace.is_empty() {
+        name.to_string()
+    } else {
+        format!("{namespace}/{name}")
+    };
+    let object = format!("{kind} {shown}");
+    let mut found: Vec<(Option<u64>, String)> = Vec::new();
+    if api_version.is_empty() {
+        found.push((
+            doc.line,
+            format!("{object}: apiVersion: is required ({API_VERSION})"),
+        ));
+    }
+    found.extend(
+        strict::check_object(kipam_kind, &object, doc)
+            .into_iter()
+            .map(|p| (p.line.or(doc.line), p.error.to_string())),
+    );
+    if !found.is_empty() {
+        return Read::Refused(found);
+    }
+    let json = doc.to_json();
+    let typed = match kipam_kind {
+        Kind::IPAMPool => typed(json).map(Typed::Pool),
+        Kind::Cluster => typed(json).map(Typed::Cluster),
+        Kind::Addon => typed(json).map(Typed::Addon),
+        Kind::IPAMAllocation => typed(json).map(Typed::Allocation),
+    };
+    match typed {
+        Ok(object) => Read::Object {
+            key: (kind.to_string(), format!("{namespace}/{name}")),
+            shown,
+            object: Box::new(object),
+        },
+        Err(message) => at_doc(format!("{object}: {message}")),
+    }
+}
+
+/// Why a document without a `kind` is refused, with the key meant when one is close.
+pub(crate) fn no_kind(doc: &RawNode) -> String {
+    let mut message = "the document has no kind".to_string();
+    if let strict::RawValue::Map(entries) = &doc.value
+        && let Some((key, _)) = entries
+            .iter()
+            .find(|(k, _)| strict::suggest(k, ["kind"]).is_some())
+    {
+        message.push_str(&format!(" (is `{key}` meant to be `kind`?)"));
+    }
+    message
 }
 
 fn typed<T: DeserializeOwned>(doc: Value) -> Result<T, String> {

@@ -11,7 +11,9 @@ pub mod guard;
 pub mod manifests;
 pub mod out_dir;
 pub mod report;
+pub mod overlaps;
 pub mod state_file;
+pub mod yaml;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -72,6 +74,9 @@ pub struct OfflineReport {
     pub out: Option<OutReport>,
     /// Documents skipped because kipam does not read their kind.
     pub ignored: Vec<String>,
+    /// Things that are allowed but likely wrong: pools overlapping in one datacenter, and the
+    /// addresses held through both.
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -144,20 +149,35 @@ pub fn run_with_out(
         }
         .into());
     }
+    // Clusters are read first (the pool checks against the state need their overrides), but
+    // their messages come after the pools'.
+    let mut clusters = Vec::new();
+    let mut cluster_errors = Vec::new();
+    for cluster in &manifests.clusters {
+        match validation::cluster_input(cluster) {
+            Ok(c) => clusters.push(c),
+            Err(e) => cluster_errors.extend(e),
+        }
+    }
+    let pool_names: Vec<&str> = manifests
+        .pools
+        .iter()
+        .filter_map(|p| p.metadata.name.as_deref())
+        .collect();
+    for cluster in &manifests.clusters {
+        cluster_errors.extend(validation::override_pools(
+            cluster,
+            pool_names.iter().copied(),
+        ));
+    }
     let mut pools = Vec::new();
     for pool in &manifests.pools {
-        match validation::validate_pool(pool, None, &stored) {
+        match validation::validate_pool_with_clusters(pool, None, &stored, Some(&clusters)) {
             Ok(p) => pools.push(p),
             Err(e) => errors.extend(e),
         }
     }
-    let mut clusters = Vec::new();
-    for cluster in &manifests.clusters {
-        match validation::cluster_input(cluster) {
-            Ok(c) => clusters.push(c),
-            Err(e) => errors.extend(e),
-        }
-    }
+    errors.extend(cluster_errors);
     for addon in &manifests.addons {
         errors.extend(addons::check_addon(addon));
     }
@@ -172,6 +192,7 @@ pub fn run_with_out(
             return Err(OfflineError::Release(concerns));
         }
     }
+    let warnings = overlaps::overlap_warnings(&pools, &plan.decisions);
 
     let existing: HashMap<(String, String), &IPAMAllocation> = stored_objects
         .iter()
@@ -228,6 +249,7 @@ pub fn run_with_out(
         render_skipped: Vec::new(),
         out: None,
         ignored: manifests.ignored,
+        warnings,
     };
     if let Some(rendering) = &rendering {
         report.render_skipped = rendering.skipped.clone();

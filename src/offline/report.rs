@@ -217,6 +217,7 @@ pub fn offline_json(
             }),
         ),
         ("renderErrors", json!(report.render_errors)),
+        ("warnings", json!(report.warnings)),
         (
             "skipped",
             json!(

@@ -7,9 +7,11 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use crate::resources::IPAMAllocation;
+use crate::resources::{API_VERSION, IPAMAllocation};
+use crate::validation::strict::{self, Kind, RawNode};
 
-use super::manifests::parse_documents;
+use super::manifests::{ManifestError, no_kind};
+use super::yaml;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -32,8 +34,13 @@ pub enum StateError {
 }
 
 /// The stored allocations; an absent file is an empty state.
+///
+/// Read as strictly as manifests: every document must be an `IPAMAllocation` of
+/// `ipam.kipam.dev/v1alpha1` with only known fields of the right types (see
+/// [`crate::validation::strict`]). Any problem refuses the whole file; it is never rewritten
+/// by a refused run.
 pub fn read(path: &Path) -> Result<Vec<IPAMAllocation>, StateError> {
-    let text = match std::fs::read_to_string(path) {
+    let text = match yaml::read_text(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(source) => {
@@ -47,30 +54,90 @@ pub fn read(path: &Path) -> Result<Vec<IPAMAllocation>, StateError> {
         path: path.to_path_buf(),
         message,
     };
-    let docs = parse_documents(path, &text).map_err(|e| corrupt(e.to_string()))?;
-    let mut out = Vec::new();
+    let docs: StateDocs = yaml::parse_each(&text).map_err(|message| {
+        corrupt(
+            ManifestError::Yaml {
+                path: path.to_path_buf(),
+                message,
+            }
+            .to_string(),
+        )
+    })?;
+    let mut out = Vec::with_capacity(docs.0.len());
+    let mut problems = Vec::new();
     let mut seen = BTreeSet::new();
-    for (i, doc) in docs.into_iter().enumerate() {
-        let kind = doc.get("kind").and_then(|k| k.as_str()).unwrap_or("");
-        if kind != "IPAMAllocation" {
-            return Err(corrupt(format!(
-                "document {} is a {kind:?}, not an IPAMAllocation",
-                i + 1
-            )));
-        }
-        let obj: IPAMAllocation =
-            serde_json::from_value(doc).map_err(|e| corrupt(format!("document {}: {e}", i + 1)))?;
+    for (i, (line, read)) in docs.0.into_iter().enumerate() {
+        let where_ = match line {
+            Some(line) => format!("{}:{line}", path.display()),
+            None => format!("{} (document {})", path.display(), i + 1),
+        };
+        let obj = match read {
+            Ok(obj) => obj,
+            Err(found) => {
+                problems.extend(found.into_iter().map(|(line, message)| match line {
+                    Some(line) => format!("{}:{line}: {message}", path.display()),
+                    None => format!("{where_}: {message}"),
+                }));
+                continue;
+            }
+        };
         let key = (obj.metadata.namespace.clone(), obj.metadata.name.clone());
         if !seen.insert(key.clone()) {
-            return Err(corrupt(format!(
-                "IPAMAllocation {}/{} appears twice",
+            problems.push(format!(
+                "{where_}: IPAMAllocation {}/{} appears twice",
                 key.0.unwrap_or_default(),
                 key.1.unwrap_or_default()
-            )));
+            ));
+            continue;
         }
         out.push(obj);
     }
-    Ok(out)
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(corrupt(problems.join("\n  ")))
+    }
+}
+
+/// The documents of a state file, each checked and typed as soon as it is parsed: the line it
+/// starts on, and the allocation or the problems (with their lines).
+#[derive(Default)]
+struct StateDocs(Vec<(Option<u64>, DocResult)>);
+
+type DocResult = Result<IPAMAllocation, Vec<(Option<u64>, String)>>;
+
+impl yaml::DocumentSink for StateDocs {
+    fn document(&mut self, doc: RawNode) {
+        let index = self.0.len() + 1;
+        self.0.push((doc.line, read_document(&doc, index)));
+    }
+}
+
+fn read_document(doc: &RawNode, index: usize) -> DocResult {
+    let at_doc = |message: String| Err(vec![(doc.line, message)]);
+    let Some(kind) = doc.get_str("kind") else {
+        return at_doc(no_kind(doc));
+    };
+    if kind != "IPAMAllocation" {
+        return at_doc(format!(
+            "document {index} is a {kind:?}, not an IPAMAllocation"
+        ));
+    }
+    let api_version = doc.get_str("apiVersion").unwrap_or("");
+    if api_version != API_VERSION {
+        return at_doc(format!("apiVersion {api_version:?} is not {API_VERSION}"));
+    }
+    let metadata = doc.get("metadata");
+    let name = |key: &str| metadata.and_then(|m| m.get_str(key)).unwrap_or("");
+    let object = format!("IPAMAllocation {}/{}", name("namespace"), name("name"));
+    let found = strict::check_object(Kind::IPAMAllocation, &object, doc);
+    if !found.is_empty() {
+        return Err(found
+            .into_iter()
+            .map(|p| (p.line.or(doc.line), p.error.to_string()))
+            .collect());
+    }
+    serde_json::from_value(doc.to_json()).or_else(|e| at_doc(format!("{object}: {e}")))
 }
 
 /// The file content for a state: objects sorted by namespace and name.

@@ -9,10 +9,13 @@ mod cluster;
 pub mod names;
 mod pool;
 mod schema;
+mod references;
+pub mod strict;
 
 pub use allocation::stored_allocation;
 pub use cluster::cluster_input;
-pub use pool::{pool_input, validate_pool};
+pub use pool::{pool_input, validate_pool, validate_pool_with_clusters};
+pub use references::override_pools;
 
 use std::fmt;
 

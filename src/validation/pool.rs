@@ -1,10 +1,10 @@
 //! `IPAMPool` rules, for creation and update.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::address::{AddrRange, AddressCount, AddressError, Cidr};
-use crate::allocator::{PoolConfig, PoolKind, Strategy};
-use crate::planner::{DatacenterInput, PoolInput, StoredAllocation};
+use crate::allocator::{Allocation, PoolConfig, PoolKind, Strategy};
+use crate::planner::{ClusterInput, DatacenterInput, PoolInput, PoolOverride, StoredAllocation};
 use crate::resources::{AllocationType, IPAMPool, IPAMPoolDatacenter, PoolStrategy};
 
 use super::{Errors, FieldError, names};
@@ -37,17 +37,33 @@ pub fn pool_input(pool: &IPAMPool) -> Result<PoolInput, Vec<FieldError>> {
 /// Every rule: creation rules, and when `old` is given the update rules (`poolCidr`, `type`,
 /// `allocationPrefix` immutable). Exclusions added (compared as address sets with the old
 /// ones) must not hit an allocation in `stored`.
+///
+/// The immutable fields are also checked against `stored` itself, so a changed pool is
+/// caught even without `old` (the offline mode, which keeps no copy of the previous pools):
+/// see [`validate_pool_with_clusters`].
 pub fn validate_pool(
     new: &IPAMPool,
     old: Option<&IPAMPool>,
     stored: &[StoredAllocation],
 ) -> Result<PoolInput, Vec<FieldError>> {
+    validate_pool_with_clusters(new, old, stored, None)
+}
+
+/// [`validate_pool`] with the clusters known. Stored allocations of the pool must still fit it:
+/// of the pool's `type`, inside its `poolCidr`, and — when `clusters` is given, so that a
+/// cluster's own `allocationPrefix` or `cidr` override can be told apart — of its
+/// `allocationPrefix` when every such allocation agrees on another length. A mismatch is
+/// reported like an immutable field changed under `old`, naming the clusters affected.
+pub fn validate_pool_with_clusters(
+    new: &IPAMPool,
+    old: Option<&IPAMPool>,
+    stored: &[StoredAllocation],
+    clusters: Option<&[ClusterInput]>,
+) -> Result<PoolInput, Vec<FieldError>> {
     let name = new.metadata.name.clone().unwrap_or_default();
     let input = pool_input(new);
     let mut errors = Errors::new(format!("IPAMPool {name}"));
-    if let Some(old) = old {
-        immutables(new, old, &mut errors);
-    }
+    immutables(new, old, stored, clusters, &mut errors);
     if let Ok(input) = &input {
         added_exclusions(new, input, old, stored, &mut errors);
     }
@@ -245,41 +261,180 @@ fn exclusions(
     ok.then_some(out)
 }
 
-fn immutables(new: &IPAMPool, old: &IPAMPool, errors: &mut Errors) {
+/// The immutable fields of each datacenter (`type`, `poolCidr`, `allocationPrefix`), compared
+/// with the previous pool when there is one, else with what the stored allocations of that
+/// pool and datacenter show. One message per field, naming the clusters whose allocations are
+/// affected.
+fn immutables(
+    new: &IPAMPool,
+    old: Option<&IPAMPool>,
+    stored: &[StoredAllocation],
+    clusters: Option<&[ClusterInput]>,
+    errors: &mut Errors,
+) {
+    let pool = new.metadata.name.as_deref().unwrap_or_default();
     for (dc, now) in &new.spec.datacenters {
-        let Some(before) = old.spec.datacenters.get(dc) else {
-            continue; // adding a datacenter is allowed
+        let before = old.and_then(|o| o.spec.datacenters.get(dc));
+        // What this pool datacenter holds now.
+        let held: Vec<(&str, &Allocation)> = stored
+            .iter()
+            .filter(|s| s.pool == pool && &s.datacenter == dc)
+            .filter_map(|s| s.held.as_ref().map(|h| (s.cluster.as_str(), h)))
+            .collect();
+        let new_cidr = now.pool_cidr.parse::<Cidr>().ok();
+
+        // type
+        let wrong_type: Vec<(&str, &Allocation)> = held
+            .iter()
+            .copied()
+            .filter(|(_, h)| allocation_type(h) != now.type_)
+            .collect();
+        let was_type = match before {
+            Some(b) if b.type_ != now.type_ => Some((b.type_, held.clone())),
+            Some(_) => None,
+            None => wrong_type
+                .first()
+                .map(|(_, h)| (allocation_type(h), wrong_type.clone())),
         };
-        let same_cidr = match (
-            now.pool_cidr.parse::<Cidr>(),
-            before.pool_cidr.parse::<Cidr>(),
-        ) {
-            (Ok(a), Ok(b)) => a == b,
-            _ => now.pool_cidr == before.pool_cidr,
-        };
-        if !same_cidr {
-            errors.add(
-                field(dc, "poolCidr"),
-                &now.pool_cidr,
-                format!("is immutable (was {})", before.pool_cidr),
-            );
-        }
-        if now.type_ != before.type_ {
-            errors.add(
-                field(dc, "type"),
+        if let Some((was, affected)) = &was_type {
+            immutable(
+                errors,
+                dc,
+                "type",
                 now.type_.as_str(),
-                format!("is immutable (was {})", before.type_.as_str()),
+                Some(was.as_str()),
+                affected,
             );
         }
-        if now.type_ == before.type_ && now.allocation_prefix != before.allocation_prefix {
-            let show = |p: Option<i32>| p.map(|p| p.to_string()).unwrap_or_else(|| "unset".into());
-            errors.add(
-                field(dc, "allocationPrefix"),
-                show(now.allocation_prefix),
-                format!("is immutable (was {})", show(before.allocation_prefix)),
-            );
+
+        // poolCidr
+        let outside: Vec<(&str, &Allocation)> = held
+            .iter()
+            .copied()
+            .filter(|(_, h)| new_cidr.is_none_or(|c| h.ranges().any(|r| !c.contains(&r))))
+            .collect();
+        match before {
+            Some(b) => {
+                let same = match (new_cidr, b.pool_cidr.parse::<Cidr>()) {
+                    (Some(a), Ok(b)) => a == b,
+                    _ => now.pool_cidr == b.pool_cidr,
+                };
+                if !same {
+                    immutable(
+                        errors,
+                        dc,
+                        "poolCidr",
+                        &now.pool_cidr,
+                        Some(&b.pool_cidr),
+                        &outside,
+                    );
+                }
+            }
+            // An unparsable poolCidr is reported by the creation rules already.
+            None if new_cidr.is_some() && !outside.is_empty() => {
+                immutable(errors, dc, "poolCidr", &now.pool_cidr, None, &outside);
+            }
+            None => {}
+        }
+
+        // allocationPrefix (prefix pools whose type did not change)
+        if was_type.is_some() || now.type_ != AllocationType::Prefix {
+            continue;
+        }
+        let show = |p: Option<i32>| p.map(|p| p.to_string()).unwrap_or_else(|| "unset".into());
+        match (before, clusters) {
+            (Some(b), _) => {
+                if now.allocation_prefix != b.allocation_prefix {
+                    immutable(
+                        errors,
+                        dc,
+                        "allocationPrefix",
+                        &show(now.allocation_prefix),
+                        Some(&show(b.allocation_prefix)),
+                        &held,
+                    );
+                }
+            }
+            (None, Some(clusters)) => {
+                // Allocations that took the pool's length: clusters still listed, without an
+                // override of their own length or subnet for this pool.
+                let by_name: HashMap<&str, &ClusterInput> =
+                    clusters.iter().map(|c| (c.name.as_str(), c)).collect();
+                let plain: Vec<(&str, &Allocation)> = held
+                    .iter()
+                    .copied()
+                    .filter(|(c, _)| {
+                        by_name.get(c).is_some_and(|ci| {
+                            !matches!(
+                                ci.overrides.get(pool),
+                                Some(PoolOverride::Prefix(_) | PoolOverride::PinnedCidr(_))
+                            )
+                        })
+                    })
+                    .collect();
+                let lengths: Vec<i32> = plain
+                    .iter()
+                    .filter_map(|(_, h)| match h {
+                        Allocation::Prefix(c) => Some(i32::from(c.prefix_len())),
+                        Allocation::Range(_) => None,
+                    })
+                    .collect();
+                if let Some(&was) = lengths.first()
+                    && lengths.iter().all(|l| *l == was)
+                    && Some(was) != now.allocation_prefix
+                {
+                    immutable(
+                        errors,
+                        dc,
+                        "allocationPrefix",
+                        &show(now.allocation_prefix),
+                        Some(&was.to_string()),
+                        &plain,
+                    );
+                }
+            }
+            (None, None) => {}
         }
     }
+}
+
+fn allocation_type(held: &Allocation) -> AllocationType {
+    match held {
+        Allocation::Range(_) => AllocationType::Range,
+        Allocation::Prefix(_) => AllocationType::Prefix,
+    }
+}
+
+/// One immutable field that changed. `was` is the previous value when known; `affected` the
+/// allocations the change would strand.
+fn immutable(
+    errors: &mut Errors,
+    dc: &str,
+    name: &str,
+    now: &str,
+    was: Option<&str>,
+    affected: &[(&str, &Allocation)],
+) {
+    let mut reason = match was {
+        Some(was) => format!("is immutable (was {was})"),
+        None => "is immutable: stored allocations lie outside it (made from an earlier \
+                 poolCidr)"
+            .to_string(),
+    };
+    if !affected.is_empty() {
+        const SHOWN: usize = 10;
+        let list: Vec<String> = affected
+            .iter()
+            .take(SHOWN)
+            .map(|(c, h)| format!("{c} ({h})"))
+            .collect();
+        reason.push_str("; allocations affected: ");
+        reason.push_str(&list.join(", "));
+        if affected.len() > SHOWN {
+            reason.push_str(&format!(" and {} more", affected.len() - SHOWN));
+        }
+    }
+    errors.add(field(dc, name), now, reason);
 }
 
 /// Exclusions that were not there before must not hit a stored allocation of the pool.

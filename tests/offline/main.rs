@@ -2,6 +2,8 @@
 //! binary over files in a temporary directory.
 
 mod files;
+mod mutations;
+mod strict;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

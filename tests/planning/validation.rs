@@ -393,3 +393,51 @@ fn schema_bounds_are_enforced_with_server_paths() {
         ]
     );
 }
+
+#[test]
+fn allocation_prefix_is_inferred_from_the_state_only_when_unambiguous() {
+    use kipam::address::Cidr;
+    use kipam::validation::validate_pool_with_clusters;
+    let pool = pool(&one_dc(
+        "type: prefix\npoolCidr: 2001:db8::/48\nallocationPrefix: 56",
+    ));
+    let held = |cluster: &str, cidr: &str| StoredAllocation {
+        cluster: cluster.into(),
+        pool: "metallb".into(),
+        datacenter: "dc-1".into(),
+        held: Some(Allocation::Prefix(cidr.parse::<Cidr>().unwrap())),
+        reclaim_policy: None,
+        unreadable: None,
+    };
+    let a = super::cluster_in("a", "dc-1", 1);
+    let b = super::cluster_in("b", "dc-1", 2);
+    let messages = |stored: &[StoredAllocation], clusters: Option<&[_]>| -> Vec<String> {
+        match validate_pool_with_clusters(&pool, None, stored, clusters) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.iter().map(|e| e.to_string()).collect(),
+        }
+    };
+    let both_64 = [held("a", "2001:db8::/64"), held("b", "2001:db8:0:1::/64")];
+    let clusters = [a.clone(), b.clone()];
+    // Every plain allocation says /64: the pool's allocationPrefix changed.
+    assert_eq!(
+        messages(&both_64, Some(&clusters)),
+        [
+            "IPAMPool metallb: spec.datacenters[dc-1].allocationPrefix \"56\": is immutable (was 64); allocations affected: a (2001:db8::/64), b (2001:db8:0:1::/64)"
+        ]
+    );
+    // Without the clusters, no inference (an override could explain the length).
+    assert!(messages(&both_64, None).is_empty());
+    // Mixed lengths: no single old value, nothing inferred.
+    let mixed = [held("a", "2001:db8::/64"), held("b", "2001:db8:0:100::/56")];
+    assert!(messages(&mixed, Some(&clusters)).is_empty());
+    // b's own override explains its length; a alone still shows the change.
+    let mut b_own = b.clone();
+    b_own
+        .overrides
+        .insert("metallb".into(), kipam::planner::PoolOverride::Prefix(64));
+    let only_b = [held("b", "2001:db8:0:1::/64")];
+    assert!(messages(&only_b, Some(&[a.clone(), b_own])).is_empty());
+    // A cluster that is gone says nothing either.
+    assert!(messages(&only_b, Some(&[a])).is_empty());
+}

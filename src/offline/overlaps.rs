@@ -1,0 +1,96 @@
+//! Warnings about pools that overlap in one datacenter.
+//!
+//! Each pool datacenter has its own allocator, so two pools whose `poolCidr`s intersect in the
+//! same datacenter can hand the same address to two clusters. kipam does not refuse such pools
+//! (KKP does not either, and moving one is a migration a human plans), but it never lets it
+//! pass silently: the overlap is a warning naming both pools, and every address actually held
+//! through both pools is listed with the clusters holding it. The controller reports the same
+//! overlaps as the pools' `Overlap` condition ([`crate::status::find_overlaps`]).
+
+use std::collections::BTreeMap;
+
+use crate::address::AddrRange;
+use crate::planner::{Decision, PoolInput};
+use crate::status::find_overlaps;
+
+/// Most collisions listed per pair of pools; the rest are counted.
+const SHOWN: usize = 20;
+
+/// Warnings for every pair of different pools that overlap in one datacenter, then for every
+/// address held through both of them by `decisions` (empty for `kipam validate`).
+pub fn overlap_warnings(pools: &[PoolInput], decisions: &[Decision]) -> Vec<String> {
+    let cidr = |pool: &str, dc: &str| {
+        pools
+            .iter()
+            .find(|p| p.name == pool)
+            .and_then(|p| p.datacenters.get(dc))
+            .map(|d| d.config.cidr.to_string())
+            .unwrap_or_default()
+    };
+    // Held ranges per (pool, datacenter), sorted by first address.
+    let mut held: BTreeMap<(&str, &str), Vec<(AddrRange, &str)>> = BTreeMap::new();
+    for d in decisions {
+        if let Some(h) = &d.held {
+            let list = held
+                .entry((d.pool.as_str(), d.datacenter.as_str()))
+                .or_default();
+            list.extend(h.ranges().map(|r| (r, d.cluster.as_str())));
+        }
+    }
+    for list in held.values_mut() {
+        list.sort_by_key(|(r, _)| (r.first(), r.last()));
+    }
+    let mut out = Vec::new();
+    for o in find_overlaps(pools) {
+        if o.datacenter != o.other_datacenter || o.pool >= o.other_pool {
+            continue; // one pool across datacenters, or the mirror of a pair already seen
+        }
+        let dc = o.datacenter.as_str();
+        out.push(format!(
+            "pools {} ({}) and {} ({}) overlap in datacenter {dc}: both can hand out the same \
+             addresses",
+            o.pool,
+            cidr(&o.pool, dc),
+            o.other_pool,
+            cidr(&o.other_pool, dc),
+        ));
+        let empty = Vec::new();
+        let a = held.get(&(o.pool.as_str(), dc)).unwrap_or(&empty);
+        let b = held.get(&(o.other_pool.as_str(), dc)).unwrap_or(&empty);
+        let mut collisions = 0usize;
+        for (ra, ca) in a {
+            // Ranges of one pool never overlap each other, so `b` is sorted by both bounds.
+            let start = b.partition_point(|(rb, _)| rb.last() < ra.first());
+            for (rb, cb) in b[start..]
+                .iter()
+                .take_while(|(rb, _)| rb.first() <= ra.last())
+            {
+                if !ra.overlaps(rb) {
+                    continue;
+                }
+                collisions += 1;
+                if collisions <= SHOWN {
+                    let first = ra.first().max(rb.first());
+                    let last = ra.last().min(rb.last());
+                    let shared = AddrRange::new(ra.family(), first, last)
+                        .map(|r| r.to_string())
+                        .unwrap_or_default();
+                    out.push(format!(
+                        "cluster {ca} (pool {}) and cluster {cb} (pool {}) both hold {shared} \
+                         in datacenter {dc}",
+                        o.pool, o.other_pool
+                    ));
+                }
+            }
+        }
+        if collisions > SHOWN {
+            out.push(format!(
+                "... and {} more ranges held through both {} and {} in datacenter {dc}",
+                collisions - SHOWN,
+                o.pool,
+                o.other_pool
+            ));
+        }
+    }
+    out
+}
