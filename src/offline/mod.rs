@@ -10,8 +10,8 @@ pub mod files;
 pub mod guard;
 pub mod manifests;
 pub mod out_dir;
-pub mod report;
 pub mod overlaps;
+pub mod report;
 pub mod state_file;
 pub mod yaml;
 

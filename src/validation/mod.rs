@@ -8,8 +8,8 @@ mod allocation;
 mod cluster;
 pub mod names;
 mod pool;
-mod schema;
 mod references;
+mod schema;
 pub mod strict;
 
 pub use allocation::stored_allocation;

@@ -138,7 +138,7 @@ fn the_state_file_is_read_as_strictly_and_left_byte_identical() {
         ),
         (
             good.replacen("phase: Allocated", "phase: allocated", 1),
-            "status.phase \"allocated\": must be one of Pending, Allocated, Failed, Released (did you mean Allocated?)",
+            "status.phase \"allocated\": must be one of Pending, Allocated, Failed, Released, Conflict (did you mean Allocated?)",
         ),
         (
             good.replacen("  dc: dc-1\n", "  dc: 7\n", 1),
