@@ -291,3 +291,37 @@ spec:
         "clusters {created}, time from SIGSTOP to all served by the other replica: {takeovers:?}"
     );
 }
+
+/// A candidate waits out the Lease's own `leaseDurationSeconds`, not only its own
+/// `--lease-duration`: a holder with a longer lease may still be writing until then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_honours_the_leases_own_duration() {
+    let seed = Seed::start("lease-duration").await;
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%S.%6fZ")
+        .to_string();
+    seed.api
+        .apply(&json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "kipam-seed", "namespace": "kipam-system"},
+            "spec": {"holderIdentity": "ghost", "leaseDurationSeconds": 10,
+                     "acquireTime": now, "renewTime": now, "leaseTransitions": 0},
+        }))
+        .expect("lease");
+    let started = Instant::now();
+    let _ctl = seed.controller("ctl"); // --lease-duration 3
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        seed.lease_holder(),
+        "ghost",
+        "taken over before the Lease's 10 s ran out"
+    );
+    seed.wait_for(
+        "takes over after 10 s",
+        Duration::from_secs(15),
+        "ctl",
+        |s| s.lease_holder() == "ctl",
+    )
+    .await;
+    assert!(started.elapsed() >= Duration::from_secs(10));
+}
