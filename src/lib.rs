@@ -7,6 +7,7 @@
 
 pub mod address;
 pub mod allocator;
+pub mod api;
 pub mod controller;
 pub mod desired;
 pub mod offline;
