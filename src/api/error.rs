@@ -27,7 +27,7 @@ pub struct ErrorDetails {
     pub code: u16,
     pub message: String,
     /// One entry per validation problem.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub details: Vec<String>,
 }
 
