@@ -108,8 +108,12 @@ impl Seed {
 
     /// Starts `kipam controller` with short lease timings (1 s retry, 2 s deadline, 3 s lease).
     pub fn controller(&self, identity: &str) -> Controller {
+        self.controller_on(identity, free_port())
+    }
+
+    /// A controller with its REST API on `api_port`.
+    pub fn controller_on(&self, identity: &str, api_port: u16) -> Controller {
         let port = free_port();
-        let api_port = free_port();
         let log = std::fs::File::create(self.dir.join(format!("{identity}.log"))).ok();
         let child = Command::new(env!("CARGO_BIN_EXE_kipam"))
             .args(["controller", "--kubeconfig"])
@@ -139,6 +143,11 @@ impl Seed {
             api_port,
             identity: identity.to_string(),
         }
+    }
+
+    /// Where a controller's log is written.
+    pub fn log_path(&self, identity: &str) -> PathBuf {
+        self.dir.join(format!("{identity}.log"))
     }
 
     /// The log of a controller, for failure messages.
