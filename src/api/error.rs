@@ -60,9 +60,9 @@ impl ApiError {
         Self::new(StatusCode::CONFLICT, message)
     }
 
-    /// A validation failure: 400 with every message.
-    pub fn invalid(what: &str, messages: Vec<String>) -> Self {
-        let message = format!("{what} is invalid: {}", messages.join("; "));
+    /// A validation failure: 400 with every message (each names the object and field).
+    pub fn invalid(messages: Vec<String>) -> Self {
+        let message = format!("validation failed: {}", messages.join("; "));
         ApiError {
             status: StatusCode::BAD_REQUEST,
             message,

@@ -239,13 +239,7 @@ fn validate(
 ) -> Result<(), ApiError> {
     validation::validate_pool(new, old, stored)
         .map(|_| ())
-        .map_err(|errors| {
-            let name = new.metadata.name.as_deref().unwrap_or_default();
-            ApiError::invalid(
-                &format!("IPAMPool {name}"),
-                errors.iter().map(|e| e.to_string()).collect(),
-            )
-        })
+        .map_err(|errors| ApiError::invalid(errors.iter().map(|e| e.to_string()).collect()))
 }
 
 /// Reads wait for the pool cache's first list (briefly): an empty list before it would be
