@@ -128,9 +128,41 @@ pub fn router(state: Shared) -> Router {
         .with_state(state)
 }
 
-/// Serves `router` on `listener` until the task is dropped.
+/// A client that has not sent a request's headers within this time is disconnected (idle
+/// keep-alive connections included), so connections cannot be held open for free.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves `router` on `listener` until the task is dropped. Accept errors (out of file
+/// descriptors, a connection reset before it was accepted) are logged and waited out.
 pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io::Result<()> {
-    axum::serve(listener, router).await
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::warn!("API: cannot accept a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(serve_connection(stream, router.clone()));
+    }
+}
+
+/// Serves HTTP/1.1 on one accepted connection: a plain TCP stream, or a TLS stream wrapping
+/// it.
+pub async fn serve_connection<I>(io: I, router: Router)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper_util::service::TowerToHyperService::new(router);
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(hyper_util::rt::TokioIo::new(io), service);
+    if let Err(e) = connection.await {
+        tracing::debug!("API connection ended: {e}");
+    }
 }
 
 /// A bound on requests in flight and on each request's duration.

@@ -76,3 +76,38 @@ async fn requests_over_the_concurrency_bound_are_429() {
     // Permits come back.
     assert_eq!(h.get(POOLS, "admin").await.0, StatusCode::OK);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_finishes_its_headers_is_disconnected() {
+    let h = Harness::start().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(kipam::api::serve(listener, h.router.clone()));
+    let started = std::time::Instant::now();
+    let (closed, answered) = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        // A whole request is served on the same kind of connection...
+        let mut ok = std::net::TcpStream::connect(addr).unwrap();
+        ok.write_all(format!("GET {POOLS} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer admin\r\nConnection: close\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut answer = String::new();
+        ok.read_to_string(&mut answer).unwrap();
+        // ...while one that stops halfway through its headers is dropped.
+        let mut slow = std::net::TcpStream::connect(addr).unwrap();
+        slow.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        slow.write_all(b"GET /api/v2/openapi.json HTTP/1.1\r\nHost: x\r\n").unwrap();
+        let mut rest = Vec::new();
+        let closed = slow.read_to_end(&mut rest).is_ok();
+        (closed, answer)
+    })
+    .await
+    .unwrap();
+    assert!(answered.starts_with("HTTP/1.1 200"), "{answered}");
+    assert!(closed, "the connection was closed by the server");
+    let waited = started.elapsed();
+    assert!(
+        waited >= kipam::api::HEADER_READ_TIMEOUT && waited < kipam::api::HEADER_READ_TIMEOUT * 2,
+        "{waited:?}"
+    );
+    server.abort();
+}
