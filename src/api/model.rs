@@ -335,6 +335,40 @@ mod tests {
         );
     }
 
+    fn properties<T: JsonSchema>() -> std::collections::BTreeSet<String> {
+        let schema = schemars::schema_for!(T);
+        schema
+            .get("properties")
+            .and_then(|p| p.as_object())
+            .map(|p| p.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// A PATCH rebuilds the spec from this model: a CRD field it does not carry would be
+    /// dropped by every PATCH. This fails as soon as the CRD gains a field the model lacks.
+    #[test]
+    fn the_model_carries_every_field_of_the_crd_spec() {
+        let spec = properties::<IPAMPoolSpec>();
+        assert!(spec.contains("reclaimPolicy"), "{spec:?}");
+        let body = properties::<PoolBody>();
+        for field in &spec {
+            assert!(body.contains(field), "PoolBody lacks spec.{field}");
+        }
+        let dc = properties::<IPAMPoolDatacenter>();
+        assert!(
+            dc.contains("excludePrefixes") && dc.contains("strategy"),
+            "{dc:?}"
+        );
+        let dc_body = properties::<DatacenterBody>();
+        for field in &dc {
+            assert!(dc_body.contains(field), "DatacenterBody lacks {field}");
+        }
+        let dc_view = properties::<DatacenterView>();
+        for field in &dc {
+            assert!(dc_view.contains(field), "DatacenterView lacks {field}");
+        }
+    }
+
     #[test]
     fn a_pool_read_back_as_a_body_keeps_every_writable_field() {
         let body: PoolBody = serde_json::from_value(json!({
