@@ -26,6 +26,10 @@ pub struct PoolBody {
     /// `Delete` (default) or `Retain`: what removing the pool does to its allocations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reclaim_policy: Option<ReclaimPolicy>,
+    /// Read-only: accepted so that a pool read with `GET` can be sent back, and ignored.
+    #[serde(default, skip_serializing)]
+    #[schemars(with = "Option<bool>")]
+    pub deleting: Option<serde::de::IgnoredAny>,
 }
 
 /// The pool's settings in one datacenter, as written.
@@ -186,6 +190,7 @@ impl PoolBody {
             name: pool.metadata.name.clone().unwrap_or_default(),
             datacenters,
             reclaim_policy: Some(pool.spec.reclaim_policy),
+            deleting: None,
         }
     }
 

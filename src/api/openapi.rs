@@ -49,8 +49,13 @@ fn responses(list: Value) -> Value {
     }
 }
 
-/// The whole document.
+/// The whole document (built once).
 pub fn document() -> Value {
+    static DOCUMENT: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    DOCUMENT.get_or_init(build).clone()
+}
+
+fn build() -> Value {
     let mut generator = SchemaSettings::openapi3().into_generator();
     let pool = generator.subschema_for::<PoolView>().to_value();
     let body = generator.subschema_for::<PoolBody>().to_value();

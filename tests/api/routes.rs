@@ -381,3 +381,26 @@ async fn wrong_seed_unknown_route_and_method_get_kkp_errors() {
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     error_of(status, &body);
 }
+
+#[tokio::test]
+async fn a_pool_being_deleted_shows_it_and_reads_back_as_a_body() {
+    let h = Harness::start().await;
+    h.pool(&METALLB.replace(
+        "  name: metallb\n",
+        "  name: metallb\n  finalizers: [example.com/hold]\n",
+    ))
+    .await;
+    h.api.delete("ipampools", None, "metallb").unwrap();
+    let path = format!("{POOLS}/metallb");
+    let mut current = serde_json::Value::Null;
+    for _ in 0..200 {
+        current = h.get(&path, "admin").await.1;
+        if current["deleting"] == true {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(current["deleting"], true, "{current}");
+    let (status, body) = h.send("PATCH", &path, "admin", current).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
