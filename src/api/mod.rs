@@ -303,15 +303,10 @@ async fn list_pools(
     let Path(seed) = path.map_err(path_error)?;
     admit(&state, &headers, &seed, &[pools_access("list", None)]).await?;
     caches_ready(&state.ctx).await?;
-    let mut pools: Vec<PoolView> = state
-        .ctx
-        .pools
-        .state()
-        .iter()
-        .map(|p| PoolView::of(p))
-        .collect();
-    pools.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(axum::Json(pools).into_response())
+    let mut pools = state.ctx.pools.state();
+    pools.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let views: Vec<model::PoolViewRef> = pools.iter().map(|p| model::PoolViewRef(p)).collect();
+    Ok(axum::Json(views).into_response())
 }
 
 async fn get_pool(

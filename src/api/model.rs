@@ -163,6 +163,95 @@ impl PoolView {
     }
 }
 
+/// Serialises a cached pool exactly as [`PoolView`] would, without copying it first: a list
+/// of every pool is the API's hot path.
+pub struct PoolViewRef<'a>(pub &'a IPAMPool);
+
+struct DatacentersRef<'a>(&'a IPAMPool);
+
+struct DatacenterRef<'a> {
+    settings: &'a IPAMPoolDatacenter,
+    usage: Option<&'a crate::resources::DatacenterUsage>,
+}
+
+struct UsageRef<'a>(&'a crate::resources::DatacenterUsage);
+
+impl Serialize for PoolViewRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let pool = self.0;
+        let deleting = pool.metadata.deletion_timestamp.is_some();
+        let mut out = serializer.serialize_struct("PoolView", 3 + usize::from(deleting))?;
+        out.serialize_field("name", pool.metadata.name.as_deref().unwrap_or_default())?;
+        out.serialize_field("datacenters", &DatacentersRef(pool))?;
+        out.serialize_field("reclaimPolicy", &pool.spec.reclaim_policy)?;
+        if deleting {
+            out.serialize_field("deleting", &true)?;
+        }
+        out.end()
+    }
+}
+
+impl Serialize for DatacentersRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let usage = self.0.status.as_ref().map(|s| &s.datacenters);
+        let mut out = serializer.serialize_map(Some(self.0.spec.datacenters.len()))?;
+        for (dc, settings) in &self.0.spec.datacenters {
+            let view = DatacenterRef {
+                settings,
+                usage: usage.and_then(|u| u.get(dc)),
+            };
+            out.serialize_entry(dc, &view)?;
+        }
+        out.end()
+    }
+}
+
+impl Serialize for DatacenterRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let s = self.settings;
+        let mut out = serializer.serialize_struct("DatacenterView", 8)?;
+        out.serialize_field("type", &s.type_)?;
+        out.serialize_field("poolCidr", &s.pool_cidr)?;
+        if let Some(r) = s.allocation_range {
+            out.serialize_field("allocationRange", &r)?;
+        }
+        if let Some(p) = s.allocation_prefix {
+            out.serialize_field("allocationPrefix", &p)?;
+        }
+        if !s.exclude_ranges.is_empty() {
+            out.serialize_field("excludeRanges", &s.exclude_ranges)?;
+        }
+        if !s.exclude_prefixes.is_empty() {
+            out.serialize_field("excludePrefixes", &s.exclude_prefixes)?;
+        }
+        out.serialize_field("strategy", &s.strategy.unwrap_or_default())?;
+        if let Some(u) = self.usage {
+            out.serialize_field("usage", &UsageRef(u))?;
+        }
+        out.end()
+    }
+}
+
+impl Serialize for UsageRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let u = self.0;
+        let mut out = serializer.serialize_struct("UsageView", 8)?;
+        out.serialize_field("total", &u.total)?;
+        out.serialize_field("allocated", &u.allocated)?;
+        out.serialize_field("excluded", &u.excluded)?;
+        out.serialize_field("available", &u.available)?;
+        out.serialize_field("largestFreeBlock", &u.largest_free_block)?;
+        out.serialize_field("utilisationPercent", &u.utilisation_percent)?;
+        out.serialize_field("fragmentationPercent", &u.fragmentation_percent)?;
+        out.serialize_field("allocations", &u.allocations)?;
+        out.end()
+    }
+}
+
 impl PoolBody {
     /// The writable part of a stored pool: what a `PATCH` is merged into.
     pub fn of(pool: &IPAMPool) -> PoolBody {
@@ -371,6 +460,40 @@ mod tests {
         let dc_view = properties::<DatacenterView>();
         for field in &dc {
             assert!(dc_view.contains(field), "DatacenterView lacks {field}");
+        }
+    }
+
+    #[test]
+    fn the_borrowed_view_serialises_exactly_as_the_view() {
+        let mut pools = Vec::new();
+        let plain: IPAMPool = serde_json::from_value(json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMPool",
+            "metadata": {"name": "plain"},
+            "spec": {"datacenters": {"dc": {"type": "prefix", "poolCidr": "10.0.0.0/24", "allocationPrefix": 28}}}
+        }))
+        .unwrap();
+        pools.push(plain);
+        let full: IPAMPool = serde_json::from_value(json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMPool",
+            "metadata": {"name": "full", "deletionTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"reclaimPolicy": "Retain", "datacenters": {
+                "a": {"type": "range", "poolCidr": "10.0.0.0/24", "allocationRange": 4,
+                      "excludeRanges": ["10.0.0.1"], "strategy": "BestFit"},
+                "b": {"type": "prefix", "poolCidr": "2001:db8::/48", "allocationPrefix": 64,
+                      "excludePrefixes": ["2001:db8::/64"]}
+            }},
+            "status": {"datacenters": {"a": {
+                "total": "256", "allocated": "4", "excluded": "1", "available": "251",
+                "allocations": 1, "largestFreeBlock": "248", "fragmentationPercent": 1,
+                "utilisationPercent": 1
+            }}}
+        }))
+        .unwrap();
+        pools.push(full);
+        for pool in &pools {
+            let by_ref = serde_json::to_string(&PoolViewRef(pool)).unwrap();
+            let by_view = serde_json::to_string(&PoolView::of(pool)).unwrap();
+            assert_eq!(by_ref, by_view);
         }
     }
 
