@@ -63,6 +63,21 @@ struct ControllerArgs {
     /// This replica's identity in the Lease (default: host name and process id).
     #[arg(long)]
     identity: Option<String>,
+    /// Address of the REST API (`/api/v2/seeds/<seed>/ipampools`, docs/api.md).
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    api_addr: std::net::SocketAddr,
+    /// Seconds the API reuses a token's and an access decision's review (0: no cache).
+    #[arg(long, default_value_t = 10)]
+    api_auth_cache_ttl: u64,
+    /// Largest API request body.
+    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
+    api_max_body: usize,
+    /// Seconds an API request may take, body included.
+    #[arg(long, default_value_t = 30)]
+    api_request_timeout: u64,
+    /// API requests served at once; more are answered 429.
+    #[arg(long, default_value_t = 256)]
+    api_max_concurrent: usize,
 }
 
 #[derive(clap::Args)]
@@ -231,6 +246,13 @@ fn run_controller(args: ControllerArgs) -> ExitCode {
         identity: args
             .identity
             .unwrap_or_else(|| format!("{host}-{}", std::process::id())),
+        api: kipam::api::ApiOptions {
+            addr: args.api_addr,
+            auth_cache_ttl: std::time::Duration::from_secs(args.api_auth_cache_ttl),
+            max_body_bytes: args.api_max_body,
+            request_timeout: std::time::Duration::from_secs(args.api_request_timeout.max(1)),
+            max_concurrent: args.api_max_concurrent.max(1),
+        },
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

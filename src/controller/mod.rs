@@ -47,6 +47,8 @@ pub struct ControllerOptions {
     pub resync: Duration,
     /// This replica's name in the Lease.
     pub identity: String,
+    /// The REST API served by every replica (`docs/api.md`).
+    pub api: crate::api::ApiOptions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +59,11 @@ pub enum ControllerError {
     Client(#[from] kube::Error),
     #[error("cannot serve metrics on {addr}: {source}")]
     Metrics {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot serve the API on {addr}: {source}")]
+    Api {
         addr: SocketAddr,
         source: std::io::Error,
     },
@@ -241,6 +248,22 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         leader: leader.clone(),
     });
 
+    // Every replica serves the API from the caches (before the Lease is
+    // contended, so a port already taken stops the replica early).
+    let api_addr = options.api.addr;
+    let api_listener = tokio::net::TcpListener::bind(api_addr)
+        .await
+        .map_err(|source| ControllerError::Api {
+            addr: api_addr,
+            source,
+        })?;
+    let api_router = crate::api::router(crate::api::ApiState::new(
+        ctx.clone(),
+        options.seed_name.clone(),
+        options.api.clone(),
+    ));
+    let api_task = tokio::spawn(crate::api::serve(api_listener, api_router));
+
     // The allocation watch feeds the ledger directly (see ledger.rs for the guards).
     let allocation_ctx = ctx.clone();
     let allocation_wake = wake.clone();
@@ -303,6 +326,13 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
                 addr: metrics_addr,
                 source: r.unwrap_or_else(|e| Err(std::io::Error::other(e))).err()
                     .unwrap_or_else(|| std::io::Error::other("metrics server stopped")),
+            });
+        }
+        r = api_task => {
+            return Err(ControllerError::Api {
+                addr: api_addr,
+                source: r.unwrap_or_else(|e| Err(std::io::Error::other(e))).err()
+                    .unwrap_or_else(|| std::io::Error::other("API server stopped")),
             });
         }
         _ = shutdown_signal() => {

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod api;
 mod crashes;
 mod lifecycle;
 mod preconditions;

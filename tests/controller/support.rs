@@ -15,6 +15,8 @@ use kipam::resources::IPAMAllocation;
 pub struct Controller {
     child: Child,
     pub metrics_port: u16,
+    /// The REST API's port.
+    pub api_port: u16,
     pub identity: String,
 }
 
@@ -106,6 +108,11 @@ impl Seed {
 
     /// Starts `kipam controller` with short lease timings (1 s retry, 2 s deadline, 3 s lease).
     pub fn controller(&self, identity: &str) -> Controller {
+        self.controller_on(identity, free_port())
+    }
+
+    /// A controller with its REST API on `api_port`.
+    pub fn controller_on(&self, identity: &str, api_port: u16) -> Controller {
         let port = free_port();
         let log = std::fs::File::create(self.dir.join(format!("{identity}.log"))).ok();
         let child = Command::new(env!("CARGO_BIN_EXE_kipam"))
@@ -122,6 +129,8 @@ impl Seed {
                 "1",
                 "--identity",
                 identity,
+                "--api-addr",
+                &format!("127.0.0.1:{api_port}"),
             ])
             .env("RUST_LOG", "kipam=debug")
             .stdout(Stdio::null())
@@ -131,8 +140,14 @@ impl Seed {
         Controller {
             child,
             metrics_port: port,
+            api_port,
             identity: identity.to_string(),
         }
+    }
+
+    /// Where a controller's log is written.
+    pub fn log_path(&self, identity: &str) -> PathBuf {
+        self.dir.join(format!("{identity}.log"))
     }
 
     /// The log of a controller, for failure messages.

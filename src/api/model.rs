@@ -1,0 +1,516 @@
+//! The JSON model of the REST API: KKP's `IPAMPool` (`name`, `datacenters` with `type`,
+//! `poolCidr`, `allocationRange`, `allocationPrefix`, `excludeRanges`, `excludePrefixes`) plus
+//! kipam's `strategy` and `reclaimPolicy`, and read-only usage. Separate from the CRD types:
+//! bodies refuse unknown fields here without changing how the CRDs decode.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::resources::{
+    AllocationPhase, AllocationType, IPAMAllocation, IPAMPool, IPAMPoolDatacenter, IPAMPoolSpec,
+    LABEL_CLUSTER, PoolStrategy, ReclaimPolicy, cluster_of_namespace,
+};
+
+/// A pool as clients write it (`POST`, and the document a `PATCH` is merged into).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PoolBody {
+    /// The pool's name (required on `POST`; on `PATCH` it may only repeat the path's).
+    #[serde(default)]
+    pub name: String,
+    /// Datacenter name -> the pool's settings there.
+    #[serde(default)]
+    pub datacenters: BTreeMap<String, DatacenterBody>,
+    /// `Delete` (default) or `Retain`: what removing the pool does to its allocations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaim_policy: Option<ReclaimPolicy>,
+    /// Read-only: accepted so that a pool read with `GET` can be sent back, and ignored.
+    #[serde(default, skip_serializing)]
+    #[schemars(with = "Option<bool>")]
+    pub deleting: Option<serde::de::IgnoredAny>,
+}
+
+/// The pool's settings in one datacenter, as written.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DatacenterBody {
+    #[serde(rename = "type")]
+    pub type_: AllocationType,
+    pub pool_cidr: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation_range: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation_prefix: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclude_ranges: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclude_prefixes: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<PoolStrategy>,
+    /// Read-only: accepted so that a pool read with `GET` can be sent back, and ignored.
+    #[serde(default, skip_serializing)]
+    #[schemars(with = "Option<UsageView>")]
+    pub usage: Option<serde::de::IgnoredAny>,
+}
+
+/// A pool as the API answers it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolView {
+    pub name: String,
+    pub datacenters: BTreeMap<String, DatacenterView>,
+    pub reclaim_policy: ReclaimPolicy,
+    /// The pool is being deleted (its allocations are being released).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleting: bool,
+}
+
+/// One datacenter of a pool, with its usage.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DatacenterView {
+    #[serde(rename = "type")]
+    pub type_: AllocationType,
+    pub pool_cidr: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation_range: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation_prefix: Option<i32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude_ranges: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude_prefixes: Vec<String>,
+    pub strategy: PoolStrategy,
+    /// Read-only, as last computed by the controller; absent until it has looked at the pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageView>,
+}
+
+/// Usage of a pool in one datacenter. Address counts are exact decimal strings (an IPv6
+/// pool holds more addresses than a JSON number can carry exactly).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageView {
+    pub total: String,
+    pub allocated: String,
+    pub excluded: String,
+    pub available: String,
+    pub largest_free_block: String,
+    pub utilisation_percent: i32,
+    pub fragmentation_percent: i32,
+    pub allocations: i64,
+}
+
+/// One cluster's allocation from a pool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocationView {
+    pub cluster: String,
+    pub datacenter: String,
+    #[serde(rename = "type")]
+    pub type_: AllocationType,
+    /// `prefix` allocations: the subnet held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cidr: Option<String>,
+    /// `range` allocations: the address ranges held.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<AllocationPhase>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl PoolView {
+    pub fn of(pool: &IPAMPool) -> PoolView {
+        let usage = pool.status.as_ref().map(|s| &s.datacenters);
+        let datacenters = pool
+            .spec
+            .datacenters
+            .iter()
+            .map(|(dc, s)| {
+                let usage = usage.and_then(|u| u.get(dc)).map(|u| UsageView {
+                    total: u.total.clone(),
+                    allocated: u.allocated.clone(),
+                    excluded: u.excluded.clone(),
+                    available: u.available.clone(),
+                    largest_free_block: u.largest_free_block.clone(),
+                    utilisation_percent: u.utilisation_percent,
+                    fragmentation_percent: u.fragmentation_percent,
+                    allocations: u.allocations,
+                });
+                let view = DatacenterView {
+                    type_: s.type_,
+                    pool_cidr: s.pool_cidr.clone(),
+                    allocation_range: s.allocation_range,
+                    allocation_prefix: s.allocation_prefix,
+                    exclude_ranges: s.exclude_ranges.clone(),
+                    exclude_prefixes: s.exclude_prefixes.clone(),
+                    strategy: s.strategy.unwrap_or_default(),
+                    usage,
+                };
+                (dc.clone(), view)
+            })
+            .collect();
+        PoolView {
+            name: pool.metadata.name.clone().unwrap_or_default(),
+            datacenters,
+            reclaim_policy: pool.spec.reclaim_policy,
+            deleting: pool.metadata.deletion_timestamp.is_some(),
+        }
+    }
+}
+
+/// Serialises a cached pool exactly as [`PoolView`] would, without copying it first: a list
+/// of every pool is the API's hot path.
+pub struct PoolViewRef<'a>(pub &'a IPAMPool);
+
+struct DatacentersRef<'a>(&'a IPAMPool);
+
+struct DatacenterRef<'a> {
+    settings: &'a IPAMPoolDatacenter,
+    usage: Option<&'a crate::resources::DatacenterUsage>,
+}
+
+struct UsageRef<'a>(&'a crate::resources::DatacenterUsage);
+
+impl Serialize for PoolViewRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let pool = self.0;
+        let deleting = pool.metadata.deletion_timestamp.is_some();
+        let mut out = serializer.serialize_struct("PoolView", 3 + usize::from(deleting))?;
+        out.serialize_field("name", pool.metadata.name.as_deref().unwrap_or_default())?;
+        out.serialize_field("datacenters", &DatacentersRef(pool))?;
+        out.serialize_field("reclaimPolicy", &pool.spec.reclaim_policy)?;
+        if deleting {
+            out.serialize_field("deleting", &true)?;
+        }
+        out.end()
+    }
+}
+
+impl Serialize for DatacentersRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let usage = self.0.status.as_ref().map(|s| &s.datacenters);
+        let mut out = serializer.serialize_map(Some(self.0.spec.datacenters.len()))?;
+        for (dc, settings) in &self.0.spec.datacenters {
+            let view = DatacenterRef {
+                settings,
+                usage: usage.and_then(|u| u.get(dc)),
+            };
+            out.serialize_entry(dc, &view)?;
+        }
+        out.end()
+    }
+}
+
+impl Serialize for DatacenterRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let s = self.settings;
+        let mut out = serializer.serialize_struct("DatacenterView", 8)?;
+        out.serialize_field("type", &s.type_)?;
+        out.serialize_field("poolCidr", &s.pool_cidr)?;
+        if let Some(r) = s.allocation_range {
+            out.serialize_field("allocationRange", &r)?;
+        }
+        if let Some(p) = s.allocation_prefix {
+            out.serialize_field("allocationPrefix", &p)?;
+        }
+        if !s.exclude_ranges.is_empty() {
+            out.serialize_field("excludeRanges", &s.exclude_ranges)?;
+        }
+        if !s.exclude_prefixes.is_empty() {
+            out.serialize_field("excludePrefixes", &s.exclude_prefixes)?;
+        }
+        out.serialize_field("strategy", &s.strategy.unwrap_or_default())?;
+        if let Some(u) = self.usage {
+            out.serialize_field("usage", &UsageRef(u))?;
+        }
+        out.end()
+    }
+}
+
+impl Serialize for UsageRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let u = self.0;
+        let mut out = serializer.serialize_struct("UsageView", 8)?;
+        out.serialize_field("total", &u.total)?;
+        out.serialize_field("allocated", &u.allocated)?;
+        out.serialize_field("excluded", &u.excluded)?;
+        out.serialize_field("available", &u.available)?;
+        out.serialize_field("largestFreeBlock", &u.largest_free_block)?;
+        out.serialize_field("utilisationPercent", &u.utilisation_percent)?;
+        out.serialize_field("fragmentationPercent", &u.fragmentation_percent)?;
+        out.serialize_field("allocations", &u.allocations)?;
+        out.end()
+    }
+}
+
+impl PoolBody {
+    /// The writable part of a stored pool: what a `PATCH` is merged into.
+    pub fn of(pool: &IPAMPool) -> PoolBody {
+        let datacenters = pool
+            .spec
+            .datacenters
+            .iter()
+            .map(|(dc, s)| {
+                let body = DatacenterBody {
+                    type_: s.type_,
+                    pool_cidr: s.pool_cidr.clone(),
+                    allocation_range: s.allocation_range,
+                    allocation_prefix: s.allocation_prefix,
+                    exclude_ranges: (!s.exclude_ranges.is_empty())
+                        .then(|| s.exclude_ranges.clone()),
+                    exclude_prefixes: (!s.exclude_prefixes.is_empty())
+                        .then(|| s.exclude_prefixes.clone()),
+                    strategy: s.strategy,
+                    usage: None,
+                };
+                (dc.clone(), body)
+            })
+            .collect();
+        PoolBody {
+            name: pool.metadata.name.clone().unwrap_or_default(),
+            datacenters,
+            reclaim_policy: Some(pool.spec.reclaim_policy),
+            deleting: None,
+        }
+    }
+
+    /// The CRD spec this body asks for.
+    pub fn spec(&self) -> IPAMPoolSpec {
+        IPAMPoolSpec {
+            datacenters: self
+                .datacenters
+                .iter()
+                .map(|(dc, b)| {
+                    let settings = IPAMPoolDatacenter {
+                        type_: b.type_,
+                        pool_cidr: b.pool_cidr.clone(),
+                        allocation_range: b.allocation_range,
+                        allocation_prefix: b.allocation_prefix,
+                        exclude_ranges: b.exclude_ranges.clone().unwrap_or_default(),
+                        exclude_prefixes: b.exclude_prefixes.clone().unwrap_or_default(),
+                        strategy: b.strategy,
+                    };
+                    (dc.clone(), settings)
+                })
+                .collect(),
+            reclaim_policy: self.reclaim_policy.unwrap_or_default(),
+        }
+    }
+}
+
+impl AllocationView {
+    pub fn of(obj: &IPAMAllocation) -> AllocationView {
+        let namespace = obj.metadata.namespace.clone().unwrap_or_default();
+        let cluster = obj
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_CLUSTER).cloned())
+            .or_else(|| cluster_of_namespace(&namespace).map(str::to_string))
+            .unwrap_or(namespace);
+        AllocationView {
+            cluster,
+            datacenter: obj.spec.dc.clone(),
+            type_: obj.spec.type_,
+            cidr: obj.spec.cidr.clone(),
+            addresses: obj.spec.addresses.clone(),
+            phase: obj.status.as_ref().and_then(|s| s.phase),
+            message: obj.status.as_ref().and_then(|s| s.message.clone()),
+        }
+    }
+}
+
+/// RFC 7396 JSON merge patch: objects merge key by key, `null` removes a key, anything else
+/// replaces the target.
+pub fn merge_patch(target: &mut serde_json::Value, patch: &serde_json::Value) {
+    use serde_json::Value;
+    let Value::Object(patch_map) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = Value::Object(serde_json::Map::new());
+    }
+    if let Value::Object(target_map) = target {
+        for (key, value) in patch_map {
+            if value.is_null() {
+                target_map.remove(key);
+            } else {
+                merge_patch(target_map.entry(key.clone()).or_insert(Value::Null), value);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn merge_patch_follows_rfc7396_examples() {
+        // The examples of RFC 7396, appendix A.
+        let cases = [
+            (json!({"a": "b"}), json!({"a": "c"}), json!({"a": "c"})),
+            (
+                json!({"a": "b"}),
+                json!({"b": "c"}),
+                json!({"a": "b", "b": "c"}),
+            ),
+            (json!({"a": "b"}), json!({"a": null}), json!({})),
+            (
+                json!({"a": "b", "b": "c"}),
+                json!({"a": null}),
+                json!({"b": "c"}),
+            ),
+            (json!({"a": ["b"]}), json!({"a": "c"}), json!({"a": "c"})),
+            (json!({"a": "c"}), json!({"a": ["b"]}), json!({"a": ["b"]})),
+            (
+                json!({"a": {"b": "c"}}),
+                json!({"a": {"b": "d", "c": null}}),
+                json!({"a": {"b": "d"}}),
+            ),
+            (
+                json!({"a": [{"b": "c"}]}),
+                json!({"a": [1]}),
+                json!({"a": [1]}),
+            ),
+            (json!(["a", "b"]), json!(["c", "d"]), json!(["c", "d"])),
+            (json!({"a": "b"}), json!(["c"]), json!(["c"])),
+            (json!({"a": "foo"}), json!(null), json!(null)),
+            (json!({"a": "foo"}), json!("bar"), json!("bar")),
+            (
+                json!({"e": null}),
+                json!({"a": 1}),
+                json!({"e": null, "a": 1}),
+            ),
+            (
+                json!([1, 2]),
+                json!({"a": "b", "c": null}),
+                json!({"a": "b"}),
+            ),
+            (
+                json!({}),
+                json!({"a": {"bb": {"ccc": null}}}),
+                json!({"a": {"bb": {}}}),
+            ),
+        ];
+        for (mut target, patch, want) in cases {
+            merge_patch(&mut target, &patch);
+            assert_eq!(target, want, "patch {patch}");
+        }
+    }
+
+    #[test]
+    fn bodies_refuse_unknown_fields_at_every_level() {
+        let top =
+            serde_json::from_str::<PoolBody>(r#"{"name": "p", "datacenters": {}, "colour": 1}"#);
+        assert!(
+            top.unwrap_err()
+                .to_string()
+                .contains("unknown field `colour`")
+        );
+        let dc = serde_json::from_str::<PoolBody>(
+            r#"{"name": "p", "datacenters": {"dc": {"type": "range", "poolCidr": "10.0.0.0/24", "allocationRnage": 4}}}"#,
+        );
+        assert!(
+            dc.unwrap_err()
+                .to_string()
+                .contains("unknown field `allocationRnage`")
+        );
+    }
+
+    fn properties<T: JsonSchema>() -> std::collections::BTreeSet<String> {
+        let schema = schemars::schema_for!(T);
+        schema
+            .get("properties")
+            .and_then(|p| p.as_object())
+            .map(|p| p.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// A PATCH rebuilds the spec from this model: a CRD field it does not carry would be
+    /// dropped by every PATCH. This fails as soon as the CRD gains a field the model lacks.
+    #[test]
+    fn the_model_carries_every_field_of_the_crd_spec() {
+        let spec = properties::<IPAMPoolSpec>();
+        assert!(spec.contains("reclaimPolicy"), "{spec:?}");
+        let body = properties::<PoolBody>();
+        for field in &spec {
+            assert!(body.contains(field), "PoolBody lacks spec.{field}");
+        }
+        let dc = properties::<IPAMPoolDatacenter>();
+        assert!(
+            dc.contains("excludePrefixes") && dc.contains("strategy"),
+            "{dc:?}"
+        );
+        let dc_body = properties::<DatacenterBody>();
+        for field in &dc {
+            assert!(dc_body.contains(field), "DatacenterBody lacks {field}");
+        }
+        let dc_view = properties::<DatacenterView>();
+        for field in &dc {
+            assert!(dc_view.contains(field), "DatacenterView lacks {field}");
+        }
+    }
+
+    #[test]
+    fn the_borrowed_view_serialises_exactly_as_the_view() {
+        let mut pools = Vec::new();
+        let plain: IPAMPool = serde_json::from_value(json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMPool",
+            "metadata": {"name": "plain"},
+            "spec": {"datacenters": {"dc": {"type": "prefix", "poolCidr": "10.0.0.0/24", "allocationPrefix": 28}}}
+        }))
+        .unwrap();
+        pools.push(plain);
+        let full: IPAMPool = serde_json::from_value(json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMPool",
+            "metadata": {"name": "full", "deletionTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"reclaimPolicy": "Retain", "datacenters": {
+                "a": {"type": "range", "poolCidr": "10.0.0.0/24", "allocationRange": 4,
+                      "excludeRanges": ["10.0.0.1"], "strategy": "BestFit"},
+                "b": {"type": "prefix", "poolCidr": "2001:db8::/48", "allocationPrefix": 64,
+                      "excludePrefixes": ["2001:db8::/64"]}
+            }},
+            "status": {"datacenters": {"a": {
+                "total": "256", "allocated": "4", "excluded": "1", "available": "251",
+                "allocations": 1, "largestFreeBlock": "248", "fragmentationPercent": 1,
+                "utilisationPercent": 1
+            }}}
+        }))
+        .unwrap();
+        pools.push(full);
+        for pool in &pools {
+            let by_ref = serde_json::to_string(&PoolViewRef(pool)).unwrap();
+            let by_view = serde_json::to_string(&PoolView::of(pool)).unwrap();
+            assert_eq!(by_ref, by_view);
+        }
+    }
+
+    #[test]
+    fn a_pool_read_back_as_a_body_keeps_every_writable_field() {
+        let body: PoolBody = serde_json::from_value(json!({
+            "name": "p",
+            "reclaimPolicy": "Retain",
+            "datacenters": {"dc": {
+                "type": "range", "poolCidr": "10.0.0.0/24", "allocationRange": 4,
+                "excludeRanges": ["10.0.0.1"], "strategy": "BestFit",
+                "usage": {"total": "256"}
+            }}
+        }))
+        .unwrap();
+        let pool = IPAMPool::new("p", body.spec());
+        assert_eq!(PoolBody::of(&pool).spec(), body.spec());
+        assert_eq!(PoolBody::of(&pool).name, "p");
+    }
+}
