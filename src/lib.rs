@@ -15,4 +15,6 @@ pub mod render;
 pub mod reservations;
 pub mod resources;
 pub mod status;
+pub mod tls;
 pub mod validation;
+pub mod webhook;

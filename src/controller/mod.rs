@@ -47,6 +47,8 @@ pub struct ControllerOptions {
     pub resync: Duration,
     /// This replica's name in the Lease.
     pub identity: String,
+    /// The admission webhook (served by every replica), when certificates are given.
+    pub webhook: Option<crate::webhook::WebhookOptions>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +57,8 @@ pub enum ControllerError {
     Config(String),
     #[error("cannot reach the API server: {0}")]
     Client(#[from] kube::Error),
+    #[error(transparent)]
+    Webhook(#[from] crate::webhook::WebhookError),
     #[error("cannot serve metrics on {addr}: {source}")]
     Metrics {
         addr: SocketAddr,
@@ -241,6 +245,11 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         leader: leader.clone(),
     });
 
+    let webhook_task = match options.webhook.clone() {
+        Some(webhook) => tokio::spawn(crate::webhook::run(ctx.clone(), webhook)),
+        None => tokio::spawn(std::future::pending()),
+    };
+
     // The allocation watch feeds the ledger directly (see ledger.rs for the guards).
     let allocation_ctx = ctx.clone();
     let allocation_wake = wake.clone();
@@ -303,6 +312,12 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
                 addr: metrics_addr,
                 source: r.unwrap_or_else(|e| Err(std::io::Error::other(e))).err()
                     .unwrap_or_else(|| std::io::Error::other("metrics server stopped")),
+            });
+        }
+        r = webhook_task => {
+            return Err(match r {
+                Ok(Err(e)) => ControllerError::Webhook(e),
+                _ => ControllerError::Config("the webhook server stopped".into()),
             });
         }
         _ = shutdown_signal() => {

@@ -36,7 +36,9 @@ pub fn pool_input(pool: &IPAMPool) -> Result<PoolInput, Vec<FieldError>> {
 
 /// Every rule: creation rules, and when `old` is given the update rules (`poolCidr`, `type`,
 /// `allocationPrefix` immutable). Exclusions added (compared as address sets with the old
-/// ones) must not hit an allocation in `stored`.
+/// ones) must not hit an allocation in `stored`, and every allocation in `stored` must stay
+/// inside its datacenter's `poolCidr` and keep its type (this also covers a pool created again
+/// over allocations it retained).
 pub fn validate_pool(
     new: &IPAMPool,
     old: Option<&IPAMPool>,
@@ -50,6 +52,7 @@ pub fn validate_pool(
     }
     if let Ok(input) = &input {
         added_exclusions(new, input, old, stored, &mut errors);
+        live_allocations(input, stored, &mut errors);
     }
     match input {
         Ok(input) => errors.into_result(input),
@@ -328,6 +331,54 @@ fn added_exclusions(
                     break;
                 }
             }
+        }
+    }
+}
+
+/// Every stored allocation of a datacenter of the pool stays inside `poolCidr` and keeps its
+/// type: a pool edit never leaves a live allocation outside the pool.
+fn live_allocations(input: &PoolInput, stored: &[StoredAllocation], errors: &mut Errors) {
+    for (dc, now) in &input.datacenters {
+        let cidr = now.config.cidr;
+        let want = match now.config.kind {
+            PoolKind::Range { .. } => "range",
+            PoolKind::Prefix { .. } => "prefix",
+        };
+        let mut outside = None;
+        let mut other_type = None;
+        for s in stored
+            .iter()
+            .filter(|s| s.pool == input.name && &s.datacenter == dc)
+        {
+            let Some(held) = &s.held else { continue };
+            if outside.is_none() && held.ranges().any(|r| !cidr.contains(&r)) {
+                outside = Some((s.cluster.clone(), held.to_string()));
+            }
+            if other_type.is_none() && held.type_name() != want {
+                other_type = Some((s.cluster.clone(), held.to_string(), held.type_name()));
+            }
+        }
+        if let Some((cluster, held)) = outside {
+            errors.add(
+                field(dc, "poolCidr"),
+                cidr,
+                format!(
+                    "does not hold the allocation of cluster {cluster} (IPAMAllocation {}/{}: {held})",
+                    crate::resources::cluster_namespace(&cluster),
+                    input.name
+                ),
+            );
+        }
+        if let Some((cluster, held, was)) = other_type {
+            errors.add(
+                field(dc, "type"),
+                want,
+                format!(
+                    "the allocation of cluster {cluster} (IPAMAllocation {}/{}: {held}) is of type {was}",
+                    crate::resources::cluster_namespace(&cluster),
+                    input.name
+                ),
+            );
         }
     }
 }
