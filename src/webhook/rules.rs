@@ -319,11 +319,17 @@ fn allocation_write(
             parsed.pool, settings.pool_cidr
         )));
     }
-    for e in &dc_input.exclusions {
-        if let Some(hit) = held.ranges().find(|r| r.overlaps(e)) {
+    let written = match dc_input.config.kind {
+        PoolKind::Range { .. } => ("excludeRanges", &settings.exclude_ranges),
+        PoolKind::Prefix { .. } => ("excludePrefixes", &settings.exclude_prefixes),
+    };
+    for (i, e) in dc_input.exclusions.iter().enumerate() {
+        let exclusion = Allocation::Range(vec![*e]);
+        if let Some(common) = overlap(held, &exclusion) {
+            let text = written.1.get(i).cloned().unwrap_or_else(|| e.to_string());
             return Err(Verdict::invalid(format!(
-                "{label}: {field} {value:?}: {hit} is excluded from IPAMPool {}/{dc} ({e})",
-                parsed.pool
+                "{label}: {field} {value:?}: {common} is excluded from IPAMPool {}/{dc} (spec.datacenters[{dc}].{}[{i}] {text:?})",
+                parsed.pool, written.0
             )));
         }
     }
