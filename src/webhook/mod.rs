@@ -327,16 +327,15 @@ pub async fn run(ctx: Arc<Context>, options: WebhookOptions) -> Result<(), Webho
         records: records.clone(),
         ready: ready.clone(),
     };
-    let wait = source.pools.clone();
-    let (c, n) = (source.clusters.clone(), source.namespaces.clone());
+    // The controller's own caches are ready once its planning loop says so: a second waiter on
+    // `Store::wait_until_ready` would steal the planning loop's wake-up (kube's ready signal
+    // wakes one waiter only), so this task polls the flag instead.
+    let controller_ready = ctx.clone();
     tokio::spawn(async move {
-        let _ = tokio::join!(
-            wait.wait_until_ready(),
-            c.wait_until_ready(),
-            n.wait_until_ready(),
-            allocations.wait_until_ready(),
-            records.wait_until_ready(),
-        );
+        let _ = tokio::join!(allocations.wait_until_ready(), records.wait_until_ready());
+        while !controller_ready.metrics.ready.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         ready.store(true, Ordering::Release);
         tracing::info!("webhook: caches loaded, reviewing requests");
     });

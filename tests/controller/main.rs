@@ -8,3 +8,4 @@ mod lifecycle;
 mod preconditions;
 mod promise;
 mod serving;
+mod webhook;
