@@ -3,7 +3,8 @@
 //! The pure core takes plain data and returns plain data: [`address`], [`allocator`],
 //! [`resources`] (the CRD types), [`validation`], [`planner`], [`desired`] (objects a plan asks
 //! for), [`status`] and [`render`]. The adapters at the edges do the I/O: [`offline`] against
-//! files, [`controller`] against the API server, and the `kipam` binary's command line.
+//! files, [`controller`] against the API server, [`webhook`] (admission reviews, decided by the
+//! pure [`webhook::rules`]) served over [`tls`], and the `kipam` binary's command line.
 
 pub mod address;
 pub mod allocator;
