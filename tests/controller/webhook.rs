@@ -65,9 +65,8 @@ fn denied(code_and_message: (u16, String), code: u16, parts: &[&str]) {
     }
 }
 
-/// A seed with the controller serving the webhook and the configuration installed.
-async fn seed_with_webhook(name: &str) -> (Seed, Controller, Client) {
-    let seed = Seed::start(name).await;
+/// Makes the human's token known next to the kubeconfig's admin token.
+fn with_human(seed: &Seed) {
     let admin = seed.api.token();
     seed.api.set_token_review(move |t| {
         if t == admin {
@@ -78,29 +77,36 @@ async fn seed_with_webhook(name: &str) -> (Seed, Controller, Client) {
             None
         }
     });
-    let (ca, cert, key) = certificates(&seed);
+}
+
+/// A controller serving the webhook on a port of its own; returns it and the port.
+fn webhook_controller(seed: &Seed, identity: &str, cert: &str, key: &str) -> (Controller, u16) {
     let port = free_port();
     let controller = seed.controller_with(
-        "w1",
+        identity,
         &[
             "--webhook-addr",
             &format!("127.0.0.1:{port}"),
             "--tls-cert-file",
-            &cert,
+            cert,
             "--tls-key-file",
-            &key,
+            key,
             "--service-account",
             "system:admin",
         ],
     );
-    // The configuration exactly as `kipam webhook-config` prints it.
+    (controller, port)
+}
+
+/// Installs the configuration exactly as `kipam webhook-config` prints it, pointing at `port`.
+fn install_configuration(seed: &Seed, port: u16, ca: &str) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_kipam"))
         .args([
             "webhook-config",
             "--url",
             &format!("https://127.0.0.1:{port}"),
             "--ca-file",
-            &ca,
+            ca,
             "--service-account",
             "system:admin",
         ])
@@ -112,8 +118,10 @@ async fn seed_with_webhook(name: &str) -> (Seed, Controller, Client) {
         String::from_utf8_lossy(&out.stderr)
     );
     seed.apply(&String::from_utf8(out.stdout).unwrap());
-    let human = client_for(&seed, HUMAN_TOKEN).await;
-    // Wait until the webhook answers from loaded caches: a dry-run pool create passes.
+}
+
+/// Waits until the webhook answers from loaded caches: a dry-run pool create passes.
+async fn wait_until_serving(seed: &Seed, human: &Client, log_of: &str) {
     let pools: Api<IPAMPool> = Api::all(human.clone());
     let probe: IPAMPool = serde_json::from_value(json!({
         "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMPool",
@@ -123,25 +131,32 @@ async fn seed_with_webhook(name: &str) -> (Seed, Controller, Client) {
     .unwrap();
     let mut last = String::new();
     for _ in 0..200 {
-        match pools
-            .create(
-                &PostParams {
-                    dry_run: true,
-                    ..Default::default()
-                },
-                &probe,
-            )
-            .await
-        {
-            Ok(_) => return (seed, controller, human),
+        let dry = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        match pools.create(&dry, &probe).await {
+            Ok(_) => return,
             Err(e) => last = e.to_string(),
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!(
         "the webhook never admitted a valid pool: {last}\n{}",
-        seed.log("w1")
+        seed.log(log_of)
     );
+}
+
+/// A seed with the controller serving the webhook and the configuration installed.
+async fn seed_with_webhook(name: &str) -> (Seed, Controller, Client) {
+    let seed = Seed::start(name).await;
+    with_human(&seed);
+    let (ca, cert, key) = certificates(&seed);
+    let (controller, port) = webhook_controller(&seed, "w1", &cert, &key);
+    install_configuration(&seed, port, &ca);
+    let human = client_for(&seed, HUMAN_TOKEN).await;
+    wait_until_serving(&seed, &human, "w1").await;
+    (seed, controller, human)
 }
 
 fn pool(v: Value) -> IPAMPool {
@@ -328,4 +343,65 @@ async fn invalid_pools_overlapping_allocations_and_exclusions_over_live_ones_are
         s.get("clusters", None, "c2").is_none() && s.allocation("c2", "metallb").is_none()
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_does_not_lead_serves_the_webhook_from_its_own_caches() {
+    let seed = Seed::start("webhook-follower").await;
+    with_human(&seed);
+    let (ca, cert, key) = certificates(&seed);
+    let (_w1, port1) = webhook_controller(&seed, "w1", &cert, &key);
+    let (_w2, port2) = webhook_controller(&seed, "w2", &cert, &key);
+    seed.apply(POOLS);
+    seed.cluster("c1", "dc-1");
+    seed.wait_for("c1 allocated", Duration::from_secs(20), "w1", |s| {
+        s.phase("c1", "metallb") == "Allocated" && !s.lease_holder().is_empty()
+    })
+    .await;
+    // The API server calls the replica that does not hold the Lease.
+    let (follower, port) = if seed.lease_holder() == "w1" {
+        ("w2", port2)
+    } else {
+        ("w1", port1)
+    };
+    install_configuration(&seed, port, &ca);
+    let human = client_for(&seed, HUMAN_TOKEN).await;
+    wait_until_serving(&seed, &human, follower).await;
+    seed.apply("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: cluster-x\n");
+    let allocations: Api<IPAMAllocation> = Api::namespaced(human.clone(), "cluster-x");
+    let overlapping: IPAMAllocation = serde_json::from_value(json!({
+        "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMAllocation",
+        "metadata": {"name": "metallb", "namespace": "cluster-x"},
+        "spec": {"type": "range", "dc": "dc-1", "addresses": ["10.0.0.3"]},
+    }))
+    .unwrap();
+    denied(
+        refusal(
+            allocations
+                .create(&PostParams::default(), &overlapping)
+                .await,
+        ),
+        422,
+        &["cluster c1"],
+    );
+    let pools: Api<IPAMPool> = Api::all(human.clone());
+    denied(
+        refusal(
+            pools
+                .patch(
+                    "metallb",
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        json!({"spec": {"datacenters": {"dc-1": {"excludeRanges": ["10.0.0.0"]}}}}),
+                    ),
+                )
+                .await,
+        ),
+        422,
+        &["hits the allocation of cluster c1"],
+    );
+    assert!(
+        seed.log(follower).contains("admission refused"),
+        "the follower {follower} answered"
+    );
 }
