@@ -315,10 +315,10 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
             });
         }
         r = webhook_task => {
-            return Err(match r {
-                Ok(Err(e)) => ControllerError::Webhook(e),
-                _ => ControllerError::Config("the webhook server stopped".into()),
-            });
+            return Err(ControllerError::Webhook(match r {
+                Ok(Err(e)) => e,
+                _ => crate::webhook::WebhookError::Stopped,
+            }));
         }
         _ = shutdown_signal() => {
             tracing::info!("shutting down");

@@ -75,6 +75,8 @@ pub enum WebhookError {
     },
     #[error("webhook: {0}")]
     Tls(#[from] tls::TlsError),
+    #[error("webhook: the server stopped")]
+    Stopped,
 }
 
 /// Where the webhook's view of the seed comes from.

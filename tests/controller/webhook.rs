@@ -405,3 +405,25 @@ async fn a_replica_that_does_not_lead_serves_the_webhook_from_its_own_caches() {
         "the follower {follower} answered"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unusable_certificate_files_stop_the_controller_with_the_file_named() {
+    let seed = Seed::start("webhook-nocert").await;
+    let missing = seed.dir().join("missing.crt").display().to_string();
+    let key = seed.dir().join("missing.key").display().to_string();
+    let (mut controller, _) = webhook_controller(&seed, "w1", &missing, &key);
+    let mut stopped = false;
+    for _ in 0..200 {
+        if !controller.is_running() {
+            stopped = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(stopped, "the controller kept running: {}", seed.log("w1"));
+    let log = seed.log("w1");
+    assert!(
+        log.contains("webhook:") && log.contains("missing.crt: cannot read"),
+        "{log}"
+    );
+}
