@@ -282,6 +282,47 @@ fn validate_command() {
     );
 }
 
+/// A pool that no longer holds a stored allocation (narrowed, moved or of the other type, as
+/// when it is re-created over what it retained) is invalid input naming the cluster, for
+/// `kipam validate --state` and for `kipam offline` alike; nothing is written.
+#[test]
+fn a_pool_that_no_longer_holds_a_stored_allocation_is_invalid_input() {
+    let w = Workdir::new("validate-live");
+    let good = w.write("good.yaml", POOL);
+    let clusters_file = w.write("clusters.yaml", &clusters(&["a"]));
+    let state = w.path("state.yaml");
+    let run = offline(
+        &[good.to_str().unwrap(), clusters_file.to_str().unwrap()],
+        &state,
+    );
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
+    let saved = w.read("state.yaml");
+    let moved = w.write("moved.yaml", &POOL.replace("10.0.0.0/29", "10.0.1.0/29"));
+    let run = kipam(&[
+        "validate",
+        "-f",
+        moved.to_str().unwrap(),
+        "--state",
+        state.to_str().unwrap(),
+    ]);
+    assert_eq!(run.status.code(), Some(1));
+    assert_eq!(
+        text(&run.stderr),
+        "IPAMPool small: spec.datacenters[dc-1].poolCidr \"10.0.1.0/29\": does not hold the allocation of cluster a (IPAMAllocation cluster-a/small: 10.0.0.0-10.0.0.3)\n"
+    );
+    let run = offline(
+        &[moved.to_str().unwrap(), clusters_file.to_str().unwrap()],
+        &state,
+    );
+    assert_eq!(run.status.code(), Some(2));
+    assert!(
+        text(&run.stderr).contains("does not hold the allocation of cluster a"),
+        "{}",
+        text(&run.stderr)
+    );
+    assert_eq!(w.read("state.yaml"), saved);
+}
+
 /// `kipam validate` enforces the CRDs' bounds and the name rules, so a file it accepts is one
 /// a real API server accepts too.
 #[test]
