@@ -4,7 +4,8 @@
 //! [`resources`] (the CRD types), [`validation`], [`planner`], [`desired`] (objects a plan asks
 //! for), [`status`] and [`render`]. The adapters at the edges do the I/O: [`offline`] against
 //! files, [`controller`] against the API server, [`api`] (the seed REST API, served by the
-//! controller), and the `kipam` binary's command line.
+//! controller), [`webhook`] (admission reviews, decided by the pure [`webhook::rules`]) served
+//! over [`tls`], and the `kipam` binary's command line.
 
 pub mod address;
 pub mod allocator;
@@ -17,4 +18,6 @@ pub mod render;
 pub mod reservations;
 pub mod resources;
 pub mod status;
+pub mod tls;
 pub mod validation;
+pub mod webhook;

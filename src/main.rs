@@ -32,6 +32,8 @@ enum Command {
     Validate(ValidateArgs),
     /// Print the CustomResourceDefinitions (or write one file per CRD with --out).
     Crds(CrdsArgs),
+    /// Print the ValidatingWebhookConfiguration for the admission webhook.
+    WebhookConfig(WebhookConfigArgs),
 }
 
 #[derive(clap::Args)]
@@ -78,6 +80,51 @@ struct ControllerArgs {
     /// API requests served at once; more are answered 429.
     #[arg(long, default_value_t = 256)]
     api_max_concurrent: usize,
+    /// Address of the admission webhook (HTTPS, served when --tls-cert-file is given).
+    #[arg(long, default_value = "0.0.0.0:9443")]
+    webhook_addr: std::net::SocketAddr,
+    /// PEM certificate chain of the webhook (read again when it changes).
+    #[arg(long, requires = "tls_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// PEM private key of the webhook (read again when it changes).
+    #[arg(long, requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
+    /// kipam's own user name: its writes pass the webhook (default
+    /// system:serviceaccount:<in-cluster namespace, else kipam-system>:kipam).
+    #[arg(long)]
+    service_account: Option<String>,
+}
+
+#[derive(clap::Args)]
+struct WebhookConfigArgs {
+    /// metadata.name of the configuration.
+    #[arg(long, default_value = "kipam")]
+    name: String,
+    /// Namespace of the Service in front of the kipam replicas.
+    #[arg(long, default_value = "kipam-system")]
+    service_namespace: String,
+    /// Name of that Service.
+    #[arg(long, default_value = "kipam-webhook")]
+    service_name: String,
+    /// Port of that Service.
+    #[arg(long, default_value_t = 443)]
+    service_port: u16,
+    /// Call this base URL instead of a Service (e.g. https://host:9443).
+    #[arg(long, conflicts_with_all = ["service_namespace", "service_name", "service_port"])]
+    url: Option<String>,
+    /// PEM file of the CA that signed the webhook certificate (default: a placeholder and the
+    /// cert-manager CA-injection annotation).
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
+    /// Fail (refuse writes while no replica answers) or Ignore (let them through unchecked).
+    #[arg(long, default_value = "Fail", value_parser = ["Fail", "Ignore"])]
+    failure_policy: String,
+    /// Seconds the API server waits for an answer (1 to 30).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=30))]
+    timeout_seconds: u32,
+    /// kipam's own user name (its writes skip the webhook).
+    #[arg(long, default_value = "system:serviceaccount:kipam-system:kipam")]
+    service_account: String,
 }
 
 #[derive(clap::Args)]
@@ -208,6 +255,7 @@ fn main() -> ExitCode {
         Command::Validate(args) => run_validate(args),
         Command::Render(args) => run_render(args),
         Command::Crds(args) => run_crds(args),
+        Command::WebhookConfig(args) => run_webhook_config(args),
     }
 }
 
@@ -252,6 +300,16 @@ fn run_controller(args: ControllerArgs) -> ExitCode {
             max_body_bytes: args.api_max_body,
             request_timeout: std::time::Duration::from_secs(args.api_request_timeout.max(1)),
             max_concurrent: args.api_max_concurrent.max(1),
+        },
+        webhook: match (args.tls_cert_file, args.tls_key_file) {
+            (Some(cert), Some(key)) => Some(kipam::webhook::WebhookOptions {
+                addr: args.webhook_addr,
+                tls: kipam::tls::TlsFiles::new(cert, key),
+                service_account: args
+                    .service_account
+                    .unwrap_or_else(kipam::webhook::default_service_account),
+            }),
+            _ => None,
         },
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -569,6 +627,52 @@ fn run_crds(args: CrdsArgs) -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run_webhook_config(args: WebhookConfigArgs) -> ExitCode {
+    use kipam::webhook::config::{ConfigOptions, Target, configuration_yaml};
+    let ca_bundle = match &args.ca_file {
+        None => None,
+        Some(path) => match std::fs::read(path) {
+            Ok(pem) if String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") => {
+                Some(kipam::webhook::config::base64(&pem))
+            }
+            Ok(_) => {
+                eprintln!("error: {}: no PEM certificate in it", path.display());
+                return ExitCode::from(2);
+            }
+            Err(e) => {
+                eprintln!("error: {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let target = match args.url {
+        Some(url) => Target::Url(url),
+        None => Target::Service {
+            namespace: args.service_namespace,
+            name: args.service_name,
+            port: args.service_port,
+        },
+    };
+    let options = ConfigOptions {
+        name: args.name,
+        target,
+        ca_bundle,
+        failure_policy: args.failure_policy,
+        timeout_seconds: args.timeout_seconds,
+        service_account: args.service_account,
+    };
+    match configuration_yaml(&options) {
+        Ok(yaml) => {
+            print!("{yaml}");
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(2)

@@ -49,6 +49,8 @@ pub struct ControllerOptions {
     pub identity: String,
     /// The REST API served by every replica (`docs/api.md`).
     pub api: crate::api::ApiOptions,
+    /// The admission webhook (served by every replica), when certificates are given.
+    pub webhook: Option<crate::webhook::WebhookOptions>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +59,8 @@ pub enum ControllerError {
     Config(String),
     #[error("cannot reach the API server: {0}")]
     Client(#[from] kube::Error),
+    #[error(transparent)]
+    Webhook(#[from] crate::webhook::WebhookError),
     #[error("cannot serve metrics on {addr}: {source}")]
     Metrics {
         addr: SocketAddr,
@@ -263,6 +267,10 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         options.api.clone(),
     ));
     let api_task = tokio::spawn(crate::api::serve(api_listener, api_router));
+    let webhook_task = match options.webhook.clone() {
+        Some(webhook) => tokio::spawn(crate::webhook::run(ctx.clone(), webhook)),
+        None => tokio::spawn(std::future::pending()),
+    };
 
     // The allocation watch feeds the ledger directly (see ledger.rs for the guards).
     let allocation_ctx = ctx.clone();
@@ -334,6 +342,12 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
                 source: r.unwrap_or_else(|e| Err(std::io::Error::other(e))).err()
                     .unwrap_or_else(|| std::io::Error::other("API server stopped")),
             });
+        }
+        r = webhook_task => {
+            return Err(ControllerError::Webhook(match r {
+                Ok(Err(e)) => e,
+                _ => crate::webhook::WebhookError::Stopped,
+            }));
         }
         _ = shutdown_signal() => {
             tracing::info!("shutting down");

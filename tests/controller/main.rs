@@ -9,3 +9,4 @@ mod lifecycle;
 mod preconditions;
 mod promise;
 mod serving;
+mod webhook;

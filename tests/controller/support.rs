@@ -60,11 +60,13 @@ pub struct Seed {
 impl Drop for Seed {
     fn drop(&mut self) {
         self.api.shutdown();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if std::env::var_os("KIPAM_KEEP_E2E").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -108,11 +110,20 @@ impl Seed {
 
     /// Starts `kipam controller` with short lease timings (1 s retry, 2 s deadline, 3 s lease).
     pub fn controller(&self, identity: &str) -> Controller {
-        self.controller_on(identity, free_port())
+        self.controller_with(identity, &[])
+    }
+
+    /// [`Seed::controller`] with more command-line arguments.
+    pub fn controller_with(&self, identity: &str, extra: &[&str]) -> Controller {
+        self.controller_full(identity, free_port(), extra)
     }
 
     /// A controller with its REST API on `api_port`.
     pub fn controller_on(&self, identity: &str, api_port: u16) -> Controller {
+        self.controller_full(identity, api_port, &[])
+    }
+
+    fn controller_full(&self, identity: &str, api_port: u16, extra: &[&str]) -> Controller {
         let port = free_port();
         let log = std::fs::File::create(self.dir.join(format!("{identity}.log"))).ok();
         let child = Command::new(env!("CARGO_BIN_EXE_kipam"))
@@ -132,6 +143,7 @@ impl Seed {
                 "--api-addr",
                 &format!("127.0.0.1:{api_port}"),
             ])
+            .args(extra)
             .env("RUST_LOG", "kipam=debug")
             .stdout(Stdio::null())
             .stderr(log.map(Stdio::from).unwrap_or_else(Stdio::null))
@@ -148,6 +160,11 @@ impl Seed {
     /// Where a controller's log is written.
     pub fn log_path(&self, identity: &str) -> PathBuf {
         self.dir.join(format!("{identity}.log"))
+    }
+
+    /// The seed's scratch directory (removed with the seed).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 
     /// The log of a controller, for failure messages.

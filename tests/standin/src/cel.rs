@@ -205,6 +205,22 @@ fn program_message(expression: &str, ctx: &Context) -> Option<String> {
     }
 }
 
+/// Evaluates a boolean expression over named JSON values (a webhook's `matchConditions`).
+pub(crate) fn evaluate_bool(expression: &str, vars: &[(&str, &Value)]) -> Result<bool, String> {
+    let program = program(expression)?;
+    let mut ctx = Context::default();
+    for (name, value) in vars {
+        ctx.add_variable_from_value(*name, to_cel(value));
+    }
+    match program.execute(&ctx) {
+        Ok(Cel::Bool(b)) => Ok(b),
+        Ok(other) => Err(format!(
+            "{expression}: did not evaluate to a bool: {other:?}"
+        )),
+        Err(e) => Err(format!("{expression}: {e}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

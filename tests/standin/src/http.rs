@@ -3,6 +3,7 @@
 //! reviews or watch code.
 
 use crate::Shared;
+use crate::admission;
 use crate::discovery;
 use crate::error::ApiError;
 use crate::patch::PatchKind;
@@ -270,7 +271,7 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> R
                 content_type: &content_type,
                 caller,
             };
-            handle_resource(&shared, req)
+            handle_admitted(&shared, req).await
         }
         Route::Unknown => Err(not_found_path()),
     };
@@ -559,6 +560,111 @@ fn handle_resource(shared: &Arc<Shared>, req: ResourceRequest<'_>) -> Result<Res
             "the server does not allow this method on the requested resource ({m})"
         ))),
     }
+}
+
+/// A write passes the validating webhooks that select it before it is stored: the object as
+/// it would be stored is worked out with a dry run (so schema and CEL errors come first, as on
+/// a real server), the webhooks are called, and only then is the write done for real.
+async fn handle_admitted(
+    shared: &Arc<Shared>,
+    req: ResourceRequest<'_>,
+) -> Result<Response, ApiError> {
+    let rp = req.rp;
+    let operation = match (req.method.as_str(), rp.name.is_some()) {
+        ("POST", false) => "CREATE",
+        ("PUT" | "PATCH", true) => "UPDATE",
+        ("DELETE", true) => "DELETE",
+        _ => return handle_resource(shared, req),
+    };
+    let Some(rt) = shared
+        .lock_store()
+        .registry
+        .lookup(&rp.group, &rp.version, &rp.plural)
+        .cloned()
+    else {
+        return handle_resource(shared, req);
+    };
+    if rt.behaviour != Behaviour::Stored {
+        return handle_resource(shared, req);
+    }
+    let hooks = admission::matching(shared, &rt, rp.sub.as_deref(), operation);
+    if hooks.is_empty() {
+        return handle_resource(shared, req);
+    }
+    let ns = if rt.namespaced {
+        rp.namespace.as_deref()
+    } else {
+        None
+    };
+    let old = rp
+        .name
+        .as_deref()
+        .and_then(|n| shared.lock_store().object(&rt, ns, n));
+    if operation != "CREATE" && old.is_none() {
+        // Nothing to update or delete (a PUT that creates a Lease aside): let the store say so.
+        return handle_resource(shared, req);
+    }
+    let object = if operation == "DELETE" {
+        None
+    } else {
+        let mut query = req.query.clone();
+        query.insert("dryRun".into(), "All".into());
+        let dry = ResourceRequest {
+            method: req.method,
+            rp,
+            query: &query,
+            body: req.body,
+            accept: "",
+            content_type: req.content_type,
+            caller: req.caller.clone(),
+        };
+        let response = handle_resource(shared, dry)?;
+        if !response.status().is_success() {
+            return Ok(response);
+        }
+        let bytes = axum::body::to_bytes(response.into_body(), MAX_BODY)
+            .await
+            .map_err(|e| ApiError::new(500, e.to_string()))?;
+        Some(
+            serde_json::from_slice::<Value>(&bytes)
+                .map_err(|e| ApiError::new(500, e.to_string()))?,
+        )
+    };
+    let name = rp
+        .name
+        .clone()
+        .or_else(|| {
+            object
+                .as_ref()
+                .map(|o| crate::util::meta_str(o, "name").to_string())
+        })
+        .unwrap_or_default();
+    let namespace = if rt.namespaced {
+        rp.namespace.clone().or_else(|| {
+            object
+                .as_ref()
+                .map(|o| crate::util::meta_str(o, "namespace").to_string())
+        })
+    } else {
+        None
+    };
+    let uid = shared.lock_store().ids().uid();
+    let attrs = admission::Attributes {
+        rt: &rt,
+        sub: rp.sub.as_deref(),
+        operation,
+        namespace: namespace.as_deref(),
+        name: &name,
+        object,
+        old_object: old,
+        user: req
+            .caller
+            .clone()
+            .unwrap_or_else(|| UserInfo::new("system:anonymous")),
+        dry_run: req.query.get("dryRun").is_some_and(|v| v == "All"),
+    };
+    admission::review(&hooks, &attrs, &uid).await?;
+    handle_resource(shared, req)
 }
 
 fn handle_review(

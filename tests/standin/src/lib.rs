@@ -6,10 +6,12 @@
 //! kubeconfig from [`ApiServer::write_kubeconfig`] — can run against it. Several instances can
 //! run in one process. See `README.md` next to this crate for what differs from a real server.
 
+mod admission;
 mod cel;
 mod discovery;
 mod error;
 mod http;
+pub mod https;
 mod patch;
 mod resources;
 mod reviews;
@@ -306,11 +308,16 @@ impl ApiServer {
     /// A kubeconfig whose current context points at this instance with the admin token
     /// (cluster, context and user are named `standin-PORT`).
     pub fn kubeconfig_yaml(&self) -> String {
+        self.kubeconfig_yaml_for_token(&self.inner.token)
+    }
+
+    /// The same kubeconfig with another bearer token (a second user, for instance; make the
+    /// token known with [`ApiServer::set_token_review`]).
+    pub fn kubeconfig_yaml_for_token(&self, token: &str) -> String {
         let n = &self.inner.name;
         format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: {n}\n  cluster:\n    server: {url}\ncontexts:\n- name: {n}\n  context:\n    cluster: {n}\n    user: {n}\n    namespace: default\ncurrent-context: {n}\nusers:\n- name: {n}\n  user:\n    token: {token}\npreferences: {{}}\n",
             url = self.url(),
-            token = self.inner.token,
         )
     }
 

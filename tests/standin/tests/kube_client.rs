@@ -1778,3 +1778,94 @@ async fn crd_rules_and_bounds_are_enforced_with_real_messages() -> TestResult {
     );
     Ok(())
 }
+
+/// A webhook configuration for ConfigMaps whose webhook cannot be reached.
+fn unreachable_webhook(policy: &str, condition: Option<&str>) -> Value {
+    // Nothing listens on port 1, so the call fails whatever the CA holds.
+    let ca = "-----BEGIN CERTIFICATE-----\nMIIBcjCCARigAwIBAgIUV4hzZ0pN4l0n3cJqK1GdW0X8gYQwCgYIKoZIzj0EAwIw\nADAeFw0yNDAxMDEwMDAwMDBaFw0zNDAxMDEwMDAwMDBaMAAwWTATBgcqhkjOPQIB\nBggqhkjOPQMBBwNCAAR3\n-----END CERTIFICATE-----\n";
+    let mut webhook = json!({
+        "name": "check.example.dev",
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": policy,
+        "timeoutSeconds": 2,
+        "clientConfig": {"url": "https://127.0.0.1:1/validate", "caBundle": base64(ca.as_bytes())},
+        "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"], "operations": ["CREATE"]}],
+    });
+    if let Some(c) = condition {
+        webhook["matchConditions"] = json!([{"name": "only", "expression": c}]);
+    }
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "check"},
+        "webhooks": [webhook],
+    })
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            out.push(if i <= chunk.len() {
+                A[((n >> (18 - 6 * i)) & 63) as usize] as char
+            } else {
+                '='
+            });
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn admission_webhooks_follow_failure_policy_and_match_conditions() {
+    let (server, client) = start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    let cm = |name: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name}, "data": {"a": "b"}})).unwrap()
+    };
+    // Fail: an unreachable webhook refuses the write, as a real server does.
+    server.apply(&unreachable_webhook("Fail", None)).unwrap();
+    let e = cms
+        .create(&PostParams::default(), &cm("one"))
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(&e), Some(500));
+    assert!(
+        e.to_string()
+            .contains("failed calling webhook \"check.example.dev\""),
+        "{e}"
+    );
+    assert!(server.get("configmaps", Some("default"), "one").is_none());
+    // Writes the rules do not select are not sent: an update passes.
+    server
+        .create(&serde_json::to_value(cm("two")).unwrap())
+        .unwrap();
+    let mut two = cms.get("two").await.unwrap();
+    two.data = Some([("a".to_string(), "c".to_string())].into());
+    cms.replace("two", &PostParams::default(), &two)
+        .await
+        .unwrap();
+    // A matchCondition that does not hold skips the webhook.
+    server
+        .apply(&unreachable_webhook(
+            "Fail",
+            Some("request.userInfo.username != 'system:admin'"),
+        ))
+        .unwrap();
+    cms.create(&PostParams::default(), &cm("three"))
+        .await
+        .unwrap();
+    // Ignore: the failed call is skipped.
+    server.apply(&unreachable_webhook("Ignore", None)).unwrap();
+    cms.create(&PostParams::default(), &cm("four"))
+        .await
+        .unwrap();
+}

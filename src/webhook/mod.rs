@@ -1,0 +1,349 @@
+//! The validating admission webhook served by `kipam controller` (see `docs/webhook.md`).
+//!
+//! Every replica serves it over TLS ([`crate::tls`]) on `--webhook-addr`. It answers from
+//! memory: the controller's pool, cluster and namespace caches, and two caches of its own —
+//! `IPAMAllocation`s and `IPAMPoolRecord`s, the authoritative record, which only the leader
+//! keeps otherwise. It never calls the API server while answering, never waits on a lock the
+//! planner holds, and gives up after [`REVIEW_DEADLINE`] with a refusal, so it answers well
+//! inside the API server's timeout. The decisions themselves are pure: [`rules::decide`].
+
+pub mod config;
+pub mod review;
+pub mod rules;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher;
+
+use crate::controller::Context;
+use crate::resources::{Cluster, IPAMAllocation, IPAMPool, IPAMPoolRecord};
+use crate::tls::{self, TlsFiles};
+use review::{AdmissionReview, Verdict};
+use rules::{View, Wants};
+
+/// The path the API server posts reviews to.
+pub const PATH: &str = "/validate";
+
+/// Longest time the webhook works on one review before refusing it (the API server's timeout
+/// in the generated configuration is 10 s).
+pub const REVIEW_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Largest review accepted: an API server request is at most 3 MiB and a review carries the
+/// object twice (new and old).
+pub const MAX_REVIEW_BYTES: usize = 8 * 1024 * 1024;
+
+/// kipam's user name when running in a pod of service account `kipam` in the namespace it
+/// runs in (`system:serviceaccount:<namespace>:kipam`), else in `kipam-system`.
+pub fn default_service_account() -> String {
+    let namespace =
+        std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+            .ok()
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "kipam-system".to_string());
+    format!("system:serviceaccount:{namespace}:kipam")
+}
+
+/// How the webhook runs.
+#[derive(Clone, Debug)]
+pub struct WebhookOptions {
+    pub addr: SocketAddr,
+    pub tls: TlsFiles,
+    /// kipam's own user name (`request.userInfo.username` of its writes).
+    pub service_account: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    #[error("webhook: cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("webhook: {0}")]
+    Tls(#[from] tls::TlsError),
+    #[error("webhook: the server stopped")]
+    Stopped,
+}
+
+/// Where the webhook's view of the seed comes from.
+pub trait Source: Send + Sync + 'static {
+    /// What [`rules::decide`] needs for a request; `Err` says why it cannot be known now.
+    fn view(&self, wants: &Wants) -> impl Future<Output = Result<View, String>> + Send;
+}
+
+/// A fixed view: for tests and benches.
+#[derive(Clone, Debug, Default)]
+pub struct StaticSource {
+    pub pools: Vec<IPAMPool>,
+    pub clusters: Vec<Cluster>,
+    pub allocations: Vec<IPAMAllocation>,
+    pub records: Vec<IPAMPoolRecord>,
+    pub terminating_namespaces: Vec<String>,
+}
+
+fn named<K: kube::Resource>(k: &K, name: &str) -> bool {
+    k.meta().name.as_deref() == Some(name)
+}
+
+impl Source for StaticSource {
+    async fn view(&self, wants: &Wants) -> Result<View, String> {
+        let pool = wants.pool.as_deref().unwrap_or("");
+        Ok(View {
+            pool: self.pools.iter().find(|p| named(*p, pool)).cloned(),
+            allocations: self
+                .allocations
+                .iter()
+                .filter(|a| named(*a, pool))
+                .cloned()
+                .collect(),
+            records: self
+                .records
+                .iter()
+                .filter(|r| r.spec.pool == pool)
+                .cloned()
+                .collect(),
+            cluster: wants
+                .cluster
+                .as_deref()
+                .and_then(|c| self.clusters.iter().find(|x| named(*x, c)).cloned()),
+            namespace_terminating: wants
+                .namespace
+                .as_ref()
+                .is_some_and(|n| self.terminating_namespaces.contains(n)),
+        })
+    }
+}
+
+/// The controller's caches plus the webhook's own allocation and record caches.
+pub struct CacheSource {
+    pools: Store<IPAMPool>,
+    clusters: Store<Cluster>,
+    namespaces: Store<Namespace>,
+    allocations: Store<IPAMAllocation>,
+    records: Store<IPAMPoolRecord>,
+    ready: Arc<AtomicBool>,
+}
+
+impl Source for CacheSource {
+    async fn view(&self, wants: &Wants) -> Result<View, String> {
+        if !self.ready.load(Ordering::Acquire) {
+            return Err(
+                "kipam's caches are still loading (the replica just started); try again in a moment"
+                    .into(),
+            );
+        }
+        let pool = wants.pool.as_deref().unwrap_or("");
+        Ok(View {
+            pool: self
+                .pools
+                .get(&ObjectRef::new(pool))
+                .map(|p| p.as_ref().clone()),
+            allocations: self
+                .allocations
+                .state()
+                .into_iter()
+                .filter(|a| named(a.as_ref(), pool))
+                .map(|a| a.as_ref().clone())
+                .collect(),
+            records: self
+                .records
+                .state()
+                .into_iter()
+                .filter(|r| r.spec.pool == pool)
+                .map(|r| r.as_ref().clone())
+                .collect(),
+            cluster: wants
+                .cluster
+                .as_deref()
+                .and_then(|c| self.clusters.get(&ObjectRef::new(c)))
+                .map(|c| c.as_ref().clone()),
+            namespace_terminating: wants
+                .namespace
+                .as_deref()
+                .and_then(|n| self.namespaces.get(&ObjectRef::new(n)))
+                .is_some_and(|n| {
+                    n.metadata.deletion_timestamp.is_some()
+                        || n.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Terminating")
+                }),
+        })
+    }
+}
+
+struct Shared<S> {
+    source: S,
+    kipam: String,
+    deadline: Duration,
+}
+
+/// The webhook's HTTP routes (`POST /validate`) over `source`; `kipam` is kipam's own user.
+pub fn router<S: Source>(source: S, kipam: &str, deadline: Duration) -> axum::Router {
+    let shared = Arc::new(Shared {
+        source,
+        kipam: kipam.to_string(),
+        deadline,
+    });
+    axum::Router::new()
+        .route(PATH, axum::routing::post(handle::<S>))
+        .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
+        .with_state(shared)
+}
+
+fn plain(code: StatusCode, message: String) -> Response {
+    (code, [(header::CONTENT_TYPE, "text/plain")], message).into_response()
+}
+
+async fn handle<S: Source>(
+    State(shared): State<Arc<Shared<S>>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let base = content_type.split(';').next().unwrap_or("").trim();
+    if !base.eq_ignore_ascii_case("application/json") {
+        return plain(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("content type {content_type:?}: an AdmissionReview must be application/json"),
+        );
+    }
+    let review: AdmissionReview = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return plain(
+                StatusCode::BAD_REQUEST,
+                format!("not an AdmissionReview: {e}"),
+            );
+        }
+    };
+    if review.api_version != "admission.k8s.io/v1" || review.kind != "AdmissionReview" {
+        return plain(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "expected an admission.k8s.io/v1 AdmissionReview, got {} {}",
+                review.api_version, review.kind
+            ),
+        );
+    }
+    let Some(request) = review.request else {
+        return plain(
+            StatusCode::BAD_REQUEST,
+            "the AdmissionReview has no request".to_string(),
+        );
+    };
+    let work = async {
+        if request.user_info.username == shared.kipam {
+            return Verdict::allow();
+        }
+        let wants = rules::wants(&request);
+        match shared.source.view(&wants).await {
+            Ok(view) => rules::decide(&request, &view, &shared.kipam),
+            Err(why) => Verdict::unavailable(why),
+        }
+    };
+    let verdict = match tokio::time::timeout(shared.deadline, work).await {
+        Ok(v) => v,
+        Err(_) => Verdict::unavailable(format!(
+            "kipam could not check this request within {} s; try again",
+            shared.deadline.as_secs_f64()
+        )),
+    };
+    if !verdict.allowed {
+        tracing::info!(
+            user = %request.user_info.username,
+            operation = %request.operation,
+            resource = %request.resource.resource,
+            namespace = request.namespace.as_deref().unwrap_or(""),
+            name = request.name.as_deref().unwrap_or(""),
+            "admission refused: {}",
+            verdict.message
+        );
+    }
+    let body = review::response(&request.uid, &verdict);
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// A watch feeding a cache, restarted with backoff on errors.
+fn cache<K>(api: Api<K>) -> (Store<K>, impl futures::Stream<Item = ()>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(
+        writer,
+        watcher::watcher(api, watcher::Config::default()).default_backoff(),
+    )
+    .map(|_| ());
+    (store, stream)
+}
+
+/// Serves the webhook until the process ends, from the controller's caches. Fails at once when
+/// the address cannot be bound or the certificate files cannot be used.
+pub async fn run(ctx: Arc<Context>, options: WebhookOptions) -> Result<(), WebhookError> {
+    // Check the files before anything else: a bad certificate is a start-up error.
+    options.tls.load()?;
+    let listener = tokio::net::TcpListener::bind(options.addr)
+        .await
+        .map_err(|source| WebhookError::Bind {
+            addr: options.addr,
+            source,
+        })?;
+    let (allocations, allocation_events) = cache(Api::<IPAMAllocation>::all(ctx.client.clone()));
+    let (records, record_events) = cache(Api::<IPAMPoolRecord>::all(ctx.client.clone()));
+    let watches = tokio::spawn(async move {
+        let mut all = futures::stream::select(allocation_events.boxed(), record_events.boxed());
+        while all.next().await.is_some() {}
+    });
+    let ready = Arc::new(AtomicBool::new(false));
+    let source = CacheSource {
+        pools: ctx.pools.clone(),
+        clusters: ctx.clusters.clone(),
+        namespaces: ctx.namespaces.clone(),
+        allocations: allocations.clone(),
+        records: records.clone(),
+        ready: ready.clone(),
+    };
+    // The controller's own caches are ready once its planning loop says so: a second waiter on
+    // `Store::wait_until_ready` would steal the planning loop's wake-up (kube's ready signal
+    // wakes one waiter only), so this task polls the flag instead.
+    let controller_ready = ctx.clone();
+    tokio::spawn(async move {
+        let _ = tokio::join!(allocations.wait_until_ready(), records.wait_until_ready());
+        while !controller_ready.metrics.ready.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        ready.store(true, Ordering::Release);
+        tracing::info!("webhook: caches loaded, reviewing requests");
+    });
+    tracing::info!(addr = %options.addr, "webhook: serving {PATH} over TLS");
+    let app = router(source, &options.service_account, REVIEW_DEADLINE);
+    let result = tls::serve(listener, options.tls, app, std::future::pending()).await;
+    watches.abort();
+    result.map_err(WebhookError::Tls)
+}

@@ -1,0 +1,429 @@
+//! The admission webhook end to end: the real `kipam controller` serves it over TLS, the
+//! stand-in calls it for every write that the configuration printed by `kipam webhook-config`
+//! selects, and a human's bad writes are refused with the webhook's message while the
+//! controller's own writes and valid objects go through.
+
+use std::time::Duration;
+
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use kube_standin::UserInfo;
+use serde_json::{Value, json};
+
+use kipam::resources::{Cluster, IPAMAllocation, IPAMPool, IPAMPoolRecord};
+
+use crate::support::{Controller, POOLS, Seed, free_port};
+
+const HUMAN_TOKEN: &str = "token-of-alice";
+
+/// A CA and a webhook certificate for 127.0.0.1 signed by it, written into the seed's
+/// directory: (ca file, cert file, key file).
+fn certificates(seed: &Seed) -> (String, String, String) {
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "kipam e2e CA");
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let issuer = rcgen::Issuer::from_params(&ca, &ca_key);
+    let leaf_cert = leaf.signed_by(&leaf_key, &issuer).unwrap();
+    let path = |n: &str| seed.dir().join(n).display().to_string();
+    std::fs::write(path("ca.pem"), ca_cert.pem()).unwrap();
+    std::fs::write(path("tls.crt"), leaf_cert.pem()).unwrap();
+    std::fs::write(path("tls.key"), leaf_key.serialize_pem()).unwrap();
+    (path("ca.pem"), path("tls.crt"), path("tls.key"))
+}
+
+async fn client_for(seed: &Seed, token: &str) -> Client {
+    let kc =
+        kube::config::Kubeconfig::from_yaml(&seed.api.kubeconfig_yaml_for_token(token)).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    Client::try_from(cfg).unwrap()
+}
+
+/// The refusal's HTTP code and message.
+fn refusal<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String) {
+    match result {
+        Err(kube::Error::Api(s)) => (s.code, s.message.clone()),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn denied(code_and_message: (u16, String), code: u16, parts: &[&str]) {
+    let (got, message) = code_and_message;
+    assert_eq!(got, code, "{message}");
+    assert!(
+        message.starts_with("admission webhook \"validate.ipam.kipam.dev\" denied the request: "),
+        "{message}"
+    );
+    for p in parts {
+        assert!(message.contains(p), "{message:?} lacks {p:?}");
+    }
+}
+
+/// Makes the human's token known next to the kubeconfig's admin token.
+fn with_human(seed: &Seed) {
+    let admin = seed.api.token();
+    seed.api.set_token_review(move |t| {
+        if t == admin {
+            Some(UserInfo::new("system:admin").with_groups(&["system:masters"]))
+        } else if t == HUMAN_TOKEN {
+            Some(UserInfo::new("alice"))
+        } else {
+            None
+        }
+    });
+}
+
+/// A controller serving the webhook on a port of its own; returns it and the port.
+fn webhook_controller(seed: &Seed, identity: &str, cert: &str, key: &str) -> (Controller, u16) {
+    let port = free_port();
+    let controller = seed.controller_with(
+        identity,
+        &[
+            "--webhook-addr",
+            &format!("127.0.0.1:{port}"),
+            "--tls-cert-file",
+            cert,
+            "--tls-key-file",
+            key,
+            "--service-account",
+            "system:admin",
+        ],
+    );
+    (controller, port)
+}
+
+/// Installs the configuration exactly as `kipam webhook-config` prints it, pointing at `port`.
+fn install_configuration(seed: &Seed, port: u16, ca: &str) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kipam"))
+        .args([
+            "webhook-config",
+            "--url",
+            &format!("https://127.0.0.1:{port}"),
+            "--ca-file",
+            ca,
+            "--service-account",
+            "system:admin",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    seed.apply(&String::from_utf8(out.stdout).unwrap());
+}
+
+/// Waits until the webhook answers from loaded caches: a dry-run pool create passes.
+async fn wait_until_serving(seed: &Seed, human: &Client, log_of: &str) {
+    let pools: Api<IPAMPool> = Api::all(human.clone());
+    let probe: IPAMPool = serde_json::from_value(json!({
+        "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMPool",
+        "metadata": {"name": "probe"},
+        "spec": {"datacenters": {"dc-1": {"type": "range", "poolCidr": "10.9.0.0/24", "allocationRange": 1}}},
+    }))
+    .unwrap();
+    let mut last = String::new();
+    for _ in 0..200 {
+        let dry = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        match pools.create(&dry, &probe).await {
+            Ok(_) => return,
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "the webhook never admitted a valid pool: {last}\n{}",
+        seed.log(log_of)
+    );
+}
+
+/// A seed with the controller serving the webhook and the configuration installed.
+async fn seed_with_webhook(name: &str) -> (Seed, Controller, Client) {
+    let seed = Seed::start(name).await;
+    with_human(&seed);
+    let (ca, cert, key) = certificates(&seed);
+    let (controller, port) = webhook_controller(&seed, "w1", &cert, &key);
+    install_configuration(&seed, port, &ca);
+    let human = client_for(&seed, HUMAN_TOKEN).await;
+    wait_until_serving(&seed, &human, "w1").await;
+    (seed, controller, human)
+}
+
+fn pool(v: Value) -> IPAMPool {
+    serde_json::from_value(v).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_pools_overlapping_allocations_and_exclusions_over_live_ones_are_refused() {
+    let (seed, _controller, human) = seed_with_webhook("webhook").await;
+    let pools: Api<IPAMPool> = Api::all(human.clone());
+    let clusters: Api<Cluster> = Api::all(human.clone());
+
+    // Valid pools are admitted, through a human's client.
+    for doc in POOLS.split("\n---\n") {
+        let v: Value = serde_saphyr::from_str(doc).unwrap();
+        pools
+            .create(&PostParams::default(), &pool(v))
+            .await
+            .unwrap();
+    }
+    // An invalid pool is refused with the field, the value and the rule.
+    let bad = pool(json!({
+        "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMPool",
+        "metadata": {"name": "bad"},
+        "spec": {"datacenters": {"dc-1": {"type": "range", "poolCidr": "10.5.0.0/26", "allocationRange": 65}}},
+    }));
+    denied(
+        refusal(pools.create(&PostParams::default(), &bad).await),
+        422,
+        &[
+            "IPAMPool bad: spec.datacenters[dc-1].allocationRange \"65\": exceeds the 64 addresses of poolCidr",
+        ],
+    );
+    // A datacenter name the CRD cannot check.
+    let bad_dc = pool(json!({
+        "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMPool",
+        "metadata": {"name": "bad-dc"},
+        "spec": {"datacenters": {"DC_1": {"type": "range", "poolCidr": "10.5.0.0/26", "allocationRange": 4}}},
+    }));
+    denied(
+        refusal(pools.create(&PostParams::default(), &bad_dc).await),
+        422,
+        &["spec.datacenters", "\"DC_1\"", "DNS-1123 label"],
+    );
+    assert!(seed.get("ipampools", None, "bad").is_none());
+
+    // A cluster through the human's client: kipam allocates for it (its own writes pass).
+    let c1: Cluster = serde_json::from_value(json!({
+        "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Cluster",
+        "metadata": {"name": "c1"}, "spec": {"datacenter": "dc-1"},
+    }))
+    .unwrap();
+    clusters.create(&PostParams::default(), &c1).await.unwrap();
+    seed.wait_for("c1 allocated", Duration::from_secs(20), "w1", |s| {
+        s.phase("c1", "metallb") == "Allocated"
+    })
+    .await;
+    assert_eq!(seed.held("c1", "metallb"), "10.0.0.0-10.0.0.3");
+
+    // A cluster with a bad override is refused.
+    let bad_cluster: Cluster = serde_json::from_value(json!({
+        "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Cluster",
+        "metadata": {"name": "c9"},
+        "spec": {"datacenter": "dc-1", "ipam": {"metallb": {"addresses": ["10.0.0.999"]}}},
+    }))
+    .unwrap();
+    denied(
+        refusal(clusters.create(&PostParams::default(), &bad_cluster).await),
+        422,
+        &["Cluster c9: spec.ipam[metallb].addresses[0] \"10.0.0.999\""],
+    );
+
+    // A hand-made allocation overlapping c1's is refused, naming it.
+    seed.apply("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: cluster-x\n");
+    let allocations: Api<IPAMAllocation> = Api::namespaced(human.clone(), "cluster-x");
+    let overlapping: IPAMAllocation = serde_json::from_value(json!({
+        "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMAllocation",
+        "metadata": {"name": "metallb", "namespace": "cluster-x"},
+        "spec": {"type": "range", "dc": "dc-1", "addresses": ["10.0.0.2-10.0.0.5"]},
+    }))
+    .unwrap();
+    denied(
+        refusal(
+            allocations
+                .create(&PostParams::default(), &overlapping)
+                .await,
+        ),
+        422,
+        &[
+            "overlaps IPAMAllocation cluster-c1/metallb of cluster c1 (10.0.0.0-10.0.0.3) at 10.0.0.2-10.0.0.3",
+        ],
+    );
+    assert!(
+        seed.get("ipamallocations", Some("cluster-x"), "metallb")
+            .is_none()
+    );
+
+    // An exclusion over c1's live allocation is refused, naming the cluster.
+    let exclude = |ranges: Value| {
+        Patch::Merge(json!({"spec": {"datacenters": {"dc-1": {"excludeRanges": ranges}}}}))
+    };
+    denied(
+        refusal(
+            pools
+                .patch(
+                    "metallb",
+                    &PatchParams::default(),
+                    &exclude(json!(["10.0.0.1"])),
+                )
+                .await,
+        ),
+        422,
+        &[
+            "spec.datacenters[dc-1].excludeRanges[0] \"10.0.0.1\"",
+            "hits the allocation of cluster c1 (10.0.0.0-10.0.0.3)",
+        ],
+    );
+    // An exclusion over free addresses is admitted.
+    pools
+        .patch(
+            "metallb",
+            &PatchParams::default(),
+            &exclude(json!(["10.0.0.15"])),
+        )
+        .await
+        .unwrap();
+
+    // The human can neither delete the live allocation nor touch the record.
+    let c1_allocations: Api<IPAMAllocation> = Api::namespaced(human.clone(), "cluster-c1");
+    denied(
+        refusal(
+            c1_allocations
+                .delete("metallb", &DeleteParams::default())
+                .await,
+        ),
+        403,
+        &["releases nothing"],
+    );
+    let records: Api<IPAMPoolRecord> = Api::all(human.clone());
+    denied(
+        refusal(
+            records
+                .delete("metallb.dc-1", &DeleteParams::default())
+                .await,
+        ),
+        403,
+        &["written by kipam alone"],
+    );
+    // Nor grow the allocation by hand.
+    denied(
+        refusal(
+            c1_allocations
+                .patch(
+                    "metallb",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"addresses": ["10.0.0.0-10.0.0.7"]}})),
+                )
+                .await,
+        ),
+        422,
+        &["changes the addresses of a live allocation"],
+    );
+
+    // kipam goes on: a second cluster is allocated next to c1, nothing overlaps.
+    let c2: Cluster = serde_json::from_value(json!({
+        "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Cluster",
+        "metadata": {"name": "c2"}, "spec": {"datacenter": "dc-1"},
+    }))
+    .unwrap();
+    clusters.create(&PostParams::default(), &c2).await.unwrap();
+    seed.wait_for("c2 allocated", Duration::from_secs(20), "w1", |s| {
+        s.phase("c2", "metallb") == "Allocated"
+    })
+    .await;
+    assert_eq!(seed.held("c2", "metallb"), "10.0.0.4-10.0.0.7");
+    assert_eq!(seed.held("c1", "metallb"), "10.0.0.0-10.0.0.3");
+    seed.assert_no_overlap_no_leak();
+    // Deleting the cluster releases through kipam's own writes, unhindered.
+    clusters
+        .delete("c2", &DeleteParams::default())
+        .await
+        .unwrap();
+    seed.wait_for("c2 released", Duration::from_secs(20), "w1", |s| {
+        s.get("clusters", None, "c2").is_none() && s.allocation("c2", "metallb").is_none()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_does_not_lead_serves_the_webhook_from_its_own_caches() {
+    let seed = Seed::start("webhook-follower").await;
+    with_human(&seed);
+    let (ca, cert, key) = certificates(&seed);
+    let (_w1, port1) = webhook_controller(&seed, "w1", &cert, &key);
+    let (_w2, port2) = webhook_controller(&seed, "w2", &cert, &key);
+    seed.apply(POOLS);
+    seed.cluster("c1", "dc-1");
+    seed.wait_for("c1 allocated", Duration::from_secs(20), "w1", |s| {
+        s.phase("c1", "metallb") == "Allocated" && !s.lease_holder().is_empty()
+    })
+    .await;
+    // The API server calls the replica that does not hold the Lease.
+    let (follower, port) = if seed.lease_holder() == "w1" {
+        ("w2", port2)
+    } else {
+        ("w1", port1)
+    };
+    install_configuration(&seed, port, &ca);
+    let human = client_for(&seed, HUMAN_TOKEN).await;
+    wait_until_serving(&seed, &human, follower).await;
+    seed.apply("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: cluster-x\n");
+    let allocations: Api<IPAMAllocation> = Api::namespaced(human.clone(), "cluster-x");
+    let overlapping: IPAMAllocation = serde_json::from_value(json!({
+        "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMAllocation",
+        "metadata": {"name": "metallb", "namespace": "cluster-x"},
+        "spec": {"type": "range", "dc": "dc-1", "addresses": ["10.0.0.3"]},
+    }))
+    .unwrap();
+    denied(
+        refusal(
+            allocations
+                .create(&PostParams::default(), &overlapping)
+                .await,
+        ),
+        422,
+        &["cluster c1"],
+    );
+    let pools: Api<IPAMPool> = Api::all(human.clone());
+    denied(
+        refusal(
+            pools
+                .patch(
+                    "metallb",
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        json!({"spec": {"datacenters": {"dc-1": {"excludeRanges": ["10.0.0.0"]}}}}),
+                    ),
+                )
+                .await,
+        ),
+        422,
+        &["hits the allocation of cluster c1"],
+    );
+    assert!(
+        seed.log(follower).contains("admission refused"),
+        "the follower {follower} answered"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unusable_certificate_files_stop_the_controller_with_the_file_named() {
+    let seed = Seed::start("webhook-nocert").await;
+    let missing = seed.dir().join("missing.crt").display().to_string();
+    let key = seed.dir().join("missing.key").display().to_string();
+    let (mut controller, _) = webhook_controller(&seed, "w1", &missing, &key);
+    let mut stopped = false;
+    for _ in 0..200 {
+        if !controller.is_running() {
+            stopped = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(stopped, "the controller kept running: {}", seed.log("w1"));
+    let log = seed.log("w1");
+    assert!(
+        log.contains("webhook:") && log.contains("missing.crt: cannot read"),
+        "{log}"
+    );
+}

@@ -1,0 +1,136 @@
+//! `kipam webhook-config`: the configuration the API server needs.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn config(args: &[&str]) -> (bool, Value, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kipam"))
+        .arg("webhook-config")
+        .args(args)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let value: Value = if out.status.success() {
+        serde_saphyr::from_str(&text).unwrap()
+    } else {
+        Value::Null
+    };
+    (
+        out.status.success(),
+        value,
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[test]
+fn the_default_configuration_reaches_the_service_with_a_ca_placeholder() {
+    let (ok, c, err) = config(&[]);
+    assert!(ok, "{err}");
+    assert_eq!(c["apiVersion"], "admissionregistration.k8s.io/v1");
+    assert_eq!(c["kind"], "ValidatingWebhookConfiguration");
+    assert_eq!(
+        c["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        "kipam-system/kipam-webhook"
+    );
+    let w = &c["webhooks"][0];
+    assert_eq!(w["name"], "validate.ipam.kipam.dev");
+    assert_eq!(w["sideEffects"], "None");
+    assert_eq!(w["matchPolicy"], "Equivalent");
+    assert_eq!(w["failurePolicy"], "Fail");
+    assert_eq!(w["timeoutSeconds"], 10);
+    assert_eq!(w["admissionReviewVersions"], serde_json::json!(["v1"]));
+    assert_eq!(
+        w["clientConfig"]["service"],
+        serde_json::json!({"namespace": "kipam-system", "name": "kipam-webhook", "path": "/validate", "port": 443})
+    );
+    assert_eq!(w["clientConfig"]["caBundle"], "Cg==");
+    assert_eq!(
+        w["matchConditions"][0]["expression"],
+        "request.userInfo.username != \"system:serviceaccount:kipam-system:kipam\""
+    );
+    let rules = w["rules"].as_array().unwrap();
+    let find = |resource: &str| {
+        rules
+            .iter()
+            .find(|r| {
+                r["resources"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|x| x == resource)
+            })
+            .unwrap_or_else(|| panic!("no rule for {resource}"))
+            .clone()
+    };
+    for (resource, ops, scope) in [
+        ("ipampools", vec!["CREATE", "UPDATE"], "Cluster"),
+        ("clusters", vec!["CREATE", "UPDATE"], "Cluster"),
+        (
+            "ipamallocations",
+            vec!["CREATE", "UPDATE", "DELETE"],
+            "Namespaced",
+        ),
+        (
+            "ipampoolrecords",
+            vec!["CREATE", "UPDATE", "DELETE"],
+            "Cluster",
+        ),
+    ] {
+        let r = find(resource);
+        assert_eq!(r["apiGroups"], serde_json::json!(["ipam.kipam.dev"]));
+        assert_eq!(r["operations"], serde_json::json!(ops), "{resource}");
+        assert_eq!(r["scope"], scope, "{resource}");
+    }
+}
+
+#[test]
+fn a_url_and_a_ca_file_are_used_as_given_and_bad_values_refused() {
+    let dir = std::env::temp_dir().join(format!("kipam-webhook-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = dir.join("ca.pem");
+    std::fs::write(
+        &ca,
+        "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    let (ok, c, err) = config(&[
+        "--url",
+        "https://10.0.0.1:9443/",
+        "--ca-file",
+        ca.to_str().unwrap(),
+        "--failure-policy",
+        "Ignore",
+        "--timeout-seconds",
+        "5",
+    ]);
+    assert!(ok, "{err}");
+    let w = &c["webhooks"][0];
+    assert_eq!(w["clientConfig"]["url"], "https://10.0.0.1:9443/validate");
+    assert_eq!(
+        w["clientConfig"]["caBundle"],
+        kipam::webhook::config::base64(&std::fs::read(&ca).unwrap())
+    );
+    assert!(c["metadata"].get("annotations").is_none());
+    assert_eq!(w["failurePolicy"], "Ignore");
+    assert_eq!(w["timeoutSeconds"], 5);
+    std::fs::write(&ca, "not a certificate").unwrap();
+    let (ok, _, err) = config(&["--ca-file", ca.to_str().unwrap()]);
+    assert!(!ok && err.contains("no PEM certificate"), "{err}");
+    let (ok, _, _) = config(&["--timeout-seconds", "31"]);
+    assert!(!ok);
+    let (ok, _, _) = config(&["--failure-policy", "Sometimes"]);
+    assert!(!ok);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn base64_matches_the_standard_alphabet() {
+    use kipam::webhook::config::base64;
+    assert_eq!(base64(b""), "");
+    assert_eq!(base64(b"f"), "Zg==");
+    assert_eq!(base64(b"fo"), "Zm8=");
+    assert_eq!(base64(b"foo"), "Zm9v");
+    assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+    assert_eq!(base64(&[0xff, 0xfe]), "//4=");
+}

@@ -1,0 +1,526 @@
+//! Every admission rule, decided in process against a fixed view of the seed.
+
+use serde_json::json;
+
+use crate::support::*;
+
+fn refused(v: &kipam::webhook::review::Verdict, code: u16, parts: &[&str]) {
+    assert!(!v.allowed, "expected a refusal, got {v:?}");
+    assert_eq!(v.code, code, "{v:?}");
+    for p in parts {
+        assert!(v.message.contains(p), "{:?} lacks {p:?}", v.message);
+    }
+}
+
+fn allowed(v: &kipam::webhook::review::Verdict) {
+    assert!(v.allowed, "expected admission, got {v:?}");
+}
+
+/// c1 holds 10.0.0.0-10.0.0.7 of metallb/dc-1 (object and record).
+fn seed() -> Seed {
+    Seed::default()
+        .pool(range_pool())
+        .cluster(cluster_json("c1", json!({"datacenter": "dc-1"})))
+        .cluster(cluster_json("c2", json!({"datacenter": "dc-1"})))
+        .allocation(allocation_json(
+            "c1",
+            "metallb",
+            "dc-1",
+            &["10.0.0.0-10.0.0.7"],
+        ))
+        .record(record_json(
+            "metallb",
+            "dc-1",
+            json!({"c1": {"addresses": ["10.0.0.0-10.0.0.7"]}}),
+        ))
+}
+
+#[test]
+fn an_invalid_pool_is_refused_with_field_value_and_rule() {
+    let bad = pool_json(
+        "metallb",
+        json!({"dc-1": {"type": "range", "poolCidr": "10.0.0.0/26", "allocationRange": 65}}),
+    );
+    let v = seed().decide(&request("ipampools", "CREATE", HUMAN, Some(bad), None));
+    refused(
+        &v,
+        422,
+        &[
+            "IPAMPool metallb",
+            "spec.datacenters[dc-1].allocationRange \"65\"",
+            "exceeds the 64 addresses of poolCidr",
+        ],
+    );
+}
+
+#[test]
+fn a_datacenter_name_the_crd_cannot_check_is_refused() {
+    let bad = pool_json(
+        "other",
+        json!({"EU West": {"type": "range", "poolCidr": "10.1.0.0/24", "allocationRange": 4}}),
+    );
+    let v = seed().decide(&request("ipampools", "CREATE", HUMAN, Some(bad), None));
+    refused(&v, 422, &["spec.datacenters", "EU West", "DNS-1123 label"]);
+}
+
+#[test]
+fn a_valid_pool_is_admitted() {
+    let good = pool_json(
+        "other",
+        json!({"dc-1": {"type": "prefix", "poolCidr": "2001:db8::/48", "allocationPrefix": 64}}),
+    );
+    allowed(&seed().decide(&request("ipampools", "CREATE", HUMAN, Some(good), None)));
+}
+
+#[test]
+fn an_exclusion_over_a_live_allocation_is_refused_naming_the_cluster() {
+    let mut new = range_pool();
+    new["spec"]["datacenters"]["dc-1"]["excludeRanges"] = json!(["10.0.0.250", "10.0.0.4"]);
+    let v = seed().decide(&request(
+        "ipampools",
+        "UPDATE",
+        HUMAN,
+        Some(new),
+        Some(range_pool()),
+    ));
+    refused(
+        &v,
+        422,
+        &[
+            "spec.datacenters[dc-1].excludeRanges[1] \"10.0.0.4\"",
+            "cluster c1",
+            "10.0.0.0-10.0.0.7",
+        ],
+    );
+}
+
+#[test]
+fn an_exclusion_over_addresses_only_the_record_holds_is_refused() {
+    // c3's object is not written yet (a crash between record and object): the record alone
+    // holds 10.0.0.8-10.0.0.15.
+    let seed = seed().record(record_json(
+        "metallb",
+        "dc-1",
+        json!({"c3": {"addresses": ["10.0.0.8-10.0.0.15"]}}),
+    ));
+    let mut new = range_pool();
+    new["spec"]["datacenters"]["dc-1"]["excludeRanges"] = json!(["10.0.0.250", "10.0.0.9"]);
+    let v = seed.decide(&request(
+        "ipampools",
+        "UPDATE",
+        HUMAN,
+        Some(new),
+        Some(range_pool()),
+    ));
+    refused(&v, 422, &["cluster c3"]);
+}
+
+#[test]
+fn narrowing_pool_cidr_past_a_live_allocation_is_refused_naming_it() {
+    let seed = seed().allocation(allocation_json(
+        "c2",
+        "metallb",
+        "dc-1",
+        &["10.0.0.200-10.0.0.207"],
+    ));
+    let mut new = range_pool();
+    new["spec"]["datacenters"]["dc-1"]["poolCidr"] = json!("10.0.0.0/25");
+    new["spec"]["datacenters"]["dc-1"]["excludeRanges"] = json!([]);
+    let v = seed.decide(&request(
+        "ipampools",
+        "UPDATE",
+        HUMAN,
+        Some(new),
+        Some(range_pool()),
+    ));
+    refused(
+        &v,
+        422,
+        &[
+            "poolCidr \"10.0.0.0/25\": is immutable (was 10.0.0.0/24)",
+            "does not hold the allocation of cluster c2 (IPAMAllocation cluster-c2/metallb: 10.0.0.200-10.0.0.207)",
+        ],
+    );
+}
+
+#[test]
+fn a_pool_created_again_must_hold_what_it_retained() {
+    // The pool was deleted with Retain: its allocations and no pool remain.
+    let seed = Seed::default().allocation(allocation_json(
+        "c1",
+        "metallb",
+        "dc-1",
+        &["10.0.0.0-10.0.0.7"],
+    ));
+    let smaller = pool_json(
+        "metallb",
+        json!({"dc-1": {"type": "range", "poolCidr": "10.9.0.0/24", "allocationRange": 8}}),
+    );
+    let v = seed.decide(&request("ipampools", "CREATE", HUMAN, Some(smaller), None));
+    refused(&v, 422, &["poolCidr", "cluster c1"]);
+    let prefix = pool_json(
+        "metallb",
+        json!({"dc-1": {"type": "prefix", "poolCidr": "10.0.0.0/24", "allocationPrefix": 29}}),
+    );
+    let v = seed.decide(&request("ipampools", "CREATE", HUMAN, Some(prefix), None));
+    refused(
+        &v,
+        422,
+        &[
+            "spec.datacenters[dc-1].type \"prefix\"",
+            "cluster c1",
+            "is of type range",
+        ],
+    );
+    allowed(&seed.decide(&request(
+        "ipampools",
+        "CREATE",
+        HUMAN,
+        Some(range_pool()),
+        None,
+    )));
+}
+
+#[test]
+fn changing_a_pool_type_is_refused_naming_the_allocation() {
+    let mut new = range_pool();
+    new["spec"]["datacenters"]["dc-1"] =
+        json!({"type": "prefix", "poolCidr": "10.0.0.0/24", "allocationPrefix": 29});
+    let v = seed().decide(&request(
+        "ipampools",
+        "UPDATE",
+        HUMAN,
+        Some(new),
+        Some(range_pool()),
+    ));
+    refused(
+        &v,
+        422,
+        &["type \"prefix\": is immutable (was range)", "cluster c1"],
+    );
+}
+
+#[test]
+fn an_update_that_leaves_the_spec_alone_is_admitted_even_when_invalid() {
+    // Stored before the rule existed: removing a finalizer must still work.
+    let mut old = pool_json(
+        "metallb",
+        json!({"dc-1": {"type": "range", "poolCidr": "10.0.0.0/26", "allocationRange": 65}}),
+    );
+    let mut new = old.clone();
+    new["metadata"]["finalizers"] = json!([]);
+    old["metadata"]["finalizers"] = json!(["ipam.kipam.dev/reclaim-allocations"]);
+    allowed(&seed().decide(&request("ipampools", "UPDATE", HUMAN, Some(new), Some(old))));
+}
+
+#[test]
+fn cluster_overrides_and_pins_are_checked() {
+    let bad_key = cluster_json(
+        "c9",
+        json!({"datacenter": "dc-1", "ipam": {"Metal_LB": {"allocationRange": 4}}}),
+    );
+    let v = seed().decide(&request("clusters", "CREATE", HUMAN, Some(bad_key), None));
+    refused(
+        &v,
+        422,
+        &["Cluster c9", "spec.ipam", "Metal_LB", "DNS-1123 label"],
+    );
+    let two = cluster_json(
+        "c9",
+        json!({"datacenter": "dc-1", "ipam": {"metallb": {"allocationRange": 4, "cidr": "10.0.0.0/30"}}}),
+    );
+    let v = seed().decide(&request("clusters", "CREATE", HUMAN, Some(two), None));
+    refused(&v, 422, &["spec.ipam[metallb]", "set at most one of"]);
+    let bad_pin = cluster_json(
+        "c9",
+        json!({"datacenter": "dc-1", "ipam": {"metallb": {"addresses": ["10.0.0.300"]}}}),
+    );
+    let v = seed().decide(&request(
+        "clusters",
+        "UPDATE",
+        HUMAN,
+        Some(bad_pin),
+        Some(cluster_json("c9", json!({"datacenter": "dc-1"}))),
+    ));
+    refused(&v, 422, &["spec.ipam[metallb].addresses[0] \"10.0.0.300\""]);
+    let good = cluster_json(
+        "c9",
+        json!({"datacenter": "dc-1", "ipam": {"metallb": {"addresses": ["10.0.0.100-10.0.0.103"]}}}),
+    );
+    allowed(&seed().decide(&request("clusters", "CREATE", HUMAN, Some(good), None)));
+}
+
+#[test]
+fn a_hand_made_allocation_overlapping_another_is_refused_naming_it() {
+    let mine = allocation_json("c2", "metallb", "dc-1", &["10.0.0.6-10.0.0.9"]);
+    let v = seed().decide(&request(
+        "ipamallocations",
+        "CREATE",
+        HUMAN,
+        Some(mine),
+        None,
+    ));
+    refused(
+        &v,
+        422,
+        &[
+            "IPAMAllocation cluster-c2/metallb",
+            "spec.addresses \"10.0.0.6-10.0.0.9\"",
+            "overlaps IPAMAllocation cluster-c1/metallb of cluster c1 (10.0.0.0-10.0.0.7) at 10.0.0.6-10.0.0.7",
+        ],
+    );
+}
+
+#[test]
+fn a_hand_made_allocation_over_addresses_the_record_holds_for_another_cluster_is_refused() {
+    // The record holds 10.0.0.8-10.0.0.15 for c3 whose object does not exist (yet, or any more).
+    let seed = seed().record(record_json(
+        "metallb",
+        "dc-1",
+        json!({"c3": {"addresses": ["10.0.0.8-10.0.0.15"]}}),
+    ));
+    let mine = allocation_json("c2", "metallb", "dc-1", &["10.0.0.12-10.0.0.13"]);
+    let v = seed.decide(&request(
+        "ipamallocations",
+        "CREATE",
+        HUMAN,
+        Some(mine),
+        None,
+    ));
+    refused(
+        &v,
+        422,
+        &["10.0.0.12-10.0.0.13 is recorded for cluster c3 in IPAMPoolRecord metallb.dc-1"],
+    );
+}
+
+#[test]
+fn a_hand_made_allocation_must_stay_in_the_pool_and_out_of_exclusions() {
+    let outside = allocation_json("c2", "metallb", "dc-1", &["10.0.1.0-10.0.1.3"]);
+    let v = seed().decide(&request(
+        "ipamallocations",
+        "CREATE",
+        HUMAN,
+        Some(outside),
+        None,
+    ));
+    refused(
+        &v,
+        422,
+        &["10.0.1.0-10.0.1.3 leaves the pool", "10.0.0.0/24"],
+    );
+    let excluded = allocation_json("c2", "metallb", "dc-1", &["10.0.0.248-10.0.0.251"]);
+    let v = seed().decide(&request(
+        "ipamallocations",
+        "CREATE",
+        HUMAN,
+        Some(excluded),
+        None,
+    ));
+    refused(
+        &v,
+        422,
+        &[
+            "10.0.0.250 is excluded from IPAMPool metallb/dc-1 (spec.datacenters[dc-1].excludeRanges[0] \"10.0.0.250\")",
+        ],
+    );
+    let no_pool = allocation_json("c2", "nothere", "dc-1", &["10.0.0.100"]);
+    let v = seed().decide(&request(
+        "ipamallocations",
+        "CREATE",
+        HUMAN,
+        Some(no_pool),
+        None,
+    ));
+    refused(&v, 422, &["no IPAMPool nothere exists"]);
+    let no_dc = allocation_json("c2", "metallb", "dc-9", &["10.0.0.100"]);
+    let v = seed().decide(&request(
+        "ipamallocations",
+        "CREATE",
+        HUMAN,
+        Some(no_dc),
+        None,
+    ));
+    refused(&v, 422, &["spec.dc \"dc-9\"", "has no datacenter dc-9"]);
+    let mut prefix = allocation_json("c2", "metallb", "dc-1", &[]);
+    prefix["spec"] = json!({"type": "prefix", "dc": "dc-1", "cidr": "10.0.0.64/29"});
+    let v = seed().decide(&request(
+        "ipamallocations",
+        "CREATE",
+        HUMAN,
+        Some(prefix),
+        None,
+    ));
+    refused(&v, 422, &["spec.type \"prefix\"", "is of type range"]);
+    let unreadable = allocation_json("c2", "metallb", "dc-1", &["10.0.0.9-10.0.0.1"]);
+    let v = seed().decide(&request(
+        "ipamallocations",
+        "CREATE",
+        HUMAN,
+        Some(unreadable),
+        None,
+    ));
+    refused(&v, 422, &["spec.addresses[0]"]);
+}
+
+#[test]
+fn a_hand_made_allocation_of_free_addresses_is_admitted() {
+    let mine = allocation_json("c2", "metallb", "dc-1", &["10.0.0.100-10.0.0.107"]);
+    allowed(&seed().decide(&request(
+        "ipamallocations",
+        "CREATE",
+        HUMAN,
+        Some(mine),
+        None,
+    )));
+}
+
+#[test]
+fn the_addresses_of_a_live_allocation_cannot_be_changed_by_hand() {
+    let old = allocation_json("c1", "metallb", "dc-1", &["10.0.0.0-10.0.0.7"]);
+    let grown = allocation_json(
+        "c1",
+        "metallb",
+        "dc-1",
+        &["10.0.0.0-10.0.0.7", "10.0.0.100"],
+    );
+    let v = seed().decide(&request(
+        "ipamallocations",
+        "UPDATE",
+        HUMAN,
+        Some(grown),
+        Some(old.clone()),
+    ));
+    refused(
+        &v,
+        422,
+        &[
+            "changes the addresses of a live allocation",
+            "cluster c1 holds 10.0.0.0-10.0.0.7",
+        ],
+    );
+    let mut labelled = old.clone();
+    labelled["metadata"]["labels"] = json!({"team": "net"});
+    allowed(&seed().decide(&request(
+        "ipamallocations",
+        "UPDATE",
+        HUMAN,
+        Some(labelled),
+        Some(old),
+    )));
+}
+
+#[test]
+fn a_live_allocation_cannot_be_deleted_by_hand_while_its_cluster_lives() {
+    let old = allocation_json("c1", "metallb", "dc-1", &["10.0.0.0-10.0.0.7"]);
+    let v = seed().decide(&request(
+        "ipamallocations",
+        "DELETE",
+        HUMAN,
+        None,
+        Some(old.clone()),
+    ));
+    refused(&v, 403, &["releases nothing", "delete the Cluster"]);
+    // The cluster is gone, or its namespace is being deleted: let the cleanup through.
+    let without_cluster = Seed::default().pool(range_pool());
+    allowed(&without_cluster.decide(&request(
+        "ipamallocations",
+        "DELETE",
+        HUMAN,
+        None,
+        Some(old.clone()),
+    )));
+    allowed(&seed().terminating("cluster-c1").decide(&request(
+        "ipamallocations",
+        "DELETE",
+        "system:serviceaccount:kube-system:namespace-controller",
+        None,
+        Some(old),
+    )));
+}
+
+#[test]
+fn kipams_own_writes_pass_straight_through() {
+    let overlapping = allocation_json("c2", "metallb", "dc-1", &["10.0.0.0-10.0.0.3"]);
+    allowed(&seed().decide(&request(
+        "ipamallocations",
+        "CREATE",
+        KIPAM,
+        Some(overlapping.clone()),
+        None,
+    )));
+    let record = record_json("metallb", "dc-1", json!({}));
+    allowed(&seed().decide(&request(
+        "ipampoolrecords",
+        "UPDATE",
+        KIPAM,
+        Some(record.clone()),
+        Some(record),
+    )));
+    // Somebody else with the same addresses is refused.
+    refused(
+        &seed().decide(&request(
+            "ipamallocations",
+            "CREATE",
+            HUMAN,
+            Some(overlapping),
+            None,
+        )),
+        422,
+        &["overlaps"],
+    );
+}
+
+#[test]
+fn records_are_written_by_kipam_alone() {
+    let record = record_json(
+        "metallb",
+        "dc-1",
+        json!({"c1": {"addresses": ["10.0.0.0-10.0.0.7"]}}),
+    );
+    let mut emptied = record.clone();
+    emptied["spec"]["reservations"] = json!({});
+    for (op, new, old) in [
+        ("CREATE", Some(record.clone()), None),
+        ("UPDATE", Some(emptied), Some(record.clone())),
+        ("DELETE", None, Some(record.clone())),
+    ] {
+        let v = seed().decide(&request("ipampoolrecords", op, HUMAN, new, old));
+        refused(
+            &v,
+            403,
+            &[
+                "IPAMPoolRecord metallb.dc-1",
+                "written by kipam alone",
+                "alice",
+            ],
+        );
+    }
+    // The garbage collector removes the record of a deleted pool.
+    let gone = Seed::default();
+    allowed(&gone.decide(&request(
+        "ipampoolrecords",
+        "DELETE",
+        "system:serviceaccount:kube-system:generic-garbage-collector",
+        None,
+        Some(record),
+    )));
+}
+
+#[test]
+fn other_resources_and_subresources_are_not_judged() {
+    let mut r = request(
+        "ipamallocations",
+        "UPDATE",
+        HUMAN,
+        Some(allocation_json("c1", "metallb", "dc-1", &["10.0.0.9"])),
+        Some(allocation_json(
+            "c1",
+            "metallb",
+            "dc-1",
+            &["10.0.0.0-10.0.0.7"],
+        )),
+    );
+    r.sub_resource = Some("status".into());
+    allowed(&seed().decide(&r));
+}
