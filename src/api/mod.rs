@@ -276,10 +276,20 @@ fn validate(
 
 /// Reads wait for the pool cache's first list (briefly): an empty list before it would be
 /// a wrong answer, not an empty seed.
+///
+/// It polls the flag the planning loop sets once every cache is ready instead of waiting on
+/// `Store::wait_until_ready`: kube's ready signal wakes one waiter only, and a request waiting
+/// there could take the planning loop's wake-up.
 async fn caches_ready(ctx: &Context) -> Result<(), ApiError> {
-    match tokio::time::timeout(Duration::from_secs(5), ctx.pools.wait_until_ready()).await {
-        Ok(Ok(())) => Ok(()),
-        _ => Err(ApiError::new(
+    let ready = || ctx.metrics.ready.load(std::sync::atomic::Ordering::Relaxed);
+    let wait = async {
+        while !ready() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    match tokio::time::timeout(Duration::from_secs(5), wait).await {
+        Ok(()) => Ok(()),
+        Err(_) => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "the pool cache is still loading; try again shortly",
         )),

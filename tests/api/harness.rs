@@ -110,6 +110,10 @@ pub async fn context(api: &ApiServer) -> (Arc<Context>, tokio::task::JoinHandle<
         leader: leader::LeaderState::new(Duration::from_secs(10)),
     });
     ctx.pools.wait_until_ready().await.unwrap();
+    // What the planning loop does once its caches are ready.
+    ctx.metrics
+        .ready
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     (ctx, task)
 }
 
