@@ -80,6 +80,13 @@ struct ControllerArgs {
     /// API requests served at once; more are answered 429.
     #[arg(long, default_value_t = 256)]
     api_max_concurrent: usize,
+    /// PEM certificate chain of the REST API: served over TLS when given (re-read when it
+    /// changes).
+    #[arg(long, requires = "api_tls_key_file")]
+    api_tls_cert_file: Option<PathBuf>,
+    /// PEM private key of the REST API (re-read when it changes).
+    #[arg(long, requires = "api_tls_cert_file")]
+    api_tls_key_file: Option<PathBuf>,
     /// Address of the admission webhook (HTTPS, served when --tls-cert-file is given).
     #[arg(long, default_value = "0.0.0.0:9443")]
     webhook_addr: std::net::SocketAddr,
@@ -300,6 +307,10 @@ fn run_controller(args: ControllerArgs) -> ExitCode {
             max_body_bytes: args.api_max_body,
             request_timeout: std::time::Duration::from_secs(args.api_request_timeout.max(1)),
             max_concurrent: args.api_max_concurrent.max(1),
+            tls: match (args.api_tls_cert_file, args.api_tls_key_file) {
+                (Some(cert), Some(key)) => Some(kipam::tls::TlsFiles::new(cert, key)),
+                _ => None,
+            },
         },
         webhook: match (args.tls_cert_file, args.tls_key_file) {
             (Some(cert), Some(key)) => Some(kipam::webhook::WebhookOptions {

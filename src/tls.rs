@@ -273,6 +273,28 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
+/// A TLS acceptor whose certificate follows the files (for servers that run their own
+/// connection loop, such as the REST API). Fails when the files cannot be used now.
+pub fn acceptor(files: &TlsFiles) -> Result<TlsAcceptor, TlsError> {
+    Ok(TlsAcceptor::from(files.server_config()?))
+}
+
+/// Completes the TLS handshake of one accepted connection within [`HANDSHAKE_TIMEOUT`];
+/// `None` (logged at debug) when the client fails or stalls.
+pub async fn handshake(acceptor: &TlsAcceptor, tcp: TcpStream) -> Option<TlsStream<TcpStream>> {
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(e)) => {
+            tracing::debug!("TLS handshake failed: {e}");
+            None
+        }
+        Err(_) => {
+            tracing::debug!("TLS handshake timed out");
+            None
+        }
+    }
+}
+
 /// Serves `router` over TLS on `listener` until `shutdown` completes (connections in flight
 /// are finished first). Fails at once when the files cannot be used.
 pub async fn serve(

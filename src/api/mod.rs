@@ -52,6 +52,8 @@ pub struct ApiOptions {
     pub request_timeout: Duration,
     /// Requests served at once; more are answered 429 at once.
     pub max_concurrent: usize,
+    /// Serve over TLS with these files (re-read when they change); plain HTTP when `None`.
+    pub tls: Option<crate::tls::TlsFiles>,
 }
 
 impl Default for ApiOptions {
@@ -62,6 +64,7 @@ impl Default for ApiOptions {
             max_body_bytes: 1024 * 1024,
             request_timeout: Duration::from_secs(30),
             max_concurrent: 256,
+            tls: None,
         }
     }
 }
@@ -146,6 +149,35 @@ pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io
         };
         let _ = stream.set_nodelay(true);
         tokio::spawn(serve_connection(stream, router.clone()));
+    }
+}
+
+/// [`serve`] over TLS: each connection's handshake runs in its own task (a client that stalls
+/// blocks nobody) and the certificate follows the files. Fails at once when the files cannot
+/// be used.
+pub async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    files: crate::tls::TlsFiles,
+    router: Router,
+) -> Result<(), crate::tls::TlsError> {
+    let acceptor = crate::tls::acceptor(&files)?;
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::warn!("API: cannot accept a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let router = router.clone();
+        tokio::spawn(async move {
+            if let Some(tls) = crate::tls::handshake(&acceptor, stream).await {
+                serve_connection(tls, router).await;
+            }
+        });
     }
 }
 

@@ -266,7 +266,21 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         options.seed_name.clone(),
         options.api.clone(),
     ));
-    let api_task = tokio::spawn(crate::api::serve(api_listener, api_router));
+    let api_task = match options.api.tls.clone() {
+        Some(files) => {
+            // Unusable files stop the replica at once, naming them.
+            crate::tls::acceptor(&files).map_err(|e| ControllerError::Api {
+                addr: api_addr,
+                source: std::io::Error::other(e.to_string()),
+            })?;
+            tokio::spawn(async move {
+                crate::api::serve_tls(api_listener, files, api_router)
+                    .await
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+            })
+        }
+        None => tokio::spawn(crate::api::serve(api_listener, api_router)),
+    };
     let webhook_task = match options.webhook.clone() {
         Some(webhook) => tokio::spawn(crate::webhook::run(ctx.clone(), webhook)),
         None => tokio::spawn(std::future::pending()),

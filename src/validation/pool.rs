@@ -421,13 +421,13 @@ fn immutable(
                  poolCidr)"
             .to_string(),
     };
+    // The same holding may come twice (an object and its pool record entry): list it once.
+    let mut unique: Vec<String> = affected.iter().map(|(c, h)| format!("{c} ({h})")).collect();
+    unique.dedup();
+    let affected = unique;
     if !affected.is_empty() {
         const SHOWN: usize = 10;
-        let list: Vec<String> = affected
-            .iter()
-            .take(SHOWN)
-            .map(|(c, h)| format!("{c} ({h})"))
-            .collect();
+        let list: Vec<String> = affected.iter().take(SHOWN).cloned().collect();
         reason.push_str("; allocations affected: ");
         reason.push_str(&list.join(", "));
         if affected.len() > SHOWN {

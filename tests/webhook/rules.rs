@@ -138,7 +138,7 @@ fn narrowing_pool_cidr_past_a_live_allocation_is_refused_naming_it() {
         422,
         &[
             "poolCidr \"10.0.0.0/25\": is immutable (was 10.0.0.0/24)",
-            "does not hold the allocation of cluster c2 (IPAMAllocation cluster-c2/metallb: 10.0.0.200-10.0.0.207)",
+            "allocations affected: c2 (10.0.0.200-10.0.0.207)",
         ],
     );
 }
@@ -157,7 +157,11 @@ fn a_pool_created_again_must_hold_what_it_retained() {
         json!({"dc-1": {"type": "range", "poolCidr": "10.9.0.0/24", "allocationRange": 8}}),
     );
     let v = seed.decide(&request("ipampools", "CREATE", HUMAN, Some(smaller), None));
-    refused(&v, 422, &["poolCidr", "cluster c1"]);
+    refused(
+        &v,
+        422,
+        &["poolCidr", "allocations affected: c1 (10.0.0.0-10.0.0.7)"],
+    );
     let prefix = pool_json(
         "metallb",
         json!({"dc-1": {"type": "prefix", "poolCidr": "10.0.0.0/24", "allocationPrefix": 29}}),
@@ -168,8 +172,8 @@ fn a_pool_created_again_must_hold_what_it_retained() {
         422,
         &[
             "spec.datacenters[dc-1].type \"prefix\"",
-            "cluster c1",
-            "is of type range",
+            "is immutable (was range)",
+            "allocations affected: c1 (10.0.0.0-10.0.0.7)",
         ],
     );
     allowed(&seed.decide(&request(
@@ -196,7 +200,9 @@ fn changing_a_pool_type_is_refused_naming_the_allocation() {
     refused(
         &v,
         422,
-        &["type \"prefix\": is immutable (was range)", "cluster c1"],
+        &[
+            "type \"prefix\": is immutable (was range); allocations affected: c1 (10.0.0.0-10.0.0.7)",
+        ],
     );
 }
 
