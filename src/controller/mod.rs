@@ -47,6 +47,8 @@ pub struct ControllerOptions {
     pub resync: Duration,
     /// This replica's name in the Lease.
     pub identity: String,
+    /// The addon applier (user clusters).
+    pub addons: crate::applier::ApplierOptions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -296,6 +298,7 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
     let election = tokio::spawn(elector.run());
 
     let planning = tokio::spawn(planning_loop(ctx.clone(), wake.clone(), options.resync));
+    let applier = tokio::spawn(crate::applier::run(ctx.clone(), options.addons.clone()));
 
     tokio::select! {
         r = metrics_task => {
@@ -317,6 +320,7 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         tracing::warn!("a pass was still writing at shutdown; its requests have timed out");
     }
     planning.abort();
+    applier.abort();
     election.abort();
     watches.abort();
     // Hand the lease over at once instead of letting it expire.
