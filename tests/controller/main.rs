@@ -3,6 +3,7 @@
 
 mod support;
 
+mod addons;
 mod crashes;
 mod lifecycle;
 mod preconditions;
