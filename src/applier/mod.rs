@@ -147,12 +147,12 @@ pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
         ]);
         while all.next().await.is_some() {}
     });
-    let caches = Caches {
+    let caches = Arc::new(Caches {
         addons,
         clusters,
         allocations,
         secrets,
-    };
+    });
     let _ = tokio::join!(
         caches.addons.wait_until_ready(),
         caches.clusters.wait_until_ready(),
@@ -171,7 +171,12 @@ pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
 /// What finished syncs report back.
 type Done = (String, u64, SyncReport, ClientSlot);
 
-async fn schedule(ctx: Arc<Context>, options: ApplierOptions, caches: Caches, wake: Arc<Notify>) {
+async fn schedule(
+    ctx: Arc<Context>,
+    options: ApplierOptions,
+    caches: Arc<Caches>,
+    wake: Arc<Notify>,
+) {
     let permits = Arc::new(Semaphore::new(options.tenant_concurrency.max(1)));
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
     let mut tenants: HashMap<String, Tenant> = HashMap::new();
@@ -243,7 +248,7 @@ fn finish(tenants: &mut HashMap<String, Tenant>, backoff: &mut Backoff, done: Do
 fn round(
     ctx: &Arc<Context>,
     options: &ApplierOptions,
-    caches: &Caches,
+    caches: &Arc<Caches>,
     tenants: &mut HashMap<String, Tenant>,
     backoff: &Backoff,
     permits: &Arc<Semaphore>,
@@ -293,7 +298,7 @@ fn round(
             &addons,
             &mine,
             secret.as_deref(),
-            tenant,
+            tenant.addons_ready.as_ref(),
         );
         if tenant.running {
             continue;
@@ -308,23 +313,23 @@ fn round(
             }
             tenant.running = true;
             let slot = tenant.slot.take().flatten();
-            let input = TenantInput {
-                cluster_name: cluster_name.clone(),
-                namespace,
-                cluster,
-                addons,
-                allocations: mine,
-                secret,
-            };
+            let written = tenant.addons_ready.clone();
             let ctx = ctx.clone();
+            let caches = caches.clone();
             let permits = permits.clone();
             let done_tx = done_tx.clone();
             let renderer = options.renderer.clone();
             let timeout = options.request_timeout;
             tokio::spawn(async move {
                 let mut slot = slot;
+                let mut synced = fingerprint;
                 let report = match permits.acquire_owned().await {
                     Ok(_permit) => {
+                        // The inputs are read now, not when the sync was queued: a queue of
+                        // syncs on stale inputs would be wasted work.
+                        let (input, now_fingerprint) =
+                            snapshot(&caches, &cluster_name, written.as_ref());
+                        synced = now_fingerprint;
                         ctx.metrics.addon_syncs_in_flight.inc();
                         let started = Instant::now();
                         let report =
@@ -338,7 +343,7 @@ fn round(
                         addons_ready: None,
                     },
                 };
-                let _ = done_tx.send((cluster_name, fingerprint, report, slot));
+                let _ = done_tx.send((cluster_name, synced, report, slot));
             });
         } else if let Some(at) = tenant.synced_at {
             next = next.min(options.resync.saturating_sub(at.elapsed()));
@@ -357,7 +362,7 @@ fn fingerprint(
     addons: &[Arc<Addon>],
     allocations: &[Arc<IPAMAllocation>],
     secret: Option<&Secret>,
-    tenant: &Tenant,
+    written: Option<&(bool, String, String)>,
 ) -> u64 {
     let mut h = DefaultHasher::new();
     match cluster {
@@ -368,7 +373,6 @@ fn fingerprint(
             c.metadata.generation.hash(&mut h);
             c.metadata.deletion_timestamp.is_some().hash(&mut h);
             // AddonsReady overwritten by another writer: write it again.
-            let written = tenant.addons_ready.as_ref();
             let stored = c.status.as_ref().and_then(|s| {
                 s.conditions
                     .iter()
@@ -392,4 +396,54 @@ fn fingerprint(
     versions.hash(&mut h);
     secret.map(|s| (s.uid(), s.resource_version())).hash(&mut h);
     h.finish()
+}
+
+/// One user cluster's inputs, read from the caches, and their fingerprint.
+fn snapshot(
+    caches: &Caches,
+    cluster_name: &str,
+    written: Option<&(bool, String, String)>,
+) -> (TenantInput, u64) {
+    let namespace = crate::resources::cluster_namespace(cluster_name);
+    let in_namespace = |ns: Option<String>| ns.as_deref() == Some(namespace.as_str());
+    let mut addons: Vec<Arc<Addon>> = caches
+        .addons
+        .state()
+        .into_iter()
+        .filter(|a| in_namespace(a.namespace()))
+        .collect();
+    addons.sort_by_key(|a| a.name_any());
+    let allocations: Vec<Arc<IPAMAllocation>> = caches
+        .allocations
+        .state()
+        .into_iter()
+        .filter(|a| in_namespace(a.namespace()))
+        .collect();
+    let cluster = caches
+        .clusters
+        .get(&reflector::ObjectRef::new(cluster_name));
+    let secret = cluster.as_ref().and_then(|c| {
+        let (ns, name, _) = kubeconfig::secret_location(c)?;
+        caches
+            .secrets
+            .get(&reflector::ObjectRef::new(&name).within(&ns))
+    });
+    let fingerprint = fingerprint(
+        cluster.as_deref(),
+        &addons,
+        &allocations,
+        secret.as_deref(),
+        written,
+    );
+    (
+        TenantInput {
+            cluster_name: cluster_name.to_string(),
+            namespace,
+            cluster,
+            addons,
+            allocations,
+            secret,
+        },
+        fingerprint,
+    )
 }

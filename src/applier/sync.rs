@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::core::GroupVersion;
 use kube::discovery::{ApiCapabilities, ApiResource, Scope};
 use kube::{Api, Client, Config, ResourceExt};
 use serde_json::{Value, json};
@@ -35,7 +36,8 @@ pub struct TenantClient {
     /// `uid/resourceVersion/key` of the Secret it was built from.
     pub source: String,
     pub config: Config,
-    pub kinds: HashMap<GroupVersionKind, (ApiResource, ApiCapabilities)>,
+    /// `apiVersion` -> the resources discovery found there.
+    pub kinds: HashMap<String, Vec<(ApiResource, ApiCapabilities)>>,
 }
 
 /// What the scheduler learns from a sync.
@@ -431,25 +433,35 @@ fn failure(e: &kube::Error, what: &str) -> Failure {
     }
 }
 
-/// The kind of an object, through discovery (cached per user cluster).
+/// The kind of an object, through discovery: one request per group version, cached per user
+/// cluster. A kind missing from a cached group version is looked up again (its CRD may have
+/// been installed since), and only found kinds are cached.
 async fn resolve(
     client: &Client,
     tenant: &mut TenantClient,
     api_version: &str,
     kind: &str,
 ) -> Result<(ApiResource, ApiCapabilities), Failure> {
+    let find = |resources: &[(ApiResource, ApiCapabilities)]| {
+        resources
+            .iter()
+            .find(|(r, _)| r.kind == kind && !r.plural.contains('/'))
+            .cloned()
+    };
+    if let Some(found) = tenant.kinds.get(api_version).and_then(|r| find(r)) {
+        return Ok(found);
+    }
     let (group, version) = match api_version.split_once('/') {
         Some((g, v)) => (g.to_string(), v.to_string()),
         None => (String::new(), api_version.to_string()),
     };
-    let gvk = GroupVersionKind::gvk(&group, &version, kind);
-    if let Some(found) = tenant.kinds.get(&gvk) {
-        return Ok(found.clone());
-    }
-    match kube::discovery::pinned_kind(client, &gvk).await {
+    let gv = GroupVersion::gv(&group, &version);
+    match kube::discovery::pinned_group(client, &gv).await {
         Ok(found) => {
-            tenant.kinds.insert(gvk, found.clone());
-            Ok(found)
+            let resources = found.versioned_resources(&version);
+            let kind_found = find(&resources);
+            tenant.kinds.insert(api_version.to_string(), resources);
+            kind_found.ok_or_else(|| missing_crd(api_version, kind))
         }
         Err(kube::Error::Api(s)) if s.code == 404 => Err(missing_crd(api_version, kind)),
         Err(kube::Error::Discovery(_)) => Err(missing_crd(api_version, kind)),

@@ -378,3 +378,173 @@ async fn deleting_a_cluster_does_not_wait_for_its_unreachable_user_cluster() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_credentials_rbac_and_bad_kubeconfigs_are_named() {
+    let seed = Seed::start("addons-reasons").await;
+    let _ctl = seed.controller_with("ctl", &["--addon-resync", "2"]);
+    seed.apply(POOLS);
+
+    let refuses_token = user_cluster(true).await;
+    refuses_token.set_require_auth(true);
+    refuses_token.set_token_review(|_| None);
+    let forbids = user_cluster(true).await;
+    forbids.set_require_auth(true);
+    // Discovery allowed, every resource request denied.
+    forbids.set_access_review(|r| r.resource.is_none());
+    let live = user_cluster(true).await;
+    register(&seed, "unauth", "dc-1", &refuses_token.kubeconfig_yaml()).await;
+    register(&seed, "forbidden", "dc-1", &forbids.kubeconfig_yaml()).await;
+    // A kubeconfig that would run a program on the controller.
+    let exec = live.kubeconfig_yaml().replace(
+        &format!("token: {}", live.token()),
+        "exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/false}",
+    );
+    assert_ne!(
+        exec,
+        live.kubeconfig_yaml(),
+        "the fixture must change the kubeconfig"
+    );
+    register(&seed, "exec", "dc-1", &exec).await;
+    // A Secret without the key the Cluster names.
+    seed.api
+        .apply(&json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "kc-nokey", "namespace": "kipam-system"},
+            "stringData": {"other": "x"}}))
+        .expect("secret");
+    seed.cluster_with(
+        "nokey",
+        "dc-1",
+        "kubeconfig: {secretRef: {namespace: kipam-system, name: kc-nokey}}",
+    );
+    seed.wait_for("namespace cluster-nokey", WAIT, "ctl", |s| {
+        s.get("namespaces", None, "cluster-nokey").is_some()
+    })
+    .await;
+    seed.api
+        .create(
+            &json!({"apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Addon",
+            "metadata": {"name": "metallb", "namespace": "cluster-nokey"},
+            "spec": {"name": "metallb"}}),
+        )
+        .expect("addon");
+
+    seed.wait_for("every reason reported", WAIT, "ctl", |s| {
+        addon_condition(s, "unauth", "Applied").1 == "Unauthorized"
+            && addon_condition(s, "forbidden", "Applied").1 == "Forbidden"
+            && addon_condition(s, "exec", "Applied").1 == "KubeconfigInvalid"
+            && addon_condition(s, "nokey", "Applied").1 == "KubeconfigInvalid"
+    })
+    .await;
+    assert!(
+        addon_condition(&seed, "exec", "Applied")
+            .2
+            .contains("uses exec")
+    );
+    assert!(
+        addon_condition(&seed, "nokey", "Applied")
+            .2
+            .contains("key \"kubeconfig\": the key is missing")
+    );
+    assert!(
+        addon_condition(&seed, "forbidden", "Applied")
+            .2
+            .contains("ClusterRole")
+    );
+    // No token ever shows up in a status or the log.
+    for cluster in ["unauth", "forbidden", "exec"] {
+        let text = addon(&seed, cluster).expect("addon").to_string();
+        for token in [refuses_token.token(), forbids.token(), live.token()] {
+            assert!(!text.contains(&token), "{cluster}: token in status");
+        }
+    }
+    let log = std::fs::read_to_string(seed.log_path("ctl")).unwrap_or_default();
+    for token in [refuses_token.token(), forbids.token(), live.token()] {
+        assert!(!log.contains(&token), "token in the controller log");
+    }
+    assert!(live.list("ipaddresspools.metallb.io", None).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_user_cluster_delays_no_other() {
+    let seed = Seed::start("addons-slow").await;
+    let _ctl = seed.controller_with("ctl", &["--addon-resync", "60", "--tenant-timeout", "20"]);
+    seed.apply(POOLS);
+    let slow = user_cluster(true).await;
+    slow.set_latency(Duration::from_secs(3));
+    register(&seed, "slow", "dc-1", &slow.kubeconfig_yaml()).await;
+    // The slow cluster's sync is under way (its first request is waiting).
+    seed.wait_for("the slow cluster's sync started", WAIT, "ctl", |_| {
+        slow.stats().total > 0
+    })
+    .await;
+    let fast = user_cluster(true).await;
+    let started = Instant::now();
+    register(&seed, "fast", "dc-1", &fast.kubeconfig_yaml()).await;
+    seed.wait_for("fast in sync", WAIT, "ctl", |s| in_sync(s, "fast"))
+        .await;
+    let fast_took = started.elapsed();
+    assert!(
+        !in_sync(&seed, "slow"),
+        "the slow cluster was expected to still be syncing"
+    );
+    assert!(fast_took < Duration::from_secs(6), "{fast_took:?}");
+    seed.wait_for(
+        "slow in sync in the end",
+        Duration::from_secs(60),
+        "ctl",
+        |s| in_sync(s, "slow"),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leader_applies() {
+    let seed = Seed::start("addons-leader").await;
+    // Someone else holds the Lease for an hour.
+    let now = kipam::resources::now_rfc3339();
+    seed.api
+        .create(
+            &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "kipam-seed", "namespace": "kipam-system"},
+            "spec": {"holderIdentity": "someone-else", "leaseDurationSeconds": 3600,
+                     "acquireTime": now, "renewTime": now}}),
+        )
+        .expect("lease");
+    let _ctl = seed.controller_with("ctl", &["--addon-resync", "1"]);
+    seed.apply(POOLS);
+    let user = user_cluster(true).await;
+    let ns = "cluster-follower";
+    seed.api
+        .apply(&json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": ns, "labels": {"ipam.kipam.dev/cluster": "follower"}}}))
+        .expect("namespace");
+    put_kubeconfig(&seed, "follower", &user.kubeconfig_yaml());
+    seed.cluster_with(
+        "follower",
+        "dc-1",
+        "kubeconfig: {secretRef: {namespace: kipam-system, name: kc-follower}}",
+    );
+    seed.api
+        .create(
+            &json!({"apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Addon",
+            "metadata": {"name": "metallb", "namespace": ns},
+            "spec": {"name": "metallb"}}),
+        )
+        .expect("addon");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        user.stats().total,
+        0,
+        "a replica that does not lead talked to the user cluster"
+    );
+    assert!(addon(&seed, "follower").is_some_and(|a| a.get("status").is_none()));
+    // The Lease goes: the replica leads, allocates and applies.
+    seed.delete("leases", Some("kipam-system"), "kipam-seed");
+    seed.wait_for("applied once leading", WAIT, "ctl", |s| {
+        in_sync(s, "follower")
+            && pool_addresses(&user, "kipam-managed-pool")
+                == Some(held_entries(s, "follower", "metallb"))
+    })
+    .await;
+}
