@@ -311,6 +311,9 @@ fn round(
             if !backoff.due(&cluster_name) {
                 continue;
             }
+            // Re-apply everything on a resync, a retry and the first sync of a term; on a
+            // change, only Addons whose rendered output changed.
+            let force = tenant.retry || resync_due;
             tenant.running = true;
             let slot = tenant.slot.take().flatten();
             let written = tenant.addons_ready.clone();
@@ -333,7 +336,8 @@ fn round(
                         ctx.metrics.addon_syncs_in_flight.inc();
                         let started = Instant::now();
                         let report =
-                            sync::sync_tenant(&ctx, &renderer, timeout, input, &mut slot).await;
+                            sync::sync_tenant(&ctx, &renderer, timeout, input, force, &mut slot)
+                                .await;
                         ctx.metrics.addon_syncs_in_flight.dec();
                         ctx.metrics.addon_sync(report.settled, started.elapsed());
                         report
@@ -386,11 +390,23 @@ fn fingerprint(
         a.uid().hash(&mut h);
         a.metadata.generation.hash(&mut h);
         a.metadata.deletion_timestamp.is_some().hash(&mut h);
-        a.finalizers().hash(&mut h);
     }
+    // What rendering reads of an allocation: its spec and whether it may be rendered (a
+    // status update that leaves both alone changes nothing for the user cluster).
     let mut versions: Vec<(String, String)> = allocations
         .iter()
-        .map(|a| (a.name_any(), a.resource_version().unwrap_or_default()))
+        .map(|a| {
+            let phase = a.status.as_ref().and_then(|s| s.phase);
+            let renderable = a.metadata.deletion_timestamp.is_none()
+                && phase.is_none_or(|p| p == crate::resources::AllocationPhase::Allocated);
+            (
+                a.name_any(),
+                format!(
+                    "{renderable}{}",
+                    serde_json::to_string(&a.spec).unwrap_or_default()
+                ),
+            )
+        })
         .collect();
     versions.sort();
     versions.hash(&mut h);

@@ -38,6 +38,31 @@ pub struct TenantClient {
     pub config: Config,
     /// `apiVersion` -> the resources discovery found there.
     pub kinds: HashMap<String, Vec<(ApiResource, ApiCapabilities)>>,
+    /// Addon name -> what this process last applied there.
+    pub applied: HashMap<String, Memory>,
+}
+
+/// What this process knows it applied for one Addon. The Addon's status says the same once
+/// the watch cache catches up with kipam's own status write; until then this is the truth, so
+/// a sync right after another never forgets an object (and so never fails to prune it).
+#[derive(Clone, Debug, Default)]
+pub struct Memory {
+    /// Hash of the output last applied completely; `None` after a failure.
+    pub hash: Option<String>,
+    /// Every object that may exist in the user cluster because of this Addon.
+    pub objects: Vec<AppliedObject>,
+}
+
+impl TenantClient {
+    /// The cached status with the remembered objects added to its inventory.
+    fn with_memory(&self, addon: &str, cached: &AddonStatus) -> AddonStatus {
+        let mut status = cached.clone();
+        if let Some(memory) = self.applied.get(addon) {
+            status.applied_objects =
+                summary::inventory_after_failure(&cached.applied_objects, &memory.objects, &[]);
+        }
+        status
+    }
 }
 
 /// What the scheduler learns from a sync.
@@ -56,6 +81,7 @@ pub async fn sync_tenant(
     renderer: &Renderer,
     timeout: std::time::Duration,
     input: TenantInput,
+    force: bool,
     slot: &mut ClientSlot,
 ) -> SyncReport {
     let now = crate::resources::now_rfc3339();
@@ -139,9 +165,21 @@ pub async fn sync_tenant(
                 addons_ready: None,
             };
         }
-        let previous = addon.status.clone().unwrap_or_default();
+        let cached = addon.status.clone().unwrap_or_default();
+        let name = addon.name_any();
+        let previous = tenant.with_memory(&name, &cached);
+        let remembered = tenant.applied.get(&name).cloned().unwrap_or_default();
         let outcome = match result {
             Err(failure) => Outcome::RenderFailed(failure),
+            // Applied by this process with exactly this output, and nothing failed since: a
+            // change elsewhere that renders the same needs no request (the next resync still
+            // re-applies, repairing drift).
+            Ok((_, hash)) if !force && remembered.hash.as_deref() == Some(hash.as_str()) => {
+                Outcome::Synced {
+                    applied: remembered.objects,
+                    hash,
+                }
+            }
             Ok((objects, hash)) => {
                 apply_addon(ctx, &client, tenant, &addon, &previous, objects, hash).await
             }
@@ -158,8 +196,18 @@ pub async fn sync_tenant(
             );
         }
         let next = summary::addon_status(&previous, &outcome, addon.metadata.generation, &now);
-        write_status(ctx, &addon, &previous, &next).await;
-        statuses.push((addon.name_any(), next));
+        tenant.applied.insert(
+            name.clone(),
+            Memory {
+                hash: match &outcome {
+                    Outcome::Synced { hash, .. } => Some(hash.clone()),
+                    _ => None,
+                },
+                objects: next.applied_objects.clone(),
+            },
+        );
+        write_status(ctx, &addon, &cached, &next).await;
+        statuses.push((name, next));
     }
 
     for addon in deleting {
@@ -169,7 +217,9 @@ pub async fn sync_tenant(
                 addons_ready: None,
             };
         }
-        let previous = addon.status.clone().unwrap_or_default();
+        let cached = addon.status.clone().unwrap_or_default();
+        let name = addon.name_any();
+        let previous = tenant.with_memory(&name, &cached);
         let mut left = Vec::new();
         let mut failure = None;
         for object in &previous.applied_objects {
@@ -180,6 +230,7 @@ pub async fn sync_tenant(
         }
         match failure {
             None => {
+                tenant.applied.remove(&name);
                 if let Err(e) = remove_finalizer(ctx, &addon).await {
                     tracing::warn!(addon = %key(&addon), error = %e, "cannot remove the addon finalizer (retrying)");
                     settled = false;
@@ -207,7 +258,14 @@ pub async fn sync_tenant(
                     applied_objects: left,
                     ..next
                 };
-                write_status(ctx, &addon, &previous, &next).await;
+                tenant.applied.insert(
+                    name.clone(),
+                    Memory {
+                        hash: None,
+                        objects: next.applied_objects.clone(),
+                    },
+                );
+                write_status(ctx, &addon, &cached, &next).await;
             }
         }
     }
@@ -402,6 +460,7 @@ async fn client_for(
             source,
             config,
             kinds: HashMap::new(),
+            applied: HashMap::new(),
         });
     }
     let Some(tenant) = slot.as_ref() else {
