@@ -381,10 +381,10 @@ mod tests {
         let a = obj("IPAddressPool", "a");
         let b = obj("IPAddressPool", "b");
         assert_eq!(
-            to_prune(&[a.clone(), b.clone()], &[b.clone()]),
+            to_prune(&[a.clone(), b.clone()], std::slice::from_ref(&b)),
             vec![a.clone()]
         );
-        assert!(to_prune(&[a.clone()], &[a.clone()]).is_empty());
+        assert!(to_prune(std::slice::from_ref(&a), std::slice::from_ref(&a)).is_empty());
 
         assert!(addons_ready(&[]).0);
         let ok = addon_status(

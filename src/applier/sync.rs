@@ -101,18 +101,18 @@ pub async fn sync_tenant(
             }
             continue;
         }
-        if !has_finalizer(addon) {
-            if let Err(e) = add_finalizer(ctx, addon).await {
-                tracing::warn!(addon = %key(addon), error = %e, "cannot add the addon finalizer (retrying)");
-                settled = false;
-                continue;
-            }
+        if !has_finalizer(addon)
+            && let Err(e) = add_finalizer(ctx, addon).await
+        {
+            tracing::warn!(addon = %key(addon), error = %e, "cannot add the addon finalizer (retrying)");
+            settled = false;
+            continue;
         }
         live.push(addon.clone());
     }
 
     // Render every live Addon (pure, no network).
-    let rendered: Vec<(Arc<Addon>, Result<(Vec<Value>, String), Failure>)> = live
+    let rendered: Vec<(Arc<Addon>, Rendered)> = live
         .iter()
         .map(|addon| {
             (
@@ -387,6 +387,9 @@ async fn patch_finalizers(
     }
 }
 
+/// An Addon's rendered objects and their hash, or why it does not render.
+type Rendered = Result<(Vec<Value>, String), Failure>;
+
 /// Renders one Addon with its cluster's allocations: the objects and the hash of their
 /// canonical YAML.
 fn render(
@@ -394,7 +397,7 @@ fn render(
     cluster: &Cluster,
     addon: &Addon,
     allocations: &[Arc<IPAMAllocation>],
-) -> Result<(Vec<Value>, String), Failure> {
+) -> Rendered {
     let data = template_data(
         &cluster.name_any(),
         &cluster.spec.datacenter,
