@@ -190,19 +190,19 @@ async fn schedule(
                 // Let a burst of changes settle into one round.
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Some(done) = done_rx.recv() => finish(&mut tenants, &mut backoff, done),
+            Some(done) = done_rx.recv() => finish(&mut tenants, &mut backoff, done, ctx.leader.holds()),
             _ = leadership.changed() => {}
             _ = tokio::time::sleep(next_wait) => {}
         }
         while let Ok(done) = done_rx.try_recv() {
-            finish(&mut tenants, &mut backoff, done);
+            finish(&mut tenants, &mut backoff, done, ctx.leader.holds());
         }
         let leading = ctx.leader.holds();
         if !leading {
             // A new term starts from scratch: everything is applied again.
             if was_leader {
                 for t in tenants.values_mut() {
-                    t.fingerprint = None;
+                    forget(t);
                 }
             }
             was_leader = false;
@@ -222,11 +222,24 @@ async fn schedule(
     }
 }
 
-fn finish(tenants: &mut HashMap<String, Tenant>, backoff: &mut Backoff, done: Done) {
+/// What a replica knew about a user cluster, dropped when it stops leading: the next term
+/// starts with a full apply everywhere, not from memories of an earlier one.
+fn forget(tenant: &mut Tenant) {
+    tenant.fingerprint = None;
+    tenant.synced_at = None;
+    tenant.slot = None;
+    tenant.addons_ready = None;
+}
+
+fn finish(tenants: &mut HashMap<String, Tenant>, backoff: &mut Backoff, done: Done, leading: bool) {
     let (name, fingerprint, report, slot) = done;
     let tenant = tenants.entry(name.clone()).or_default();
     tenant.running = false;
     tenant.slot = Some(slot);
+    if !leading {
+        forget(tenant);
+        return;
+    }
     if report.addons_ready.is_some() {
         tenant.addons_ready = report.addons_ready;
     }
