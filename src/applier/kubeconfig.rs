@@ -143,6 +143,36 @@ current-context: x
 ";
 
     #[test]
+    fn secret_location_defaults_to_the_cluster_namespace_and_key() {
+        use crate::resources::{ClusterSpec, KubeconfigReference, SecretKeyRef};
+        let mut cluster = Cluster::new(
+            "alpha",
+            ClusterSpec {
+                datacenter: "dc".into(),
+                ..Default::default()
+            },
+        );
+        assert_eq!(secret_location(&cluster), None);
+        cluster.spec.kubeconfig = Some(KubeconfigReference {
+            secret_ref: SecretKeyRef {
+                namespace: String::new(),
+                name: "kc".into(),
+                key: String::new(),
+            },
+        });
+        assert_eq!(
+            secret_location(&cluster),
+            Some(("cluster-alpha".into(), "kc".into(), "kubeconfig".into()))
+        );
+        let parsed: SecretKeyRef =
+            serde_json::from_value(serde_json::json!({"name": "kc"})).unwrap_or_default();
+        assert_eq!(
+            (parsed.namespace.as_str(), parsed.key.as_str()),
+            ("", "kubeconfig")
+        );
+    }
+
+    #[test]
     fn accepts_inline_refuses_exec_and_files_and_never_shows_content() {
         assert!(parse(GOOD, "Secret a/b").is_ok());
         let exec = GOOD.replace(

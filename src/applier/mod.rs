@@ -40,6 +40,9 @@ pub const FIELD_MANAGER: &str = "kipam";
 /// Finalizer on Addons: their objects are pruned from the user cluster before they go.
 pub const FINALIZER: &str = "ipam.kipam.dev/prune-addon";
 
+/// The Secrets the applier watches (see `run`).
+const SECRET_FIELDS: &str = "type!=helm.sh/release.v1,type!=kubernetes.io/service-account-token";
+
 /// How the applier runs (part of `kipam controller`'s options).
 #[derive(Clone, Debug)]
 pub struct ApplierOptions {
@@ -80,6 +83,7 @@ struct Caches {
 /// distinct error) when the watch fails.
 fn cached<K>(
     api: Api<K>,
+    config: watcher::Config,
     wake: Arc<Notify>,
     what: &'static str,
 ) -> (Store<K>, impl Stream<Item = ()>)
@@ -96,7 +100,7 @@ where
     let mut last_error: Option<String> = None;
     let stream = reflector::reflector(
         writer,
-        watcher::watcher(api, watcher::Config::default()).default_backoff(),
+        watcher::watcher(api, config).default_backoff(),
     )
     .map(move |ev| {
         match &ev {
@@ -120,21 +124,27 @@ pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
     let wake = Arc::new(Notify::new());
     let (addons, addon_events) = cached(
         Api::<Addon>::all(ctx.client.clone()),
+        watcher::Config::default(),
         wake.clone(),
         "addons",
     );
     let (clusters, cluster_events) = cached(
         Api::<Cluster>::all(ctx.client.clone()),
+        watcher::Config::default(),
         wake.clone(),
         "clusters",
     );
     let (allocations, allocation_events) = cached(
         Api::<IPAMAllocation>::all(ctx.client.clone()),
+        watcher::Config::default(),
         wake.clone(),
         "ipamallocations",
     );
+    // Kubeconfigs are opaque Secrets; Helm release records and service account tokens, often
+    // the bulk of a seed's Secrets, are never kubeconfigs and are not kept in memory.
     let (secrets, secret_events) = cached(
         Api::<Secret>::all(ctx.client.clone()),
+        watcher::Config::default().fields(SECRET_FIELDS),
         wake.clone(),
         "secrets",
     );

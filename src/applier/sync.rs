@@ -111,6 +111,27 @@ pub async fn sync_tenant(
         live.push(addon.clone());
     }
 
+    // A deleted Addon that never applied anything goes at once, reachable user cluster or not
+    // (a Cluster without a usable kubeconfig must not keep its Addons forever).
+    let mut with_objects = Vec::new();
+    for addon in deleting {
+        let name = addon.name_any();
+        let cached = addon.status.clone().unwrap_or_default();
+        let remembered = slot
+            .as_ref()
+            .and_then(|t| t.applied.get(&name))
+            .is_some_and(|m| !m.objects.is_empty());
+        if cached.applied_objects.is_empty() && !remembered {
+            if let Err(e) = remove_finalizer(ctx, &addon).await {
+                tracing::warn!(addon = %key(&addon), error = %e, "cannot remove the addon finalizer (retrying)");
+                settled = false;
+            }
+        } else {
+            with_objects.push(addon);
+        }
+    }
+    let deleting = with_objects;
+
     // Render every live Addon (pure, no network).
     let rendered: Vec<(Arc<Addon>, Rendered)> = live
         .iter()

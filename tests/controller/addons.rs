@@ -463,6 +463,13 @@ async fn refused_credentials_rbac_and_bad_kubeconfigs_are_named() {
         assert!(!log.contains(&token), "token in the controller log");
     }
     assert!(live.list("ipaddresspools.metallb.io", None).is_empty());
+
+    // An Addon that never applied anything is not held back by its unusable kubeconfig.
+    seed.delete("addons", Some("cluster-nokey"), "metallb");
+    seed.wait_for("the nokey Addon gone", WAIT, "ctl", |s| {
+        addon(s, "nokey").is_none()
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
