@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::resources::bounds::{MAX_APPLIED_OBJECTS, MAX_MESSAGE};
+use crate::resources::bounds::MAX_MESSAGE;
 use crate::resources::{AddonStatus, AppliedObject, Condition};
 use crate::status::set_condition;
 
@@ -196,9 +196,11 @@ pub fn addon_status(
                 now,
             );
             set_condition(c, "InSync", false, reason, message, generation, now);
+            // Never cut short: an object dropped from the inventory could never be pruned. An
+            // inventory over the CRD's bound makes the status write fail (reported), while
+            // the applier still remembers every object.
             next.applied_objects =
                 inventory_after_failure(&previous.applied_objects, applied, not_pruned);
-            next.applied_objects.truncate(MAX_APPLIED_OBJECTS as usize);
         }
     }
     next

@@ -51,6 +51,8 @@ pub struct Memory {
     pub hash: Option<String>,
     /// Every object that may exist in the user cluster because of this Addon.
     pub objects: Vec<AppliedObject>,
+    /// The status this process last wrote.
+    pub written: Option<AddonStatus>,
 }
 
 impl TenantClient {
@@ -160,7 +162,7 @@ pub async fn sync_tenant(
                     addon.metadata.generation,
                     &now,
                 );
-                write_status(ctx, addon, &previous, &next).await;
+                write_status(ctx, addon, &previous, None, &next).await;
                 statuses.push((addon.name_any(), next));
             }
             let ready = summary::addons_ready(&statuses);
@@ -190,17 +192,17 @@ pub async fn sync_tenant(
         let name = addon.name_any();
         let previous = tenant.with_memory(&name, &cached);
         let remembered = tenant.applied.get(&name).cloned().unwrap_or_default();
+        let skipped = !force
+            && matches!(&result, Ok((_, hash)) if remembered.hash.as_deref() == Some(hash.as_str()));
         let outcome = match result {
             Err(failure) => Outcome::RenderFailed(failure),
             // Applied by this process with exactly this output, and nothing failed since: a
             // change elsewhere that renders the same needs no request (the next resync still
             // re-applies, repairing drift).
-            Ok((_, hash)) if !force && remembered.hash.as_deref() == Some(hash.as_str()) => {
-                Outcome::Synced {
-                    applied: remembered.objects,
-                    hash,
-                }
-            }
+            Ok((_, hash)) if skipped => Outcome::Synced {
+                applied: remembered.objects,
+                hash,
+            },
             Ok((objects, hash)) => {
                 apply_addon(ctx, &client, tenant, &addon, &previous, objects, hash).await
             }
@@ -216,7 +218,17 @@ pub async fn sync_tenant(
                 failure.message
             );
         }
-        let next = summary::addon_status(&previous, &outcome, addon.metadata.generation, &now);
+        let mut next = summary::addon_status(&previous, &outcome, addon.metadata.generation, &now);
+        let last = tenant.applied.get(&name).and_then(|m| m.written.clone());
+        if skipped
+            && let Some(at) = last
+                .as_ref()
+                .and_then(|w| w.last_applied_time.clone())
+                .or_else(|| previous.last_applied_time.clone())
+        {
+            // Nothing was sent: the last apply is still the one before.
+            next.last_applied_time = Some(at);
+        }
         tenant.applied.insert(
             name.clone(),
             Memory {
@@ -225,9 +237,10 @@ pub async fn sync_tenant(
                     _ => None,
                 },
                 objects: next.applied_objects.clone(),
+                written: Some(next.clone()),
             },
         );
-        write_status(ctx, &addon, &cached, &next).await;
+        write_status(ctx, &addon, &cached, last.as_ref(), &next).await;
         statuses.push((name, next));
     }
 
@@ -279,14 +292,16 @@ pub async fn sync_tenant(
                     applied_objects: left,
                     ..next
                 };
+                let last = tenant.applied.get(&name).and_then(|m| m.written.clone());
                 tenant.applied.insert(
                     name.clone(),
                     Memory {
                         hash: None,
                         objects: next.applied_objects.clone(),
+                        written: Some(next.clone()),
                     },
                 );
-                write_status(ctx, &addon, &cached, &next).await;
+                write_status(ctx, &addon, &cached, last.as_ref(), &next).await;
             }
         }
     }
@@ -714,9 +729,18 @@ async fn delete_object(
     }
 }
 
-/// Writes an Addon's status when it changed.
-async fn write_status(ctx: &Context, addon: &Addon, previous: &AddonStatus, next: &AddonStatus) {
-    if previous == next || !ctx.leader.holds() {
+/// Writes an Addon's status when it differs from the cached one, or from the one this
+/// process wrote last (the cache may not show that write yet, and must not make kipam skip
+/// writing a status back to what the cache still shows).
+async fn write_status(
+    ctx: &Context,
+    addon: &Addon,
+    cached: &AddonStatus,
+    last_written: Option<&AddonStatus>,
+    next: &AddonStatus,
+) {
+    let current = cached == next && last_written.is_none_or(|w| w == next);
+    if current || !ctx.leader.holds() {
         return;
     }
     let api: Api<Addon> =
