@@ -180,6 +180,7 @@ pub async fn sync_tenant(
         };
     };
 
+    let claims = Claims::new(&rendered, &tenant.config.default_namespace);
     let mut statuses = Vec::new();
     for (addon, result) in rendered {
         if !ctx.leader.holds() {
@@ -192,6 +193,13 @@ pub async fn sync_tenant(
         let name = addon.name_any();
         let previous = tenant.with_memory(&name, &cached);
         let remembered = tenant.applied.get(&name).cloned().unwrap_or_default();
+        let result = result.and_then(|(objects, hash)| match claims.taken(&name, &objects) {
+            Some(message) => Err(Failure {
+                reason: Reason::TemplateError,
+                message,
+            }),
+            None => Ok((objects, hash)),
+        });
         let skipped = !force
             && matches!(&result, Ok((_, hash)) if remembered.hash.as_deref() == Some(hash.as_str()));
         let outcome = match result {
@@ -204,7 +212,10 @@ pub async fn sync_tenant(
                 hash,
             },
             Ok((objects, hash)) => {
-                apply_addon(ctx, &client, tenant, &addon, &previous, objects, hash).await
+                apply_addon(
+                    ctx, &client, tenant, &claims, &addon, &previous, objects, hash,
+                )
+                .await
             }
         };
         if !matches!(outcome, Outcome::Synced { .. }) {
@@ -257,6 +268,10 @@ pub async fn sync_tenant(
         let mut left = Vec::new();
         let mut failure = None;
         for object in &previous.applied_objects {
+            if claims.rendered_by_other(&name, object) {
+                // Another Addon of this cluster renders it now: it stays.
+                continue;
+            }
             if let Err(f) = delete_object(ctx, &client, tenant, object).await {
                 failure.get_or_insert(f);
                 left.push(object.clone());
@@ -420,6 +435,103 @@ async fn patch_finalizers(
             ctx.metrics.write_failed("Addon", preconditions::reason(&e));
             Err(e)
         }
+    }
+}
+
+/// Which Addon of a cluster renders which object, so that one Addon never prunes what another
+/// renders, and two Addons never fight over one object (the first by name keeps it).
+struct Claims {
+    /// `(apiVersion, kind, name)` -> `(namespace as rendered, or the default; Addon)`.
+    by_name: HashMap<(String, String, String), Vec<(String, String)>>,
+    default_namespace: String,
+}
+
+impl Claims {
+    fn new(rendered: &[(Arc<Addon>, Rendered)], default_namespace: &str) -> Claims {
+        let mut by_name: HashMap<(String, String, String), Vec<(String, String)>> = HashMap::new();
+        for (addon, result) in rendered {
+            let Ok((objects, _)) = result else { continue };
+            for object in objects {
+                let field = |v: &Value| v.as_str().unwrap_or_default().to_string();
+                let namespace = object["metadata"]["namespace"]
+                    .as_str()
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or(default_namespace)
+                    .to_string();
+                by_name
+                    .entry((
+                        field(&object["apiVersion"]),
+                        field(&object["kind"]),
+                        field(&object["metadata"]["name"]),
+                    ))
+                    .or_default()
+                    .push((namespace, addon.name_any()));
+            }
+        }
+        Claims {
+            by_name,
+            default_namespace: default_namespace.to_string(),
+        }
+    }
+
+    /// Addons other than `addon` rendering this object. An empty namespace (a cluster-scoped
+    /// object) matches any.
+    fn others<'a>(
+        &'a self,
+        addon: &'a str,
+        api_version: &str,
+        kind: &str,
+        namespace: &'a str,
+        name: &str,
+    ) -> impl Iterator<Item = &'a str> + 'a {
+        self.by_name
+            .get(&(api_version.to_string(), kind.to_string(), name.to_string()))
+            .into_iter()
+            .flatten()
+            .filter(move |(ns, other)| {
+                other != addon && (namespace.is_empty() || ns.is_empty() || ns == namespace)
+            })
+            .map(|(_, other)| other.as_str())
+    }
+
+    fn rendered_by_other(&self, addon: &str, object: &AppliedObject) -> bool {
+        self.others(
+            addon,
+            &object.api_version,
+            &object.kind,
+            &object.namespace,
+            &object.name,
+        )
+        .next()
+        .is_some()
+    }
+
+    /// Why `addon` may not apply `objects`: one of them is rendered by an Addon before it by
+    /// name.
+    fn taken(&self, addon: &str, objects: &[Value]) -> Option<String> {
+        for object in objects {
+            let field = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            let (api_version, kind, name) = (
+                field(&object["apiVersion"]),
+                field(&object["kind"]),
+                field(&object["metadata"]["name"]),
+            );
+            let namespace = object["metadata"]["namespace"]
+                .as_str()
+                .filter(|n| !n.is_empty())
+                .unwrap_or(&self.default_namespace)
+                .to_string();
+            let first = self
+                .others(addon, &api_version, &kind, &namespace, &name)
+                .filter(|other| *other < addon)
+                .min();
+            if let Some(other) = first {
+                return Some(format!(
+                    "renders {kind} {name} ({api_version}), which Addon {other} of this cluster renders too; an object belongs to one Addon"
+                ));
+            }
+        }
+        None
     }
 }
 
@@ -594,10 +706,12 @@ fn api_for(
 
 /// Applies every object of one Addon, then prunes what it applied before and no longer
 /// renders.
+#[allow(clippy::too_many_arguments)]
 async fn apply_addon(
     ctx: &Context,
     client: &Client,
     tenant: &mut TenantClient,
+    claims: &Claims,
     addon: &Addon,
     previous: &AddonStatus,
     objects: Vec<Value>,
@@ -678,13 +792,17 @@ async fn apply_addon(
     applied.dedup();
     let mut not_pruned = Vec::new();
     let mut prune_failure = None;
+    let addon_name = addon.name_any();
     for object in summary::to_prune(&previous.applied_objects, &applied) {
+        if claims.rendered_by_other(&addon_name, &object) {
+            // Moved to another Addon of this cluster, which applies it: not deleted.
+            continue;
+        }
         if let Err(f) = delete_object(ctx, client, tenant, &object).await {
             prune_failure.get_or_insert(f);
             not_pruned.push(object);
         }
     }
-    let _ = addon;
     match prune_failure {
         None => Outcome::Synced { applied, hash },
         Some(failure) => Outcome::ApplyFailed {

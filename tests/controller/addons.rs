@@ -555,3 +555,90 @@ async fn only_the_leader_applies() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_belongs_to_one_addon_and_moves_without_a_gap() {
+    let seed = Seed::start("addons-shared").await;
+    // The shipped addons plus `extra`, which renders metallb's L2Advertisement too.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let addons = seed.log_path("addons-dir");
+    std::fs::create_dir_all(addons.join("metallb")).expect("dir");
+    std::fs::create_dir_all(addons.join("extra")).expect("dir");
+    for entry in std::fs::read_dir(root.join("addons/metallb")).expect("metallb addon") {
+        let path = entry.expect("entry").path();
+        if let Some(name) = path.file_name() {
+            std::fs::copy(&path, addons.join("metallb").join(name)).expect("copy");
+        }
+    }
+    std::fs::write(
+        addons.join("extra/10_l2.yaml"),
+        "apiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata:\n  name: kipam-advertise-all\n  namespace: metallb-system\n",
+    )
+    .expect("extra addon");
+    let addons_dir = addons.to_string_lossy().to_string();
+    let templates_dir = root.join("templates").to_string_lossy().to_string();
+    let _ctl = seed.controller_with(
+        "ctl",
+        &[
+            "--addon-resync",
+            "60",
+            "--addons-dir",
+            &addons_dir,
+            "--templates-dir",
+            &templates_dir,
+        ],
+    );
+    seed.apply(POOLS);
+    let user = user_cluster(true).await;
+    register(&seed, "shared", "dc-1", &user.kubeconfig_yaml()).await;
+    seed.api
+        .create(
+            &json!({"apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Addon",
+            "metadata": {"name": "zz-extra", "namespace": "cluster-shared"},
+            "spec": {"name": "extra"}}),
+        )
+        .expect("addon");
+    let extra_condition = |s: &Seed, t: &str| -> (String, String, String) {
+        s.get("addons", Some("cluster-shared"), "zz-extra")
+            .and_then(|a| {
+                a["status"]["conditions"].as_array().and_then(|cs| {
+                    cs.iter().find(|c| c["type"] == t).map(|c| {
+                        (
+                            c["status"].as_str().unwrap_or_default().to_string(),
+                            c["reason"].as_str().unwrap_or_default().to_string(),
+                            c["message"].as_str().unwrap_or_default().to_string(),
+                        )
+                    })
+                })
+            })
+            .unwrap_or_default()
+    };
+    // `zz-extra` comes after `metallb` by name: it is refused, saying which Addon has the
+    // object.
+    seed.wait_for("metallb in sync, extra refused", WAIT, "ctl", |s| {
+        in_sync(s, "shared")
+            && pool_addresses(&user, "kipam-managed-pool").is_some()
+            && extra_condition(s, "Rendered").1 == "TemplateError"
+    })
+    .await;
+    assert!(
+        extra_condition(&seed, "Rendered")
+            .2
+            .contains("which Addon metallb of this cluster renders too")
+    );
+    // metallb goes: its pool is pruned, the L2Advertisement stays (extra takes it over).
+    seed.delete("addons", Some("cluster-shared"), "metallb");
+    seed.wait_for("metallb gone, extra in sync", WAIT, "ctl", |s| {
+        addon(s, "shared").is_none() && extra_condition(s, "InSync").0 == "True"
+    })
+    .await;
+    assert!(pool_addresses(&user, "kipam-managed-pool").is_none());
+    assert!(
+        user.get(
+            "l2advertisements.metallb.io",
+            Some("metallb-system"),
+            "kipam-advertise-all"
+        )
+        .is_some()
+    );
+}

@@ -8,4 +8,5 @@ mod crashes;
 mod lifecycle;
 mod preconditions;
 mod promise;
+mod quiet;
 mod serving;

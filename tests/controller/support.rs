@@ -58,7 +58,9 @@ pub struct Seed {
 impl Drop for Seed {
     fn drop(&mut self) {
         self.api.shutdown();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if std::env::var_os("KIPAM_KEEP_E2E").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
