@@ -154,7 +154,11 @@ pub async fn sync_tenant(
             };
             let mut statuses = Vec::new();
             for (addon, result) in &rendered {
-                let previous = addon.status.clone().unwrap_or_default();
+                let cached = addon.status.clone().unwrap_or_default();
+                let previous = match slot.as_ref() {
+                    Some(t) => t.with_memory(&addon.name_any(), &cached),
+                    None => cached.clone(),
+                };
                 let next = summary::unreachable_status(
                     &previous,
                     result.as_ref().map(|_| ()),
@@ -162,7 +166,7 @@ pub async fn sync_tenant(
                     addon.metadata.generation,
                     &now,
                 );
-                write_status(ctx, addon, &previous, None, &next).await;
+                write_status(ctx, addon, &cached, None, &next).await;
                 statuses.push((addon.name_any(), next));
             }
             let ready = summary::addons_ready(&statuses);
@@ -582,15 +586,15 @@ async fn client_for(
     slot: &mut ClientSlot,
     timeout: std::time::Duration,
 ) -> Result<Client, String> {
+    // On every failure below the slot is left as it is: its configuration is never used
+    // (the source no longer matches), but its memory of applied objects is kept.
     let Some((namespace, name, key)) = kubeconfig::secret_location(cluster) else {
-        *slot = None;
         return Err(format!(
             "Cluster {} has no spec.kubeconfig.secretRef: kipam cannot reach the user cluster",
             cluster.name_any()
         ));
     };
     let Some(secret) = secret else {
-        *slot = None;
         return Err(format!(
             "the kubeconfig Secret {namespace}/{name} does not exist (or kipam may not read it)"
         ));
@@ -601,20 +605,20 @@ async fn client_for(
         secret.resource_version().unwrap_or_default()
     );
     if slot.as_ref().is_none_or(|t| t.source != source) {
-        *slot = None;
         let where_ = format!("Secret {namespace}/{name} key {key:?}");
         let text = kubeconfig::kubeconfig_text(secret, &key)?;
         let parsed = kubeconfig::parse(&text, &where_)?;
         let config = kubeconfig::config(parsed, &where_, timeout).await?;
         tracing::info!(cluster = %cluster.name_any(), secret = %format!("{namespace}/{name}"), "user cluster client (re)built from its kubeconfig Secret");
+        let applied = slot.take().map(|t| t.applied).unwrap_or_default();
         *slot = Some(TenantClient {
-            source,
+            source: source.clone(),
             config,
             kinds: HashMap::new(),
-            applied: HashMap::new(),
+            applied,
         });
     }
-    let Some(tenant) = slot.as_ref() else {
+    let Some(tenant) = slot.as_ref().filter(|t| t.source == source) else {
         return Err("internal: no client".into());
     };
     Client::try_from(tenant.config.clone())
