@@ -7,7 +7,9 @@
 //! templates, parse the YAML, check and label the objects. Writing the objects back out as
 //! YAML (`kipam offline --out`, `kipam render`) is timed separately.
 //!
-//! Exits non-zero when rendering misses the target of issue #4 (over 20,000 renders/s).
+//! Exits non-zero when rendering misses the target of issue #12: the 10,000 renders in under
+//! 5 s (on the 2-core development machine; measured here on one thread, which is stricter).
+//! Every render goes through the project's YAML library: there is no hand-written fast path.
 
 use std::hint::black_box;
 use std::path::Path;
@@ -17,7 +19,8 @@ use std::time::{Duration, Instant};
 use kipam::render::{AllocationData, ClusterData, Renderer, TemplateData};
 
 const CLUSTERS: usize = 10_000;
-const TARGET_PER_SECOND: f64 = 20_000.0;
+/// The 10,000 renders must take less than this.
+const TARGET: Duration = Duration::from_secs(5);
 
 fn main() -> ExitCode {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -79,11 +82,19 @@ fn main() -> ExitCode {
         CLUSTERS as f64 / yaml_time.as_secs_f64()
     );
     println!();
-    if per_second > TARGET_PER_SECOND {
-        println!("ok: over {TARGET_PER_SECOND:.0} renders/s");
+    if render_time < TARGET {
+        println!(
+            "ok: {CLUSTERS} renders in {:.2} s, under {} s",
+            render_time.as_secs_f64(),
+            TARGET.as_secs()
+        );
         ExitCode::SUCCESS
     } else {
-        println!("MISSED: {per_second:.0} renders/s is not over {TARGET_PER_SECOND:.0}");
+        println!(
+            "MISSED: {CLUSTERS} renders took {:.2} s, not under {} s",
+            render_time.as_secs_f64(),
+            TARGET.as_secs()
+        );
         ExitCode::FAILURE
     }
 }

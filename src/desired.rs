@@ -122,9 +122,11 @@ pub fn spec_for(held: &Allocation, datacenter: &str) -> IPAMAllocationSpec {
     }
 }
 
-/// What an addon template sees for one cluster: its allocations that hold addresses (failed
-/// or pending ones are left out, so templates never render an empty pool) and the Addon's
-/// variables.
+/// What an addon template sees for one cluster: its allocations that hold addresses and the
+/// Addon's variables. Left out: allocations without addresses, those whose phase is `Pending`,
+/// `Failed`, `Released` or `Conflict` (a conflicting allocation's addresses may also be held by
+/// another cluster, so they must not be announced), and those being deleted. An allocation
+/// without a status yet (just created, or from a state file) is rendered by its spec.
 pub fn template_data<'a>(
     cluster: &str,
     datacenter: &str,
@@ -135,7 +137,13 @@ pub fn template_data<'a>(
     let namespace = cluster_namespace(cluster);
     let mut data = ClusterData::new(cluster, datacenter);
     for a in allocations {
-        if a.metadata.namespace.as_deref() != Some(namespace.as_str()) {
+        if a.metadata.namespace.as_deref() != Some(namespace.as_str())
+            || a.metadata.deletion_timestamp.is_some()
+        {
+            continue;
+        }
+        let phase = a.status.as_ref().and_then(|s| s.phase);
+        if phase.is_some_and(|p| p != AllocationPhase::Allocated) {
             continue;
         }
         let pool = a.metadata.name.clone().unwrap_or_default();
@@ -151,4 +159,62 @@ pub fn template_data<'a>(
     let mut out = TemplateData::new(data);
     out.variables = variables;
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allocation(pool: &str, addresses: &str, phase: Option<AllocationPhase>) -> IPAMAllocation {
+        IPAMAllocation {
+            metadata: ObjectMeta {
+                name: Some(pool.into()),
+                namespace: Some("cluster-a".into()),
+                ..Default::default()
+            },
+            spec: IPAMAllocationSpec {
+                type_: AllocationType::Range,
+                dc: "dc".into(),
+                cidr: None,
+                addresses: vec![addresses.into()],
+            },
+            status: phase.map(|phase| IPAMAllocationStatus {
+                phase: Some(phase),
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// Only allocations that are really held reach the templates: a `Conflict` one keeps its
+    /// spec (and its addresses reserved) but may overlap another cluster's.
+    #[test]
+    fn template_data_renders_only_held_allocations() {
+        let all = [
+            allocation("ok", "10.0.0.0-10.0.0.3", Some(AllocationPhase::Allocated)),
+            allocation("fresh", "10.0.1.0-10.0.1.3", None),
+            allocation(
+                "conflict",
+                "10.0.2.0-10.0.2.3",
+                Some(AllocationPhase::Conflict),
+            ),
+            allocation("failed", "10.0.3.0-10.0.3.3", Some(AllocationPhase::Failed)),
+            allocation(
+                "pending",
+                "10.0.4.0-10.0.4.3",
+                Some(AllocationPhase::Pending),
+            ),
+            allocation(
+                "released",
+                "10.0.5.0-10.0.5.3",
+                Some(AllocationPhase::Released),
+            ),
+        ];
+        let data = template_data("a", "dc", &all, Default::default());
+        let json = serde_json::to_value(&data).unwrap_or_default();
+        let pools: Vec<&String> = json["Cluster"]["Network"]["IPAMAllocations"]
+            .as_object()
+            .map(|m| m.keys().collect())
+            .unwrap_or_default();
+        assert_eq!(pools, vec!["fresh", "ok"]);
+    }
 }

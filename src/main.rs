@@ -100,6 +100,17 @@ struct ControllerArgs {
     /// system:serviceaccount:<in-cluster namespace, else kipam-system>:kipam).
     #[arg(long)]
     service_account: Option<String>,
+    /// Seconds between re-applies of every user cluster's addons (repairs drift made by hand).
+    #[arg(long, default_value_t = 300)]
+    addon_resync: u64,
+    /// At most this many user clusters are worked on (and connected to) at once.
+    #[arg(long, default_value_t = 16)]
+    tenant_concurrency: usize,
+    /// Seconds each request to a user cluster may take (connect, read, write).
+    #[arg(long, default_value_t = 10)]
+    tenant_timeout: u64,
+    #[command(flatten)]
+    templates: TemplateDirs,
 }
 
 #[derive(clap::Args)]
@@ -281,6 +292,20 @@ fn run_controller(args: ControllerArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    if args.tenant_concurrency == 0 || args.addon_resync == 0 || args.tenant_timeout == 0 {
+        eprintln!(
+            "error: --tenant-concurrency ({}), --addon-resync ({}) and --tenant-timeout ({}) must be at least 1",
+            args.tenant_concurrency, args.addon_resync, args.tenant_timeout
+        );
+        return ExitCode::from(2);
+    }
+    let renderer = match load_renderer(&args.templates) {
+        Ok(r) => std::sync::Arc::new(r),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let host = std::env::var("HOSTNAME")
         .ok()
         .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
@@ -321,6 +346,12 @@ fn run_controller(args: ControllerArgs) -> ExitCode {
                     .unwrap_or_else(kipam::webhook::default_service_account),
             }),
             _ => None,
+        },
+        addons: kipam::applier::ApplierOptions {
+            renderer,
+            tenant_concurrency: args.tenant_concurrency,
+            resync: std::time::Duration::from_secs(args.addon_resync),
+            request_timeout: std::time::Duration::from_secs(args.tenant_timeout),
         },
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()

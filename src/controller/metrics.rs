@@ -28,6 +28,12 @@ pub struct WriteLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SyncLabels {
+    /// `settled` or `failed`.
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub kind: String,
     pub reason: String,
@@ -52,6 +58,14 @@ pub struct Metrics {
     /// Why the replica is not ready, when something outside it is missing (CRDs, RBAC, ...).
     pub not_ready_reason: std::sync::Mutex<Option<String>>,
     pub writes: AtomicU64,
+    /// Addon applier: user-cluster syncs by result.
+    pub addon_syncs: Family<SyncLabels, Counter>,
+    /// Addon applier: requests sent to user clusters (applies and deletes).
+    pub addon_requests: Counter,
+    pub addon_objects_applied: Counter,
+    pub addon_objects_pruned: Counter,
+    pub addon_syncs_in_flight: Gauge,
+    pub addon_last_sync_millis: Gauge,
 }
 
 impl Metrics {
@@ -72,6 +86,12 @@ impl Metrics {
             ready: AtomicBool::new(false),
             not_ready_reason: std::sync::Mutex::new(None),
             writes: AtomicU64::new(0),
+            addon_syncs: Family::default(),
+            addon_requests: Counter::default(),
+            addon_objects_applied: Counter::default(),
+            addon_objects_pruned: Counter::default(),
+            addon_syncs_in_flight: Gauge::default(),
+            addon_last_sync_millis: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register("reconcile_passes", "Planning passes run", m.passes.clone());
@@ -125,6 +145,36 @@ impl Metrics {
             "Duration of the last planning pass",
             m.last_pass_millis.clone(),
         );
+        registry.register(
+            "addon_syncs",
+            "User-cluster syncs of the addon applier, by result",
+            m.addon_syncs.clone(),
+        );
+        registry.register(
+            "addon_requests",
+            "Requests sent to user clusters (server-side applies and deletes)",
+            m.addon_requests.clone(),
+        );
+        registry.register(
+            "addon_objects_applied",
+            "Objects applied to user clusters",
+            m.addon_objects_applied.clone(),
+        );
+        registry.register(
+            "addon_objects_pruned",
+            "Objects deleted from user clusters because no Addon renders them any more",
+            m.addon_objects_pruned.clone(),
+        );
+        registry.register(
+            "addon_syncs_in_flight",
+            "User clusters being synced right now (at most --tenant-concurrency)",
+            m.addon_syncs_in_flight.clone(),
+        );
+        registry.register(
+            "addon_last_sync_milliseconds",
+            "Duration of the last user-cluster sync",
+            m.addon_last_sync_millis.clone(),
+        );
         Arc::new(Metrics { registry, ..m })
     }
 
@@ -137,6 +187,17 @@ impl Metrics {
                 resource: resource.into(),
             })
             .inc();
+    }
+
+    /// Records the end of one user-cluster sync.
+    pub fn addon_sync(&self, settled: bool, took: std::time::Duration) {
+        let result = if settled { "settled" } else { "failed" };
+        self.addon_syncs
+            .get_or_create(&SyncLabels {
+                result: result.into(),
+            })
+            .inc();
+        self.addon_last_sync_millis.set(took.as_millis() as i64);
     }
 
     /// Counts one failed write.

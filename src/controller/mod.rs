@@ -51,6 +51,8 @@ pub struct ControllerOptions {
     pub api: crate::api::ApiOptions,
     /// The admission webhook (served by every replica), when certificates are given.
     pub webhook: Option<crate::webhook::WebhookOptions>,
+    /// The addon applier (user clusters).
+    pub addons: crate::applier::ApplierOptions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -341,6 +343,7 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
     let election = tokio::spawn(elector.run());
 
     let planning = tokio::spawn(planning_loop(ctx.clone(), wake.clone(), options.resync));
+    let applier = tokio::spawn(crate::applier::run(ctx.clone(), options.addons.clone()));
 
     tokio::select! {
         r = metrics_task => {
@@ -375,6 +378,7 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         tracing::warn!("a pass was still writing at shutdown; its requests have timed out");
     }
     planning.abort();
+    applier.abort();
     election.abort();
     watches.abort();
     // Hand the lease over at once instead of letting it expire.

@@ -355,51 +355,11 @@ fn cause(err: &minijinja::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::render::{AllocationData, ClusterData, quick_yaml};
 
     #[test]
     fn renderer_is_shareable_between_threads() {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<Renderer>();
         assert_send_sync::<RenderError>();
-    }
-
-    /// The shipped MetalLB addon must stay inside the quick YAML subset, or rendering falls
-    /// back to the full parser and gets several times slower (see `benches/render.rs`).
-    #[test]
-    fn shipped_metallb_addon_takes_the_quick_path() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let renderer = match Renderer::load(&root.join("addons"), &root.join("templates")) {
-            Ok(renderer) => renderer,
-            Err(err) => panic!("{err}"),
-        };
-        let clusters = [
-            ClusterData::new("a", "dc").with_allocation(
-                "metallb",
-                AllocationData::range("dc", ["10.0.0.0-10.0.0.7", "10.0.0.16-10.0.0.23"]),
-            ),
-            ClusterData::new("b", "dc")
-                .with_allocation("metallb", AllocationData::prefix("dc", "2001:db8::/120")),
-            ClusterData::new("c", "dc")
-                .with_allocation("metallb-ipv4", AllocationData::prefix("dc", "10.0.0.0/30"))
-                .with_allocation(
-                    "metallb-ipv6",
-                    AllocationData::range("dc", ["2001:db8::-2001:db8::7"]),
-                ),
-            ClusterData::new("d", "dc"),
-        ];
-        for cluster in clusters {
-            let context = Value::from(Serde(TemplateData::new(cluster)));
-            for name in &renderer.addons["metallb"] {
-                let text = match renderer.render_file("metallb", name, &context, usize::MAX) {
-                    Ok(text) => text,
-                    Err(err) => panic!("{err}"),
-                };
-                assert!(
-                    quick_yaml::parse_documents(&text).is_some(),
-                    "{name} left the quick subset:\n{text}"
-                );
-            }
-        }
     }
 }

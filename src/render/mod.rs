@@ -19,7 +19,6 @@ mod error;
 mod filters;
 mod loader;
 mod output;
-mod quick_yaml;
 
 pub use data::{
     ALLOCATION_PREFIX, ALLOCATION_RANGE, AllocationData, ClusterData, NetworkData, TemplateData,

@@ -5,14 +5,13 @@
 //! instead of later in the user cluster. Parsing also makes the written YAML canonical (one
 //! style, keys sorted), so that the same data always gives the same bytes.
 //!
-//! Most rendered manifests are read by [`quick_yaml`], a reader for the plain subset of YAML
-//! that is many times faster than the full parser; anything outside that subset, and every
-//! error, goes through the full parser (`serde-saphyr`).
+//! Rendered text is read by the project's YAML library (`serde-saphyr`), the same parser for
+//! every addon: there is no second, hand-written reader whose idea of YAML could differ.
 
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::{Map, Value};
 
-use super::{RenderError, quick_yaml};
+use super::RenderError;
 
 /// The label every rendered object carries: the name of the addon that rendered it.
 pub const ADDON_LABEL: &str = "ipam.kipam.dev/addon";
@@ -30,12 +29,9 @@ pub(crate) fn collect_objects(
     text: &str,
     objects: &mut Vec<Value>,
 ) -> Result<(), RenderError> {
-    let documents = match quick_yaml::parse_documents(text) {
-        Some(documents) => documents,
-        None => full_parse(origin, text)?,
-    };
+    let documents = full_parse(origin, text)?;
     for (index, mut document) in documents.into_iter().enumerate() {
-        // Both parsers already skip empty and `null` documents.
+        // The parser already skips empty documents; `null` ones are dropped here.
         if document.is_null() {
             continue;
         }

@@ -55,6 +55,10 @@ pub struct AddonStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub observed_generation: Option<i64>,
+    /// When every rendered object was last applied successfully (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_TIMESTAMP), extend("format" = "date-time"))]
+    pub last_applied_time: Option<String>,
 }
 
 /// One object applied to a user cluster.

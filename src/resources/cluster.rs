@@ -60,7 +60,8 @@ pub struct KubeconfigReference {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SecretKeyRef {
-    /// Namespace of the Secret.
+    /// Namespace of the Secret; when left out, the cluster's namespace `cluster-<name>`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(max = MAX_LABEL), pattern(PATTERN_DNS_LABEL))]
     pub namespace: String,
     /// Name of the Secret.

@@ -3,10 +3,12 @@
 
 mod support;
 
+mod addons;
 mod api;
 mod crashes;
 mod lifecycle;
 mod preconditions;
 mod promise;
+mod quiet;
 mod serving;
 mod webhook;

@@ -166,7 +166,11 @@ pub(super) async fn write_pool_status(
             p.status.as_ref(),
             now,
         );
-        if p.status.as_ref() != Some(&next) {
+        if p.status.as_ref() == Some(&next) {
+            // Nothing to write: an earlier failure is over (its backoff entry would otherwise
+            // stay due forever and make every pass ask for another one at once).
+            write_succeeded(ctx, "IPAMPool", &name);
+        } else {
             let mut update = p.as_ref().clone();
             update.status = Some(next);
             ctx.metrics.wrote("update", "ipampools/status");
@@ -174,7 +178,10 @@ pub(super) async fn write_pool_status(
                 .replace_status(&name, &PostParams::default(), &update)
                 .await
             {
-                Ok(_) => outcome.writes += 1,
+                Ok(_) => {
+                    outcome.writes += 1;
+                    write_succeeded(ctx, "IPAMPool", &name);
+                }
                 Err(e) if is_conflict(&e) => {
                     // The pool changed since the cache saw it: the next pass writes on the
                     // newer version.

@@ -1,0 +1,488 @@
+//! The addon applier: every Addon rendered with its cluster's allocations and applied inside
+//! the user cluster through the kubeconfig its `Cluster` names (server-side apply, field manager
+//! `kipam`, forced), objects no longer rendered pruned, drift repaired on every resync.
+//!
+//! - watches (Addons, Clusters, IPAMAllocations, Secrets) feed caches and wake the scheduler;
+//! - the scheduler (leader only) works out, per user cluster, whether its inputs changed since
+//!   its last successful sync, its resync is due, or a failed sync's backoff has passed, and
+//!   starts at most `--tenant-concurrency` syncs at once, one at a time per cluster;
+//! - [`sync`] does one user cluster; [`summary`] computes statuses (pure); [`kubeconfig`] turns
+//!   a Secret into a client configuration.
+//!
+//! See `docs/multicluster.md`.
+
+pub mod kubeconfig;
+pub mod summary;
+pub mod sync;
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use tokio::sync::{Notify, Semaphore, mpsc};
+
+use crate::controller::Context;
+use crate::controller::backoff::Backoff;
+use crate::render::Renderer;
+use crate::resources::{Addon, Cluster, IPAMAllocation, cluster_of_namespace};
+use sync::{ClientSlot, SyncReport, TenantInput};
+
+/// Field manager of every server-side apply in user clusters.
+pub const FIELD_MANAGER: &str = "kipam";
+/// Finalizer on Addons: their objects are pruned from the user cluster before they go.
+pub const FINALIZER: &str = "ipam.kipam.dev/prune-addon";
+
+/// The Secrets the applier watches (see `run`).
+const SECRET_FIELDS: &str = "type!=helm.sh/release.v1,type!=kubernetes.io/service-account-token";
+
+/// How the applier runs (part of `kipam controller`'s options).
+#[derive(Clone, Debug)]
+pub struct ApplierOptions {
+    /// The addons, loaded and parsed at start-up.
+    pub renderer: Arc<Renderer>,
+    /// At most this many user clusters are worked on at once.
+    pub tenant_concurrency: usize,
+    /// Every user cluster is re-applied at least this often (drift repair).
+    pub resync: Duration,
+    /// Timeout of connecting, reading and writing, for each request to a user cluster.
+    pub request_timeout: Duration,
+}
+
+/// The scheduler's view of one user cluster.
+#[derive(Default)]
+struct Tenant {
+    /// Inputs of the last settled sync.
+    fingerprint: Option<u64>,
+    /// When the last settled sync ended.
+    synced_at: Option<Instant>,
+    /// The last sync did not settle: retry once its backoff has passed.
+    retry: bool,
+    running: bool,
+    /// Its client configuration and discovery cache; taken by the running sync.
+    slot: Option<ClientSlot>,
+    /// The `AddonsReady` condition last written, to notice it being overwritten.
+    addons_ready: Option<(bool, String, String)>,
+}
+
+struct Caches {
+    addons: Store<Addon>,
+    clusters: Store<Cluster>,
+    allocations: Store<IPAMAllocation>,
+    secrets: Store<Secret>,
+}
+
+/// Feeds a watch into a cache, waking the scheduler on every change and saying (once per
+/// distinct error) when the watch fails.
+fn cached<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    wake: Arc<Notify>,
+    what: &'static str,
+) -> (Store<K>, impl Stream<Item = ()>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let mut last_error: Option<String> = None;
+    let stream = reflector::reflector(
+        writer,
+        watcher::watcher(api, config).default_backoff(),
+    )
+    .map(move |ev| {
+        match &ev {
+            Err(e) => {
+                let text = e.to_string();
+                if last_error.as_deref() != Some(text.as_str()) {
+                    tracing::warn!(resource = what, error = %text, "addon applier watch failed (retrying with backoff)");
+                    last_error = Some(text);
+                }
+            }
+            Ok(_) => last_error = None,
+        }
+        wake.notify_one();
+    });
+    (store, stream)
+}
+
+/// Runs the applier until the task is aborted. Only the leader applies; other replicas keep
+/// their caches warm.
+pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
+    let wake = Arc::new(Notify::new());
+    let (addons, addon_events) = cached(
+        Api::<Addon>::all(ctx.client.clone()),
+        watcher::Config::default(),
+        wake.clone(),
+        "addons",
+    );
+    let (clusters, cluster_events) = cached(
+        Api::<Cluster>::all(ctx.client.clone()),
+        watcher::Config::default(),
+        wake.clone(),
+        "clusters",
+    );
+    let (allocations, allocation_events) = cached(
+        Api::<IPAMAllocation>::all(ctx.client.clone()),
+        watcher::Config::default(),
+        wake.clone(),
+        "ipamallocations",
+    );
+    // Kubeconfigs are opaque Secrets; Helm release records and service account tokens, often
+    // the bulk of a seed's Secrets, are never kubeconfigs and are not kept in memory.
+    let (secrets, secret_events) = cached(
+        Api::<Secret>::all(ctx.client.clone()),
+        watcher::Config::default().fields(SECRET_FIELDS),
+        wake.clone(),
+        "secrets",
+    );
+    let watches = tokio::spawn(async move {
+        let mut all = futures::stream::select_all(vec![
+            addon_events.boxed(),
+            cluster_events.boxed(),
+            allocation_events.boxed(),
+            secret_events.boxed(),
+        ]);
+        while all.next().await.is_some() {}
+    });
+    let caches = Arc::new(Caches {
+        addons,
+        clusters,
+        allocations,
+        secrets,
+    });
+    let _ = tokio::join!(
+        caches.addons.wait_until_ready(),
+        caches.clusters.wait_until_ready(),
+        caches.allocations.wait_until_ready(),
+        caches.secrets.wait_until_ready(),
+    );
+    tracing::info!(
+        concurrency = options.tenant_concurrency,
+        resync_seconds = options.resync.as_secs(),
+        "addon applier ready"
+    );
+    schedule(ctx, options, caches, wake).await;
+    watches.abort();
+}
+
+/// What finished syncs report back.
+type Done = (String, u64, SyncReport, ClientSlot);
+
+async fn schedule(
+    ctx: Arc<Context>,
+    options: ApplierOptions,
+    caches: Arc<Caches>,
+    wake: Arc<Notify>,
+) {
+    let permits = Arc::new(Semaphore::new(options.tenant_concurrency.max(1)));
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+    let mut tenants: HashMap<String, Tenant> = HashMap::new();
+    let mut backoff = Backoff::default();
+    let mut leadership = ctx.leader.subscribe();
+    let mut was_leader = false;
+    let mut next_wait = options.resync;
+    loop {
+        tokio::select! {
+            _ = wake.notified() => {
+                // Let a burst of changes settle into one round.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Some(done) = done_rx.recv() => finish(&mut tenants, &mut backoff, done, ctx.leader.holds()),
+            _ = leadership.changed() => {}
+            _ = tokio::time::sleep(next_wait) => {}
+        }
+        while let Ok(done) = done_rx.try_recv() {
+            finish(&mut tenants, &mut backoff, done, ctx.leader.holds());
+        }
+        let leading = ctx.leader.holds();
+        if !leading {
+            // A new term starts from scratch: everything is applied again.
+            if was_leader {
+                for t in tenants.values_mut() {
+                    forget(t);
+                }
+            }
+            was_leader = false;
+            next_wait = Duration::from_secs(1);
+            continue;
+        }
+        was_leader = true;
+        next_wait = round(
+            &ctx,
+            &options,
+            &caches,
+            &mut tenants,
+            &backoff,
+            &permits,
+            &done_tx,
+        );
+    }
+}
+
+/// What a replica knew about a user cluster, dropped when it stops leading: the next term
+/// starts with a full apply everywhere, not from memories of an earlier one.
+fn forget(tenant: &mut Tenant) {
+    tenant.fingerprint = None;
+    tenant.synced_at = None;
+    tenant.slot = None;
+    tenant.addons_ready = None;
+}
+
+fn finish(tenants: &mut HashMap<String, Tenant>, backoff: &mut Backoff, done: Done, leading: bool) {
+    let (name, fingerprint, report, slot) = done;
+    let tenant = tenants.entry(name.clone()).or_default();
+    tenant.running = false;
+    tenant.slot = Some(slot);
+    if !leading {
+        forget(tenant);
+        return;
+    }
+    if report.addons_ready.is_some() {
+        tenant.addons_ready = report.addons_ready;
+    }
+    if report.settled {
+        backoff.succeeded(&name);
+        tenant.fingerprint = Some(fingerprint);
+        tenant.synced_at = Some(Instant::now());
+        tenant.retry = false;
+    } else {
+        let wait = backoff.failed(&name);
+        tracing::debug!(cluster = %name, ?wait, "user cluster sync did not settle");
+        tenant.fingerprint = None;
+        tenant.retry = true;
+    }
+}
+
+/// One scheduling round: starts the syncs that are due; returns how long until the next one
+/// may be due without any change.
+fn round(
+    ctx: &Arc<Context>,
+    options: &ApplierOptions,
+    caches: &Arc<Caches>,
+    tenants: &mut HashMap<String, Tenant>,
+    backoff: &Backoff,
+    permits: &Arc<Semaphore>,
+    done_tx: &mpsc::UnboundedSender<Done>,
+) -> Duration {
+    let mut by_namespace: BTreeMap<String, Vec<Arc<Addon>>> = BTreeMap::new();
+    for addon in caches.addons.state() {
+        if let Some(ns) = addon.namespace() {
+            by_namespace.entry(ns).or_default().push(addon);
+        }
+    }
+    let mut allocations: HashMap<String, Vec<Arc<IPAMAllocation>>> = HashMap::new();
+    for a in caches.allocations.state() {
+        if let Some(ns) = a.namespace()
+            && by_namespace.contains_key(&ns)
+        {
+            allocations.entry(ns).or_default().push(a);
+        }
+    }
+    let clusters: HashMap<String, Arc<Cluster>> = caches
+        .clusters
+        .state()
+        .into_iter()
+        .map(|c| (c.name_any(), c))
+        .collect();
+    let mut next = options.resync;
+    // Clusters whose Addons are all gone: their tenant state goes too.
+    tenants.retain(|name, t| {
+        t.running || by_namespace.contains_key(&crate::resources::cluster_namespace(name))
+    });
+    for (namespace, mut addons) in by_namespace {
+        let Some(cluster_name) = cluster_of_namespace(&namespace).map(str::to_string) else {
+            continue;
+        };
+        addons.sort_by_key(|a| a.name_any());
+        let cluster = clusters.get(&cluster_name).cloned();
+        let secret = cluster.as_ref().and_then(|c| {
+            let (ns, name, _) = kubeconfig::secret_location(c)?;
+            caches
+                .secrets
+                .get(&reflector::ObjectRef::new(&name).within(&ns))
+        });
+        let mine = allocations.remove(&namespace).unwrap_or_default();
+        let tenant = tenants.entry(cluster_name.clone()).or_default();
+        let fingerprint = fingerprint(
+            cluster.as_deref(),
+            &addons,
+            &mine,
+            secret.as_deref(),
+            tenant.addons_ready.as_ref(),
+        );
+        if tenant.running {
+            continue;
+        }
+        let resync_due = tenant
+            .synced_at
+            .is_none_or(|at| at.elapsed() >= options.resync);
+        let changed = tenant.fingerprint != Some(fingerprint);
+        if tenant.retry || changed || resync_due {
+            if !backoff.due(&cluster_name) {
+                continue;
+            }
+            // Re-apply everything on a resync, a retry and the first sync of a term; on a
+            // change, only Addons whose rendered output changed.
+            let force = tenant.retry || resync_due;
+            tenant.running = true;
+            let slot = tenant.slot.take().flatten();
+            let written = tenant.addons_ready.clone();
+            let ctx = ctx.clone();
+            let caches = caches.clone();
+            let permits = permits.clone();
+            let done_tx = done_tx.clone();
+            let renderer = options.renderer.clone();
+            let timeout = options.request_timeout;
+            tokio::spawn(async move {
+                let mut slot = slot;
+                let mut synced = fingerprint;
+                let report = match permits.acquire_owned().await {
+                    Ok(_permit) => {
+                        // The inputs are read now, not when the sync was queued: a queue of
+                        // syncs on stale inputs would be wasted work.
+                        let (input, now_fingerprint) =
+                            snapshot(&caches, &cluster_name, written.as_ref());
+                        synced = now_fingerprint;
+                        ctx.metrics.addon_syncs_in_flight.inc();
+                        let started = Instant::now();
+                        let report =
+                            sync::sync_tenant(&ctx, &renderer, timeout, input, force, &mut slot)
+                                .await;
+                        ctx.metrics.addon_syncs_in_flight.dec();
+                        ctx.metrics.addon_sync(report.settled, started.elapsed());
+                        report
+                    }
+                    Err(_) => SyncReport {
+                        settled: false,
+                        addons_ready: None,
+                    },
+                };
+                let _ = done_tx.send((cluster_name, synced, report, slot));
+            });
+        } else if let Some(at) = tenant.synced_at {
+            next = next.min(options.resync.saturating_sub(at.elapsed()));
+        }
+    }
+    if let Some(due) = backoff.next_due() {
+        next = next.min(due);
+    }
+    next.max(Duration::from_millis(50))
+}
+
+/// A digest of everything a sync of this user cluster depends on (statuses excluded, so that
+/// kipam's own status writes do not trigger another sync).
+fn fingerprint(
+    cluster: Option<&Cluster>,
+    addons: &[Arc<Addon>],
+    allocations: &[Arc<IPAMAllocation>],
+    secret: Option<&Secret>,
+    written: Option<&(bool, String, String)>,
+) -> u64 {
+    let mut h = DefaultHasher::new();
+    match cluster {
+        None => 0u8.hash(&mut h),
+        Some(c) => {
+            1u8.hash(&mut h);
+            c.uid().hash(&mut h);
+            c.metadata.generation.hash(&mut h);
+            c.metadata.deletion_timestamp.is_some().hash(&mut h);
+            // AddonsReady overwritten by another writer: write it again.
+            let stored = c.status.as_ref().and_then(|s| {
+                s.conditions
+                    .iter()
+                    .find(|x| x.type_ == "AddonsReady")
+                    .map(|x| (x.status == "True", x.reason.clone(), x.message.clone()))
+            });
+            (written.is_none() || written == stored.as_ref()).hash(&mut h);
+        }
+    }
+    for a in addons {
+        a.uid().hash(&mut h);
+        a.metadata.generation.hash(&mut h);
+        a.metadata.deletion_timestamp.is_some().hash(&mut h);
+    }
+    // What rendering reads of an allocation: its spec and whether it may be rendered (a
+    // status update that leaves both alone changes nothing for the user cluster).
+    let mut versions: Vec<(String, String)> = allocations
+        .iter()
+        .map(|a| {
+            let phase = a.status.as_ref().and_then(|s| s.phase);
+            let renderable = a.metadata.deletion_timestamp.is_none()
+                && phase.is_none_or(|p| p == crate::resources::AllocationPhase::Allocated);
+            (
+                a.name_any(),
+                format!(
+                    "{renderable}{}",
+                    serde_json::to_string(&a.spec).unwrap_or_default()
+                ),
+            )
+        })
+        .collect();
+    versions.sort();
+    versions.hash(&mut h);
+    secret.map(|s| (s.uid(), s.resource_version())).hash(&mut h);
+    h.finish()
+}
+
+/// One user cluster's inputs, read from the caches, and their fingerprint.
+fn snapshot(
+    caches: &Caches,
+    cluster_name: &str,
+    written: Option<&(bool, String, String)>,
+) -> (TenantInput, u64) {
+    let namespace = crate::resources::cluster_namespace(cluster_name);
+    let in_namespace = |ns: Option<String>| ns.as_deref() == Some(namespace.as_str());
+    let mut addons: Vec<Arc<Addon>> = caches
+        .addons
+        .state()
+        .into_iter()
+        .filter(|a| in_namespace(a.namespace()))
+        .collect();
+    addons.sort_by_key(|a| a.name_any());
+    let allocations: Vec<Arc<IPAMAllocation>> = caches
+        .allocations
+        .state()
+        .into_iter()
+        .filter(|a| in_namespace(a.namespace()))
+        .collect();
+    let cluster = caches
+        .clusters
+        .get(&reflector::ObjectRef::new(cluster_name));
+    let secret = cluster.as_ref().and_then(|c| {
+        let (ns, name, _) = kubeconfig::secret_location(c)?;
+        caches
+            .secrets
+            .get(&reflector::ObjectRef::new(&name).within(&ns))
+    });
+    let fingerprint = fingerprint(
+        cluster.as_deref(),
+        &addons,
+        &allocations,
+        secret.as_deref(),
+        written,
+    );
+    (
+        TenantInput {
+            cluster_name: cluster_name.to_string(),
+            namespace,
+            cluster,
+            addons,
+            allocations,
+            secret,
+        },
+        fingerprint,
+    )
+}
