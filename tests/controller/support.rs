@@ -354,43 +354,6 @@ impl Seed {
         found
     }
 
-    /// Starts `kipam controller` like [`Seed::controller`], with more flags.
-    pub fn controller_with(&self, identity: &str, extra: &[&str]) -> Controller {
-        let port = free_port();
-        let log = std::fs::File::create(self.log_path(identity)).ok();
-        let child = Command::new(env!("CARGO_BIN_EXE_kipam"))
-            .args(["controller", "--kubeconfig"])
-            .arg(&self.kubeconfig)
-            .args([
-                "--metrics-addr",
-                &format!("127.0.0.1:{port}"),
-                "--lease-duration",
-                "3",
-                "--renew-deadline",
-                "2",
-                "--retry-period",
-                "1",
-                "--identity",
-                identity,
-            ])
-            .args(extra)
-            .env("RUST_LOG", "kipam=debug")
-            .stdout(Stdio::null())
-            .stderr(log.map(Stdio::from).unwrap_or_else(Stdio::null))
-            .spawn()
-            .expect("controller starts");
-        Controller {
-            child,
-            metrics_port: port,
-            identity: identity.to_string(),
-        }
-    }
-
-    /// Where controller logs go (`<identity>.log`, read by [`Seed::log`]).
-    pub fn log_path(&self, identity: &str) -> PathBuf {
-        self.dir.join(format!("{identity}.log"))
-    }
-
     /// The current holder of the leader Lease.
     pub fn lease_holder(&self) -> String {
         self.get("leases", Some("kipam-system"), "kipam-seed")
