@@ -5,7 +5,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::support::Seed;
 
-const POOLS: &str = "
+/// Pools large enough for hundreds of clusters: an IPv4 range pool and an IPv6 prefix pool.
+pub const POOLS: &str = "
 apiVersion: ipam.kipam.dev/v1alpha1
 kind: IPAMPool
 metadata:

@@ -17,6 +17,24 @@ fn cluster_object(name: &str, dc: &str, ipam: serde_json::Value) -> serde_json::
     })
 }
 
+/// Cluster x's namespace and an `IPAMAllocation` of pool metallb in dc-1 holding `addresses`,
+/// written straight into the store (as an earlier leader, or a human, would have).
+fn hand_made_allocation(seed: &Seed, addresses: &str) {
+    seed.api
+        .apply(&json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "cluster-x", "labels": {"ipam.kipam.dev/cluster": "x"}}}))
+        .expect("namespace");
+    seed.api
+        .apply(&json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMAllocation",
+            "metadata": {"name": "metallb", "namespace": "cluster-x", "labels": {
+                "ipam.kipam.dev/pool": "metallb", "ipam.kipam.dev/cluster": "x",
+                "ipam.kipam.dev/datacenter": "dc-1"}},
+            "spec": {"type": "range", "dc": "dc-1", "addresses": [addresses]},
+        }))
+        .expect("allocation");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_cluster_edit_frees_nothing() {
     let seed = Seed::start("invalid-edit").await;
@@ -120,19 +138,7 @@ async fn failover_with_a_lagging_cluster_cache_releases_nothing() {
     // earlier leader wrote for it appear; then the leader dies.
     seed.api.set_watch_delay(Duration::from_secs(30));
     seed.cluster("x", "dc-1");
-    seed.api
-        .apply(&json!({"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": "cluster-x", "labels": {"ipam.kipam.dev/cluster": "x"}}}))
-        .expect("namespace");
-    seed.api
-        .apply(&json!({
-            "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMAllocation",
-            "metadata": {"name": "metallb", "namespace": "cluster-x", "labels": {
-                "ipam.kipam.dev/pool": "metallb", "ipam.kipam.dev/cluster": "x",
-                "ipam.kipam.dev/datacenter": "dc-1"}},
-            "spec": {"type": "range", "dc": "dc-1", "addresses": ["10.0.0.8-10.0.0.11"]},
-        }))
-        .expect("allocation");
+    hand_made_allocation(&seed, "10.0.0.8-10.0.0.11");
     let uid = seed.allocation("x", "metallb").and_then(|a| a.metadata.uid);
     one.kill();
     seed.wait_for("two leads", Duration::from_secs(20), "two", |s| {
@@ -191,31 +197,8 @@ async fn failed_writes_are_reported_and_retried_with_backoff() {
 /// checked after every step, and everything converges.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_paused_past_its_lease_cannot_hand_out_an_address_twice() {
-    const POOLS: &str = "
-apiVersion: ipam.kipam.dev/v1alpha1
-kind: IPAMPool
-metadata:
-  name: lb
-spec:
-  datacenters:
-    dc-1:
-      type: range
-      poolCidr: 10.0.0.0/20
-      allocationRange: 8
----
-apiVersion: ipam.kipam.dev/v1alpha1
-kind: IPAMPool
-metadata:
-  name: lb6
-spec:
-  datacenters:
-    dc-1:
-      type: prefix
-      poolCidr: 2001:db8::/48
-      allocationPrefix: 64
-";
     let seed = Seed::start("sigstop").await;
-    seed.apply(POOLS);
+    seed.apply(super::crashes::POOLS);
     let ctls = [seed.controller("r0"), seed.controller("r1")];
     let mut created = 0usize;
     let mut takeovers = Vec::new();
@@ -333,20 +316,8 @@ async fn an_unreadable_allocation_stops_new_allocations_in_its_pool() {
     let seed = Seed::start("unreadable").await;
     seed.apply(POOLS);
     seed.cluster("x", "dc-1");
-    seed.api
-        .apply(&json!({"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": "cluster-x", "labels": {"ipam.kipam.dev/cluster": "x"}}}))
-        .expect("namespace");
     // The schema's shape accepts it; no address parser does.
-    seed.api
-        .apply(&json!({
-            "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMAllocation",
-            "metadata": {"name": "metallb", "namespace": "cluster-x", "labels": {
-                "ipam.kipam.dev/pool": "metallb", "ipam.kipam.dev/cluster": "x",
-                "ipam.kipam.dev/datacenter": "dc-1"}},
-            "spec": {"type": "range", "dc": "dc-1", "addresses": ["10.0.0.999-10.0.1.2"]},
-        }))
-        .expect("allocation");
+    hand_made_allocation(&seed, "10.0.0.999-10.0.1.2");
     let _ctl = seed.controller("ctl");
     seed.cluster("b", "dc-1");
     seed.wait_for(
