@@ -15,6 +15,7 @@ pub mod controller;
 pub mod desired;
 pub mod offline;
 pub mod planner;
+pub mod rbac;
 pub mod render;
 pub mod reservations;
 pub mod resources;

@@ -108,6 +108,25 @@ struct ControllerArgs {
     /// PEM private key of the webhook (read again when it changes).
     #[arg(long, requires = "tls_cert_file")]
     tls_key_file: Option<PathBuf>,
+    /// Make the webhook certificate: a CA and a serving certificate kept in --webhook-secret,
+    /// shared by every replica, with the CA put into --webhook-config-name's caBundle.
+    #[arg(long, conflicts_with_all = ["tls_cert_file", "tls_key_file"])]
+    webhook_self_signed: bool,
+    /// Secret (in --namespace) holding the self-signed webhook certificate.
+    #[arg(long, default_value = "kipam-webhook-tls")]
+    webhook_secret: String,
+    /// ValidatingWebhookConfiguration whose caBundle kipam keeps (with --webhook-self-signed).
+    #[arg(long, default_value = "kipam")]
+    webhook_config_name: String,
+    /// Service (in --namespace) in front of the webhook: the self-signed certificate's DNS names.
+    #[arg(long, default_value = "kipam-webhook")]
+    webhook_service: String,
+    /// Writable directory for the self-signed certificate files the webhook serves.
+    #[arg(long, default_value = "/tmp/kipam-webhook")]
+    webhook_cert_dir: PathBuf,
+    /// Seconds between checks of the self-signed certificate's Secret and of the caBundle.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    webhook_cert_check_interval: u64,
     /// kipam's own user name: its writes pass the webhook (default
     /// system:serviceaccount:<in-cluster namespace, else kipam-system>:kipam).
     #[arg(long)]
@@ -333,7 +352,7 @@ fn run_controller(args: ControllerArgs) -> ExitCode {
     let options = kipam::controller::ControllerOptions {
         kubeconfig: args.kubeconfig,
         seed_name: args.seed_name,
-        namespace: args.namespace,
+        namespace: args.namespace.clone(),
         metrics_addr: args.metrics_addr,
         lease: kipam::controller::leader::LeaseTiming {
             lease_duration: std::time::Duration::from_secs(args.lease_duration),
@@ -356,12 +375,33 @@ fn run_controller(args: ControllerArgs) -> ExitCode {
             },
         },
         webhook: match (args.tls_cert_file, args.tls_key_file) {
+            _ if args.webhook_self_signed => {
+                let self_signed = kipam::webhook::selfsigned::SelfSignedOptions {
+                    namespace: args.namespace.clone(),
+                    secret: args.webhook_secret,
+                    service: args.webhook_service,
+                    configuration: args.webhook_config_name,
+                    dir: args.webhook_cert_dir,
+                    check_interval: std::time::Duration::from_secs(
+                        args.webhook_cert_check_interval,
+                    ),
+                };
+                Some(kipam::webhook::WebhookOptions {
+                    addr: args.webhook_addr,
+                    tls: kipam::tls::TlsFiles::new(self_signed.cert_file(), self_signed.key_file()),
+                    service_account: args
+                        .service_account
+                        .unwrap_or_else(kipam::webhook::default_service_account),
+                    self_signed: Some(self_signed),
+                })
+            }
             (Some(cert), Some(key)) => Some(kipam::webhook::WebhookOptions {
                 addr: args.webhook_addr,
                 tls: kipam::tls::TlsFiles::new(cert, key),
                 service_account: args
                     .service_account
                     .unwrap_or_else(kipam::webhook::default_service_account),
+                self_signed: None,
             }),
             _ => None,
         },

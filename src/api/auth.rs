@@ -181,6 +181,7 @@ impl Gate {
             },
             ..Default::default()
         };
+        // RBAC: src/rbac.rs (tokenreviews create).
         let answer = Api::<TokenReview>::all(self.client.clone())
             .create(&PostParams::default(), &review)
             .await
@@ -230,6 +231,7 @@ impl Gate {
             },
             ..Default::default()
         };
+        // RBAC: src/rbac.rs (subjectaccessreviews create).
         let answer = Api::<SubjectAccessReview>::all(self.client.clone())
             .create(&PostParams::default(), &review)
             .await

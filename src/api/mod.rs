@@ -384,6 +384,7 @@ async fn create_pool(
             body.name
         )));
     }
+    // RBAC: src/rbac.rs (ipampools: create, get, update, delete).
     let api = Api::<IPAMPool>::all(state.ctx.writer.clone());
     let created = api
         .create(&PostParams::default(), &pool)
@@ -413,6 +414,7 @@ async fn patch_pool(
             "invalid body: a merge patch must be a JSON object",
         ));
     }
+    // RBAC: src/rbac.rs (ipampools: create, get, update, delete).
     let api = Api::<IPAMPool>::all(state.ctx.writer.clone());
     let what = format!("ipampool {name:?}");
     // The write is checked against the pool as stored now, and carries its resourceVersion:
@@ -461,6 +463,7 @@ async fn delete_pool(
         &[pools_access("delete", Some(&name))],
     )
     .await?;
+    // RBAC: src/rbac.rs (ipampools: create, get, update, delete).
     let api = Api::<IPAMPool>::all(state.ctx.writer.clone());
     api.delete(&name, &DeleteParams::default())
         .await

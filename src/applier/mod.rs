@@ -122,6 +122,7 @@ where
 /// their caches warm.
 pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
     let wake = Arc::new(Notify::new());
+    // RBAC: src/rbac.rs (list/watch of addons, clusters, allocations, secrets).
     let (addons, addon_events) = cached(
         Api::<Addon>::all(ctx.client.clone()),
         watcher::Config::default(),

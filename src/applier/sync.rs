@@ -377,6 +377,7 @@ async fn release_addons(ctx: &Context, input: &TenantInput) -> SyncReport {
                 .is_some_and(|s| !s.applied_objects.is_empty())
         })
     {
+        // RBAC: src/rbac.rs (clusters get).
         let api: Api<Cluster> = Api::all(ctx.writer.clone());
         match api.get_opt(&input.cluster_name).await {
             Ok(None) => {}
@@ -439,6 +440,7 @@ async fn patch_finalizers(
     if !ctx.leader.holds() {
         return Ok(());
     }
+    // RBAC: src/rbac.rs (addons patch, addons/status patch).
     let api: Api<Addon> =
         Api::namespaced(ctx.writer.clone(), &addon.namespace().unwrap_or_default());
     ctx.metrics.wrote("patch", "addons");
@@ -715,6 +717,7 @@ fn missing_crd(api_version: &str, kind: &str) -> Failure {
     }
 }
 
+/// User-cluster objects: RBAC in the user cluster, not in src/rbac.rs (the seed's).
 fn api_for(
     client: &Client,
     resource: &ApiResource,
@@ -925,6 +928,7 @@ async fn write_addons_ready(
     if conditions == previous {
         return;
     }
+    // RBAC: src/rbac.rs (clusters/status patch).
     let api: Api<Cluster> = Api::all(ctx.writer.clone());
     ctx.metrics.wrote("patch", "clusters/status");
     if let Err(e) = api

@@ -125,6 +125,7 @@ impl LeaderState {
 }
 
 pub struct Elector {
+    // RBAC: src/rbac.rs (leases: get, create, update).
     api: Api<Lease>,
     name: String,
     identity: String,

@@ -214,6 +214,7 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
 
     let wake = Arc::new(Notify::new());
     let backoff = || watcher::Config::default();
+    // RBAC: src/rbac.rs (list/watch of pools, clusters, namespaces, allocations).
     let (pools, pool_events) = cached(
         Api::<IPAMPool>::all(client.clone()),
         backoff(),
@@ -329,6 +330,7 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         while all.next().await.is_some() {}
     });
 
+    // RBAC: src/rbac.rs (leases in --namespace).
     let elector = Elector::new(
         Api::<Lease>::namespaced(writer.clone(), &options.namespace),
         &format!("kipam-{}", options.seed_name),
@@ -500,6 +502,7 @@ async fn planning_loop(ctx: Arc<Context>, wake: Arc<Notify>, resync: Duration) {
 }
 
 /// Rebuilds the ledger and the pool records from fresh lists.
+// RBAC: src/rbac.rs (list of allocations and pool records).
 async fn rebuild(ctx: &Context) -> Result<(), String> {
     let allocations: Api<IPAMAllocation> = Api::all(ctx.writer.clone());
     let list = allocations

@@ -65,6 +65,7 @@ pub async fn commit(
     key: &RecordKey,
     reservations: BTreeMap<String, Reservation>,
 ) -> Result<(), CommitError> {
+    // RBAC: src/rbac.rs (ipampoolrecords).
     let api: Api<IPAMPoolRecord> = Api::all(ctx.writer.clone());
     let name = record_name(&key.0, &key.1);
     let current = ctx.records.lock().await.map.get(key).cloned();

@@ -10,6 +10,7 @@
 pub mod config;
 pub mod review;
 pub mod rules;
+pub mod selfsigned;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -64,6 +65,8 @@ pub struct WebhookOptions {
     pub tls: TlsFiles,
     /// kipam's own user name (`request.userInfo.username` of its writes).
     pub service_account: String,
+    /// kipam makes and keeps the certificate in `tls` itself ([`selfsigned`]).
+    pub self_signed: Option<selfsigned::SelfSignedOptions>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +78,8 @@ pub enum WebhookError {
     },
     #[error("webhook: {0}")]
     Tls(#[from] tls::TlsError),
+    #[error("webhook: {0}")]
+    SelfSigned(#[from] selfsigned::SelfSignedError),
     #[error("webhook: the server stopped")]
     Stopped,
 }
@@ -306,6 +311,10 @@ where
 /// Serves the webhook until the process ends, from the controller's caches. Fails at once when
 /// the address cannot be bound or the certificate files cannot be used.
 pub async fn run(ctx: Arc<Context>, options: WebhookOptions) -> Result<(), WebhookError> {
+    if let Some(self_signed) = options.self_signed.clone() {
+        // Waits (retrying) until the shared certificate is in the Secret and on disk.
+        selfsigned::prepare(ctx.writer.clone(), self_signed).await?;
+    }
     // Check the files before anything else: a bad certificate is a start-up error.
     options.tls.load()?;
     let listener = tokio::net::TcpListener::bind(options.addr)
@@ -314,6 +323,7 @@ pub async fn run(ctx: Arc<Context>, options: WebhookOptions) -> Result<(), Webho
             addr: options.addr,
             source,
         })?;
+    // RBAC: src/rbac.rs (list/watch of allocations and pool records).
     let (allocations, allocation_events) = cache(Api::<IPAMAllocation>::all(ctx.client.clone()));
     let (records, record_events) = cache(Api::<IPAMPoolRecord>::all(ctx.client.clone()));
     let watches = tokio::spawn(async move {

@@ -10,5 +10,6 @@ mod lifecycle;
 mod preconditions;
 mod promise;
 mod quiet;
+mod selfsigned;
 mod serving;
 mod webhook;

@@ -12,6 +12,7 @@ use crate::status::{self};
 
 /// Re-reads one allocation into the ledger after a conflict.
 pub(super) async fn refresh(ctx: &Context, key: &Key) {
+    // RBAC: src/rbac.rs (ipamallocations, ipamallocations/status).
     let api: Api<IPAMAllocation> = Api::namespaced(ctx.writer.clone(), &key.0);
     match api.get_opt(&key.1).await {
         Ok(Some(obj)) => ctx.ledger.lock().await.apply(obj),

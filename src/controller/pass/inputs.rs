@@ -73,6 +73,7 @@ pub(super) async fn gather(
     for r in records.values() {
         holders.extend(r.spec.reservations.keys().cloned());
     }
+    // RBAC: src/rbac.rs (clusters get).
     let cluster_api: Api<Cluster> = Api::all(ctx.writer.clone());
     for name in holders.into_iter().filter(|n| !known.contains(n)) {
         match cluster_api.get_opt(&name).await {

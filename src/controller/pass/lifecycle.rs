@@ -73,6 +73,7 @@ pub(super) async fn add_finalizers(
 
 /// Adds or removes one finalizer. The patch carries the `resourceVersion` it was computed
 /// from, so a concurrent change to the object fails (409) instead of being overwritten.
+// RBAC: src/rbac.rs (patch of ipampools and clusters).
 pub(super) async fn patch_finalizers<K>(
     api: &Api<K>,
     obj: &K,
@@ -170,6 +171,7 @@ pub(super) async fn ensure_namespaces(
     existing: &HashSet<String>,
     outcome: &mut PassOutcome,
 ) {
+    // RBAC: src/rbac.rs (namespaces: create, patch).
     let api: Api<Namespace> = Api::all(ctx.writer.clone());
     let mut jobs = Vec::new();
     for c in clusters {

@@ -62,6 +62,7 @@ pub(super) fn cluster_reference(cluster: &Cluster) -> ObjectReference {
     cluster.object_ref(&())
 }
 
+// RBAC: src/rbac.rs (events.k8s.io events: create, patch).
 pub(super) async fn publish(
     ctx: &Context,
     reference: &ObjectReference,

@@ -29,6 +29,7 @@ pub(super) async fn write_cluster_status(
     for d in decisions {
         by_cluster.entry(d.cluster.as_str()).or_default().push(d);
     }
+    // RBAC: src/rbac.rs (clusters/status patch; ipampools/status update below).
     let api: Api<Cluster> = Api::all(ctx.writer.clone());
     let mut jobs = Vec::new();
     for c in clusters {

@@ -1,0 +1,259 @@
+//! Every Kubernetes permission `kipam controller` uses on its seed, in one table.
+//!
+//! This is the single list the Helm chart's `ClusterRole` and `Role`
+//! (`charts/kipam/templates/rbac.yaml`) are checked against, in both directions, by
+//! `tests/chart`: a verb the code uses and the chart does not grant fails the test, and so does
+//! a verb the chart grants that is not listed here. Whoever adds an API call adds its verb here
+//! (next to the call, a `// RBAC: src/rbac.rs` comment names this table) and to the chart.
+//!
+//! User clusters are reached with the kubeconfigs their Secrets hold; what those credentials
+//! may do is the user cluster's business and not part of this table.
+
+/// Where a permission is granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    /// A `ClusterRole` (cluster-scoped kinds, or namespaced kinds in every namespace).
+    Cluster,
+    /// A `Role` in the namespace kipam runs in (`--namespace`).
+    OwnNamespace,
+}
+
+/// Which objects of the resource a permission covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Names {
+    /// Any object (`create`, `list` and `watch` cannot be narrowed by name).
+    Any,
+    /// The leader Lease, `kipam-<--seed-name>`.
+    LeaderLease,
+    /// The Secret holding the self-signed webhook certificate (`--webhook-secret`).
+    WebhookSecret,
+    /// The `ValidatingWebhookConfiguration` whose `caBundle` kipam keeps (`--webhook-config-name`).
+    WebhookConfiguration,
+}
+
+/// When a permission is needed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Needed {
+    Always,
+    /// Only when kipam makes its own webhook certificate (`--webhook-self-signed`).
+    SelfSignedCertificate,
+}
+
+/// One rule: these verbs on this resource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Permission {
+    /// API group (`""` for the core group).
+    pub group: &'static str,
+    /// Plural resource, with `/subresource` where it applies.
+    pub resource: &'static str,
+    pub verbs: &'static [&'static str],
+    pub scope: Scope,
+    pub names: Names,
+    pub needed: Needed,
+    /// The code that uses it.
+    pub used_by: &'static str,
+}
+
+const IPAM: &str = "ipam.kipam.dev";
+
+const fn rule(
+    group: &'static str,
+    resource: &'static str,
+    verbs: &'static [&'static str],
+    used_by: &'static str,
+) -> Permission {
+    Permission {
+        group,
+        resource,
+        verbs,
+        scope: Scope::Cluster,
+        names: Names::Any,
+        needed: Needed::Always,
+        used_by,
+    }
+}
+
+/// The table.
+pub const PERMISSIONS: &[Permission] = &[
+    rule(
+        IPAM,
+        "ipampools",
+        &[
+            "get", "list", "watch", "create", "update", "patch", "delete",
+        ],
+        "controller caches (list/watch); pass/lifecycle.rs finalizers (patch); \
+         api/mod.rs REST create, get, replace (update), delete",
+    ),
+    rule(
+        IPAM,
+        "ipampools/status",
+        &["update"],
+        "controller/pass/statuses.rs pool usage and conditions (replace_status)",
+    ),
+    rule(
+        IPAM,
+        "clusters",
+        &["get", "list", "watch", "patch"],
+        "controller and applier caches (list/watch); pass/inputs.rs and applier/sync.rs \
+         fresh reads (get); pass/lifecycle.rs finalizers (patch)",
+    ),
+    rule(
+        IPAM,
+        "clusters/status",
+        &["patch"],
+        "controller/pass/statuses.rs allocation conditions; applier/sync.rs addon conditions",
+    ),
+    rule(
+        IPAM,
+        "ipamallocations",
+        &["get", "list", "watch", "create", "update", "delete"],
+        "controller ledger watch and rebuild (list/watch); applier and webhook caches; \
+         pass/allocations.rs get, create, replace (update), delete",
+    ),
+    rule(
+        IPAM,
+        "ipamallocations/status",
+        &["update"],
+        "controller/pass/allocations.rs (replace_status)",
+    ),
+    rule(
+        IPAM,
+        "ipampoolrecords",
+        &["get", "list", "watch", "create", "update", "delete"],
+        "controller/records.rs get, create, replace (update), delete; rebuild (list); \
+         webhook cache (list/watch)",
+    ),
+    rule(
+        IPAM,
+        "addons",
+        &["list", "watch", "patch"],
+        "applier/mod.rs cache (list/watch); applier/sync.rs finalizers (patch)",
+    ),
+    rule(
+        IPAM,
+        "addons/status",
+        &["patch"],
+        "applier/sync.rs addon status",
+    ),
+    rule(
+        "",
+        "namespaces",
+        &["list", "watch", "create", "patch"],
+        "controller cache of cluster namespaces (list/watch); pass/lifecycle.rs \
+         cluster-<name> (create; patch adds the label to one made by hand)",
+    ),
+    rule(
+        "",
+        "secrets",
+        &["list", "watch"],
+        "applier/mod.rs cache of user-cluster kubeconfigs",
+    ),
+    rule(
+        "events.k8s.io",
+        "events",
+        &["create", "patch"],
+        "controller/pass events through kube's Recorder (create, patch for a repeat)",
+    ),
+    rule(
+        "authentication.k8s.io",
+        "tokenreviews",
+        &["create"],
+        "api/auth.rs bearer tokens of REST API callers",
+    ),
+    rule(
+        "authorization.k8s.io",
+        "subjectaccessreviews",
+        &["create"],
+        "api/auth.rs access decisions for REST API callers",
+    ),
+    Permission {
+        scope: Scope::OwnNamespace,
+        ..rule(
+            "coordination.k8s.io",
+            "leases",
+            &["create"],
+            "controller/leader.rs first acquisition",
+        )
+    },
+    Permission {
+        scope: Scope::OwnNamespace,
+        names: Names::LeaderLease,
+        ..rule(
+            "coordination.k8s.io",
+            "leases",
+            &["get", "update"],
+            "controller/leader.rs renew, take over, release",
+        )
+    },
+    Permission {
+        scope: Scope::OwnNamespace,
+        needed: Needed::SelfSignedCertificate,
+        ..rule(
+            "",
+            "secrets",
+            &["create"],
+            "webhook/selfsigned.rs first certificate",
+        )
+    },
+    Permission {
+        scope: Scope::OwnNamespace,
+        names: Names::WebhookSecret,
+        needed: Needed::SelfSignedCertificate,
+        ..rule(
+            "",
+            "secrets",
+            &["get", "update"],
+            "webhook/selfsigned.rs read the shared certificate, renew it",
+        )
+    },
+    Permission {
+        names: Names::WebhookConfiguration,
+        needed: Needed::SelfSignedCertificate,
+        ..rule(
+            "admissionregistration.k8s.io",
+            "validatingwebhookconfigurations",
+            &["get", "update"],
+            "webhook/selfsigned.rs keeps the caBundle",
+        )
+    },
+];
+
+/// One granted verb, flattened: (scope, group, resource, verb, names).
+pub type Grant = (Scope, &'static str, &'static str, &'static str, Names);
+
+/// Every verb needed, one entry each; `self_signed` adds the self-signed certificate's.
+pub fn grants(self_signed: bool) -> Vec<Grant> {
+    let mut out: Vec<Grant> = PERMISSIONS
+        .iter()
+        .filter(|p| p.needed == Needed::Always || self_signed)
+        .flat_map(|p| {
+            p.verbs
+                .iter()
+                .map(move |v| (p.scope, p.group, p.resource, *v, p.names))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_verb_is_listed_twice_and_names_only_narrow_what_can_be_narrowed() {
+        let all = grants(true);
+        let mut seen = std::collections::BTreeSet::new();
+        for g in &all {
+            assert!(seen.insert(*g), "{g:?} listed twice");
+            if g.4 != Names::Any {
+                assert!(
+                    !["create", "list", "watch"].contains(&g.3),
+                    "{g:?}: RBAC cannot narrow {} by name",
+                    g.3
+                );
+            }
+        }
+        assert!(grants(false).len() < all.len());
+    }
+}

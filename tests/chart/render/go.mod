@@ -1,0 +1,3 @@
+module kipam.dev/chart-render
+
+go 1.22
