@@ -292,6 +292,16 @@ pub(crate) fn render(
                     limit: sandbox.options.max_memory,
                 });
             }
+            #[cfg(unix)]
+            if let Some(9) = status.and_then(|s| std::os::unix::process::ExitStatusExt::signal(&s))
+            {
+                return Err(failed(
+                    "the sandbox process was killed (SIGKILL), most likely by the \
+                     out-of-memory killer: the container's memory limit is lower than \
+                     --max-render-memory times the renders running at once"
+                        .into(),
+                ));
+            }
             let status = status
                 .map(|s| s.to_string())
                 .unwrap_or_else(|| "unknown status".into());
@@ -355,6 +365,9 @@ fn limit_memory(bytes: u64) -> Result<(), String> {
             std::io::Error::last_os_error()
         ));
     }
+    // If a container's memory limit is hit while several renders run, the kernel should
+    // stop a render child, not the controller: children volunteer as the first victims.
+    let _ = std::fs::write("/proc/self/oom_score_adj", "1000");
     // No core file for a render stopped by the bound.
     let none = libc::rlimit {
         rlim_cur: 0,

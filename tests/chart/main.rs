@@ -475,6 +475,7 @@ fn values_set_in_values_all_reach_the_objects() {
         "--addons-dir=/addons",
         "--templates-dir=/addon-templates",
         "--max-addon-size=8MiB",
+        "--max-render-memory=128MiB",
         "--api-addr=0.0.0.0:8443",
         "--api-auth-cache-ttl=0",
         "--api-max-body=2MiB",
