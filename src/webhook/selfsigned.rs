@@ -140,7 +140,7 @@ fn civil(secs: u64) -> (i32, u8, u8) {
 
 /// Dates rounded down to the day: the end is a day boundary at or after `days` from `from`.
 fn validity(params: &mut rcgen::CertificateParams, from: u64, days: u64) -> u64 {
-    let start = from - from % DAY - DAY; // a day of slack for clocks behind ours
+    let start = (from - from % DAY).saturating_sub(DAY); // a day of slack for clocks behind ours
     let end = start + (days + 2) * DAY;
     let (y, m, d) = civil(start);
     params.not_before = rcgen::date_time_ymd(y, m, d);

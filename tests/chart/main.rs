@@ -583,6 +583,11 @@ fn the_pods_are_locked_down_probed_and_spread() {
     let docs = documents(&text);
     assert_eq!(one(&docs, "Deployment")["spec"]["replicas"], 2);
     assert_eq!(one(&docs, "PodDisruptionBudget")["spec"]["minAvailable"], 1);
+    // One replica: a budget of one would block every node drain, so there is none.
+    let Some(text) = render(&[json!({"replicaCount": 1})]) else {
+        return;
+    };
+    assert!(find(&documents(&text), "PodDisruptionBudget").is_empty());
     let affinity = &one(&docs, "Deployment")["spec"]["template"]["spec"]["affinity"];
     assert!(affinity["podAntiAffinity"].is_object(), "{affinity}");
 }
