@@ -734,3 +734,220 @@ async fn ready_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::{Cluster, IPAMPool};
+
+    fn plan_of(pools_yaml: &str, clusters: &[(&str, &str)]) -> Plan {
+        let pools: Vec<IPAMPool> = pools_yaml
+            .split("\n---\n")
+            .map(|doc| serde_saphyr::from_str(doc).expect("pool parses"))
+            .collect();
+        let pool_inputs: Vec<_> = pools
+            .iter()
+            .map(|p| crate::validation::pool_input(p).expect("valid pool"))
+            .collect();
+        let cluster_inputs: Vec<_> = clusters
+            .iter()
+            .enumerate()
+            .map(|(i, (name, dc))| {
+                let c: Cluster = serde_saphyr::from_str(&format!(
+                    "apiVersion: ipam.kipam.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: {name}\n  creationTimestamp: \"2026-01-01T00:00:0{i}Z\"\nspec:\n  datacenter: {dc}\n"
+                ))
+                .expect("cluster parses");
+                crate::validation::cluster_input(&c).expect("valid cluster")
+            })
+            .collect();
+        crate::planner::plan(&pool_inputs, &cluster_inputs, &[])
+    }
+
+    const EDGE: &str = "apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata:
+  name: edge
+spec:
+  datacenters:
+    dc-1:
+      type: range
+      poolCidr: 10.0.0.0/28
+      allocationRange: 4
+      excludeRanges: [\"10.0.0.4\"]
+    dc-2:
+      type: prefix
+      poolCidr: 10.1.0.0/24
+      allocationPrefix: 28
+---
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata:
+  name: v6
+spec:
+  datacenters:
+    dc-1:
+      type: prefix
+      poolCidr: 2001:db8::/48
+      allocationPrefix: 64";
+
+    #[test]
+    fn pool_figures_count_every_state_and_phase_exactly() {
+        let plan = plan_of(
+            EDGE,
+            &[("a", "dc-1"), ("b", "dc-1"), ("c", "dc-1"), ("d", "dc-1")],
+        );
+        let figures = pool_gauges(&plan);
+        let names: Vec<(&str, &str)> = figures
+            .iter()
+            .map(|f| (f.pool.as_str(), f.datacenter.as_str()))
+            .collect();
+        assert_eq!(names, [("edge", "dc-1"), ("edge", "dc-2"), ("v6", "dc-1")]);
+        // 16 addresses, 1 excluded, three clusters of 4: the fourth does not fit in the 3 left.
+        let edge = &figures[0];
+        assert_eq!(
+            (edge.total, edge.allocated, edge.excluded, edge.available),
+            (16.0, 12.0, 1.0, 3.0)
+        );
+        assert_eq!(edge.utilization, 12.0 / 15.0);
+        assert_eq!(edge.largest_free_block, 3.0);
+        assert_eq!(
+            edge.phases,
+            [
+                (AllocationPhase::Pending, 0),
+                (AllocationPhase::Allocated, 3),
+                (AllocationPhase::Failed, 1),
+                (AllocationPhase::Conflict, 0),
+            ]
+        );
+        let empty = &figures[1];
+        assert_eq!(
+            (empty.total, empty.available, empty.utilization),
+            (256.0, 256.0, 0.0)
+        );
+        // Four /64s of a /48: 2^66 of 2^80, exact in f64.
+        let v6 = &figures[2];
+        assert_eq!(v6.total, 2f64.powi(80));
+        assert_eq!(v6.allocated, 2f64.powi(66));
+        assert_eq!(v6.available, 2f64.powi(80) - 2f64.powi(66));
+        assert_eq!(v6.largest_free_block, 2f64.powi(80) - 2f64.powi(66));
+        assert_eq!(v6.utilization, 2f64.powi(-14));
+    }
+
+    #[test]
+    fn counts_become_the_nearest_float() {
+        assert_eq!(count_to_f64(AddressCount::pow2(128)), 2f64.powi(128));
+        assert_eq!(
+            count_to_f64(AddressCount::from_u128(u128::MAX)),
+            2f64.powi(128)
+        );
+        assert_eq!(
+            count_to_f64(AddressCount::from_u128((1 << 53) + 1)),
+            2f64.powi(53)
+        );
+        assert_eq!(count_to_f64(AddressCount::from_u128(12345)), 12345.0);
+    }
+
+    #[test]
+    fn gauges_of_a_pool_that_went_are_removed_and_a_follower_publishes_none() {
+        let m = Metrics::new();
+        m.observe_plan(&plan_of(EDGE, &[("a", "dc-1")]));
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "kipam_pool_addresses{pool=\"edge\",datacenter=\"dc-2\",state=\"total\"} 256.0"
+            ),
+            "{text}"
+        );
+        assert!(text.contains(
+            "kipam_allocations{pool=\"edge\",datacenter=\"dc-1\",phase=\"Allocated\"} 1"
+        ));
+        let only_v6 = EDGE.split("\n---\n").nth(1).unwrap_or_default();
+        m.observe_plan(&plan_of(only_v6, &[("a", "dc-1")]));
+        let text = m.encode();
+        assert!(!text.contains("pool=\"edge\""), "{text}");
+        assert!(text.contains("kipam_pool_utilization_ratio{pool=\"v6\",datacenter=\"dc-1\"}"));
+        m.set_leader(false);
+        assert!(!m.encode().contains("pool=\"v6\""));
+    }
+
+    #[test]
+    fn allocation_duration_runs_from_the_first_unmet_pass_to_the_write() {
+        let m = Metrics::new();
+        let plan = plan_of(EDGE, &[("a", "dc-1")]);
+        m.observe_plan(&plan);
+        std::thread::sleep(Duration::from_millis(30));
+        // The next pass sees the request still unmet: the clock keeps its first start.
+        m.observe_plan(&plan);
+        m.allocation_written("a", "edge");
+        // Written once: a second write of the same allocation (a grow) is not timed again.
+        m.allocation_written("a", "edge");
+        let text = m.encode();
+        assert!(
+            text.contains("kipam_allocation_duration_seconds_count 1"),
+            "{text}"
+        );
+        assert!(text.contains("kipam_allocations_created_total 2"), "{text}");
+        let sum: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("kipam_allocation_duration_seconds_sum "))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default();
+        assert!(sum >= 0.03, "{sum}");
+    }
+
+    #[test]
+    fn routes_are_templates_and_unknown_paths_one_label() {
+        let routes = [
+            "/api/v2/seeds/{seed_name}/ipampools",
+            "/api/v2/seeds/{seed_name}/ipampools/{ipampool_name}",
+        ];
+        assert_eq!(
+            route_of("/api/v2/seeds/s1/ipampools/p", &routes),
+            Some(routes[1])
+        );
+        assert_eq!(
+            route_of("/api/v2/seeds/s1/ipampools", &routes),
+            Some(routes[0])
+        );
+        assert_eq!(route_of("/api/v2/seeds//ipampools", &routes), None);
+        assert_eq!(route_of("/api/v2/seeds/s1/other", &routes), None);
+    }
+
+    #[tokio::test]
+    async fn every_request_is_counted_by_route_method_and_code() {
+        use tower::ServiceExt;
+        let m = Metrics::new();
+        let app = instrument(
+            Router::new().route("/validate", axum::routing::post(|| async { "ok" })),
+            m.clone(),
+            Server::Webhook,
+            vec!["/validate"],
+        );
+        for (method, path) in [
+            ("POST", "/validate"),
+            ("POST", "/validate"),
+            ("GET", "/nope"),
+        ] {
+            let req = axum::http::Request::builder()
+                .method(method)
+                .uri(path)
+                .body(axum::body::Body::empty())
+                .expect("request");
+            let _ = app.clone().oneshot(req).await;
+        }
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "kipam_webhook_requests_total{route=\"/validate\",method=\"POST\",code=\"200\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(text.contains(
+            "kipam_webhook_requests_total{route=\"unmatched\",method=\"GET\",code=\"404\"} 1"
+        ));
+        assert!(text.contains(
+            "kipam_webhook_request_duration_seconds_count{route=\"/validate\",method=\"POST\"} 2"
+        ));
+        assert!(!text.contains("kipam_api_requests_total{"));
+    }
+}
