@@ -16,11 +16,6 @@ use kipam::validation;
     about = "Multi-cluster IP address management for Kubernetes"
 )]
 struct Cli {
-    /// How log lines are written to stderr: `text` for people, `json` (one JSON object per
-    /// line, with fields such as cluster, pool and datacenter at the top level) for log
-    /// collectors.
-    #[arg(long, global = true, value_enum, default_value = "text")]
-    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -78,6 +73,11 @@ enum Command {
 
 #[derive(clap::Args)]
 struct ControllerArgs {
+    /// How log lines are written to stderr: `text` for people, `json` (one JSON object per
+    /// line, with fields such as cluster, pool and datacenter at the top level) for log
+    /// collectors.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
     /// Kubeconfig of the seed; else $KUBECONFIG, else the in-cluster service account.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
@@ -308,7 +308,7 @@ struct CrdsArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Controller(args) => run_controller(args, cli.log_format),
+        Command::Controller(args) => run_controller(args),
         Command::Offline(args) => run_offline(args),
         Command::Validate(args) => run_validate(args),
         Command::Render(args) => run_render(args),
@@ -317,7 +317,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_controller(args: ControllerArgs, log_format: LogFormat) -> ExitCode {
+fn run_controller(args: ControllerArgs) -> ExitCode {
+    let log_format = args.log_format;
     init_logging(log_format);
     if args.renew_deadline >= args.lease_duration || args.retry_period >= args.renew_deadline {
         fatal(
