@@ -113,3 +113,76 @@ fn console_examples_in_the_operator_guides_print_what_they_show() {
         stale.join("\n")
     );
 }
+
+/// The example alerts parse, and every `kipam_…` series they query is one kipam exports.
+#[test]
+fn the_example_alerts_query_metrics_kipam_exports() {
+    let text = std::fs::read_to_string(docs().join("examples/prometheusrule.yaml"))
+        .expect("prometheusrule.yaml");
+    let rule: serde_json::Value = serde_saphyr::from_str(&text).expect("the rule parses");
+    let exported: Vec<String> = every_metric()
+        .encode()
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect();
+    let known = |series: &str| {
+        exported.iter().any(|name| {
+            series == name
+                || ["_total", "_bucket", "_sum", "_count"]
+                    .iter()
+                    .any(|suffix| series == format!("{name}{suffix}"))
+        })
+    };
+    let mut alerts = 0;
+    for group in rule["spec"]["groups"].as_array().expect("groups") {
+        for r in group["rules"].as_array().expect("rules") {
+            let expr = r["expr"].as_str().expect("expr");
+            assert!(r["alert"].is_string() && r["for"].is_string(), "{r}");
+            alerts += 1;
+            let series: Vec<&str> = expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|t| t.starts_with("kipam_"))
+                .collect();
+            assert!(!series.is_empty(), "{expr} queries no kipam metric");
+            for s in series {
+                assert!(
+                    known(s),
+                    "{s} (in {expr}) is not exported; exported: {exported:?}"
+                );
+            }
+        }
+    }
+    assert!(alerts >= 10);
+}
+
+/// A registry in which every family has a series (empty families are not listed).
+fn every_metric() -> std::sync::Arc<kipam::controller::metrics::Metrics> {
+    use kipam::controller::metrics::{HttpLabels, HttpRouteLabels, Metrics};
+    let m = Metrics::new();
+    let pool: kipam::resources::IPAMPool = serde_saphyr::from_str(
+        "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata: {name: p}\nspec:\n  datacenters:\n    dc: {type: range, poolCidr: 10.0.0.0/30, allocationRange: 1}\n",
+    )
+    .expect("pool parses");
+    let input = kipam::validation::pool_input(&pool).expect("valid pool");
+    m.observe_plan(&kipam::planner::plan(&[input], &[], &[]));
+    m.wrote("create", "x");
+    m.write_failed("X", "Invalid");
+    m.addon_sync(true, std::time::Duration::ZERO);
+    m.addon_failed("Unreachable");
+    m.addon_request("apply", true, std::time::Duration::ZERO);
+    for http in [&m.api, &m.webhook] {
+        let (route, method) = ("/".to_string(), "GET".to_string());
+        http.requests
+            .get_or_create(&HttpLabels {
+                route: route.clone(),
+                method: method.clone(),
+                code: "200".into(),
+            })
+            .inc();
+        http.duration
+            .get_or_create(&HttpRouteLabels { route, method })
+            .observe(0.0);
+    }
+    m
+}
