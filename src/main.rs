@@ -69,6 +69,16 @@ enum Command {
     Crds(CrdsArgs),
     /// Print the ValidatingWebhookConfiguration for the admission webhook.
     WebhookConfig(WebhookConfigArgs),
+    /// Internal: the memory-bounded process every render runs in (started by kipam itself).
+    #[command(hide = true)]
+    RenderWorker(RenderWorkerArgs),
+}
+
+#[derive(clap::Args)]
+struct RenderWorkerArgs {
+    /// Bound on this process's data segment, in bytes.
+    #[arg(long)]
+    max_memory: u64,
 }
 
 #[derive(clap::Args)]
@@ -233,12 +243,13 @@ fn parse_size(text: &str) -> Result<usize, String> {
     let (digits, unit) = t.split_at(split);
     let n: usize = digits
         .parse()
-        .map_err(|_| format!("{text:?} is not a size (bytes, or a number with KiB or MiB)"))?;
+        .map_err(|_| format!("{text:?} is not a size (bytes, or a number with KiB, MiB or GiB)"))?;
     let factor = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1024,
         "m" | "mb" | "mib" => 1024 * 1024,
-        _ => return Err(format!("{text:?}: unknown unit (use KiB or MiB)")),
+        "g" | "gb" | "gib" => 1024 * 1024 * 1024,
+        _ => return Err(format!("{text:?}: unknown unit (use KiB, MiB or GiB)")),
     };
     match n.checked_mul(factor) {
         Some(0) => Err(format!("{text:?}: must be more than 0")),
@@ -259,6 +270,10 @@ struct TemplateDirs {
     /// filters build; an addon over it fails with a message naming it.
     #[arg(long, default_value = "4MiB", value_parser = parse_size)]
     max_addon_size: usize,
+    /// Memory one render may use (each render runs in a child process bounded to this); a
+    /// template that builds ever larger strings or lists fails with a message naming its addon.
+    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+    max_render_memory: usize,
 }
 
 #[derive(clap::Args)]
@@ -314,6 +329,7 @@ fn main() -> ExitCode {
         Command::Render(args) => run_render(args),
         Command::Crds(args) => run_crds(args),
         Command::WebhookConfig(args) => run_webhook_config(args),
+        Command::RenderWorker(args) => run_render_worker(args),
     }
 }
 
@@ -414,10 +430,26 @@ fn run_controller(args: ControllerArgs) -> ExitCode {
     }
 }
 
+/// Loads the addons; every render then runs in a memory-bounded child process
+/// (`docs/addons.md`, "Limits").
 fn load_renderer(dirs: &TemplateDirs) -> Result<kipam::render::Renderer, String> {
+    let sandbox =
+        kipam::render::sandbox::SandboxOptions::current_exe(dirs.max_render_memory as u64)?;
     kipam::render::Renderer::load(&dirs.addons_dir, &dirs.templates_dir)
-        .map(|r| r.with_max_output(dirs.max_addon_size))
+        .map(|r| r.with_max_output(dirs.max_addon_size).with_sandbox(sandbox))
         .map_err(|e| e.to_string())
+}
+
+fn run_render_worker(args: RenderWorkerArgs) -> ExitCode {
+    let stdin = std::io::stdin().lock();
+    let stdout = std::io::stdout().lock();
+    match kipam::render::sandbox::serve_worker(args.max_memory, stdin, stdout) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Reads a state file given to `render` or `validate`, refusing what is not a regular file

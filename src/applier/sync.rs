@@ -80,7 +80,7 @@ pub type ClientSlot = Option<TenantClient>;
 
 pub async fn sync_tenant(
     ctx: &Context,
-    renderer: &Renderer,
+    renderer: &Arc<Renderer>,
     timeout: std::time::Duration,
     input: TenantInput,
     force: bool,
@@ -134,16 +134,36 @@ pub async fn sync_tenant(
     }
     let deleting = with_objects;
 
-    // Render every live Addon (pure, no network).
-    let rendered: Vec<(Arc<Addon>, Rendered)> = live
-        .iter()
-        .map(|addon| {
-            (
-                addon.clone(),
-                render(renderer, &cluster, addon, &input.allocations),
-            )
-        })
-        .collect();
+    // Render every live Addon (no network; each render runs in the memory-bounded sandbox
+    // process, so it waits on a pipe: off the async runtime).
+    let rendered: Vec<(Arc<Addon>, Rendered)> = {
+        let (renderer, cluster, addons) = (renderer.clone(), cluster.clone(), live.clone());
+        let allocations = input.allocations.clone();
+        let job = tokio::task::spawn_blocking(move || {
+            addons
+                .iter()
+                .map(|addon| {
+                    (
+                        addon.clone(),
+                        render(&renderer, &cluster, addon, &allocations),
+                    )
+                })
+                .collect()
+        });
+        match job.await {
+            Ok(rendered) => rendered,
+            Err(e) => live
+                .iter()
+                .map(|addon| {
+                    let failure = Failure {
+                        reason: Reason::TemplateError,
+                        message: format!("rendering stopped: {e}"),
+                    };
+                    (addon.clone(), Err(failure))
+                })
+                .collect(),
+        }
+    };
 
     let client = match client_for(&cluster, input.secret.as_deref(), slot, timeout).await {
         Ok(client) => client,

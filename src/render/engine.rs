@@ -12,6 +12,7 @@ use minijinja::{AutoEscape, Environment, ErrorKind, UndefinedBehavior};
 
 use super::loader::{self, AddonFiles, SourceFile};
 use super::output::{self, Origin};
+use super::sandbox::{self, Sandbox, SandboxOptions};
 use super::{RenderError, TemplateData, filters};
 
 /// Default fuel: the number of engine instructions one template file may run. The MetalLB
@@ -33,6 +34,17 @@ pub struct Renderer {
     fuel: u64,
     /// Bytes one addon may render; shared with the filters that build strings.
     max_output: Arc<AtomicUsize>,
+    /// The templates as loaded, handed to sandbox processes so they render exactly these.
+    sources: Arc<Sources>,
+    /// When set, every render runs in a separate, memory-bounded process.
+    sandbox: Option<Arc<Sandbox>>,
+}
+
+/// Every template a renderer holds, as read.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Sources {
+    pub addons: Vec<AddonFiles>,
+    pub shared: Vec<SourceFile>,
 }
 
 impl std::fmt::Debug for Renderer {
@@ -41,6 +53,7 @@ impl std::fmt::Debug for Renderer {
             .field("addons", &self.addons)
             .field("fuel", &self.fuel)
             .field("max_output", &self.max_output())
+            .field("sandbox", &self.sandbox)
             .finish_non_exhaustive()
     }
 }
@@ -134,6 +147,35 @@ impl Renderer {
         self
     }
 
+    /// Runs every render in a separate process whose memory is bounded (see
+    /// [`SandboxOptions`]): a template that builds ever larger strings or lists fails with
+    /// [`RenderError::MemoryExceeded`] instead of exhausting the machine.
+    pub fn with_sandbox(mut self, options: SandboxOptions) -> Renderer {
+        self.sandbox = Some(Arc::new(Sandbox::new(options)));
+        self
+    }
+
+    /// The fuel limit (engine instructions per template file).
+    pub fn fuel(&self) -> u64 {
+        self.fuel
+    }
+
+    /// The templates this renderer holds.
+    pub(crate) fn sources(&self) -> &Sources {
+        &self.sources
+    }
+
+    /// Builds the renderer a sandbox process uses: the same templates and bounds, no sandbox.
+    pub(crate) fn from_sources(
+        sources: Sources,
+        fuel: u64,
+        max_output: usize,
+    ) -> Result<Renderer, RenderError> {
+        Ok(Renderer::build(sources.addons, sources.shared)?
+            .with_fuel(fuel)
+            .with_max_output(max_output))
+    }
+
     /// The bound on the size of one rendered addon, in bytes.
     pub fn max_output(&self) -> usize {
         self.max_output.load(Ordering::Relaxed)
@@ -160,6 +202,9 @@ impl Renderer {
                 addon: addon.to_string(),
                 known: self.addon_names(),
             })?;
+        if let Some(sandbox) = &self.sandbox {
+            return sandbox::render(sandbox, self, addon, data);
+        }
         let context = Value::from(Serde(data));
         let mut objects = Vec::new();
         let mut budget = self.max_output();
@@ -216,6 +261,10 @@ impl Renderer {
     }
 
     fn build(addons: Vec<AddonFiles>, shared: Vec<SourceFile>) -> Result<Renderer, RenderError> {
+        let sources = Arc::new(Sources {
+            addons: addons.clone(),
+            shared: shared.clone(),
+        });
         let mut env = Environment::new();
         // Values go into YAML as written: the default would JSON-escape every value of a
         // `*.yaml` template (see ENGINEERING.md).
@@ -279,6 +328,8 @@ impl Renderer {
             display,
             fuel: DEFAULT_FUEL,
             max_output,
+            sources,
+            sandbox: None,
         })
     }
 

@@ -98,6 +98,25 @@ pub enum RenderError {
         document: usize,
         reason: String,
     },
+
+    /// Rendering needed more memory than the render sandbox allows (`--max-render-memory`):
+    /// a template building ever larger strings or lists. The sandbox process was stopped; the
+    /// controller and the command line are unaffected.
+    #[error(
+        "addon {addon}: rendering needed more than {} of memory (--max-render-memory) and was \
+         stopped; does a template build ever larger strings or lists?",
+        Bytes(*limit)
+    )]
+    MemoryExceeded { addon: String, limit: u64 },
+
+    /// The render sandbox process could not be started, did not answer in time, or failed in
+    /// a way that is not the template's fault.
+    #[error("addon {addon}: the render sandbox failed: {reason}")]
+    Sandbox { addon: String, reason: String },
+
+    /// An error reported by the render sandbox, as it worded it.
+    #[error("{message}")]
+    Reported { message: String },
 }
 
 /// `file:line`, plus the addon file being rendered when the failure sits in another template.
@@ -131,6 +150,21 @@ impl fmt::Display for RenderedLine<'_> {
             Some(line) => write!(f, " (rendered line {line}: {:?})", self.text),
             None => Ok(()),
         }
+    }
+}
+
+/// A byte count as people write it: `256 MiB`, `1 GiB`, else bytes.
+struct Bytes(u64);
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const KIB: u64 = 1024;
+        for (unit, size) in [("GiB", KIB * KIB * KIB), ("MiB", KIB * KIB), ("KiB", KIB)] {
+            if self.0 >= size && self.0.is_multiple_of(size) {
+                return write!(f, "{} {unit}", self.0 / size);
+            }
+        }
+        write!(f, "{} bytes", self.0)
     }
 }
 

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use super::RenderError;
 
 /// One template read from disk.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct SourceFile {
     /// Name inside the engine: `<addon>/<file>` or the path under the templates directory.
     pub name: String,
@@ -24,7 +24,7 @@ pub(crate) struct SourceFile {
 }
 
 /// The templates of one addon, in rendering order.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct AddonFiles {
     pub addon: String,
     pub files: Vec<SourceFile>,

@@ -9,7 +9,9 @@
 //! - `filters`: address filters (`nth_host`, `netmask`, ...) exact for IPv6;
 //! - `loader`: the `addons/<name>/*.yaml` and `templates/` layout on disk;
 //! - `output`: parsing rendered YAML into labelled objects and writing it back;
-//! - `error`: [`RenderError`].
+//! - `error`: [`RenderError`];
+//! - [`sandbox`]: the one adapter here — rendering in a separate, memory-bounded process, so
+//!   no template can exhaust the machine (used by every command that renders).
 //!
 //! The guide for addon authors is `docs/addons.md`.
 
@@ -19,6 +21,7 @@ mod error;
 mod filters;
 mod loader;
 mod output;
+pub mod sandbox;
 
 pub use data::{
     ALLOCATION_PREFIX, ALLOCATION_RANGE, AllocationData, ClusterData, NetworkData, TemplateData,

@@ -642,3 +642,82 @@ async fn an_object_belongs_to_one_addon_and_moves_without_a_gap() {
         .is_some()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_that_would_exhaust_memory_fails_its_addon_and_nothing_else() {
+    let seed = Seed::start("addons-memory").await;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let addons = seed.log_path("addons-dir");
+    std::fs::create_dir_all(addons.join("metallb")).expect("dir");
+    std::fs::create_dir_all(addons.join("grow")).expect("dir");
+    for entry in std::fs::read_dir(root.join("addons/metallb")).expect("metallb addon") {
+        let path = entry.expect("entry").path();
+        if let Some(name) = path.file_name() {
+            std::fs::copy(&path, addons.join("metallb").join(name)).expect("copy");
+        }
+    }
+    // 16 bytes doubled 25 times (512 MiB), never printed.
+    std::fs::write(
+        addons.join("grow/10_grow.yaml"),
+        "{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}\n\
+         {% for i in range(25) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}\n\
+         apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: grow\n  namespace: metallb-system\n",
+    )
+    .expect("grow addon");
+    let addons_dir = addons.to_string_lossy().to_string();
+    let templates_dir = root.join("templates").to_string_lossy().to_string();
+    let mut ctl = seed.controller_with(
+        "ctl",
+        &[
+            "--addons-dir",
+            &addons_dir,
+            "--templates-dir",
+            &templates_dir,
+            "--max-render-memory",
+            "64MiB",
+        ],
+    );
+    seed.apply(POOLS);
+    let user = user_cluster(true).await;
+    register(&seed, "big", "dc-1", &user.kubeconfig_yaml()).await;
+    seed.api
+        .create(
+            &json!({"apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Addon",
+            "metadata": {"name": "grow", "namespace": "cluster-big"},
+            "spec": {"name": "grow"}}),
+        )
+        .expect("addon");
+    let grow_rendered = |s: &Seed| -> (String, String) {
+        s.get("addons", Some("cluster-big"), "grow")
+            .and_then(|a| {
+                a["status"]["conditions"].as_array().and_then(|cs| {
+                    cs.iter().find(|c| c["type"] == "Rendered").map(|c| {
+                        (
+                            c["reason"].as_str().unwrap_or_default().to_string(),
+                            c["message"].as_str().unwrap_or_default().to_string(),
+                        )
+                    })
+                })
+            })
+            .unwrap_or_default()
+    };
+    seed.wait_for("metallb in sync, grow refused", WAIT, "ctl", |s| {
+        in_sync(s, "big")
+            && pool_addresses(&user, "kipam-managed-pool").is_some()
+            && grow_rendered(s).0 == "TemplateError"
+    })
+    .await;
+    let (_, message) = grow_rendered(&seed);
+    assert!(
+        message.contains("addon grow: rendering needed more than 64 MiB of memory"),
+        "{message}"
+    );
+    assert!(
+        user.get("configmaps", Some("metallb-system"), "grow")
+            .is_none()
+    );
+    // The controller is alive and serving.
+    assert!(ctl.is_running());
+    let health = Seed::http_get(ctl.metrics_port, "/healthz").await;
+    assert_eq!(health.0, 200, "{}", health.1);
+}

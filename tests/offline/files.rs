@@ -450,6 +450,72 @@ fn a_failed_render_writes_nothing() {
 }
 
 #[test]
+fn a_template_that_builds_an_ever_larger_string_is_stopped_by_the_memory_bound() {
+    let w = Workdir::new("memory");
+    let addons = addons_dir(&w);
+    // 16 bytes doubled 25 times: 512 MiB that is never printed, so neither fuel nor the
+    // output bound sees it.
+    std::fs::create_dir_all(addons.join("grow")).unwrap();
+    std::fs::write(
+        addons.join("grow").join("10_grow.yaml"),
+        "{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}\n\
+         {% for i in range(25) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}\n\
+         apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: grow\n",
+    )
+    .unwrap();
+    let out = w.path("out");
+    let state = w.path("state.yaml");
+    let files = w.write(
+        "in.yaml",
+        &format!(
+            "{POOL}{}{}{}",
+            clusters(&["a"]),
+            addon("a", "cm", "cm"),
+            addon("a", "grow", "grow")
+        ),
+    );
+    let mut args = out_args(out.to_str().unwrap(), addons.to_str().unwrap());
+    args.extend(["--max-render-memory", "64MiB"]);
+    let run = offline_with(&files, &state, &args);
+    assert_eq!(run.status.code(), Some(1), "{}", text(&run.stderr));
+    let err = text(&run.stderr);
+    assert!(
+        err.contains(
+            "Addon cluster-a/grow: addon grow: rendering needed more than 64 MiB of memory \
+             (--max-render-memory) and was stopped"
+        ),
+        "{err}"
+    );
+    // All or nothing: the other addon of the run is not written, nor the state.
+    assert!(!state.exists() && !out.join("a").exists());
+
+    // `kipam render` says the same and exits 1.
+    let one = kipam_with(
+        &[
+            "render",
+            "--addon",
+            "grow",
+            "--name",
+            "a",
+            "--addons-dir",
+            addons.to_str().unwrap(),
+            "--templates-dir",
+            "/nonexistent/kipam",
+            "--max-render-memory",
+            "64MiB",
+            "--cluster",
+        ],
+        &[&files],
+    );
+    assert_eq!(one.status.code(), Some(1), "{}", text(&one.stderr));
+    assert!(
+        text(&one.stderr).contains("addon grow: rendering needed more than 64 MiB"),
+        "{}",
+        text(&one.stderr)
+    );
+}
+
+#[test]
 fn an_addon_over_the_size_bound_fails_with_its_name() {
     let w = Workdir::new("size");
     let addons = addons_dir(&w);

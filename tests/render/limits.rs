@@ -95,3 +95,155 @@ fn to_yaml_refuses_a_string_over_the_bound() {
     assert!(err.contains("to_yaml"), "{err}");
     assert!(err.contains("over the 1000-byte bound"), "{err}");
 }
+
+// The render sandbox: what a template builds without printing it is bounded by memory.
+
+mod sandbox {
+    use std::time::Duration;
+
+    use kipam::render::sandbox::SandboxOptions;
+    use kipam::render::{RenderError, Renderer};
+
+    use super::{data, renderer};
+
+    /// Doubles a 16-byte string 25 times (512 MiB) without printing it: fuel and the output
+    /// bound both let it through.
+    const DOUBLING: &str = "{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}\n\
+{% for i in range(25) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}\n\
+apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: big\ndata:\n  n: \"{{ ns.s | length }}\"\n";
+
+    /// The same growth with lists.
+    const LIST_DOUBLING: &str = "{% set ns = namespace(l=[1, 2, 3, 4]) %}\n\
+{% for i in range(26) %}{% set ns.l = (ns.l + ns.l) | list %}{% endfor %}\n\
+apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: big\ndata:\n  n: \"{{ ns.l | length }}\"\n";
+
+    const MIB: u64 = 1024 * 1024;
+
+    fn sandboxed(r: Renderer, max_memory: u64) -> Renderer {
+        r.with_sandbox(SandboxOptions {
+            program: env!("CARGO_BIN_EXE_kipam").into(),
+            max_memory,
+            timeout: Duration::from_secs(30),
+        })
+    }
+
+    #[test]
+    fn a_template_doubling_a_string_is_stopped_by_the_memory_bound_naming_the_addon() {
+        let r = sandboxed(renderer(DOUBLING), 64 * MIB);
+        let err = match r.render("big", &data()) {
+            Ok(rendered) => panic!("rendered without bound: {:?}", rendered.objects),
+            Err(e) => e,
+        };
+        assert!(
+            matches!(err, RenderError::MemoryExceeded { limit, .. } if limit == 64 * MIB),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "addon big: rendering needed more than 64 MiB of memory (--max-render-memory) and \
+             was stopped; does a template build ever larger strings or lists?"
+        );
+    }
+
+    #[test]
+    fn a_template_doubling_a_list_is_stopped_too() {
+        let r = sandboxed(renderer(LIST_DOUBLING), 64 * MIB);
+        let err = r.render("big", &data()).err();
+        assert!(
+            matches!(err, Some(RenderError::MemoryExceeded { .. })),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn after_a_stopped_render_the_next_one_works() {
+        let small = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: small\n";
+        let r = match Renderer::from_memory(
+            &[
+                ("big/10_big.yaml", DOUBLING),
+                ("small/10_small.yaml", small),
+            ],
+            &[],
+        ) {
+            Ok(r) => sandboxed(r, 64 * MIB),
+            Err(e) => panic!("{e}"),
+        };
+        for _ in 0..3 {
+            assert!(matches!(
+                r.render("big", &data()),
+                Err(RenderError::MemoryExceeded { .. })
+            ));
+            let rendered = r.render("small", &data()).expect("a fresh child renders");
+            assert_eq!(rendered.objects.len(), 1);
+            assert_eq!(rendered.objects[0]["metadata"]["name"], "small");
+        }
+    }
+
+    #[test]
+    fn a_sandboxed_render_equals_the_in_process_one_and_keeps_error_messages() {
+        let r = match Renderer::load(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("addons")
+                .as_path(),
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("templates")
+                .as_path(),
+        ) {
+            Ok(r) => r,
+            Err(e) => panic!("{e}"),
+        };
+        let d = kipam::render::TemplateData::new(
+            kipam::render::ClusterData::new("alpha", "dc-1").with_allocation(
+                "metallb",
+                kipam::render::AllocationData::range("dc-1", ["10.0.0.1-10.0.0.9"]),
+            ),
+        );
+        let direct = r.render("metallb", &d).expect("renders in process");
+        let boxed = sandboxed(r, 256 * MIB);
+        for _ in 0..3 {
+            let via = boxed.render("metallb", &d).expect("renders in the sandbox");
+            assert_eq!(via, direct);
+        }
+        // A template error crosses the process boundary word for word.
+        let broken = renderer("name: {{ Cluster.Nmae }}\n");
+        let expected = broken.render("big", &data()).err().map(|e| e.to_string());
+        let boxed = sandboxed(broken, 256 * MIB);
+        let got = boxed.render("big", &data()).err().map(|e| e.to_string());
+        assert!(expected.is_some());
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn a_render_that_does_not_answer_in_time_is_stopped() {
+        // Finite but slow: 200,000 string repetitions under ample fuel.
+        let slow = "{% for i in range(1000) %}{% for j in range(200) %}{% set x = 'y' * 1000 %}\
+                    {% endfor %}{% endfor %}\nk: v\n";
+        let r = renderer(slow)
+            .with_fuel(100_000_000)
+            .with_sandbox(SandboxOptions {
+                program: env!("CARGO_BIN_EXE_kipam").into(),
+                max_memory: 256 * MIB,
+                timeout: Duration::from_millis(50),
+            });
+        let err = r.render("big", &data()).err();
+        assert!(
+            matches!(&err, Some(RenderError::Sandbox { reason, .. }) if reason.contains("no answer within")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_missing_sandbox_program_is_named() {
+        let r = renderer("k: v\n").with_sandbox(SandboxOptions {
+            program: "/nonexistent/kipam".into(),
+            max_memory: 256 * MIB,
+            timeout: Duration::from_secs(5),
+        });
+        let err = r.render("big", &data()).err().map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("/nonexistent/kipam") && e.contains("addon big")),
+            "{err:?}"
+        );
+    }
+}
