@@ -73,11 +73,7 @@ pub fn allocation_object(
             obj.spec.cidr = None;
         }
     }
-    let phase = match (&decision.held, decision.change) {
-        (Some(_), _) => AllocationPhase::Allocated,
-        (None, Change::Fail) => AllocationPhase::Failed,
-        (None, _) => AllocationPhase::Pending,
-    };
+    let phase = phase_of(decision).unwrap_or_default();
     let fresh = matches!(decision.change, Change::Create | Change::Replace);
     let allocated_at = match (&decision.held, fresh) {
         (Some(_), true) => Some(now.to_string()),
@@ -102,6 +98,17 @@ pub fn allocation_object(
         conditions: previous_status.conditions,
     });
     Some(obj)
+}
+
+/// The phase of the allocation object a decision asks for (`None`: the object goes away).
+pub fn phase_of(decision: &Decision) -> Option<AllocationPhase> {
+    match (decision.change, &decision.held) {
+        (Change::Release, _) => None,
+        (Change::Conflict, _) => Some(AllocationPhase::Conflict),
+        (_, Some(_)) => Some(AllocationPhase::Allocated),
+        (Change::Fail, None) => Some(AllocationPhase::Failed),
+        (_, None) => Some(AllocationPhase::Pending),
+    }
 }
 
 /// `spec` for what a cluster holds.

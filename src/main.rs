@@ -20,6 +20,39 @@ struct Cli {
     command: Command,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Sets up logging to stderr in `format`; the level comes from `RUST_LOG` (default `info`).
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .init(),
+    }
+}
+
+/// A fatal error of the controller: a log event in JSON mode (so that every line stays
+/// parseable), a plain `error:` line otherwise.
+fn fatal(format: LogFormat, message: &str) {
+    match format {
+        LogFormat::Json => tracing::error!("{message}"),
+        LogFormat::Text => eprintln!("error: {message}"),
+    }
+}
+
 // Parsed once at start: the size of the controller's arguments does not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
@@ -50,6 +83,11 @@ struct RenderWorkerArgs {
 
 #[derive(clap::Args)]
 struct ControllerArgs {
+    /// How log lines are written to stderr: `text` for people, `json` (one JSON object per
+    /// line, with fields such as cluster, pool and datacenter at the top level) for log
+    /// collectors.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
     /// Kubeconfig of the seed; else $KUBECONFIG, else the in-cluster service account.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
@@ -315,31 +353,32 @@ fn main() -> ExitCode {
 }
 
 fn run_controller(args: ControllerArgs) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let log_format = args.log_format;
+    init_logging(log_format);
     if args.renew_deadline >= args.lease_duration || args.retry_period >= args.renew_deadline {
-        eprintln!(
-            "error: need --retry-period ({}) < --renew-deadline ({}) < --lease-duration ({})",
-            args.retry_period, args.renew_deadline, args.lease_duration
+        fatal(
+            log_format,
+            &format!(
+                "need --retry-period ({}) < --renew-deadline ({}) < --lease-duration ({})",
+                args.retry_period, args.renew_deadline, args.lease_duration
+            ),
         );
         return ExitCode::from(2);
     }
     if args.tenant_concurrency == 0 || args.addon_resync == 0 || args.tenant_timeout == 0 {
-        eprintln!(
-            "error: --tenant-concurrency ({}), --addon-resync ({}) and --tenant-timeout ({}) must be at least 1",
-            args.tenant_concurrency, args.addon_resync, args.tenant_timeout
+        fatal(
+            log_format,
+            &format!(
+                "--tenant-concurrency ({}), --addon-resync ({}) and --tenant-timeout ({}) must be at least 1",
+                args.tenant_concurrency, args.addon_resync, args.tenant_timeout
+            ),
         );
         return ExitCode::from(2);
     }
     let renderer = match load_renderer(&args.templates) {
         Ok(r) => std::sync::Arc::new(r),
         Err(e) => {
-            eprintln!("error: {e}");
+            fatal(log_format, &e.to_string());
             return ExitCode::from(2);
         }
     };
@@ -418,14 +457,14 @@ fn run_controller(args: ControllerArgs) -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
+            fatal(log_format, &format!("cannot start the runtime: {e}"));
             return ExitCode::from(2);
         }
     };
     match runtime.block_on(kipam::controller::run(options)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            fatal(log_format, &e.to_string());
             ExitCode::FAILURE
         }
     }

@@ -33,6 +33,7 @@ use kube::api::{DeleteParams, PostParams};
 use tokio::sync::Semaphore;
 
 use crate::controller::Context;
+use crate::controller::metrics::Server;
 use crate::planner::StoredAllocation;
 use crate::resources::IPAMPool;
 use crate::validation;
@@ -113,11 +114,12 @@ pub fn routes() -> Vec<(Method, &'static str, MethodRouter<Shared>)> {
 /// The API's routes with their limits (concurrency, timeout) and KKP-shaped errors for
 /// unknown paths and methods.
 pub fn router(state: Shared) -> Router {
+    let metrics = state.ctx.metrics.clone();
     let mut router = Router::new();
     for (_, path, method_router) in routes() {
         router = router.route(path, method_router);
     }
-    router
+    let router = router
         .fallback(|req: Request| async move {
             ApiError::not_found(format!("no such route: {}", req.uri().path()))
         })
@@ -128,7 +130,9 @@ pub fn router(state: Shared) -> Router {
             )
         })
         .layer(middleware::from_fn_with_state(state.clone(), limits))
-        .with_state(state)
+        .with_state(state);
+    let paths = routes().into_iter().map(|(_, path, _)| path).collect();
+    crate::controller::metrics::instrument(router, metrics, Server::Api, paths)
 }
 
 /// A client that has not sent a request's headers within this time is disconnected (idle

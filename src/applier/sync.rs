@@ -106,7 +106,7 @@ pub async fn sync_tenant(
         if !has_finalizer(addon)
             && let Err(e) = add_finalizer(ctx, addon).await
         {
-            tracing::warn!(addon = %key(addon), error = %e, "cannot add the addon finalizer (retrying)");
+            tracing::warn!(cluster = %cluster_of(addon), addon = %key(addon), error = %e, "cannot add the addon finalizer (retrying)");
             settled = false;
             continue;
         }
@@ -125,7 +125,7 @@ pub async fn sync_tenant(
             .is_some_and(|m| !m.objects.is_empty());
         if cached.applied_objects.is_empty() && !remembered {
             if let Err(e) = remove_finalizer(ctx, &addon).await {
-                tracing::warn!(addon = %key(&addon), error = %e, "cannot remove the addon finalizer (retrying)");
+                tracing::warn!(cluster = %cluster_of(&addon), addon = %key(&addon), error = %e, "cannot remove the addon finalizer (retrying)");
                 settled = false;
             }
         } else {
@@ -172,6 +172,13 @@ pub async fn sync_tenant(
                 reason: Reason::KubeconfigInvalid,
                 message,
             };
+            ctx.metrics.addon_failed(failure.reason.as_str());
+            tracing::warn!(
+                cluster = %input.cluster_name,
+                reason = failure.reason.as_str(),
+                "{} (retrying with backoff)",
+                failure.message
+            );
             let mut statuses = Vec::new();
             for (addon, result) in &rendered {
                 let cached = addon.status.clone().unwrap_or_default();
@@ -246,7 +253,9 @@ pub async fn sync_tenant(
             settled = false;
         }
         if let Outcome::ApplyFailed { failure, .. } | Outcome::RenderFailed(failure) = &outcome {
+            ctx.metrics.addon_failed(failure.reason.as_str());
             tracing::warn!(
+                cluster = %input.cluster_name,
                 addon = %key(&addon),
                 reason = failure.reason.as_str(),
                 "{} (retrying with backoff)",
@@ -305,13 +314,15 @@ pub async fn sync_tenant(
             None => {
                 tenant.applied.remove(&name);
                 if let Err(e) = remove_finalizer(ctx, &addon).await {
-                    tracing::warn!(addon = %key(&addon), error = %e, "cannot remove the addon finalizer (retrying)");
+                    tracing::warn!(cluster = %cluster_of(&addon), addon = %key(&addon), error = %e, "cannot remove the addon finalizer (retrying)");
                     settled = false;
                 }
             }
             Some(failure) => {
                 settled = false;
+                ctx.metrics.addon_failed(failure.reason.as_str());
                 tracing::warn!(
+                    cluster = %input.cluster_name,
                     addon = %key(&addon),
                     reason = failure.reason.as_str(),
                     "the deleted Addon's objects cannot be pruned yet: {} (retrying with backoff)",
@@ -392,7 +403,7 @@ async fn release_addons(ctx: &Context, input: &TenantInput) -> SyncReport {
     }
     for addon in deleting {
         if let Err(e) = remove_finalizer(ctx, addon).await {
-            tracing::warn!(addon = %key(addon), error = %e, "cannot remove the addon finalizer (retrying)");
+            tracing::warn!(cluster = %cluster_of(addon), addon = %key(addon), error = %e, "cannot remove the addon finalizer (retrying)");
             settled = false;
         }
     }
@@ -400,6 +411,16 @@ async fn release_addons(ctx: &Context, input: &TenantInput) -> SyncReport {
         settled,
         addons_ready: None,
     }
+}
+
+/// The user cluster an Addon belongs to (from its namespace), for log fields.
+fn cluster_of(addon: &Addon) -> String {
+    addon
+        .namespace()
+        .as_deref()
+        .and_then(crate::resources::cluster_of_namespace)
+        .unwrap_or_default()
+        .to_string()
 }
 
 fn key(addon: &Addon) -> String {
@@ -800,8 +821,11 @@ async fn apply_addon(
         let api = api_for(client, &resource, &caps, &namespace);
         // Recorded before the request: an apply that times out may still have created it.
         applied.push(record);
-        ctx.metrics.addon_requests.inc();
-        if let Err(e) = api.patch(&name, &params, &Patch::Apply(&object)).await {
+        let started = std::time::Instant::now();
+        let result = api.patch(&name, &params, &Patch::Apply(&object)).await;
+        ctx.metrics
+            .addon_request("apply", result.is_ok(), started.elapsed());
+        if let Err(e) = result {
             let what = if namespace.is_empty() {
                 format!("apply {kind} {name}")
             } else {
@@ -860,8 +884,15 @@ async fn delete_object(
         });
     }
     let api = api_for(client, &resource, &caps, &object.namespace);
-    ctx.metrics.addon_requests.inc();
-    match api.delete(&object.name, &DeleteParams::default()).await {
+    let started = std::time::Instant::now();
+    let result = api.delete(&object.name, &DeleteParams::default()).await;
+    let gone = match &result {
+        Ok(_) => true,
+        Err(kube::Error::Api(s)) => s.code == 404,
+        Err(_) => false,
+    };
+    ctx.metrics.addon_request("delete", gone, started.elapsed());
+    match result {
         Ok(_) => {
             ctx.metrics.addon_objects_pruned.inc();
             Ok(())
@@ -900,7 +931,7 @@ async fn write_status(
         .await
     {
         ctx.metrics.write_failed("Addon", preconditions::reason(&e));
-        tracing::warn!(addon = %key(addon), error = %e, "cannot write the addon status (retrying on the next sync)");
+        tracing::warn!(cluster = %cluster_of(addon), addon = %key(addon), error = %e, "cannot write the addon status (retrying on the next sync)");
     }
 }
 

@@ -1,24 +1,58 @@
 //! Prometheus metrics and the health endpoints (`/metrics`, `/healthz`, `/readyz`).
+//!
+//! The list of metrics, with what each means, is in `docs/design.md` ("Metrics"). Pool
+//! figures are computed by [`pool_gauges`], a pure function of the plan, and published by
+//! [`Metrics::observe_plan`], which the planning pass calls once per pass.
+//!
+//! Address counts are exact integers up to 2^128 (an IPv6 `::/0`), but Prometheus samples are
+//! 64-bit floats. A count is published as the nearest `f64`: exact up to 2^53 (every IPv4 pool
+//! and IPv6 pools up to a /75), and above that rounded to 53 significant bits, a relative
+//! error below 1.2e-16 (powers of two, such as the size of any CIDR, stay exact). The exact
+//! figures are in the pool's `status.datacenters`.
 
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::address::AddressCount;
+use crate::planner::{Change, Decision, Plan};
+use crate::resources::AllocationPhase;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
     pub pool: String,
     pub datacenter: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolStateLabels {
+    pub pool: String,
+    pub datacenter: String,
+    /// `total`, `allocated`, `excluded` or `available`.
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    pub pool: String,
+    pub datacenter: String,
+    /// An `IPAMAllocation` phase: `Pending`, `Allocated`, `Failed`, `Released`, `Conflict`.
+    pub phase: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -34,9 +68,79 @@ pub struct SyncLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub kind: String,
     pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// `apply` or `delete`.
+    pub verb: String,
+    /// `ok` or `error`.
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerbLabels {
+    pub verb: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    /// The route template (`/api/v2/seeds/{seed_name}/ipampools`), or `unmatched` for a path
+    /// or method no route serves (so unknown paths cannot grow the label set).
+    pub route: String,
+    pub method: String,
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpRouteLabels {
+    pub route: String,
+    pub method: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Buckets of HTTP requests: 1 ms to 16 s.
+fn http_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+/// Buckets of requests to user clusters: 5 ms to 20 s.
+fn tenant_request_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 13))
+}
+
+/// An HTTP server kipam runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Server {
+    /// The REST API (`kipam_api_requests_total`, ...).
+    Api,
+    /// The admission webhook (`kipam_webhook_requests_total`, ...).
+    Webhook,
+}
+
+/// Requests and their durations, for one HTTP server.
+pub struct HttpMetrics {
+    pub requests: Family<HttpLabels, Counter>,
+    pub duration: HistogramFamily<HttpRouteLabels>,
+}
+
+impl HttpMetrics {
+    fn new() -> Self {
+        HttpMetrics {
+            requests: Family::default(),
+            duration: Family::new_with_constructor(http_buckets),
+        }
+    }
 }
 
 /// Everything the controller reports.
@@ -44,28 +148,136 @@ pub struct Metrics {
     registry: Registry,
     pub passes: Counter,
     pub pass_failures: Counter,
+    /// Duration of every planning pass.
+    pub pass_duration: Histogram,
     pub allocations_created: Counter,
     pub allocations_released: Counter,
     pub allocation_failures: Counter,
+    /// From the first pass that found a cluster's request unmet to the allocation written.
+    pub allocation_duration: Histogram,
+    /// When each (cluster, pool) request still unmet was first seen by a pass.
+    unmet_since: Mutex<HashMap<(String, String), Instant>>,
     pub api_writes: Family<WriteLabels, Counter>,
     /// Failed writes by kind of object and reason (`Conflict`, `Invalid`, `Timeout`, ...).
     pub write_errors: Family<ErrorLabels, Counter>,
     pub leader: Gauge,
-    pub pool_utilisation: Family<PoolLabels, Gauge>,
-    pub pool_allocations: Family<PoolLabels, Gauge>,
-    pub last_pass_millis: Gauge,
+    pub pool_addresses: Family<PoolStateLabels, FloatGauge>,
+    pub pool_utilization: Family<PoolLabels, FloatGauge>,
+    pub pool_largest_free_block: Family<PoolLabels, FloatGauge>,
+    pub allocations: Family<PhaseLabels, Gauge>,
+    /// The (pool, datacenter) pairs published by the last pass, to remove those that went.
+    published: Mutex<BTreeSet<(String, String)>>,
     pub ready: AtomicBool,
     /// Why the replica is not ready, when something outside it is missing (CRDs, RBAC, ...).
-    pub not_ready_reason: std::sync::Mutex<Option<String>>,
+    pub not_ready_reason: Mutex<Option<String>>,
     pub writes: AtomicU64,
     /// Addon applier: user-cluster syncs by result.
     pub addon_syncs: Family<SyncLabels, Counter>,
-    /// Addon applier: requests sent to user clusters (applies and deletes).
-    pub addon_requests: Counter,
+    /// Addon applier: duration of each user-cluster sync.
+    pub addon_sync_duration: Histogram,
+    /// Addon applier: Addons that could not be rendered, applied or pruned, by reason.
+    pub addon_failures: Family<ReasonLabels, Counter>,
+    /// Addon applier: requests sent to user clusters, by verb and result.
+    pub addon_requests: Family<RequestLabels, Counter>,
+    pub addon_request_duration: HistogramFamily<VerbLabels>,
     pub addon_objects_applied: Counter,
     pub addon_objects_pruned: Counter,
     pub addon_syncs_in_flight: Gauge,
-    pub addon_last_sync_millis: Gauge,
+    /// The REST API.
+    pub api: HttpMetrics,
+    /// The admission webhook.
+    pub webhook: HttpMetrics,
+}
+
+/// The phases [`Metrics::allocations`] is published for. (`Released` objects are deleted, not
+/// kept, so no allocation stays in that phase.)
+pub const PUBLISHED_PHASES: [AllocationPhase; 4] = [
+    AllocationPhase::Pending,
+    AllocationPhase::Allocated,
+    AllocationPhase::Failed,
+    AllocationPhase::Conflict,
+];
+
+/// The figures published for one pool in one datacenter.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolFigures {
+    pub pool: String,
+    pub datacenter: String,
+    pub total: f64,
+    pub allocated: f64,
+    pub excluded: f64,
+    pub available: f64,
+    /// Allocated share of the addresses that can be allocated (total less exclusions), 0 to
+    /// 1; 1 for a pool excluded entirely.
+    pub utilization: f64,
+    pub largest_free_block: f64,
+    /// Allocations by phase, for every phase of [`PUBLISHED_PHASES`] (zeros included).
+    pub phases: Vec<(AllocationPhase, u64)>,
+}
+
+/// An exact address count as the nearest `f64` (see the module documentation).
+pub fn count_to_f64(count: AddressCount) -> f64 {
+    match count.to_u128() {
+        // Rust rounds integer-to-float conversions to the nearest value.
+        Some(n) => n as f64,
+        None => count.to_string().parse().unwrap_or(f64::INFINITY),
+    }
+}
+
+/// The pool figures of a plan: one entry per pool and datacenter the plan reports usage for,
+/// sorted by pool then datacenter. Pure: plain data in, plain data out.
+pub fn pool_gauges(plan: &Plan) -> Vec<PoolFigures> {
+    let mut phases: HashMap<(&str, &str), [u64; PUBLISHED_PHASES.len()]> = HashMap::new();
+    for d in &plan.decisions {
+        let Some(phase) = crate::desired::phase_of(d) else {
+            continue;
+        };
+        if let Some(i) = PUBLISHED_PHASES.iter().position(|p| *p == phase) {
+            phases
+                .entry((d.pool.as_str(), d.datacenter.as_str()))
+                .or_default()[i] += 1;
+        }
+    }
+    plan.usage
+        .values()
+        .map(|r| {
+            let u = &r.usage;
+            let usable = u.total.saturating_sub(u.excluded);
+            let utilization = if usable.is_zero() {
+                1.0
+            } else {
+                count_to_f64(u.allocated) / count_to_f64(usable)
+            };
+            let counts = phases
+                .get(&(r.pool.as_str(), r.datacenter.as_str()))
+                .copied()
+                .unwrap_or_default();
+            PoolFigures {
+                pool: r.pool.clone(),
+                datacenter: r.datacenter.clone(),
+                total: count_to_f64(u.total),
+                allocated: count_to_f64(u.allocated),
+                excluded: count_to_f64(u.excluded),
+                available: count_to_f64(u.available),
+                utilization,
+                largest_free_block: count_to_f64(u.largest_free_block),
+                phases: PUBLISHED_PHASES.iter().copied().zip(counts).collect(),
+            }
+        })
+        .collect()
+}
+
+/// True when a decision leaves the cluster waiting for addresses it asked for (or planned
+/// them in this pass, to be written next).
+fn unmet(d: &Decision) -> bool {
+    matches!(
+        d.change,
+        Change::Create | Change::Grow | Change::Replace | Change::Fail
+    )
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Metrics {
@@ -74,24 +286,33 @@ impl Metrics {
         let m = Metrics {
             passes: Counter::default(),
             pass_failures: Counter::default(),
+            pass_duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             allocations_created: Counter::default(),
             allocations_released: Counter::default(),
             allocation_failures: Counter::default(),
+            allocation_duration: Histogram::new(exponential_buckets(0.025, 2.0, 16)),
+            unmet_since: Mutex::new(HashMap::new()),
             api_writes: Family::default(),
             write_errors: Family::default(),
             leader: Gauge::default(),
-            pool_utilisation: Family::default(),
-            pool_allocations: Family::default(),
-            last_pass_millis: Gauge::default(),
+            pool_addresses: Family::default(),
+            pool_utilization: Family::default(),
+            pool_largest_free_block: Family::default(),
+            allocations: Family::default(),
+            published: Mutex::new(BTreeSet::new()),
             ready: AtomicBool::new(false),
-            not_ready_reason: std::sync::Mutex::new(None),
+            not_ready_reason: Mutex::new(None),
             writes: AtomicU64::new(0),
             addon_syncs: Family::default(),
-            addon_requests: Counter::default(),
+            addon_sync_duration: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
+            addon_failures: Family::default(),
+            addon_requests: Family::default(),
+            addon_request_duration: Family::new_with_constructor(tenant_request_buckets),
             addon_objects_applied: Counter::default(),
             addon_objects_pruned: Counter::default(),
             addon_syncs_in_flight: Gauge::default(),
-            addon_last_sync_millis: Gauge::default(),
+            api: HttpMetrics::new(),
+            webhook: HttpMetrics::new(),
             registry: Registry::default(),
         };
         registry.register("reconcile_passes", "Planning passes run", m.passes.clone());
@@ -99,6 +320,11 @@ impl Metrics {
             "reconcile_pass_failures",
             "Planning passes that ended with an error",
             m.pass_failures.clone(),
+        );
+        registry.register(
+            "reconcile_pass_duration_seconds",
+            "Duration of each planning pass (plan and writes)",
+            m.pass_duration.clone(),
         );
         registry.register(
             "allocations_created",
@@ -112,8 +338,14 @@ impl Metrics {
         );
         registry.register(
             "allocation_failures",
-            "Allocation requests that could not be met (counted when they change)",
+            "Allocation requests that could not be met (counted when their reason changes)",
             m.allocation_failures.clone(),
+        );
+        registry.register(
+            "allocation_duration_seconds",
+            "From the first pass that found a cluster's request unmet to its allocation written \
+             (time spent Failed waiting for space included)",
+            m.allocation_duration.clone(),
         );
         registry.register(
             "api_writes",
@@ -131,19 +363,25 @@ impl Metrics {
             m.leader.clone(),
         );
         registry.register(
-            "pool_utilisation_percent",
-            "Allocated share of the allocatable addresses, per pool and datacenter",
-            m.pool_utilisation.clone(),
+            "pool_addresses",
+            "Addresses per pool and datacenter, by state (total, allocated, excluded, \
+             available); published by the leader",
+            m.pool_addresses.clone(),
         );
         registry.register(
-            "pool_allocations",
-            "Allocations per pool and datacenter",
-            m.pool_allocations.clone(),
+            "pool_utilization_ratio",
+            "Allocated share (0-1) of the addresses that can be allocated (total less excluded)",
+            m.pool_utilization.clone(),
         );
         registry.register(
-            "last_pass_milliseconds",
-            "Duration of the last planning pass",
-            m.last_pass_millis.clone(),
+            "pool_largest_free_block",
+            "Largest run of consecutive free addresses per pool and datacenter",
+            m.pool_largest_free_block.clone(),
+        );
+        registry.register(
+            "allocations",
+            "IPAMAllocations per pool, datacenter and phase",
+            m.allocations.clone(),
         );
         registry.register(
             "addon_syncs",
@@ -151,9 +389,25 @@ impl Metrics {
             m.addon_syncs.clone(),
         );
         registry.register(
+            "addon_sync_duration_seconds",
+            "Duration of each user-cluster sync",
+            m.addon_sync_duration.clone(),
+        );
+        registry.register(
+            "addon_failures",
+            "Addons that could not be rendered, applied or pruned, by reason (Unreachable, \
+             Unauthorized, Forbidden, MissingCRD, KubeconfigInvalid, TemplateError, ApplyFailed)",
+            m.addon_failures.clone(),
+        );
+        registry.register(
             "addon_requests",
-            "Requests sent to user clusters (server-side applies and deletes)",
+            "Requests sent to user clusters (server-side applies and deletes), by verb and result",
             m.addon_requests.clone(),
+        );
+        registry.register(
+            "addon_request_duration_seconds",
+            "Duration of each request to a user cluster, by verb",
+            m.addon_request_duration.clone(),
         );
         registry.register(
             "addon_objects_applied",
@@ -171,11 +425,127 @@ impl Metrics {
             m.addon_syncs_in_flight.clone(),
         );
         registry.register(
-            "addon_last_sync_milliseconds",
-            "Duration of the last user-cluster sync",
-            m.addon_last_sync_millis.clone(),
+            "api_requests",
+            "REST API requests by route, method and status code",
+            m.api.requests.clone(),
+        );
+        registry.register(
+            "api_request_duration_seconds",
+            "REST API request durations by route and method",
+            m.api.duration.clone(),
+        );
+        registry.register(
+            "webhook_requests",
+            "Admission webhook requests by route, method and status code",
+            m.webhook.requests.clone(),
+        );
+        registry.register(
+            "webhook_request_duration_seconds",
+            "Admission webhook request durations by route and method",
+            m.webhook.duration.clone(),
         );
         Arc::new(Metrics { registry, ..m })
+    }
+
+    /// Publishes the pool figures of a plan ([`pool_gauges`]), removes those of pools and
+    /// datacenters no longer planned, and notes which requests are still unmet (for
+    /// `kipam_allocation_duration_seconds`). Called once per pass.
+    pub fn observe_plan(&self, plan: &Plan) {
+        let figures = pool_gauges(plan);
+        let now: BTreeSet<(String, String)> = figures
+            .iter()
+            .map(|f| (f.pool.clone(), f.datacenter.clone()))
+            .collect();
+        {
+            let mut published = lock(&self.published);
+            for (pool, datacenter) in published.difference(&now) {
+                self.remove_pool(pool, datacenter);
+            }
+            for f in &figures {
+                let labels = PoolLabels {
+                    pool: f.pool.clone(),
+                    datacenter: f.datacenter.clone(),
+                };
+                for (state, value) in [
+                    ("total", f.total),
+                    ("allocated", f.allocated),
+                    ("excluded", f.excluded),
+                    ("available", f.available),
+                ] {
+                    self.pool_addresses
+                        .get_or_create(&state_labels(&labels, state))
+                        .set(value);
+                }
+                self.pool_utilization
+                    .get_or_create(&labels)
+                    .set(f.utilization);
+                self.pool_largest_free_block
+                    .get_or_create(&labels)
+                    .set(f.largest_free_block);
+                for (phase, count) in &f.phases {
+                    self.allocations
+                        .get_or_create(&phase_labels(&labels, *phase))
+                        .set(*count as i64);
+                }
+            }
+            *published = now;
+        }
+        let at = Instant::now();
+        let mut unmet_since = lock(&self.unmet_since);
+        let mut live = std::collections::HashSet::new();
+        for d in &plan.decisions {
+            let key = (d.cluster.clone(), d.pool.clone());
+            if unmet(d) {
+                unmet_since.entry(key.clone()).or_insert(at);
+                live.insert(key);
+            }
+        }
+        unmet_since.retain(|k, _| live.contains(k));
+    }
+
+    fn remove_pool(&self, pool: &str, datacenter: &str) {
+        let labels = PoolLabels {
+            pool: pool.to_string(),
+            datacenter: datacenter.to_string(),
+        };
+        for state in ["total", "allocated", "excluded", "available"] {
+            self.pool_addresses.remove(&state_labels(&labels, state));
+        }
+        self.pool_utilization.remove(&labels);
+        self.pool_largest_free_block.remove(&labels);
+        for phase in PUBLISHED_PHASES {
+            self.allocations.remove(&phase_labels(&labels, phase));
+        }
+    }
+
+    /// Records whether this replica leads. A replica that does not lead publishes no pool
+    /// figures (they would go stale), so summing them over replicas stays right.
+    pub fn set_leader(&self, holds: bool) {
+        self.leader.set(holds as i64);
+        if !holds {
+            let mut published = lock(&self.published);
+            for (pool, datacenter) in published.iter() {
+                self.remove_pool(pool, datacenter);
+            }
+            published.clear();
+            lock(&self.unmet_since).clear();
+        }
+    }
+
+    /// Records the end of one planning pass.
+    pub fn pass_finished(&self, took: Duration) {
+        self.pass_duration.observe(took.as_secs_f64());
+    }
+
+    /// Counts an allocation written (created, grown or re-pinned) and how long its cluster
+    /// waited for it.
+    pub fn allocation_written(&self, cluster: &str, pool: &str) {
+        self.allocations_created.inc();
+        let since = lock(&self.unmet_since).remove(&(cluster.to_string(), pool.to_string()));
+        if let Some(since) = since {
+            self.allocation_duration
+                .observe(since.elapsed().as_secs_f64());
+        }
     }
 
     /// Counts one API write.
@@ -190,14 +560,36 @@ impl Metrics {
     }
 
     /// Records the end of one user-cluster sync.
-    pub fn addon_sync(&self, settled: bool, took: std::time::Duration) {
+    pub fn addon_sync(&self, settled: bool, took: Duration) {
         let result = if settled { "settled" } else { "failed" };
         self.addon_syncs
             .get_or_create(&SyncLabels {
                 result: result.into(),
             })
             .inc();
-        self.addon_last_sync_millis.set(took.as_millis() as i64);
+        self.addon_sync_duration.observe(took.as_secs_f64());
+    }
+
+    /// Counts an Addon that could not be rendered, applied or pruned.
+    pub fn addon_failed(&self, reason: &str) {
+        self.addon_failures
+            .get_or_create(&ReasonLabels {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// Records one request to a user cluster (`apply` or `delete`).
+    pub fn addon_request(&self, verb: &str, ok: bool, took: Duration) {
+        self.addon_requests
+            .get_or_create(&RequestLabels {
+                verb: verb.into(),
+                result: if ok { "ok" } else { "error" }.into(),
+            })
+            .inc();
+        self.addon_request_duration
+            .get_or_create(&VerbLabels { verb: verb.into() })
+            .observe(took.as_secs_f64());
     }
 
     /// Counts one failed write.
@@ -212,18 +604,102 @@ impl Metrics {
 
     /// Records (or clears, with `None`) why this replica cannot work.
     pub fn set_not_ready(&self, reason: Option<String>) {
-        if let Ok(mut g) = self.not_ready_reason.lock() {
-            *g = reason;
+        *lock(&self.not_ready_reason) = reason;
+    }
+
+    fn http(&self, server: Server) -> &HttpMetrics {
+        match server {
+            Server::Api => &self.api,
+            Server::Webhook => &self.webhook,
         }
     }
 
-    fn encode(&self) -> String {
+    /// The text exposition of every metric.
+    pub fn encode(&self) -> String {
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();
         }
         out
     }
+}
+
+fn state_labels(pool: &PoolLabels, state: &str) -> PoolStateLabels {
+    PoolStateLabels {
+        pool: pool.pool.clone(),
+        datacenter: pool.datacenter.clone(),
+        state: state.to_string(),
+    }
+}
+
+fn phase_labels(pool: &PoolLabels, phase: AllocationPhase) -> PhaseLabels {
+    PhaseLabels {
+        pool: pool.pool.clone(),
+        datacenter: pool.datacenter.clone(),
+        phase: phase.as_str().to_string(),
+    }
+}
+
+/// The route template among `routes` that `path` matches (`{name}` matches one segment).
+pub fn route_of<'a>(path: &str, routes: &[&'a str]) -> Option<&'a str> {
+    let segments: Vec<&str> = path.split('/').collect();
+    routes.iter().copied().find(|route| {
+        let parts: Vec<&str> = route.split('/').collect();
+        parts.len() == segments.len()
+            && parts
+                .iter()
+                .zip(&segments)
+                .all(|(p, s)| (p.starts_with('{') && p.ends_with('}') && !s.is_empty()) || p == s)
+    })
+}
+
+#[derive(Clone)]
+struct Observed {
+    metrics: Arc<Metrics>,
+    server: Server,
+    routes: Arc<Vec<&'static str>>,
+}
+
+/// Counts and times every request `router` answers (`kipam_api_*` or `kipam_webhook_*`),
+/// labelled with the route template among `routes` (`unmatched` for any other path).
+pub fn instrument(
+    router: Router,
+    metrics: Arc<Metrics>,
+    server: Server,
+    routes: Vec<&'static str>,
+) -> Router {
+    let observed = Observed {
+        metrics,
+        server,
+        routes: Arc::new(routes),
+    };
+    router.layer(middleware::from_fn_with_state(observed, observe_request))
+}
+
+async fn observe_request(State(o): State<Observed>, req: Request, next: Next) -> Response {
+    let route = route_of(req.uri().path(), &o.routes).unwrap_or("unmatched");
+    // Only standard methods become label values: any other token is counted as `other`.
+    let method = match req.method().as_str() {
+        m @ ("GET" | "HEAD" | "POST" | "PUT" | "PATCH" | "DELETE" | "OPTIONS") => m.to_string(),
+        _ => "other".to_string(),
+    };
+    let started = Instant::now();
+    let response = next.run(req).await;
+    let http = o.metrics.http(o.server);
+    http.requests
+        .get_or_create(&HttpLabels {
+            route: route.to_string(),
+            method: method.clone(),
+            code: response.status().as_u16().to_string(),
+        })
+        .inc();
+    http.duration
+        .get_or_create(&HttpRouteLabels {
+            route: route.to_string(),
+            method,
+        })
+        .observe(started.elapsed().as_secs_f64());
+    response
 }
 
 /// Serves the endpoints until the process ends.
@@ -248,7 +724,7 @@ async fn metrics_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
 }
 
 async fn ready_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
-    let reason = m.not_ready_reason.lock().ok().and_then(|g| g.clone());
+    let reason = lock(&m.not_ready_reason).clone();
     match reason {
         Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
         None if m.ready.load(Ordering::Relaxed) => (StatusCode::OK, "ready".to_string()),
@@ -256,5 +732,222 @@ async fn ready_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
             StatusCode::SERVICE_UNAVAILABLE,
             "caches not synced".to_string(),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::{Cluster, IPAMPool};
+
+    fn plan_of(pools_yaml: &str, clusters: &[(&str, &str)]) -> Plan {
+        let pools: Vec<IPAMPool> = pools_yaml
+            .split("\n---\n")
+            .map(|doc| serde_saphyr::from_str(doc).expect("pool parses"))
+            .collect();
+        let pool_inputs: Vec<_> = pools
+            .iter()
+            .map(|p| crate::validation::pool_input(p).expect("valid pool"))
+            .collect();
+        let cluster_inputs: Vec<_> = clusters
+            .iter()
+            .enumerate()
+            .map(|(i, (name, dc))| {
+                let c: Cluster = serde_saphyr::from_str(&format!(
+                    "apiVersion: ipam.kipam.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: {name}\n  creationTimestamp: \"2026-01-01T00:00:0{i}Z\"\nspec:\n  datacenter: {dc}\n"
+                ))
+                .expect("cluster parses");
+                crate::validation::cluster_input(&c).expect("valid cluster")
+            })
+            .collect();
+        crate::planner::plan(&pool_inputs, &cluster_inputs, &[])
+    }
+
+    const EDGE: &str = "apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata:
+  name: edge
+spec:
+  datacenters:
+    dc-1:
+      type: range
+      poolCidr: 10.0.0.0/28
+      allocationRange: 4
+      excludeRanges: [\"10.0.0.4\"]
+    dc-2:
+      type: prefix
+      poolCidr: 10.1.0.0/24
+      allocationPrefix: 28
+---
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata:
+  name: v6
+spec:
+  datacenters:
+    dc-1:
+      type: prefix
+      poolCidr: 2001:db8::/48
+      allocationPrefix: 64";
+
+    #[test]
+    fn pool_figures_count_every_state_and_phase_exactly() {
+        let plan = plan_of(
+            EDGE,
+            &[("a", "dc-1"), ("b", "dc-1"), ("c", "dc-1"), ("d", "dc-1")],
+        );
+        let figures = pool_gauges(&plan);
+        let names: Vec<(&str, &str)> = figures
+            .iter()
+            .map(|f| (f.pool.as_str(), f.datacenter.as_str()))
+            .collect();
+        assert_eq!(names, [("edge", "dc-1"), ("edge", "dc-2"), ("v6", "dc-1")]);
+        // 16 addresses, 1 excluded, three clusters of 4: the fourth does not fit in the 3 left.
+        let edge = &figures[0];
+        assert_eq!(
+            (edge.total, edge.allocated, edge.excluded, edge.available),
+            (16.0, 12.0, 1.0, 3.0)
+        );
+        assert_eq!(edge.utilization, 12.0 / 15.0);
+        assert_eq!(edge.largest_free_block, 3.0);
+        assert_eq!(
+            edge.phases,
+            [
+                (AllocationPhase::Pending, 0),
+                (AllocationPhase::Allocated, 3),
+                (AllocationPhase::Failed, 1),
+                (AllocationPhase::Conflict, 0),
+            ]
+        );
+        let empty = &figures[1];
+        assert_eq!(
+            (empty.total, empty.available, empty.utilization),
+            (256.0, 256.0, 0.0)
+        );
+        // Four /64s of a /48: 2^66 of 2^80, exact in f64.
+        let v6 = &figures[2];
+        assert_eq!(v6.total, 2f64.powi(80));
+        assert_eq!(v6.allocated, 2f64.powi(66));
+        assert_eq!(v6.available, 2f64.powi(80) - 2f64.powi(66));
+        assert_eq!(v6.largest_free_block, 2f64.powi(80) - 2f64.powi(66));
+        assert_eq!(v6.utilization, 2f64.powi(-14));
+    }
+
+    #[test]
+    fn counts_become_the_nearest_float() {
+        assert_eq!(count_to_f64(AddressCount::pow2(128)), 2f64.powi(128));
+        assert_eq!(
+            count_to_f64(AddressCount::from_u128(u128::MAX)),
+            2f64.powi(128)
+        );
+        assert_eq!(
+            count_to_f64(AddressCount::from_u128((1 << 53) + 1)),
+            2f64.powi(53)
+        );
+        assert_eq!(count_to_f64(AddressCount::from_u128(12345)), 12345.0);
+    }
+
+    #[test]
+    fn gauges_of_a_pool_that_went_are_removed_and_a_follower_publishes_none() {
+        let m = Metrics::new();
+        m.observe_plan(&plan_of(EDGE, &[("a", "dc-1")]));
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "kipam_pool_addresses{pool=\"edge\",datacenter=\"dc-2\",state=\"total\"} 256.0"
+            ),
+            "{text}"
+        );
+        assert!(text.contains(
+            "kipam_allocations{pool=\"edge\",datacenter=\"dc-1\",phase=\"Allocated\"} 1"
+        ));
+        let only_v6 = EDGE.split("\n---\n").nth(1).unwrap_or_default();
+        m.observe_plan(&plan_of(only_v6, &[("a", "dc-1")]));
+        let text = m.encode();
+        assert!(!text.contains("pool=\"edge\""), "{text}");
+        assert!(text.contains("kipam_pool_utilization_ratio{pool=\"v6\",datacenter=\"dc-1\"}"));
+        m.set_leader(false);
+        assert!(!m.encode().contains("pool=\"v6\""));
+    }
+
+    #[test]
+    fn allocation_duration_runs_from_the_first_unmet_pass_to_the_write() {
+        let m = Metrics::new();
+        let plan = plan_of(EDGE, &[("a", "dc-1")]);
+        m.observe_plan(&plan);
+        std::thread::sleep(Duration::from_millis(30));
+        // The next pass sees the request still unmet: the clock keeps its first start.
+        m.observe_plan(&plan);
+        m.allocation_written("a", "edge");
+        // Written once: a second write of the same allocation (a grow) is not timed again.
+        m.allocation_written("a", "edge");
+        let text = m.encode();
+        assert!(
+            text.contains("kipam_allocation_duration_seconds_count 1"),
+            "{text}"
+        );
+        assert!(text.contains("kipam_allocations_created_total 2"), "{text}");
+        let sum: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("kipam_allocation_duration_seconds_sum "))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default();
+        assert!(sum >= 0.03, "{sum}");
+    }
+
+    #[test]
+    fn routes_are_templates_and_unknown_paths_one_label() {
+        let routes = [
+            "/api/v2/seeds/{seed_name}/ipampools",
+            "/api/v2/seeds/{seed_name}/ipampools/{ipampool_name}",
+        ];
+        assert_eq!(
+            route_of("/api/v2/seeds/s1/ipampools/p", &routes),
+            Some(routes[1])
+        );
+        assert_eq!(
+            route_of("/api/v2/seeds/s1/ipampools", &routes),
+            Some(routes[0])
+        );
+        assert_eq!(route_of("/api/v2/seeds//ipampools", &routes), None);
+        assert_eq!(route_of("/api/v2/seeds/s1/other", &routes), None);
+    }
+
+    #[tokio::test]
+    async fn every_request_is_counted_by_route_method_and_code() {
+        use tower::ServiceExt;
+        let m = Metrics::new();
+        let app = instrument(
+            Router::new().route("/validate", axum::routing::post(|| async { "ok" })),
+            m.clone(),
+            Server::Webhook,
+            vec!["/validate"],
+        );
+        for (method, path) in [
+            ("POST", "/validate"),
+            ("POST", "/validate"),
+            ("GET", "/nope"),
+        ] {
+            let req = axum::http::Request::builder()
+                .method(method)
+                .uri(path)
+                .body(axum::body::Body::empty())
+                .expect("request");
+            let _ = app.clone().oneshot(req).await;
+        }
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "kipam_webhook_requests_total{route=\"/validate\",method=\"POST\",code=\"200\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(text.contains(
+            "kipam_webhook_requests_total{route=\"unmatched\",method=\"GET\",code=\"404\"} 1"
+        ));
+        assert!(text.contains(
+            "kipam_webhook_request_duration_seconds_count{route=\"/validate\",method=\"POST\"} 2"
+        ));
+        assert!(!text.contains("kipam_api_requests_total{"));
     }
 }

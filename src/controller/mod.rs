@@ -429,7 +429,7 @@ async fn planning_loop(ctx: Arc<Context>, wake: Arc<Notify>, resync: Duration) {
     let mut last_problem: Option<String> = None;
     loop {
         let holds = ctx.leader.holds();
-        ctx.metrics.leader.set(holds as i64);
+        ctx.metrics.set_leader(holds);
         if !holds {
             built_for = None;
             tokio::select! {
@@ -487,9 +487,7 @@ async fn planning_loop(ctx: Arc<Context>, wake: Arc<Notify>, resync: Duration) {
                 backoff::delay(failures)
             }
         };
-        ctx.metrics
-            .last_pass_millis
-            .set(started.elapsed().as_millis() as i64);
+        ctx.metrics.pass_finished(started.elapsed());
         tokio::select! {
             _ = wake.notified(), if failures == 0 => {
                 // Let a burst of changes settle into one pass.

@@ -352,7 +352,12 @@ pub async fn run(ctx: Arc<Context>, options: WebhookOptions) -> Result<(), Webho
         tracing::info!("webhook: caches loaded, reviewing requests");
     });
     tracing::info!(addr = %options.addr, "webhook: serving {PATH} over TLS");
-    let app = router(source, &options.service_account, REVIEW_DEADLINE);
+    let app = crate::controller::metrics::instrument(
+        router(source, &options.service_account, REVIEW_DEADLINE),
+        ctx.metrics.clone(),
+        crate::controller::metrics::Server::Webhook,
+        vec![PATH],
+    );
     let result = tls::serve(listener, options.tls, app, std::future::pending()).await;
     watches.abort();
     result.map_err(WebhookError::Tls)

@@ -472,6 +472,7 @@ fn values_set_in_values_all_reach_the_objects() {
         "--addon-resync=900",
         "--tenant-concurrency=4",
         "--tenant-timeout=20",
+        "--log-format=json",
         "--addons-dir=/addons",
         "--templates-dir=/addon-templates",
         "--max-addon-size=8MiB",

@@ -243,7 +243,10 @@ async fn api_demo() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
-    println!("API on 127.0.0.1:{} for {seconds} s", ctl.api_port);
+    println!(
+        "API on 127.0.0.1:{}, metrics on 127.0.0.1:{}, for {seconds} s",
+        ctl.api_port, ctl.metrics_port
+    );
     tokio::time::sleep(Duration::from_secs(seconds)).await;
 }
 

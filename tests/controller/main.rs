@@ -7,6 +7,7 @@ mod addons;
 mod api;
 mod crashes;
 mod lifecycle;
+mod metrics;
 mod preconditions;
 mod promise;
 mod quiet;

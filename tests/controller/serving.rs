@@ -129,7 +129,7 @@ async fn clusters_then_pools_all_allocated_with_statuses() {
     // (Leadership may flap for an instant on a loaded machine; the gauge exists either way.)
     assert!(body.contains("kipam_leader "), "{body}");
     assert!(
-        body.contains("kipam_pool_utilisation_percent{pool=\"metallb\",datacenter=\"dc-1\"} 50"),
+        body.contains("kipam_pool_utilization_ratio{pool=\"metallb\",datacenter=\"dc-1\"} 0.5"),
         "{body}"
     );
     assert!(body.contains("kipam_api_writes_total{"), "{body}");

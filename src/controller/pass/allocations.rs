@@ -183,9 +183,10 @@ pub(super) async fn publish_allocation_event(
     let Some(cluster) = cluster else { return };
     let reference = cluster_reference(cluster);
     let held = d.held.as_ref().map(|h| h.to_string()).unwrap_or_default();
+    tracing::info!(cluster = %d.cluster, pool = %d.pool, datacenter = %d.datacenter, change = %d.change, held = %held, "allocation written{}{}", if d.message.is_empty() { "" } else { ": " }, d.message);
     match d.change {
         Change::Create | Change::Grow | Change::Replace => {
-            ctx.metrics.allocations_created.inc();
+            ctx.metrics.allocation_written(&d.cluster, &d.pool);
             let reason = match d.change {
                 Change::Create => "Allocated",
                 Change::Grow => "AllocationGrown",

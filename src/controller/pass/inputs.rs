@@ -145,6 +145,8 @@ pub(super) async fn gather(
                         .join("; ")
                 );
                 tracing::warn!(
+                    cluster = obj.namespace().as_deref().and_then(cluster_of_namespace).unwrap_or_default(),
+                    pool = %pool,
                     "{why}; no new address is handed out in its pool until it is fixed or removed"
                 );
                 let cluster = obj

@@ -95,6 +95,7 @@ pub async fn run(ctx: &Arc<Context>, term: u64) -> Result<PassOutcome, PassError
     } = inputs::gather(ctx, &pools, &mut clusters, &stored_objects, &records).await?;
 
     let plan = planner::plan(&pool_inputs, &cluster_inputs, &stored);
+    ctx.metrics.observe_plan(&plan);
 
     // Namespaces first: allocations live in them.
     lifecycle::ensure_namespaces(ctx, &clusters, &namespaces, &mut outcome).await;
@@ -175,7 +176,7 @@ pub async fn run(ctx: &Arc<Context>, term: u64) -> Result<PassOutcome, PassError
                 .await;
             }
             Err(e) if is_conflict(&e) || is_not_found(&e) => {
-                tracing::info!(key = ?job.key, error = %e, "stale view of an allocation; re-reading");
+                tracing::info!(cluster = %job.decision.cluster, pool = %job.decision.pool, datacenter = %job.decision.datacenter, error = %e, "stale view of an allocation; re-reading");
                 ctx.metrics
                     .write_failed("IPAMAllocation", preconditions::reason(&e));
                 allocations::refresh(ctx, &job.key).await;

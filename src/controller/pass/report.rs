@@ -34,9 +34,26 @@ pub(crate) fn write_failed(
         .map(|mut b| b.failed(&format!("{kind}/{name}")))
         .unwrap_or_default();
     let message = preconditions::explain(e, verb, kind, name);
+    // The cluster and pool the object is about, as their own log fields.
+    let (cluster, pool) = match kind {
+        "Cluster" => (name, ""),
+        "IPAMPool" => ("", name),
+        "IPAMAllocation" => name
+            .split_once('/')
+            .map(|(ns, pool)| {
+                (
+                    crate::resources::cluster_of_namespace(ns).unwrap_or(""),
+                    pool,
+                )
+            })
+            .unwrap_or(("", "")),
+        _ => ("", ""),
+    };
     tracing::warn!(
         kind,
         name,
+        cluster,
+        pool,
         reason,
         retry_in_ms = wait.as_millis() as u64,
         "{message}"

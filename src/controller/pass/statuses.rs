@@ -1,6 +1,6 @@
 //! Cluster and pool status: conditions, usage, capacity events.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -125,7 +125,6 @@ pub(super) async fn write_pool_status(
 ) {
     let overlaps: Vec<Overlap> = status::find_overlaps(inputs);
     let api: Api<IPAMPool> = Api::all(ctx.writer.clone());
-    let mut seen: BTreeSet<(String, String)> = BTreeSet::new();
     for p in pools {
         if p.metadata.deletion_timestamp.is_some() {
             continue;
@@ -133,21 +132,6 @@ pub(super) async fn write_pool_status(
         let name = p.name_any();
         let reports: Vec<&planner::DatacenterReport> =
             plan.usage.values().filter(|r| r.pool == name).collect();
-        for r in &reports {
-            let labels = crate::controller::metrics::PoolLabels {
-                pool: r.pool.clone(),
-                datacenter: r.datacenter.clone(),
-            };
-            seen.insert((r.pool.clone(), r.datacenter.clone()));
-            ctx.metrics
-                .pool_utilisation
-                .get_or_create(&labels)
-                .set(r.usage.utilisation_percent() as i64);
-            ctx.metrics
-                .pool_allocations
-                .get_or_create(&labels)
-                .set(r.usage.allocations as i64);
-        }
         let validation = match errors.get(&name) {
             Some(e) => Err(e.as_slice()),
             None => Ok(()),
