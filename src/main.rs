@@ -341,6 +341,9 @@ struct CrdsArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Controller(_)) {
+        stop_quietly_on_a_closed_pipe();
+    }
     match cli.command {
         Command::Controller(args) => run_controller(args),
         Command::Offline(args) => run_offline(args),
@@ -467,6 +470,17 @@ fn run_controller(args: ControllerArgs) -> ExitCode {
             fatal(log_format, &e.to_string());
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A command whose output is piped into `head` should stop when the reader goes away, as other
+/// command-line tools do, instead of panicking in `println!` on the broken pipe. (Not for the
+/// controller: a peer closing a connection must never stop it.)
+fn stop_quietly_on_a_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: restoring the default action of one signal at start-up, before any thread runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

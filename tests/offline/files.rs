@@ -752,3 +752,57 @@ fn a_failed_write_under_out_says_exactly_what_was_written() {
         "{index}"
     );
 }
+
+#[cfg(unix)]
+#[test]
+fn output_piped_into_a_reader_that_stops_early_ends_quietly_after_the_state_is_written() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    let w = Workdir::new("closed-pipe");
+    let clusters: String = (0..2000)
+        .map(|i| {
+            format!(
+                "---\napiVersion: ipam.kipam.dev/v1alpha1\nkind: Cluster\nmetadata:\n  \
+                 name: c{i:04}\n  creationTimestamp: \"2026-01-01T00:00:00Z\"\nspec:\n  \
+                 datacenter: dc-1\n"
+            )
+        })
+        .collect();
+    let pool = "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata:\n  name: wide\n\
+                spec:\n  datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.0.0.0/16\n      \
+                allocationRange: 1\n";
+    let files = w.write("in.yaml", &format!("{pool}{clusters}"));
+    let state = w.path("state.yaml");
+    // As `kipam offline ... | head -c 100`: the table is far larger than a pipe's buffer.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kipam"))
+        .arg("offline")
+        .arg("-f")
+        .arg(&files)
+        .arg("--state")
+        .arg(&state)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(w.path("stderr.txt")).expect("stderr file"))
+        .spawn()
+        .expect("run kipam");
+    let mut first = [0u8; 100];
+    child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_exact(&mut first)
+        .expect("the table starts");
+    let status = child.wait().expect("kipam ends");
+    let err = w.read("stderr.txt");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        status.signal(),
+        Some(13),
+        "stopped by SIGPIPE: {status:?} {err}"
+    );
+    // The state was written before the table was printed.
+    let saved = w.read("state.yaml");
+    assert!(
+        saved.contains("namespace: cluster-c1999"),
+        "the state is complete"
+    );
+}
