@@ -419,9 +419,8 @@ fn fingerprint(
     let mut versions: Vec<(String, String)> = allocations
         .iter()
         .map(|a| {
-            let phase = a.status.as_ref().and_then(|s| s.phase);
             let renderable = a.metadata.deletion_timestamp.is_none()
-                && phase.is_none_or(|p| p == crate::resources::AllocationPhase::Allocated);
+                && a.phase() == crate::resources::AllocationPhase::Allocated;
             (
                 a.name_any(),
                 format!(

@@ -45,6 +45,8 @@ pub struct ControllerOptions {
     pub lease: LeaseTiming,
     /// A full pass at least this often, even without changes.
     pub resync: Duration,
+    /// Writes a pass sends at once (`--write-concurrency`).
+    pub write_concurrency: usize,
     /// This replica's name in the Lease.
     pub identity: String,
     /// The REST API served by every replica (`docs/api.md`).
@@ -342,7 +344,12 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
     let identity = options.identity.clone();
     let election = tokio::spawn(elector.run());
 
-    let planning = tokio::spawn(planning_loop(ctx.clone(), wake.clone(), options.resync));
+    let planning = tokio::spawn(planning_loop(
+        ctx.clone(),
+        wake.clone(),
+        options.resync,
+        pass::PassState::new(options.write_concurrency),
+    ));
     let applier = tokio::spawn(crate::applier::run(ctx.clone(), options.addons.clone()));
 
     tokio::select! {
@@ -410,7 +417,12 @@ async fn shutdown_signal() {
 }
 
 /// Waits for changes (or the resync period) and runs a pass while leader.
-async fn planning_loop(ctx: Arc<Context>, wake: Arc<Notify>, resync: Duration) {
+async fn planning_loop(
+    ctx: Arc<Context>,
+    wake: Arc<Notify>,
+    resync: Duration,
+    mut state: pass::PassState,
+) {
     // Caches first: a pass on a partial view would release what it cannot see.
     let _ = tokio::join!(
         ctx.pools.wait_until_ready(),
@@ -465,7 +477,7 @@ async fn planning_loop(ctx: Arc<Context>, wake: Arc<Notify>, resync: Duration) {
         let started = Instant::now();
         ctx.metrics.passes.inc();
         let guard = ctx.pass_lock.lock().await;
-        let result = pass::run(&ctx, term).await;
+        let result = pass::run(&ctx, term, &mut state).await;
         drop(guard);
         let wait = match result {
             Ok(outcome) => {

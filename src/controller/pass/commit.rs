@@ -25,6 +25,7 @@ pub(super) async fn commit_records(
     objects: &[IPAMAllocation],
     records: &BTreeMap<RecordKey, IPAMPoolRecord>,
     jobs: &[AllocationWrite],
+    limit: usize,
     outcome: &mut PassOutcome,
 ) -> HashSet<RecordKey> {
     let pool_objects: HashMap<String, &Arc<IPAMPool>> =
@@ -94,7 +95,7 @@ pub(super) async fn commit_records(
     }
     let results: Vec<(RecordKey, Result<(), Option<records::CommitError>>)> =
         futures::stream::iter(commits)
-            .buffer_unordered(PARALLEL_WRITES)
+            .buffer_unordered(limit)
             .collect()
             .await;
     for (key, result) in results {

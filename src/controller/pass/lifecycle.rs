@@ -22,6 +22,7 @@ pub(super) async fn add_finalizers(
     ctx: &Context,
     pools: &[Arc<IPAMPool>],
     clusters: &[Arc<Cluster>],
+    limit: usize,
     outcome: &mut PassOutcome,
 ) {
     let cluster_api: Api<Cluster> = Api::all(ctx.writer.clone());
@@ -55,8 +56,8 @@ pub(super) async fn add_finalizers(
         }
     }
     let results: Vec<Result<(), kube::Error>> = futures::stream::iter(jobs)
-        .buffer_unordered(PARALLEL_WRITES)
-        .chain(futures::stream::iter(pool_jobs).buffer_unordered(PARALLEL_WRITES))
+        .buffer_unordered(limit)
+        .chain(futures::stream::iter(pool_jobs).buffer_unordered(limit))
         .collect()
         .await;
     for r in results {
@@ -168,6 +169,7 @@ pub(super) async fn ensure_namespaces(
     ctx: &Context,
     clusters: &[Arc<Cluster>],
     existing: &HashSet<String>,
+    limit: usize,
     outcome: &mut PassOutcome,
 ) {
     let api: Api<Namespace> = Api::all(ctx.writer.clone());
@@ -216,7 +218,7 @@ pub(super) async fn ensure_namespaces(
         });
     }
     let results: Vec<Result<bool, kube::Error>> = futures::stream::iter(jobs)
-        .buffer_unordered(PARALLEL_WRITES)
+        .buffer_unordered(limit)
         .collect()
         .await;
     for r in results {

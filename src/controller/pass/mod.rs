@@ -21,7 +21,7 @@ mod lifecycle;
 mod report;
 mod statuses;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,8 +44,23 @@ pub const CLUSTER_FINALIZER: &str = "ipam.kipam.dev/release-allocations";
 /// Finalizer on pools: their allocations are deleted or retained before they go.
 pub const POOL_FINALIZER: &str = "ipam.kipam.dev/reclaim-allocations";
 
-/// How many writes run at once.
-const PARALLEL_WRITES: usize = 16;
+/// Writes a pass sends at once unless `--write-concurrency` says otherwise.
+pub const DEFAULT_WRITE_CONCURRENCY: usize = 16;
+
+/// What the planning loop keeps from one pass to the next.
+#[derive(Debug)]
+pub struct PassState {
+    /// Writes sent at once (`--write-concurrency`, at least 1).
+    pub write_concurrency: usize,
+}
+
+impl PassState {
+    pub fn new(write_concurrency: usize) -> Self {
+        PassState {
+            write_concurrency: write_concurrency.max(1),
+        }
+    }
+}
 
 /// What a pass asks of the loop.
 #[derive(Debug, Default)]
@@ -65,10 +80,17 @@ pub enum PassError {
         cluster: String,
         source: kube::Error,
     },
+    #[error("the planner stopped: {0}")]
+    Planner(String),
 }
 
 /// Runs one pass. The caller checked leadership (in `term`) just before.
-pub async fn run(ctx: &Arc<Context>, term: u64) -> Result<PassOutcome, PassError> {
+pub async fn run(
+    ctx: &Arc<Context>,
+    term: u64,
+    state: &mut PassState,
+) -> Result<PassOutcome, PassError> {
+    let limit = state.write_concurrency;
     let mut outcome = PassOutcome::default();
     let pools: Vec<Arc<IPAMPool>> = ctx.pools.state();
     let mut clusters: Vec<Arc<Cluster>> = ctx.clusters.state();
@@ -83,7 +105,7 @@ pub async fn run(ctx: &Arc<Context>, term: u64) -> Result<PassOutcome, PassError
     let records = ctx.records.lock().await.snapshot();
     let now = crate::resources::now_rfc3339();
 
-    lifecycle::add_finalizers(ctx, &pools, &clusters, &mut outcome).await;
+    lifecycle::add_finalizers(ctx, &pools, &clusters, limit, &mut outcome).await;
 
     let inputs::Inputs {
         pool_inputs,
@@ -94,10 +116,17 @@ pub async fn run(ctx: &Arc<Context>, term: u64) -> Result<PassOutcome, PassError
         stored,
     } = inputs::gather(ctx, &pools, &mut clusters, &stored_objects, &records).await?;
 
-    let plan = planner::plan(&pool_inputs, &cluster_inputs, &stored);
+    // Planning is CPU work that grows with the seed: it runs on a blocking thread, so the
+    // watches, the REST API, the webhook and the lease renewals never wait behind it.
+    let (plan, pool_inputs) = tokio::task::spawn_blocking(move || {
+        let plan = planner::plan(&pool_inputs, &cluster_inputs, &stored);
+        (plan, pool_inputs)
+    })
+    .await
+    .map_err(|e| PassError::Planner(e.to_string()))?;
 
     // Namespaces first: allocations live in them.
-    lifecycle::ensure_namespaces(ctx, &clusters, &namespaces, &mut outcome).await;
+    lifecycle::ensure_namespaces(ctx, &clusters, &namespaces, limit, &mut outcome).await;
 
     let policies: HashMap<&str, ReclaimPolicy> = pool_inputs
         .iter()
@@ -134,6 +163,7 @@ pub async fn run(ctx: &Arc<Context>, term: u64) -> Result<PassOutcome, PassError
         &stored_objects,
         &records,
         &jobs,
+        limit,
         &mut outcome,
     )
     .await;
@@ -159,20 +189,21 @@ pub async fn run(ctx: &Arc<Context>, term: u64) -> Result<PassOutcome, PassError
                 let r = job.execute(ctx, term).await;
                 (job, r)
             })
-            .buffer_unordered(PARALLEL_WRITES)
+            .buffer_unordered(limit)
             .collect()
             .await;
+    let mut notes: BTreeMap<String, Vec<allocations::ClusterNote>> = BTreeMap::new();
     for (job, result) in results {
         match result {
             Ok(done) => {
                 outcome.writes += done.writes;
                 write_succeeded(ctx, "IPAMAllocation", &job.name());
-                allocations::publish_allocation_event(
-                    ctx,
-                    &job,
-                    uids.get(&job.decision.cluster).copied(),
-                )
-                .await;
+                if let Some(note) = allocations::allocation_note(ctx, &job) {
+                    notes
+                        .entry(job.decision.cluster.clone())
+                        .or_default()
+                        .push(note);
+                }
             }
             Err(e) if is_conflict(&e) || is_not_found(&e) => {
                 tracing::info!(key = ?job.key, error = %e, "stale view of an allocation; re-reading");
@@ -184,16 +215,13 @@ pub async fn run(ctx: &Arc<Context>, term: u64) -> Result<PassOutcome, PassError
             Err(e) => {
                 let message = write_failed(ctx, "IPAMAllocation", &job.name(), job.verb(), &e);
                 outcome.again = true;
-                if let Some(cluster) = uids.get(&job.decision.cluster) {
-                    publish(
-                        ctx,
-                        &cluster_reference(cluster),
-                        true,
-                        "WriteFailed",
-                        format!("IPAMAllocation {}: {message}", job.name()),
-                    )
-                    .await;
-                }
+                notes.entry(job.decision.cluster.clone()).or_default().push(
+                    allocations::ClusterNote {
+                        warning: true,
+                        reason: "WriteFailed".into(),
+                        note: format!("IPAMAllocation {}: {message}", job.name()),
+                    },
+                );
                 write_failures
                     .entry(job.decision.cluster.clone())
                     .or_default()
@@ -201,6 +229,8 @@ pub async fn run(ctx: &Arc<Context>, term: u64) -> Result<PassOutcome, PassError
             }
         }
     }
+
+    allocations::publish_cluster_events(ctx, notes, &uids, limit).await;
 
     lifecycle::release_finalizers(ctx, &pools, &clusters, &mut outcome).await;
     statuses::write_cluster_status(
@@ -210,6 +240,7 @@ pub async fn run(ctx: &Arc<Context>, term: u64) -> Result<PassOutcome, PassError
         &cluster_errors,
         &write_failures,
         &now,
+        limit,
         &mut outcome,
     )
     .await;

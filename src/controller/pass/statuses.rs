@@ -16,6 +16,7 @@ use crate::status::{self, Overlap};
 use crate::validation::FieldError;
 
 /// `status.namespace` and the `IPAMReady` condition of every cluster, written when changed.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn write_cluster_status(
     ctx: &Context,
     clusters: &[Arc<Cluster>],
@@ -23,6 +24,7 @@ pub(super) async fn write_cluster_status(
     errors: &HashMap<String, Vec<FieldError>>,
     write_failures: &HashMap<String, Vec<String>>,
     now: &str,
+    limit: usize,
     outcome: &mut PassOutcome,
 ) {
     let mut by_cluster: HashMap<&str, Vec<&Decision>> = HashMap::new();
@@ -94,7 +96,7 @@ pub(super) async fn write_cluster_status(
         });
     }
     let results: Vec<(String, Result<Cluster, kube::Error>)> = futures::stream::iter(jobs)
-        .buffer_unordered(PARALLEL_WRITES)
+        .buffer_unordered(limit)
         .collect()
         .await;
     for (name, r) in results {
