@@ -66,7 +66,7 @@ fn idle_secs() -> u64 {
 /// Pool `i`: even ones are IPv4 ranges (4 addresses per cluster from a /12), odd ones IPv6
 /// prefixes (a /64 per cluster from a /44): room for far more than the clusters created.
 fn pool(i: usize) -> Value {
-    let dc = if i % 2 == 0 {
+    let dc = if i.is_multiple_of(2) {
         json!({"type": "range", "poolCidr": format!("10.{}.0.0/12", (i / 2) * 16), "allocationRange": 4})
     } else {
         json!({"type": "prefix", "poolCidr": format!("2001:db8:{:x}::/44", (i / 2) * 16), "allocationPrefix": 64})

@@ -16,7 +16,9 @@ use crate::status::{self};
 pub(super) async fn refresh(ctx: &Context, key: &Key) {
     let api: Api<IPAMAllocation> = Api::namespaced(ctx.writer.clone(), &key.0);
     match api.get_opt(&key.1).await {
-        Ok(Some(obj)) => ctx.ledger.lock().await.apply(obj),
+        Ok(Some(obj)) => {
+            ctx.ledger.lock().await.apply(obj);
+        }
         Ok(None) => ctx.ledger.lock().await.forget(key),
         Err(e) => tracing::warn!(error = %e, "re-read failed"),
     }
@@ -159,7 +161,7 @@ impl AllocationWrite {
                 }
                 // The delete response may still carry the object (finalizers); the version
                 // it had is enough for the tombstone.
-                ctx.ledger.lock().await.remove(existing);
+                ctx.ledger.lock().await.remove_own(existing);
                 writes += 1;
             }
             (None, Some(desired)) => {
@@ -168,7 +170,7 @@ impl AllocationWrite {
                 ctx.metrics.wrote("create", "ipamallocations");
                 let created = api.create(&pp, &create).await?;
                 writes += 1;
-                ctx.ledger.lock().await.apply(created.clone());
+                ctx.ledger.lock().await.apply_own(created.clone());
                 if desired.status.is_none() {
                     return Ok(WriteDone { writes });
                 }
@@ -178,7 +180,7 @@ impl AllocationWrite {
                 ctx.metrics.wrote("update", "ipamallocations/status");
                 let updated = api.replace_status(&self.key.1, &pp, &with_status).await?;
                 writes += 1;
-                ctx.ledger.lock().await.apply(updated);
+                ctx.ledger.lock().await.apply_own(updated);
             }
             (Some(existing), Some(desired)) => {
                 let mut current = existing.clone();
@@ -191,7 +193,7 @@ impl AllocationWrite {
                     ctx.metrics.wrote("update", "ipamallocations");
                     current = api.replace(&self.key.1, &pp, &update).await?;
                     writes += 1;
-                    ctx.ledger.lock().await.apply(current.clone());
+                    ctx.ledger.lock().await.apply_own(current.clone());
                 }
                 if current.status != desired.status {
                     fence()?;
@@ -200,7 +202,7 @@ impl AllocationWrite {
                     ctx.metrics.wrote("update", "ipamallocations/status");
                     let updated = api.replace_status(&self.key.1, &pp, &with_status).await?;
                     writes += 1;
-                    ctx.ledger.lock().await.apply(updated);
+                    ctx.ledger.lock().await.apply_own(updated);
                 }
             }
             (None, None) => {}

@@ -21,8 +21,9 @@ pub(super) async fn commit_records(
     ctx: &Arc<Context>,
     pools: &[Arc<IPAMPool>],
     inputs: &[PoolInput],
+    scope: &scope::Scope,
     plan: &planner::Plan,
-    objects: &[IPAMAllocation],
+    objects: &[Arc<IPAMAllocation>],
     records: &BTreeMap<RecordKey, IPAMPoolRecord>,
     jobs: &[AllocationWrite],
     limit: usize,
@@ -35,16 +36,51 @@ pub(super) async fn commit_records(
         .filter(|j| j.desired.is_some() && !j.is_status_only())
         .map(|j| (j.decision.pool.clone(), j.decision.datacenter.clone()))
         .collect();
+    // Objects and decisions by pool, once (not once per pool datacenter).
+    let mut objects_of: HashMap<&str, Vec<&IPAMAllocation>> = HashMap::new();
+    for o in objects {
+        if let Some(name) = o.metadata.name.as_deref() {
+            objects_of.entry(name).or_default().push(o.as_ref());
+        }
+    }
+    let mut decisions_of: HashMap<&str, Vec<planner::Decision>> = HashMap::new();
+    for d in &plan.decisions {
+        if scope.covers_pool(&d.pool) {
+            decisions_of
+                .entry(d.pool.as_str())
+                .or_default()
+                .push(d.clone());
+        }
+    }
     let mut current = HashSet::new();
     let mut commits = Vec::new();
     for input in inputs {
         let Some(pool) = pool_objects.get(&input.name) else {
             continue;
         };
+        if !scope.covers_pool(&input.name) {
+            // Nothing of it changed since its record was last committed or found current.
+            for dc in input.datacenters.keys() {
+                current.insert((input.name.clone(), dc.clone()));
+            }
+            continue;
+        }
+        let no_decisions = Vec::new();
+        let pool_decisions = decisions_of
+            .get(input.name.as_str())
+            .unwrap_or(&no_decisions);
+        let pool_objects_here = objects_of
+            .get(input.name.as_str())
+            .cloned()
+            .unwrap_or_default();
         for dc in input.datacenters.keys() {
             let key = (input.name.clone(), dc.clone());
-            let desired =
-                reservations::desired_reservations(&input.name, dc, &plan.decisions, objects);
+            let desired = reservations::desired_reservations(
+                &input.name,
+                dc,
+                pool_decisions,
+                pool_objects_here.iter().copied(),
+            );
             let existing = records.get(&key).map(|r| &r.spec.reservations);
             let changed = match existing {
                 Some(e) => *e != desired,
@@ -74,10 +110,13 @@ pub(super) async fn commit_records(
         })
         .collect();
     for key in records.keys() {
+        if !scope.covers_pool(&key.0) {
+            continue;
+        }
         let pool_valid = inputs.iter().any(|p| p.name == key.0);
-        let objects_left = objects
-            .iter()
-            .any(|o| o.metadata.name.as_deref() == Some(key.0.as_str()) && o.spec.dc == key.1);
+        let objects_left = objects_of
+            .get(key.0.as_str())
+            .is_some_and(|list| list.iter().any(|o| o.spec.dc == key.1));
         if pool_valid && !served.contains(key) && !objects_left {
             if let Err(e) = records::remove(ctx, key).await {
                 write_failed(

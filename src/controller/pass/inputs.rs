@@ -32,7 +32,7 @@ pub(super) async fn gather(
     ctx: &Arc<Context>,
     pools: &[Arc<IPAMPool>],
     clusters: &mut Vec<Arc<Cluster>>,
-    stored_objects: &[IPAMAllocation],
+    stored_objects: &[Arc<IPAMAllocation>],
     records: &BTreeMap<RecordKey, IPAMPoolRecord>,
 ) -> Result<Inputs, PassError> {
     // Inputs for the planner. An invalid pool is left out *together with its allocations*

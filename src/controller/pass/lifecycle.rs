@@ -175,11 +175,11 @@ pub(super) async fn ensure_namespaces(
     let api: Api<Namespace> = Api::all(ctx.writer.clone());
     let mut jobs = Vec::new();
     for c in clusters {
-        if c.metadata.deletion_timestamp.is_some() || validation::cluster_input(c).is_err() {
-            continue;
-        }
         let name = cluster_namespace(&c.name_any());
-        if existing.contains(&name) {
+        if existing.contains(&name)
+            || c.metadata.deletion_timestamp.is_some()
+            || validation::cluster_input(c).is_err()
+        {
             continue;
         }
         let ns = Namespace {

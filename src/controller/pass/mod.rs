@@ -19,7 +19,10 @@ mod commit;
 mod inputs;
 mod lifecycle;
 mod report;
+mod scope;
 mod statuses;
+
+pub use scope::PassState;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -46,21 +49,6 @@ pub const POOL_FINALIZER: &str = "ipam.kipam.dev/reclaim-allocations";
 
 /// Writes a pass sends at once unless `--write-concurrency` says otherwise.
 pub const DEFAULT_WRITE_CONCURRENCY: usize = 16;
-
-/// What the planning loop keeps from one pass to the next.
-#[derive(Debug)]
-pub struct PassState {
-    /// Writes sent at once (`--write-concurrency`, at least 1).
-    pub write_concurrency: usize,
-}
-
-impl PassState {
-    pub fn new(write_concurrency: usize) -> Self {
-        PassState {
-            write_concurrency: write_concurrency.max(1),
-        }
-    }
-}
 
 /// What a pass asks of the loop.
 #[derive(Debug, Default)]
@@ -101,12 +89,16 @@ pub async fn run(
         .filter(|n| n.metadata.deletion_timestamp.is_none())
         .map(|n| n.name_any())
         .collect();
-    let stored_objects = ctx.ledger.lock().await.snapshot();
+    let (stored_objects, ledger_changed) = {
+        let mut ledger = ctx.ledger.lock().await;
+        (ledger.snapshot(), ledger.take_changed())
+    };
     let records = ctx.records.lock().await.snapshot();
     let now = crate::resources::now_rfc3339();
 
     lifecycle::add_finalizers(ctx, &pools, &clusters, limit, &mut outcome).await;
 
+    let gathered = inputs::gather(ctx, &pools, &mut clusters, &stored_objects, &records).await;
     let inputs::Inputs {
         pool_inputs,
         pool_errors,
@@ -114,16 +106,32 @@ pub async fn run(
         cluster_inputs,
         cluster_errors,
         stored,
-    } = inputs::gather(ctx, &pools, &mut clusters, &stored_objects, &records).await?;
+    } = match gathered {
+        Ok(i) => i,
+        Err(e) => {
+            // The changes taken from the ledger are not planned: plan everything next time.
+            state.replan_all();
+            return Err(e);
+        }
+    };
 
     // Planning is CPU work that grows with the seed: it runs on a blocking thread, so the
     // watches, the REST API, the webhook and the lease renewals never wait behind it.
-    let (plan, pool_inputs) = tokio::task::spawn_blocking(move || {
-        let plan = planner::plan(&pool_inputs, &cluster_inputs, &stored);
-        (plan, pool_inputs)
-    })
-    .await
-    .map_err(|e| PassError::Planner(e.to_string()))?;
+    let plan_inputs = planner::PlanInputs {
+        pools: pool_inputs,
+        clusters: cluster_inputs,
+        stored,
+    };
+    let mut taken = std::mem::replace(state, PassState::new(limit));
+    let (taken, plan, scope, plan_inputs, ledger_changed) =
+        tokio::task::spawn_blocking(move || {
+            let (plan, scope) = scope::plan(&mut taken, &plan_inputs, &ledger_changed);
+            (taken, plan, scope, plan_inputs, ledger_changed)
+        })
+        .await
+        .map_err(|e| PassError::Planner(e.to_string()))?;
+    *state = taken;
+    let pool_inputs = &plan_inputs.pools;
 
     // Namespaces first: allocations live in them.
     lifecycle::ensure_namespaces(ctx, &clusters, &namespaces, limit, &mut outcome).await;
@@ -135,7 +143,12 @@ pub async fn run(
         .collect();
     let by_key: HashMap<Key, &IPAMAllocation> = stored_objects
         .iter()
-        .map(|o| ((o.namespace().unwrap_or_default(), o.name_any()), o))
+        .map(|o| {
+            (
+                (o.namespace().unwrap_or_default(), o.name_any()),
+                o.as_ref(),
+            )
+        })
         .collect();
     let uids: HashMap<String, &Cluster> = clusters
         .iter()
@@ -143,7 +156,11 @@ pub async fn run(
         .collect();
 
     let mut jobs = Vec::new();
-    for d in &plan.decisions {
+    for d in plan
+        .decisions
+        .iter()
+        .filter(|d| scope.checks(d, &ledger_changed))
+    {
         let key = (cluster_namespace(&d.cluster), d.pool.clone());
         let existing = by_key.get(&key).copied();
         let desired = allocation_object(d, existing, policies.get(d.pool.as_str()).copied(), &now);
@@ -158,7 +175,8 @@ pub async fn run(
     let committed = commit::commit_records(
         ctx,
         &pools,
-        &pool_inputs,
+        pool_inputs,
+        &scope,
         &plan,
         &stored_objects,
         &records,
@@ -173,10 +191,12 @@ pub async fn run(
         let record = (job.decision.pool.clone(), job.decision.datacenter.clone());
         if fenced && !committed.contains(&record) {
             outcome.again = true;
+            state.retry_pools.insert(job.decision.pool.clone());
             continue;
         }
         if !due(ctx, "IPAMAllocation", &job.name()) {
             outcome.again = true;
+            state.retry_pools.insert(job.decision.pool.clone());
             continue;
         }
         allowed.push(job);
@@ -198,6 +218,12 @@ pub async fn run(
             Ok(done) => {
                 outcome.writes += done.writes;
                 write_succeeded(ctx, "IPAMAllocation", &job.name());
+                if job.desired.is_none() {
+                    // A release: the next pass trims the pool record once no object shows
+                    // the addresses any more.
+                    state.retry_pools.insert(job.decision.pool.clone());
+                    outcome.again = true;
+                }
                 if let Some(note) = allocations::allocation_note(ctx, &job) {
                     notes
                         .entry(job.decision.cluster.clone())
@@ -210,10 +236,12 @@ pub async fn run(
                 ctx.metrics
                     .write_failed("IPAMAllocation", preconditions::reason(&e));
                 allocations::refresh(ctx, &job.key).await;
+                state.retry_pools.insert(job.decision.pool.clone());
                 outcome.again = true;
             }
             Err(e) => {
                 let message = write_failed(ctx, "IPAMAllocation", &job.name(), job.verb(), &e);
+                state.retry_pools.insert(job.decision.pool.clone());
                 outcome.again = true;
                 notes.entry(job.decision.cluster.clone()).or_default().push(
                     allocations::ClusterNote {
@@ -233,9 +261,17 @@ pub async fn run(
     allocations::publish_cluster_events(ctx, notes, &uids, limit).await;
 
     lifecycle::release_finalizers(ctx, &pools, &clusters, &mut outcome).await;
-    statuses::write_cluster_status(
+    let checked: Vec<Arc<Cluster>> = clusters
+        .iter()
+        .filter(|c| {
+            let name = c.name_any();
+            scope.covers_cluster(&name) || write_failures.contains_key(&name)
+        })
+        .cloned()
+        .collect();
+    let unwritten = statuses::write_cluster_status(
         ctx,
-        &clusters,
+        &checked,
         &plan.decisions,
         &cluster_errors,
         &write_failures,
@@ -244,16 +280,23 @@ pub async fn run(
         &mut outcome,
     )
     .await;
+    state.retry_clusters.extend(unwritten);
     statuses::write_pool_status(
         ctx,
         &pools,
-        &pool_inputs,
+        pool_inputs,
         &pool_errors,
         &plan,
         &now,
         &mut outcome,
     )
     .await;
+    if scope.is_full() {
+        tracing::debug!(decisions = plan.decisions.len(), "whole seed planned");
+    } else {
+        tracing::debug!(pools = ?scope.pools, "changed pools planned");
+    }
+    state.keep(plan_inputs, plan);
     outcome.retry_after = ctx.backoff.lock().ok().and_then(|b| b.next_due());
     Ok(outcome)
 }

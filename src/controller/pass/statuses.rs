@@ -1,6 +1,6 @@
 //! Cluster and pool status: conditions, usage, capacity events.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -15,7 +15,8 @@ use crate::resources::{Cluster, ClusterStatus, IPAMPool, cluster_namespace};
 use crate::status::{self, Overlap};
 use crate::validation::FieldError;
 
-/// `status.namespace` and the `IPAMReady` condition of every cluster, written when changed.
+/// `status.namespace` and the `IPAMReady` condition of the `clusters` given, written when
+/// changed. Returns the clusters whose status is still to be written (failed or held back).
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn write_cluster_status(
     ctx: &Context,
@@ -26,9 +27,11 @@ pub(super) async fn write_cluster_status(
     now: &str,
     limit: usize,
     outcome: &mut PassOutcome,
-) {
+) -> Vec<String> {
+    let mut unwritten = Vec::new();
+    let names: HashSet<String> = clusters.iter().map(|c| c.name_any()).collect();
     let mut by_cluster: HashMap<&str, Vec<&Decision>> = HashMap::new();
-    for d in decisions {
+    for d in decisions.iter().filter(|d| names.contains(&d.cluster)) {
         by_cluster.entry(d.cluster.as_str()).or_default().push(d);
     }
     let api: Api<Cluster> = Api::all(ctx.writer.clone());
@@ -80,6 +83,7 @@ pub(super) async fn write_cluster_status(
         }
         if !due(ctx, "Cluster", &name) {
             outcome.again = true;
+            unwritten.push(name);
             continue;
         }
         let api = api.clone();
@@ -108,9 +112,11 @@ pub(super) async fn write_cluster_status(
             Err(e) => {
                 write_failed(ctx, "Cluster", &name, "patch status of", &e);
                 outcome.again = true;
+                unwritten.push(name);
             }
         }
     }
+    unwritten
 }
 
 /// Pool status (usage, capacity conditions, overlap) written when changed, with an event for
