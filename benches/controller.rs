@@ -214,7 +214,10 @@ fn start_controller(api: &ApiServer, tag: &str) -> Controller {
         .arg(&kubeconfig)
         .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
         .args(["--api-addr", "127.0.0.1:0", "--identity", "bench"])
-        .env("RUST_LOG", "warn")
+        .env(
+            "RUST_LOG",
+            std::env::var("KIPAM_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -236,6 +239,73 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+/// The pure planner alone, in this process: the whole seed, then what one new cluster costs.
+fn planner_alone(scale: Scale) {
+    use kipam::planner::{ClusterInput, PlanInputs, StoredAllocation, changed_pools, plan_pools};
+    let pools: Vec<_> = (0..scale.pools)
+        .map(|i| {
+            let p: kipam::resources::IPAMPool = serde_json::from_value(pool(i)).expect("pool");
+            kipam::validation::pool_input(&p).expect("valid pool")
+        })
+        .collect();
+    let cluster_input = |name: String| ClusterInput {
+        name,
+        created: Some("2026-01-01T00:00:00Z".into()),
+        datacenter: "dc-1".into(),
+        overrides: Default::default(),
+        deleting: false,
+        paused: false,
+        invalid: None,
+    };
+    let clusters: Vec<ClusterInput> = (0..scale.clusters)
+        .map(|i| cluster_input(format!("c{i:05}")))
+        .collect();
+    let mut inputs = PlanInputs {
+        pools,
+        clusters,
+        stored: Vec::new(),
+    };
+    let t = Instant::now();
+    let first = inputs.plan();
+    let burst = t.elapsed();
+    inputs.stored = first
+        .decisions
+        .iter()
+        .map(|d| StoredAllocation {
+            cluster: d.cluster.clone(),
+            pool: d.pool.clone(),
+            datacenter: d.datacenter.clone(),
+            held: d.held.clone(),
+            reclaim_policy: None,
+            unreadable: None,
+        })
+        .collect();
+    let before = inputs.clone();
+    let t = Instant::now();
+    let _ = inputs.plan();
+    let steady = t.elapsed();
+    inputs.clusters.push(cluster_input("n000".into()));
+    let t = Instant::now();
+    let dirty = changed_pools(&before, &inputs);
+    let find = t.elapsed();
+    let t = Instant::now();
+    let _ = plan_pools(&inputs, &dirty);
+    let partial = t.elapsed();
+    let one: std::collections::BTreeSet<String> = dirty.iter().take(1).cloned().collect();
+    let t = Instant::now();
+    let _ = plan_pools(&inputs, &one);
+    let single = t.elapsed();
+    println!(
+        "planner alone: first plan {:.0} ms; replan of the settled seed {:.0} ms; one new cluster: finding the {} dirty pools {:.1} ms, replanning them {:.0} ms (one pool {:.1} ms)",
+        ms(burst),
+        ms(steady),
+        dirty.len(),
+        ms(find),
+        ms(partial),
+        ms(single)
+    );
 }
 
 /// Runs one scale; false when something measured was wrong.
@@ -435,6 +505,7 @@ fn main() {
     );
     let mut ok = true;
     for s in scales {
+        planner_alone(s);
         ok &= run(s);
     }
     if !ok {

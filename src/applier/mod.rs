@@ -98,9 +98,12 @@ where
 {
     let (store, writer) = reflector::store();
     let mut last_error: Option<String> = None;
+    // Field-manager bookkeeping is most of a small object and is never read here.
     let stream = reflector::reflector(
         writer,
-        watcher::watcher(api, config).default_backoff(),
+        watcher::watcher(api, config)
+            .default_backoff()
+            .modify(|o: &mut K| o.meta_mut().managed_fields = None),
     )
     .map(move |ev| {
         match &ev {

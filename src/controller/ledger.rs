@@ -60,6 +60,10 @@ pub struct Ledger {
     /// Keys whose content changed other than by this replica's own writes, since the last
     /// [`Ledger::take_changed`].
     changed: BTreeSet<Key>,
+    /// Keys this replica is writing right now: a watch event for one of them is the echo of
+    /// that write (arriving before its response) or a change that makes the write fail (and
+    /// the failure makes the pass look again), so it is stored without being reported.
+    in_flight: HashMap<Key, usize>,
     /// Deleted keys with the version they were deleted at.
     tombstones: HashMap<Key, u64>,
     /// Keys seen during a watch re-list, and the highest version seen then.
@@ -69,6 +73,7 @@ pub struct Ledger {
 impl Ledger {
     /// Replaces everything with a fresh list (on becoming leader).
     pub fn reset(&mut self, objects: Vec<IPAMAllocation>) {
+        self.in_flight.clear();
         self.objects = objects
             .into_iter()
             .map(|o| (key_of(&o), Arc::new(slim(o))))
@@ -114,6 +119,20 @@ impl Ledger {
             .map(|(_, o)| o.as_ref())
     }
 
+    /// This replica starts writing `key`; [`Ledger::end_own`] when the write is over.
+    pub fn begin_own(&mut self, key: &Key) {
+        *self.in_flight.entry(key.clone()).or_default() += 1;
+    }
+
+    pub fn end_own(&mut self, key: &Key) {
+        if let Some(n) = self.in_flight.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                self.in_flight.remove(key);
+            }
+        }
+    }
+
     /// The response of this replica's own write: the plan that made it already knows it.
     pub fn apply_own(&mut self, obj: IPAMAllocation) {
         self.store(obj);
@@ -124,7 +143,7 @@ impl Ledger {
     /// [`Ledger::take_changed`]).
     pub fn apply(&mut self, obj: IPAMAllocation) -> bool {
         let key = key_of(&obj);
-        let changed = self.store(obj);
+        let changed = self.store(obj) && !self.in_flight.contains_key(&key);
         if changed {
             self.changed.insert(key);
         }
@@ -166,7 +185,7 @@ impl Ledger {
         {
             return false; // a newer incarnation exists
         }
-        let held = self.objects.remove(&key).is_some();
+        let held = self.objects.remove(&key).is_some() && !self.in_flight.contains_key(&key);
         if let Some(rv) = rv {
             self.tombstones.insert(key.clone(), rv);
         }

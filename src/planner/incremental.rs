@@ -107,10 +107,10 @@ pub fn changed_pools(before: &PlanInputs, after: &PlanInputs) -> BTreeSet<String
     }
 
     // Stored allocations added, removed or changed, per pool.
-    let group = |stored: &[StoredAllocation]| {
-        let mut by_pool: BTreeMap<String, Vec<StoredAllocation>> = BTreeMap::new();
+    fn group(stored: &[StoredAllocation]) -> BTreeMap<&str, Vec<&StoredAllocation>> {
+        let mut by_pool: BTreeMap<&str, Vec<&StoredAllocation>> = BTreeMap::new();
         for s in stored {
-            by_pool.entry(s.pool.clone()).or_default().push(s.clone());
+            by_pool.entry(s.pool.as_str()).or_default().push(s);
         }
         for list in by_pool.values_mut() {
             list.sort_by(|a, b| {
@@ -122,17 +122,17 @@ pub fn changed_pools(before: &PlanInputs, after: &PlanInputs) -> BTreeSet<String
             });
         }
         by_pool
-    };
+    }
     let old_stored = group(&before.stored);
     let new_stored = group(&after.stored);
     for (pool, list) in &new_stored {
         if old_stored.get(pool) != Some(list) {
-            changed.insert(pool.clone());
+            changed.insert(pool.to_string());
         }
     }
     for pool in old_stored.keys() {
         if !new_stored.contains_key(pool) {
-            changed.insert(pool.clone());
+            changed.insert(pool.to_string());
         }
     }
 

@@ -124,7 +124,15 @@ impl AllocationWrite {
         }
     }
 
+    /// Writes the object; watch events for it meanwhile are taken as its echo.
     pub(super) async fn execute(&self, ctx: &Context, term: u64) -> Result<WriteDone, kube::Error> {
+        ctx.ledger.lock().await.begin_own(&self.key);
+        let result = self.write(ctx, term).await;
+        ctx.ledger.lock().await.end_own(&self.key);
+        result
+    }
+
+    async fn write(&self, ctx: &Context, term: u64) -> Result<WriteDone, kube::Error> {
         // Planned in `term`: written only while this replica still leads in it. (What makes
         // addresses safe is the pool record committed before; this keeps a deposed replica
         // quiet.)

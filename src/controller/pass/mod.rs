@@ -80,6 +80,9 @@ pub async fn run(
 ) -> Result<PassOutcome, PassError> {
     let limit = state.write_concurrency;
     let mut outcome = PassOutcome::default();
+    let started = std::time::Instant::now();
+    let mut steps: Vec<(&str, u128)> = Vec::new();
+    let mut step = |name: &'static str| steps.push((name, started.elapsed().as_micros()));
     let pools: Vec<Arc<IPAMPool>> = ctx.pools.state();
     let mut clusters: Vec<Arc<Cluster>> = ctx.clusters.state();
     let namespaces: HashSet<String> = ctx
@@ -96,9 +99,19 @@ pub async fn run(
     let records = ctx.records.lock().await.snapshot();
     let now = crate::resources::now_rfc3339();
 
+    step("snapshot");
     lifecycle::add_finalizers(ctx, &pools, &clusters, limit, &mut outcome).await;
+    step("finalizers");
 
-    let gathered = inputs::gather(ctx, &pools, &mut clusters, &stored_objects, &records).await;
+    let gathered = inputs::gather(
+        ctx,
+        &pools,
+        &mut clusters,
+        &stored_objects,
+        &records,
+        &mut state.reads,
+    )
+    .await;
     let inputs::Inputs {
         pool_inputs,
         pool_errors,
@@ -132,6 +145,7 @@ pub async fn run(
         .map_err(|e| PassError::Planner(e.to_string()))?;
     *state = taken;
     let pool_inputs = &plan_inputs.pools;
+    step("plan");
 
     // Namespaces first: allocations live in them.
     lifecycle::ensure_namespaces(ctx, &clusters, &namespaces, limit, &mut outcome).await;
@@ -169,6 +183,7 @@ pub async fn run(
         }
     }
 
+    step("jobs");
     // Commit the pool records first: one compare-and-swap per pool datacenter that is to get
     // objects written. Only where it succeeded are the objects written.
     let mut write_failures: HashMap<String, Vec<String>> = HashMap::new();
@@ -185,6 +200,7 @@ pub async fn run(
         &mut outcome,
     )
     .await;
+    step("records");
     let mut allowed = Vec::new();
     for job in jobs {
         let fenced = job.desired.is_some() && !job.is_status_only();
@@ -258,6 +274,7 @@ pub async fn run(
         }
     }
 
+    step("allocations");
     allocations::publish_cluster_events(ctx, notes, &uids, limit).await;
 
     lifecycle::release_finalizers(ctx, &pools, &clusters, &mut outcome).await;
@@ -281,6 +298,7 @@ pub async fn run(
     )
     .await;
     state.retry_clusters.extend(unwritten);
+    step("cluster status");
     statuses::write_pool_status(
         ctx,
         &pools,
@@ -291,11 +309,13 @@ pub async fn run(
         &mut outcome,
     )
     .await;
-    if scope.is_full() {
-        tracing::debug!(decisions = plan.decisions.len(), "whole seed planned");
-    } else {
-        tracing::debug!(pools = ?scope.pools, "changed pools planned");
-    }
+    step("pool status");
+    tracing::debug!(
+        full = scope.is_full(),
+        pools = scope.pools.as_ref().map_or(0, |p| p.len()),
+        writes = outcome.writes,
+        "pass steps (µs since start): {steps:?}"
+    );
     state.keep(plan_inputs, plan);
     outcome.retry_after = ctx.backoff.lock().ok().and_then(|b| b.next_due());
     Ok(outcome)

@@ -29,6 +29,8 @@ pub struct PassState {
     pub(super) retry_clusters: BTreeSet<String>,
     /// Planning passes that replanned only part of the seed (for the log and tests).
     pub incremental_passes: u64,
+    /// Objects and records already read, by version.
+    pub(super) reads: super::inputs::ReadCache,
 }
 
 impl PassState {
@@ -40,6 +42,7 @@ impl PassState {
             retry_pools: BTreeSet::new(),
             retry_clusters: BTreeSet::new(),
             incremental_passes: 0,
+            reads: Default::default(),
         }
     }
 
