@@ -423,7 +423,7 @@ fn run(scale: Scale) -> bool {
                 ok = false;
                 break;
             }
-            std::thread::sleep(Duration::from_micros(500));
+            std::thread::sleep(Duration::from_millis(2));
         }
         latencies.push(t.elapsed());
         std::thread::sleep(Duration::from_millis(50));
