@@ -8,7 +8,7 @@
 //!    `Allocated`, the controller's API requests by verb and resource until it is quiet again,
 //!    writes per allocation and per cluster, and the controller's peak resident memory
 //!    (`VmHWM` of the real process);
-//! 2. **steady state**: 100 new clusters, one after the other — the time from each Cluster's
+//! 2. **steady state**: 100 (`KIPAM_BENCH_NEW`) new clusters, one after the other — the time from each Cluster's
 //!    create to all its allocations existing (median, p99), and the requests they cost;
 //! 3. **idle**: `KIPAM_BENCH_IDLE_SECS` (default 60) seconds without changes — CPU time used by
 //!    the controller (`utime + stime` from `/proc/PID/stat`), planning passes run, and the API
@@ -25,8 +25,13 @@ use kipam::resources::IPAMAllocation;
 use kube_standin::{ApiServer, Stats};
 use serde_json::{Value, json};
 
-/// New clusters created one by one at steady state.
-const NEW_CLUSTERS: usize = 100;
+/// New clusters created one by one at steady state (`KIPAM_BENCH_NEW`, default 100).
+fn new_clusters() -> usize {
+    std::env::var("KIPAM_BENCH_NEW")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100)
+}
 
 #[derive(Clone, Copy, Debug)]
 struct Scale {
@@ -411,9 +416,10 @@ fn run(scale: Scale) -> bool {
     }
 
     // 2. Steady state: new clusters one by one.
+    let new = new_clusters();
     api.reset_stats();
-    let mut latencies = Vec::with_capacity(NEW_CLUSTERS);
-    for k in 0..NEW_CLUSTERS {
+    let mut latencies = Vec::with_capacity(new);
+    for k in 0..new {
         let name = format!("n{k:03}");
         let t = Instant::now();
         api.create(&cluster(&name)).expect("new cluster");
@@ -432,7 +438,7 @@ fn run(scale: Scale) -> bool {
     let steady = api.stats();
     latencies.sort();
     println!(
-        "steady state: {NEW_CLUSTERS} new clusters one by one, create -> all {pools} allocations: median {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        "steady state: {new} new clusters one by one, create -> all {pools} allocations: median {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         ms(percentile(&latencies, 50.0)),
         ms(percentile(&latencies, 99.0)),
         ms(percentile(&latencies, 100.0)),
@@ -440,8 +446,8 @@ fn run(scale: Scale) -> bool {
     println!(
         "  API requests: {} ({:.2} per new cluster), writes {:.2} per new cluster",
         steady.total,
-        steady.total as f64 / NEW_CLUSTERS as f64,
-        steady.writes() as f64 / NEW_CLUSTERS as f64
+        steady.total as f64 / new as f64,
+        steady.writes() as f64 / new as f64
     );
     print_requests(&steady, "    ");
 
@@ -482,7 +488,7 @@ fn run(scale: Scale) -> bool {
             rss as f64 / 1024.0
         );
     }
-    let total = clusters + NEW_CLUSTERS;
+    let total = clusters + new;
     let (n, d) = distinct(&allocations(&api));
     if n != total * pools || n != d {
         println!(
