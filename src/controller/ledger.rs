@@ -278,4 +278,44 @@ mod tests {
             .collect();
         assert_eq!(names, vec!["cluster-a", "cluster-c", "cluster-d"]);
     }
+
+    #[test]
+    fn echoes_of_own_writes_are_not_changes() {
+        let mut l = Ledger::default();
+        let key = ("cluster-a".to_string(), "metallb".to_string());
+        // Our create's response, then its watch echo: nothing changed for the planner.
+        l.apply_own(obj("cluster-a", 3, "a"));
+        assert!(!l.apply(obj("cluster-a", 3, "a")));
+        // The echo may also arrive before the response, while the write is in flight.
+        l.begin_own(&key);
+        assert!(!l.apply(obj("cluster-a", 4, "grown")));
+        l.apply_own(obj("cluster-a", 4, "grown"));
+        l.end_own(&key);
+        assert!(l.take_changed().is_empty());
+        // Somebody else's edit, and somebody else's delete, are changes.
+        assert!(l.apply(obj("cluster-a", 5, "edited")));
+        assert_eq!(
+            l.take_changed().into_iter().collect::<Vec<_>>(),
+            vec![key.clone()]
+        );
+        assert!(l.remove(&obj("cluster-a", 6, "edited")));
+        assert_eq!(
+            l.take_changed().into_iter().collect::<Vec<_>>(),
+            vec![key.clone()]
+        );
+        // Our own delete is not.
+        l.apply_own(obj("cluster-a", 7, "again"));
+        l.remove_own(&obj("cluster-a", 7, "again"));
+        assert!(!l.remove(&obj("cluster-a", 8, "again")));
+        assert!(l.take_changed().is_empty());
+        // managedFields are not kept.
+        let mut heavy = obj("cluster-b", 9, "b");
+        heavy.metadata.managed_fields = Some(vec![Default::default()]);
+        l.apply(heavy);
+        let b = ("cluster-b".to_string(), "metallb".to_string());
+        assert!(
+            l.get(&b)
+                .is_some_and(|o| o.metadata.managed_fields.is_none())
+        );
+    }
 }

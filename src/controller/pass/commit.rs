@@ -1,6 +1,6 @@
 //! Step 3: commit the pool records — the compare-and-swap that fences every allocation.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -15,7 +15,8 @@ use crate::reservations;
 use crate::resources::{IPAMAllocation, IPAMPool, IPAMPoolRecord, record_name};
 
 /// Writes every pool record the plan changes, and a no-op compare-and-swap on the records of
-/// pool datacenters about to get objects written; returns the records that are current.
+/// pool datacenters about to get objects written; returns the records that are current. The
+/// pools of records that could not be written go into `retry` (checked again next pass).
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn commit_records(
     ctx: &Arc<Context>,
@@ -27,6 +28,7 @@ pub(super) async fn commit_records(
     records: &BTreeMap<RecordKey, IPAMPoolRecord>,
     jobs: &[AllocationWrite],
     limit: usize,
+    retry: &mut BTreeSet<String>,
     outcome: &mut PassOutcome,
 ) -> HashSet<RecordKey> {
     let pool_objects: HashMap<String, &Arc<IPAMPool>> =
@@ -127,6 +129,7 @@ pub(super) async fn commit_records(
                     &e,
                 );
                 outcome.again = true;
+                retry.insert(key.0.clone());
             } else {
                 outcome.writes += 1;
             }
@@ -145,22 +148,28 @@ pub(super) async fn commit_records(
                 write_succeeded(ctx, "IPAMPoolRecord", &name);
                 current.insert(key);
             }
-            Err(None) => outcome.again = true,
+            Err(None) => {
+                outcome.again = true;
+                retry.insert(key.0.clone());
+            }
             Err(Some(records::CommitError::Api(e))) if is_conflict(&e) || is_not_found(&e) => {
                 // Somebody else wrote the record (a newer leader, or a human): re-read, replan.
                 tracing::info!(record = %name, error = %e, "pool record changed under us; planning again");
                 ctx.metrics
                     .write_failed("IPAMPoolRecord", preconditions::reason(&e));
                 outcome.again = true;
+                retry.insert(key.0.clone());
             }
             Err(Some(records::CommitError::Api(e))) => {
                 write_failed(ctx, "IPAMPoolRecord", &name, "update", &e);
                 outcome.again = true;
+                retry.insert(key.0.clone());
             }
             Err(Some(e @ records::CommitError::TooLarge(_))) => {
                 ctx.metrics.write_failed("IPAMPoolRecord", "TooLarge");
                 tracing::error!("{e}");
                 outcome.again = true;
+                retry.insert(key.0.clone());
             }
         }
     }

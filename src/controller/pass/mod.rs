@@ -197,6 +197,7 @@ pub async fn run(
         &records,
         &jobs,
         limit,
+        &mut state.retry_pools,
         &mut outcome,
     )
     .await;
