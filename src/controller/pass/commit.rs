@@ -45,13 +45,10 @@ pub(super) async fn commit_records(
             objects_of.entry(name).or_default().push(o.as_ref());
         }
     }
-    let mut decisions_of: HashMap<&str, Vec<planner::Decision>> = HashMap::new();
+    let mut decisions_of: HashMap<&str, Vec<&planner::Decision>> = HashMap::new();
     for d in &plan.decisions {
         if scope.covers_pool(&d.pool) {
-            decisions_of
-                .entry(d.pool.as_str())
-                .or_default()
-                .push(d.clone());
+            decisions_of.entry(d.pool.as_str()).or_default().push(d);
         }
     }
     let mut current = HashSet::new();
@@ -80,7 +77,7 @@ pub(super) async fn commit_records(
             let desired = reservations::desired_reservations(
                 &input.name,
                 dc,
-                pool_decisions,
+                pool_decisions.iter().copied(),
                 pool_objects_here.iter().copied(),
             );
             let existing = records.get(&key).map(|r| &r.spec.reservations);

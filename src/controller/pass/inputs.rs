@@ -37,7 +37,8 @@ type RecordEntry = (String, Result<crate::allocator::Allocation, String>);
 /// not parsed again on every pass.
 #[derive(Debug, Default)]
 pub struct ReadCache {
-    allocations: HashMap<Key, Versioned<Read<StoredAllocation>>>,
+    /// By `resourceVersion` (looked up without building a key), with the object's key.
+    allocations: HashMap<String, (Key, Read<StoredAllocation>)>,
     records: HashMap<RecordKey, Versioned<Vec<RecordEntry>>>,
     clusters: HashMap<String, Versioned<Read<ClusterInput>>>,
 }
@@ -64,16 +65,18 @@ impl ReadCache {
     }
 
     fn allocation(&mut self, obj: &IPAMAllocation) -> Result<StoredAllocation, Vec<FieldError>> {
-        let rv = obj.metadata.resource_version.clone().unwrap_or_default();
-        let key = (obj.namespace().unwrap_or_default(), obj.name_any());
+        let rv = obj.metadata.resource_version.as_deref().unwrap_or_default();
+        let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
+        let name = obj.metadata.name.as_deref().unwrap_or_default();
         if rv.is_empty() {
             return validation::stored_allocation(obj);
         }
-        match self.allocations.get(&key) {
-            Some((seen, read)) if *seen == rv => read.clone(),
+        match self.allocations.get(rv) {
+            Some(((ns, n), read)) if ns == namespace && n == name => read.clone(),
             _ => {
                 let read = validation::stored_allocation(obj);
-                self.allocations.insert(key, (rv, read.clone()));
+                let key = (namespace.to_string(), name.to_string());
+                self.allocations.insert(rv.to_string(), (key, read.clone()));
                 read
             }
         }
@@ -85,12 +88,14 @@ impl ReadCache {
         objects: &[Arc<IPAMAllocation>],
         records: &BTreeMap<RecordKey, IPAMPoolRecord>,
     ) {
+        // Every write gives an object a new version: drop the readings of versions gone.
         if self.allocations.len() > objects.len() {
-            let present: HashSet<(String, String)> = objects
+            let present: HashSet<&str> = objects
                 .iter()
-                .map(|o| (o.namespace().unwrap_or_default(), o.name_any()))
+                .filter_map(|o| o.metadata.resource_version.as_deref())
                 .collect();
-            self.allocations.retain(|k, _| present.contains(k));
+            self.allocations
+                .retain(|rv, _| present.contains(rv.as_str()));
         }
         self.records.retain(|k, _| records.contains_key(k));
     }
