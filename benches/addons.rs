@@ -68,7 +68,11 @@ fn held(seed: &ApiServer, cluster: &str) -> Option<Vec<Value>> {
         Some(&format!("cluster-{cluster}")),
         "metallb",
     )
-    .filter(|a| a.pointer("/status/phase") == Some(&json!("Allocated")))
+    // A healthy allocation carries no status (its spec holds the addresses).
+    .filter(|a| {
+        a.pointer("/status/phase")
+            .is_none_or(|p| p == &json!("Allocated"))
+    })
     .and_then(|a| {
         a.pointer("/spec/addresses")
             .and_then(Value::as_array)

@@ -112,6 +112,9 @@ struct ControllerArgs {
     /// Seconds between full passes when nothing changes.
     #[arg(long, default_value_t = 300)]
     resync: u64,
+    /// Writes to the API server the planning pass sends at once (1 to 256).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
+    write_concurrency: u16,
     /// This replica's identity in the Lease (default: host name and process id).
     #[arg(long)]
     identity: Option<String>,
@@ -402,6 +405,7 @@ fn run_controller(args: ControllerArgs) -> ExitCode {
             retry_period: std::time::Duration::from_secs(args.retry_period),
         },
         resync: std::time::Duration::from_secs(args.resync.max(1)),
+        write_concurrency: usize::from(args.write_concurrency),
         identity: args
             .identity
             .unwrap_or_else(|| format!("{host}-{}", std::process::id())),

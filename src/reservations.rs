@@ -105,11 +105,11 @@ fn merged(mut ranges: Vec<AddrRange>) -> Vec<AddrRange> {
 /// The record of (`pool`, `datacenter`) a plan asks for: every cluster's addresses held there
 /// after the plan, plus every address an existing object still shows there (dropped only once
 /// the object stops showing it, so the record always covers the objects).
-pub fn desired_reservations(
+pub fn desired_reservations<'a, 'b>(
     pool: &str,
     datacenter: &str,
-    decisions: &[Decision],
-    objects: &[IPAMAllocation],
+    decisions: impl IntoIterator<Item = &'b Decision>,
+    objects: impl IntoIterator<Item = &'a IPAMAllocation>,
 ) -> BTreeMap<String, Reservation> {
     let mut held: BTreeMap<String, Allocation> = BTreeMap::new();
     for d in decisions {

@@ -323,7 +323,7 @@ impl AllocationView {
             type_: obj.spec.type_,
             cidr: obj.spec.cidr.clone(),
             addresses: obj.spec.addresses.clone(),
-            phase: obj.status.as_ref().and_then(|s| s.phase),
+            phase: Some(obj.phase()),
             message: obj.status.as_ref().and_then(|s| s.message.clone()),
         }
     }

@@ -98,9 +98,12 @@ where
 {
     let (store, writer) = reflector::store();
     let mut last_error: Option<String> = None;
+    // Field-manager bookkeeping is most of a small object and is never read here.
     let stream = reflector::reflector(
         writer,
-        watcher::watcher(api, config).default_backoff(),
+        watcher::watcher(api, config)
+            .default_backoff()
+            .modify(|o: &mut K| o.meta_mut().managed_fields = None),
     )
     .map(move |ev| {
         match &ev {
@@ -420,9 +423,8 @@ fn fingerprint(
     let mut versions: Vec<(String, String)> = allocations
         .iter()
         .map(|a| {
-            let phase = a.status.as_ref().and_then(|s| s.phase);
             let renderable = a.metadata.deletion_timestamp.is_none()
-                && phase.is_none_or(|p| p == crate::resources::AllocationPhase::Allocated);
+                && a.phase() == crate::resources::AllocationPhase::Allocated;
             (
                 a.name_any(),
                 format!(

@@ -10,7 +10,8 @@
 //! Resource versions are compared as integers: they are etcd revisions on a real API server
 //! (and on the test stand-in). A version that does not parse is treated as newer.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use crate::resources::IPAMAllocation;
 
@@ -35,9 +36,34 @@ fn not_older(a: Option<u64>, b: Option<u64>) -> bool {
     }
 }
 
+/// What the planner reads of an allocation: a watch event that leaves all of it alone (the
+/// echo of kipam's own write, already applied from the write's response) changes nothing.
+fn same_content(a: &IPAMAllocation, b: &IPAMAllocation) -> bool {
+    a.spec == b.spec
+        && a.status == b.status
+        && a.metadata.labels == b.metadata.labels
+        && a.metadata.annotations == b.metadata.annotations
+        && a.metadata.uid == b.metadata.uid
+        && a.metadata.deletion_timestamp == b.metadata.deletion_timestamp
+        && a.metadata.finalizers == b.metadata.finalizers
+}
+
+/// Field-manager bookkeeping is the bulk of a small object and nobody here reads it.
+fn slim(mut obj: IPAMAllocation) -> IPAMAllocation {
+    obj.metadata.managed_fields = None;
+    obj
+}
+
 #[derive(Debug, Default)]
 pub struct Ledger {
-    objects: BTreeMap<Key, IPAMAllocation>,
+    objects: BTreeMap<Key, Arc<IPAMAllocation>>,
+    /// Keys whose content changed other than by this replica's own writes, since the last
+    /// [`Ledger::take_changed`].
+    changed: BTreeSet<Key>,
+    /// Keys this replica is writing right now: a watch event for one of them is the echo of
+    /// that write (arriving before its response) or a change that makes the write fail (and
+    /// the failure makes the pass look again), so it is stored without being reported.
+    in_flight: HashMap<Key, usize>,
     /// Deleted keys with the version they were deleted at.
     tombstones: HashMap<Key, u64>,
     /// Keys seen during a watch re-list, and the highest version seen then.
@@ -47,17 +73,29 @@ pub struct Ledger {
 impl Ledger {
     /// Replaces everything with a fresh list (on becoming leader).
     pub fn reset(&mut self, objects: Vec<IPAMAllocation>) {
-        self.objects = objects.into_iter().map(|o| (key_of(&o), o)).collect();
+        self.in_flight.clear();
+        self.objects = objects
+            .into_iter()
+            .map(|o| (key_of(&o), Arc::new(slim(o))))
+            .collect();
         self.tombstones.clear();
         self.relist = None;
+        self.changed.clear();
     }
 
-    pub fn snapshot(&self) -> Vec<IPAMAllocation> {
+    /// Every object (shared, not copied).
+    pub fn snapshot(&self) -> Vec<Arc<IPAMAllocation>> {
         self.objects.values().cloned().collect()
     }
 
+    /// The keys changed by others (watch events with new content, re-reads, re-lists) since
+    /// the last call.
+    pub fn take_changed(&mut self) -> BTreeSet<Key> {
+        std::mem::take(&mut self.changed)
+    }
+
     pub fn get(&self, key: &Key) -> Option<&IPAMAllocation> {
-        self.objects.get(key)
+        self.objects.get(key).map(Arc::as_ref)
     }
 
     pub fn len(&self) -> usize {
@@ -78,11 +116,43 @@ impl Ledger {
         self.objects
             .iter()
             .filter(move |((_, name), _)| name == pool)
-            .map(|(_, o)| o)
+            .map(|(_, o)| o.as_ref())
     }
 
-    /// A version of an object, from our own write or from the watch.
-    pub fn apply(&mut self, obj: IPAMAllocation) {
+    /// This replica starts writing `key`; [`Ledger::end_own`] when the write is over.
+    pub fn begin_own(&mut self, key: &Key) {
+        *self.in_flight.entry(key.clone()).or_default() += 1;
+    }
+
+    pub fn end_own(&mut self, key: &Key) {
+        if let Some(n) = self.in_flight.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                self.in_flight.remove(key);
+            }
+        }
+    }
+
+    /// The response of this replica's own write: the plan that made it already knows it.
+    pub fn apply_own(&mut self, obj: IPAMAllocation) {
+        self.store(obj);
+    }
+
+    /// A version of an object from the watch or a re-read. Returns true when what the
+    /// planner reads of it changed (the key is then remembered for
+    /// [`Ledger::take_changed`]).
+    pub fn apply(&mut self, obj: IPAMAllocation) -> bool {
+        let key = key_of(&obj);
+        let changed = self.store(obj) && !self.in_flight.contains_key(&key);
+        if changed {
+            self.changed.insert(key);
+        }
+        changed
+    }
+
+    /// Stores a version unless it is older; true when the content changed.
+    fn store(&mut self, obj: IPAMAllocation) -> bool {
+        let obj = slim(obj);
         let key = key_of(&obj);
         let rv = rv_of(&obj);
         if let Some((seen, max)) = self.relist.as_mut() {
@@ -92,35 +162,54 @@ impl Ledger {
         if let (Some(dead), Some(rv)) = (self.tombstones.get(&key), rv)
             && rv <= *dead
         {
-            return;
+            return false;
         }
         match self.objects.get(&key) {
-            Some(current) if !not_older(rv, rv_of(current)) => {}
-            _ => {
+            Some(current) if !not_older(rv, rv_of(current)) => false,
+            current => {
+                let changed = current.is_none_or(|c| !same_content(c, &obj));
                 self.tombstones.remove(&key);
-                self.objects.insert(key, obj);
+                self.objects.insert(key, Arc::new(obj));
+                changed
             }
         }
     }
 
-    /// The object is gone (our delete succeeded, or the watch said so).
-    pub fn remove(&mut self, obj: &IPAMAllocation) {
+    /// The object is gone (our delete succeeded, or the watch said so). Returns true when
+    /// the ledger still held it (for a watch event: somebody else deleted it).
+    pub fn remove(&mut self, obj: &IPAMAllocation) -> bool {
         let key = key_of(obj);
         let rv = rv_of(obj);
         if let Some(current) = self.objects.get(&key)
             && !not_older(rv, rv_of(current))
         {
-            return; // a newer incarnation exists
+            return false; // a newer incarnation exists
         }
-        self.objects.remove(&key);
+        let held = self.objects.remove(&key).is_some() && !self.in_flight.contains_key(&key);
         if let Some(rv) = rv {
-            self.tombstones.insert(key, rv);
+            self.tombstones.insert(key.clone(), rv);
+        }
+        if held {
+            self.changed.insert(key);
+        }
+        held
+    }
+
+    /// This replica deleted the object: the plan that did it already knows.
+    pub fn remove_own(&mut self, obj: &IPAMAllocation) {
+        let key = key_of(obj);
+        let was_changed = self.changed.contains(&key);
+        self.remove(obj);
+        if !was_changed {
+            self.changed.remove(&key);
         }
     }
 
     /// Forgets a key whose object we know is gone (a delete answered 404).
     pub fn forget(&mut self, key: &Key) {
-        self.objects.remove(key);
+        if self.objects.remove(key).is_some() {
+            self.changed.insert(key.clone());
+        }
     }
 
     /// The watch starts a re-list.
@@ -136,8 +225,14 @@ impl Ledger {
             return;
         };
         let seen: std::collections::HashSet<Key> = seen.into_iter().collect();
-        self.objects
-            .retain(|k, o| seen.contains(k) || rv_of(o).is_none_or(|rv| rv > max));
+        let changed = &mut self.changed;
+        self.objects.retain(|k, o| {
+            let keep = seen.contains(k) || rv_of(o).is_none_or(|rv| rv > max);
+            if !keep {
+                changed.insert(k.clone());
+            }
+            keep
+        });
     }
 }
 
@@ -182,5 +277,45 @@ mod tests {
             .map(|o| o.metadata.namespace.clone().unwrap_or_default())
             .collect();
         assert_eq!(names, vec!["cluster-a", "cluster-c", "cluster-d"]);
+    }
+
+    #[test]
+    fn echoes_of_own_writes_are_not_changes() {
+        let mut l = Ledger::default();
+        let key = ("cluster-a".to_string(), "metallb".to_string());
+        // Our create's response, then its watch echo: nothing changed for the planner.
+        l.apply_own(obj("cluster-a", 3, "a"));
+        assert!(!l.apply(obj("cluster-a", 3, "a")));
+        // The echo may also arrive before the response, while the write is in flight.
+        l.begin_own(&key);
+        assert!(!l.apply(obj("cluster-a", 4, "grown")));
+        l.apply_own(obj("cluster-a", 4, "grown"));
+        l.end_own(&key);
+        assert!(l.take_changed().is_empty());
+        // Somebody else's edit, and somebody else's delete, are changes.
+        assert!(l.apply(obj("cluster-a", 5, "edited")));
+        assert_eq!(
+            l.take_changed().into_iter().collect::<Vec<_>>(),
+            vec![key.clone()]
+        );
+        assert!(l.remove(&obj("cluster-a", 6, "edited")));
+        assert_eq!(
+            l.take_changed().into_iter().collect::<Vec<_>>(),
+            vec![key.clone()]
+        );
+        // Our own delete is not.
+        l.apply_own(obj("cluster-a", 7, "again"));
+        l.remove_own(&obj("cluster-a", 7, "again"));
+        assert!(!l.remove(&obj("cluster-a", 8, "again")));
+        assert!(l.take_changed().is_empty());
+        // managedFields are not kept.
+        let mut heavy = obj("cluster-b", 9, "b");
+        heavy.metadata.managed_fields = Some(vec![Default::default()]);
+        l.apply(heavy);
+        let b = ("cluster-b".to_string(), "metallb".to_string());
+        assert!(
+            l.get(&b)
+                .is_some_and(|o| o.metadata.managed_fields.is_none())
+        );
     }
 }

@@ -45,6 +45,8 @@ pub struct ControllerOptions {
     pub lease: LeaseTiming,
     /// A full pass at least this often, even without changes.
     pub resync: Duration,
+    /// Writes a pass sends at once (`--write-concurrency`).
+    pub write_concurrency: usize,
     /// This replica's name in the Lease.
     pub identity: String,
     /// The REST API served by every replica (`docs/api.md`).
@@ -172,12 +174,53 @@ impl WatchReporter {
     }
 }
 
-/// Feeds one watch into a cache, waking the planner on every change.
+/// What the planner reads of an object, as a hash: an event that leaves it alone (the echo of
+/// kipam's own status or finalizer write) wakes nobody.
+fn planned_content<K: kube::Resource>(obj: &K, spec: impl serde::Serialize, own: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let meta = obj.meta();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(&spec)
+        .unwrap_or_default()
+        .hash(&mut h);
+    meta.uid.hash(&mut h);
+    meta.labels.hash(&mut h);
+    meta.creation_timestamp
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .hash(&mut h);
+    meta.deletion_timestamp.is_some().hash(&mut h);
+    // Other controllers' finalizers matter (they keep an object being deleted); kipam's own
+    // is put back by the pass that finds it missing.
+    if let Some(f) = &meta.finalizers {
+        f.iter().filter(|f| *f != own).for_each(|f| f.hash(&mut h));
+    }
+    h.finish()
+}
+
+/// Which watch events wake the planner.
+enum Wakes<K> {
+    /// Changes to what [`planned_content`] reads (given the spec and kipam's finalizer).
+    Content(fn(&K) -> u64),
+    /// Deletions and re-lists only (kipam's namespaces: their creation is kipam's own write).
+    Deletions,
+}
+
+impl<K> Clone for Wakes<K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for Wakes<K> {}
+
+/// Feeds one watch into a cache, waking the planner on every change the planner reads.
 fn cached<K>(
     api: Api<K>,
     config: watcher::Config,
     wake: Arc<Notify>,
     reporter: Arc<WatchReporter>,
+    wakes: Wakes<K>,
 ) -> (Store<K>, impl Stream<Item = ()>)
 where
     K: kube::Resource<DynamicType = ()>
@@ -189,17 +232,34 @@ where
         + 'static,
 {
     let (store, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher::watcher(api, config).default_backoff()).map(
-        move |ev| {
-            match &ev {
-                Err(e) => reporter.failed(e),
-                // A re-list announces itself before it is tried: no sign of health yet.
-                Ok(Event::Init) => {}
-                Ok(_) => reporter.ok(),
+    let mut seen: std::collections::HashMap<reflector::ObjectRef<K>, u64> = Default::default();
+    let watch = watcher::watcher(api, config)
+        .default_backoff()
+        .modify(|o: &mut K| o.meta_mut().managed_fields = None);
+    let stream = reflector::reflector(writer, watch).map(move |ev| {
+        match &ev {
+            Err(e) => reporter.failed(e),
+            // A re-list announces itself before it is tried: no sign of health yet.
+            Ok(Event::Init) => {}
+            Ok(_) => reporter.ok(),
+        }
+        let wakes_now = match (&ev, wakes) {
+            (Ok(Event::Apply(o)) | Ok(Event::InitApply(o)), Wakes::Content(content)) => {
+                let fingerprint = content(o);
+                seen.insert(reflector::ObjectRef::from(o), fingerprint) != Some(fingerprint)
             }
+            (Ok(Event::Apply(_)) | Ok(Event::InitApply(_)), Wakes::Deletions) => false,
+            (Ok(Event::Delete(o)), _) => {
+                seen.remove(&reflector::ObjectRef::from(o));
+                true
+            }
+            (Ok(Event::Init), _) => false,
+            (Ok(Event::InitDone), _) | (Err(_), _) => true,
+        };
+        if wakes_now {
             wake.notify_one();
-        },
-    );
+        }
+    });
     (store, stream)
 }
 
@@ -220,18 +280,21 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         backoff(),
         wake.clone(),
         WatchReporter::new("ipampools.ipam.kipam.dev", metrics.clone()),
+        Wakes::Content(|p: &IPAMPool| planned_content(p, &p.spec, pass::POOL_FINALIZER)),
     );
     let (clusters, cluster_events) = cached(
         Api::<Cluster>::all(client.clone()),
         backoff(),
         wake.clone(),
         WatchReporter::new("clusters.ipam.kipam.dev", metrics.clone()),
+        Wakes::Content(|c: &Cluster| planned_content(c, &c.spec, pass::CLUSTER_FINALIZER)),
     );
     let (namespaces, namespace_events) = cached(
         Api::<Namespace>::all(client.clone()),
         watcher::Config::default().labels(LABEL_CLUSTER),
         wake.clone(),
         WatchReporter::new("namespaces", metrics.clone()),
+        Wakes::Deletions,
     );
     let leader = LeaderState::new(options.lease.renew_deadline);
     let ctx = Arc::new(Context {
@@ -298,6 +361,7 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         watcher::Config::default(),
     )
     .default_backoff()
+    .modify(|o| o.metadata.managed_fields = None)
     .then(move |ev| {
         let ctx = allocation_ctx.clone();
         let wake = allocation_wake.clone();
@@ -309,15 +373,24 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
                 Ok(_) => reporter.ok(),
             }
             let mut ledger = ctx.ledger.lock().await;
-            match ev {
+            // The echo of kipam's own write (content the ledger already holds) wakes nobody.
+            let changed = match ev {
                 Ok(Event::Apply(obj)) | Ok(Event::InitApply(obj)) => ledger.apply(obj),
                 Ok(Event::Delete(obj)) => ledger.remove(&obj),
-                Ok(Event::Init) => ledger.relist_started(),
-                Ok(Event::InitDone) => ledger.relist_done(),
-                Err(_) => {}
-            }
+                Ok(Event::Init) => {
+                    ledger.relist_started();
+                    false
+                }
+                Ok(Event::InitDone) => {
+                    ledger.relist_done();
+                    true
+                }
+                Err(_) => false,
+            };
             drop(ledger);
-            wake.notify_one();
+            if changed {
+                wake.notify_one();
+            }
         }
     });
     let watches = tokio::spawn(async move {
@@ -344,7 +417,12 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
     let identity = options.identity.clone();
     let election = tokio::spawn(elector.run());
 
-    let planning = tokio::spawn(planning_loop(ctx.clone(), wake.clone(), options.resync));
+    let planning = tokio::spawn(planning_loop(
+        ctx.clone(),
+        wake.clone(),
+        options.resync,
+        pass::PassState::new(options.write_concurrency),
+    ));
     let applier = tokio::spawn(crate::applier::run(ctx.clone(), options.addons.clone()));
 
     tokio::select! {
@@ -411,8 +489,16 @@ async fn shutdown_signal() {
     }
 }
 
+/// How long the planning loop waits after a wake-up before planning.
+const DEBOUNCE: Duration = Duration::from_millis(10);
+
 /// Waits for changes (or the resync period) and runs a pass while leader.
-async fn planning_loop(ctx: Arc<Context>, wake: Arc<Notify>, resync: Duration) {
+async fn planning_loop(
+    ctx: Arc<Context>,
+    wake: Arc<Notify>,
+    resync: Duration,
+    mut state: pass::PassState,
+) {
     // Caches first: a pass on a partial view would release what it cannot see.
     let _ = tokio::join!(
         ctx.pools.wait_until_ready(),
@@ -427,6 +513,7 @@ async fn planning_loop(ctx: Arc<Context>, wake: Arc<Notify>, resync: Duration) {
     let mut built_for: Option<u64> = None;
     let mut failures: u32 = 0;
     let mut last_problem: Option<String> = None;
+    let mut last_full: Option<Instant> = None;
     loop {
         let holds = ctx.leader.holds();
         ctx.metrics.set_leader(holds);
@@ -445,6 +532,7 @@ async fn planning_loop(ctx: Arc<Context>, wake: Arc<Notify>, resync: Duration) {
             match rebuild(&ctx).await {
                 Ok(()) => {
                     built_for = Some(term);
+                    state.replan_all();
                     failures = 0;
                     last_problem = None;
                     tracing::info!(
@@ -465,9 +553,14 @@ async fn planning_loop(ctx: Arc<Context>, wake: Arc<Notify>, resync: Duration) {
             }
         }
         let started = Instant::now();
+        if last_full.is_none_or(|t| t.elapsed() >= resync) {
+            // The periodic resync: plan and check the whole seed, whatever changed.
+            state.replan_all();
+            last_full = Some(started);
+        }
         ctx.metrics.passes.inc();
         let guard = ctx.pass_lock.lock().await;
-        let result = pass::run(&ctx, term).await;
+        let result = pass::run(&ctx, term, &mut state).await;
         drop(guard);
         let wait = match result {
             Ok(outcome) => {
@@ -482,6 +575,7 @@ async fn planning_loop(ctx: Arc<Context>, wake: Arc<Notify>, resync: Duration) {
             }
             Err(e) => {
                 failures += 1;
+                state.replan_all();
                 ctx.metrics.pass_failures.inc();
                 tracing::warn!(error = %e, "pass failed (retrying with backoff)");
                 backoff::delay(failures)
@@ -490,8 +584,10 @@ async fn planning_loop(ctx: Arc<Context>, wake: Arc<Notify>, resync: Duration) {
         ctx.metrics.pass_finished(started.elapsed());
         tokio::select! {
             _ = wake.notified(), if failures == 0 => {
-                // Let a burst of changes settle into one pass.
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                // Let the events of one change (or of a burst being written) arrive together.
+                // Short: changes that arrive while a pass runs are batched into the next one
+                // anyway, and a new cluster should not wait.
+                tokio::time::sleep(DEBOUNCE).await;
             }
             _ = tokio::time::sleep(wait) => {}
             _ = leadership.changed() => {}

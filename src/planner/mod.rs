@@ -16,9 +16,11 @@
 //! One pool's failure never touches the cluster's other pools: each pool datacenter has its
 //! own allocator.
 
+pub mod incremental;
 mod input;
 mod output;
 
+pub use incremental::{PlanInputs, changed_pools, plan_pools};
 pub use input::{ClusterInput, DatacenterInput, PoolInput, PoolOverride, StoredAllocation};
 pub use output::{Change, DatacenterReport, Decision, Plan};
 

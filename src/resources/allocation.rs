@@ -80,6 +80,22 @@ impl AllocationPhase {
     }
 }
 
+impl IPAMAllocation {
+    /// The allocation's phase as readers should take it. kipam writes a status only when it
+    /// says more than the spec: an allocation without one is `Allocated` when its spec holds
+    /// addresses (the healthy case, one write per allocation) and `Pending` otherwise (created,
+    /// its status not written yet).
+    pub fn phase(&self) -> AllocationPhase {
+        match self.status.as_ref().and_then(|s| s.phase) {
+            Some(phase) => phase,
+            None if self.spec.cidr.is_some() || !self.spec.addresses.is_empty() => {
+                AllocationPhase::Allocated
+            }
+            None => AllocationPhase::Pending,
+        }
+    }
+}
+
 /// Observed state of an allocation.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

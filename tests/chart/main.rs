@@ -473,6 +473,7 @@ fn values_set_in_values_all_reach_the_objects() {
         "--tenant-concurrency=4",
         "--tenant-timeout=20",
         "--log-format=json",
+        "--write-concurrency=8",
         "--addons-dir=/addons",
         "--templates-dir=/addon-templates",
         "--max-addon-size=8MiB",

@@ -239,9 +239,7 @@ impl Seed {
 
     pub fn phase(&self, cluster: &str, pool: &str) -> String {
         self.allocation(cluster, pool)
-            .and_then(|a| a.status)
-            .and_then(|s| s.phase)
-            .map(|p| p.as_str().to_string())
+            .map(|a| a.phase().as_str().to_string())
             .unwrap_or_default()
     }
 

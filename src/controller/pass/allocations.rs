@@ -7,7 +7,9 @@ use super::*;
 use crate::controller::Context;
 use crate::controller::ledger::Key;
 use crate::planner::{Change, Decision};
-use crate::resources::{Cluster, IPAMAllocation, cluster_namespace};
+use crate::resources::{
+    AllocationPhase, Cluster, IPAMAllocation, IPAMAllocationStatus, cluster_namespace,
+};
 use crate::status::{self};
 
 /// Re-reads one allocation into the ledger after a conflict.
@@ -15,7 +17,9 @@ pub(super) async fn refresh(ctx: &Context, key: &Key) {
     // RBAC: src/rbac.rs (ipamallocations, ipamallocations/status).
     let api: Api<IPAMAllocation> = Api::namespaced(ctx.writer.clone(), &key.0);
     match api.get_opt(&key.1).await {
-        Ok(Some(obj)) => ctx.ledger.lock().await.apply(obj),
+        Ok(Some(obj)) => {
+            ctx.ledger.lock().await.apply(obj);
+        }
         Ok(None) => ctx.ledger.lock().await.forget(key),
         Err(e) => tracing::warn!(error = %e, "re-read failed"),
     }
@@ -35,12 +39,43 @@ pub(super) struct WriteDone {
     pub(super) writes: u64,
 }
 
+/// A status that says no more than the spec: `Allocated`, no message, no conditions. Such a
+/// status is not written (readers take a missing status as `Allocated` when the spec holds
+/// addresses, see `IPAMAllocation::phase`): a healthy allocation costs one write, its create.
+fn says_nothing(status: &IPAMAllocationStatus) -> bool {
+    status.phase == Some(AllocationPhase::Allocated)
+        && status.message.is_none()
+        && status.conditions.is_empty()
+}
+
+/// The status worth storing for `desired`, given what `existing` shows: none for a healthy
+/// allocation that shows none (or an equally healthy one, left as it is); the short
+/// `Allocated` status where a stored status says something else (a missing status would not
+/// replace it).
+fn status_to_store(
+    existing: Option<&IPAMAllocation>,
+    desired: Option<IPAMAllocationStatus>,
+) -> Option<IPAMAllocationStatus> {
+    let desired = desired?;
+    if !says_nothing(&desired) {
+        return Some(desired);
+    }
+    match existing.and_then(|e| e.status.as_ref()) {
+        None => None,
+        Some(stored) if says_nothing(stored) => Some(stored.clone()),
+        Some(_) => Some(desired),
+    }
+}
+
 impl AllocationWrite {
     pub(super) fn new(
         decision: &Decision,
         existing: Option<&IPAMAllocation>,
-        desired: Option<IPAMAllocation>,
+        mut desired: Option<IPAMAllocation>,
     ) -> Option<Self> {
+        if let Some(d) = desired.as_mut() {
+            d.status = status_to_store(existing, d.status.take());
+        }
         let same = match (existing, &desired) {
             (None, None) => true,
             (Some(e), Some(d)) => {
@@ -90,7 +125,15 @@ impl AllocationWrite {
         }
     }
 
+    /// Writes the object; watch events for it meanwhile are taken as its echo.
     pub(super) async fn execute(&self, ctx: &Context, term: u64) -> Result<WriteDone, kube::Error> {
+        ctx.ledger.lock().await.begin_own(&self.key);
+        let result = self.write(ctx, term).await;
+        ctx.ledger.lock().await.end_own(&self.key);
+        result
+    }
+
+    async fn write(&self, ctx: &Context, term: u64) -> Result<WriteDone, kube::Error> {
         // Planned in `term`: written only while this replica still leads in it. (What makes
         // addresses safe is the pool record committed before; this keeps a deposed replica
         // quiet.)
@@ -127,7 +170,7 @@ impl AllocationWrite {
                 }
                 // The delete response may still carry the object (finalizers); the version
                 // it had is enough for the tombstone.
-                ctx.ledger.lock().await.remove(existing);
+                ctx.ledger.lock().await.remove_own(existing);
                 writes += 1;
             }
             (None, Some(desired)) => {
@@ -136,14 +179,17 @@ impl AllocationWrite {
                 ctx.metrics.wrote("create", "ipamallocations");
                 let created = api.create(&pp, &create).await?;
                 writes += 1;
-                ctx.ledger.lock().await.apply(created.clone());
+                ctx.ledger.lock().await.apply_own(created.clone());
+                if desired.status.is_none() {
+                    return Ok(WriteDone { writes });
+                }
                 fence()?;
                 let mut with_status = created;
                 with_status.status = desired.status.clone();
                 ctx.metrics.wrote("update", "ipamallocations/status");
                 let updated = api.replace_status(&self.key.1, &pp, &with_status).await?;
                 writes += 1;
-                ctx.ledger.lock().await.apply(updated);
+                ctx.ledger.lock().await.apply_own(updated);
             }
             (Some(existing), Some(desired)) => {
                 let mut current = existing.clone();
@@ -156,7 +202,7 @@ impl AllocationWrite {
                     ctx.metrics.wrote("update", "ipamallocations");
                     current = api.replace(&self.key.1, &pp, &update).await?;
                     writes += 1;
-                    ctx.ledger.lock().await.apply(current.clone());
+                    ctx.ledger.lock().await.apply_own(current.clone());
                 }
                 if current.status != desired.status {
                     fence()?;
@@ -165,7 +211,7 @@ impl AllocationWrite {
                     ctx.metrics.wrote("update", "ipamallocations/status");
                     let updated = api.replace_status(&self.key.1, &pp, &with_status).await?;
                     writes += 1;
-                    ctx.ledger.lock().await.apply(updated);
+                    ctx.ledger.lock().await.apply_own(updated);
                 }
             }
             (None, None) => {}
@@ -174,32 +220,48 @@ impl AllocationWrite {
     }
 }
 
-pub(super) async fn publish_allocation_event(
-    ctx: &Context,
-    job: &AllocationWrite,
-    cluster: Option<&Cluster>,
-) {
+/// One event for a cluster: what happened to one of its allocations.
+pub(super) struct ClusterNote {
+    pub(super) warning: bool,
+    pub(super) reason: String,
+    pub(super) note: String,
+}
+
+/// The event a finished allocation write deserves, if any (counting it in the metrics). A
+/// plain first allocation gets none: the object and the cluster's `IPAMReady` condition say
+/// it, and at scale an event per allocation would double the writes.
+pub(super) fn allocation_note(ctx: &Context, job: &AllocationWrite) -> Option<ClusterNote> {
     let d = &job.decision;
-    let Some(cluster) = cluster else { return };
-    let reference = cluster_reference(cluster);
     let held = d.held.as_ref().map(|h| h.to_string()).unwrap_or_default();
     tracing::info!(cluster = %d.cluster, pool = %d.pool, datacenter = %d.datacenter, change = %d.change, held = %held, "allocation written{}{}", if d.message.is_empty() { "" } else { ": " }, d.message);
+    let note = |warning: bool, reason: &str, note: String| {
+        Some(ClusterNote {
+            warning,
+            reason: reason.to_string(),
+            note,
+        })
+    };
     match d.change {
         Change::Create | Change::Grow | Change::Replace => {
             ctx.metrics.allocation_written(&d.cluster, &d.pool);
-            let reason = match d.change {
-                Change::Create => "Allocated",
-                Change::Grow => "AllocationGrown",
-                _ => "AllocationRepinned",
-            };
-            publish(
-                ctx,
-                &reference,
-                false,
-                reason,
-                format!("pool {} ({}): {held}", d.pool, d.datacenter),
-            )
-            .await;
+            match (d.change, &d.previous) {
+                (Change::Create, None) => None,
+                (Change::Create, Some(_)) => note(
+                    false,
+                    "Allocated",
+                    format!("pool {} ({}): {held}; {}", d.pool, d.datacenter, d.message),
+                ),
+                (Change::Grow, _) => note(
+                    false,
+                    "AllocationGrown",
+                    format!("pool {} ({}): {held}", d.pool, d.datacenter),
+                ),
+                _ => note(
+                    false,
+                    "AllocationRepinned",
+                    format!("pool {} ({}): {held}", d.pool, d.datacenter),
+                ),
+            }
         }
         Change::Release if job.existing.is_some() => {
             ctx.metrics.allocations_released.inc();
@@ -208,27 +270,108 @@ pub(super) async fn publish_allocation_event(
                 .as_ref()
                 .map(|p| p.to_string())
                 .unwrap_or_default();
-            publish(
-                ctx,
-                &reference,
+            note(
                 false,
                 "Released",
                 format!("pool {}: {previous} released: {}", d.pool, d.message),
             )
-            .await;
         }
         Change::Fail if job.previous_message.as_deref() != Some(d.message.as_str()) => {
             ctx.metrics.allocation_failures.inc();
             let (_, reason, _) = status::cluster_ipam_condition(&[d]);
-            publish(
-                ctx,
-                &reference,
-                true,
-                &reason,
-                format!("pool {}: {}", d.pool, d.message),
-            )
-            .await;
+            note(true, &reason, format!("pool {}: {}", d.pool, d.message))
         }
-        _ => {}
+        _ => None,
+    }
+}
+
+/// Publishes at most one event per cluster for this pass: several notes are joined into one,
+/// under the reason of the first warning (else of the first note).
+pub(super) async fn publish_cluster_events(
+    ctx: &Context,
+    notes: std::collections::BTreeMap<String, Vec<ClusterNote>>,
+    clusters: &std::collections::HashMap<String, &Cluster>,
+    limit: usize,
+) {
+    let mut jobs = Vec::new();
+    for (cluster, notes) in notes {
+        let Some(c) = clusters.get(&cluster) else {
+            continue;
+        };
+        let Some(first) = notes.iter().find(|n| n.warning).or(notes.first()) else {
+            continue;
+        };
+        let warning = notes.iter().any(|n| n.warning);
+        let reason = first.reason.clone();
+        let text = notes
+            .iter()
+            .map(|n| n.note.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        let reference = cluster_reference(c);
+        jobs.push(async move { publish(ctx, &reference, warning, &reason, text).await });
+    }
+    futures::stream::iter(jobs)
+        .buffer_unordered(limit)
+        .collect::<Vec<()>>()
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(phase: AllocationPhase, message: Option<&str>) -> IPAMAllocationStatus {
+        IPAMAllocationStatus {
+            phase: Some(phase),
+            message: message.map(str::to_string),
+            allocated_at: Some("2026-01-01T00:00:00Z".into()),
+            conditions: Vec::new(),
+        }
+    }
+
+    fn stored(status: Option<IPAMAllocationStatus>) -> IPAMAllocation {
+        let mut o = IPAMAllocation::new("metallb", Default::default());
+        o.spec.addresses = vec!["10.0.0.0-10.0.0.3".into()];
+        o.status = status;
+        o
+    }
+
+    #[test]
+    fn a_healthy_allocation_stores_no_status_but_replaces_a_stale_one() {
+        let healthy = status(AllocationPhase::Allocated, None);
+        // Created healthy, or healthy without a status: nothing to write.
+        assert_eq!(status_to_store(None, Some(healthy.clone())), None);
+        assert_eq!(
+            status_to_store(Some(&stored(None)), Some(healthy.clone())),
+            None
+        );
+        // An older healthy status is left as it is (no write on upgrade).
+        let older = status(AllocationPhase::Allocated, None);
+        assert_eq!(
+            status_to_store(Some(&stored(Some(older.clone()))), Some(healthy.clone())),
+            Some(older)
+        );
+        // A Failed status must be overwritten once the allocation succeeds.
+        let failed = stored(Some(status(AllocationPhase::Failed, Some("full"))));
+        assert_eq!(
+            status_to_store(Some(&failed), Some(healthy.clone())),
+            Some(healthy)
+        );
+        // Anything that says more than the spec is stored.
+        let grown = status(AllocationPhase::Allocated, Some("grew to 8 addresses"));
+        assert_eq!(status_to_store(None, Some(grown.clone())), Some(grown));
+        let failing = status(AllocationPhase::Failed, Some("full"));
+        assert_eq!(status_to_store(None, Some(failing.clone())), Some(failing));
+    }
+
+    #[test]
+    fn readers_take_a_missing_status_from_the_spec() {
+        assert_eq!(stored(None).phase(), AllocationPhase::Allocated);
+        let mut empty = stored(None);
+        empty.spec.addresses.clear();
+        assert_eq!(empty.phase(), AllocationPhase::Pending);
+        let conflict = stored(Some(status(AllocationPhase::Conflict, Some("overlap"))));
+        assert_eq!(conflict.phase(), AllocationPhase::Conflict);
     }
 }

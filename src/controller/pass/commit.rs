@@ -1,6 +1,6 @@
 //! Step 3: commit the pool records — the compare-and-swap that fences every allocation.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -15,16 +15,20 @@ use crate::reservations;
 use crate::resources::{IPAMAllocation, IPAMPool, IPAMPoolRecord, record_name};
 
 /// Writes every pool record the plan changes, and a no-op compare-and-swap on the records of
-/// pool datacenters about to get objects written; returns the records that are current.
+/// pool datacenters about to get objects written; returns the records that are current. The
+/// pools of records that could not be written go into `retry` (checked again next pass).
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn commit_records(
     ctx: &Arc<Context>,
     pools: &[Arc<IPAMPool>],
     inputs: &[PoolInput],
+    scope: &scope::Scope,
     plan: &planner::Plan,
-    objects: &[IPAMAllocation],
+    objects: &[Arc<IPAMAllocation>],
     records: &BTreeMap<RecordKey, IPAMPoolRecord>,
     jobs: &[AllocationWrite],
+    limit: usize,
+    retry: &mut BTreeSet<String>,
     outcome: &mut PassOutcome,
 ) -> HashSet<RecordKey> {
     let pool_objects: HashMap<String, &Arc<IPAMPool>> =
@@ -34,16 +38,48 @@ pub(super) async fn commit_records(
         .filter(|j| j.desired.is_some() && !j.is_status_only())
         .map(|j| (j.decision.pool.clone(), j.decision.datacenter.clone()))
         .collect();
+    // Objects and decisions by pool, once (not once per pool datacenter).
+    let mut objects_of: HashMap<&str, Vec<&IPAMAllocation>> = HashMap::new();
+    for o in objects {
+        if let Some(name) = o.metadata.name.as_deref() {
+            objects_of.entry(name).or_default().push(o.as_ref());
+        }
+    }
+    let mut decisions_of: HashMap<&str, Vec<&planner::Decision>> = HashMap::new();
+    for d in &plan.decisions {
+        if scope.covers_pool(&d.pool) {
+            decisions_of.entry(d.pool.as_str()).or_default().push(d);
+        }
+    }
     let mut current = HashSet::new();
     let mut commits = Vec::new();
     for input in inputs {
         let Some(pool) = pool_objects.get(&input.name) else {
             continue;
         };
+        if !scope.covers_pool(&input.name) {
+            // Nothing of it changed since its record was last committed or found current.
+            for dc in input.datacenters.keys() {
+                current.insert((input.name.clone(), dc.clone()));
+            }
+            continue;
+        }
+        let no_decisions = Vec::new();
+        let pool_decisions = decisions_of
+            .get(input.name.as_str())
+            .unwrap_or(&no_decisions);
+        let pool_objects_here = objects_of
+            .get(input.name.as_str())
+            .cloned()
+            .unwrap_or_default();
         for dc in input.datacenters.keys() {
             let key = (input.name.clone(), dc.clone());
-            let desired =
-                reservations::desired_reservations(&input.name, dc, &plan.decisions, objects);
+            let desired = reservations::desired_reservations(
+                &input.name,
+                dc,
+                pool_decisions.iter().copied(),
+                pool_objects_here.iter().copied(),
+            );
             let existing = records.get(&key).map(|r| &r.spec.reservations);
             let changed = match existing {
                 Some(e) => *e != desired,
@@ -73,10 +109,13 @@ pub(super) async fn commit_records(
         })
         .collect();
     for key in records.keys() {
+        if !scope.covers_pool(&key.0) {
+            continue;
+        }
         let pool_valid = inputs.iter().any(|p| p.name == key.0);
-        let objects_left = objects
-            .iter()
-            .any(|o| o.metadata.name.as_deref() == Some(key.0.as_str()) && o.spec.dc == key.1);
+        let objects_left = objects_of
+            .get(key.0.as_str())
+            .is_some_and(|list| list.iter().any(|o| o.spec.dc == key.1));
         if pool_valid && !served.contains(key) && !objects_left {
             if let Err(e) = records::remove(ctx, key).await {
                 write_failed(
@@ -87,6 +126,7 @@ pub(super) async fn commit_records(
                     &e,
                 );
                 outcome.again = true;
+                retry.insert(key.0.clone());
             } else {
                 outcome.writes += 1;
             }
@@ -94,7 +134,7 @@ pub(super) async fn commit_records(
     }
     let results: Vec<(RecordKey, Result<(), Option<records::CommitError>>)> =
         futures::stream::iter(commits)
-            .buffer_unordered(PARALLEL_WRITES)
+            .buffer_unordered(limit)
             .collect()
             .await;
     for (key, result) in results {
@@ -105,22 +145,28 @@ pub(super) async fn commit_records(
                 write_succeeded(ctx, "IPAMPoolRecord", &name);
                 current.insert(key);
             }
-            Err(None) => outcome.again = true,
+            Err(None) => {
+                outcome.again = true;
+                retry.insert(key.0.clone());
+            }
             Err(Some(records::CommitError::Api(e))) if is_conflict(&e) || is_not_found(&e) => {
                 // Somebody else wrote the record (a newer leader, or a human): re-read, replan.
                 tracing::info!(record = %name, error = %e, "pool record changed under us; planning again");
                 ctx.metrics
                     .write_failed("IPAMPoolRecord", preconditions::reason(&e));
                 outcome.again = true;
+                retry.insert(key.0.clone());
             }
             Err(Some(records::CommitError::Api(e))) => {
                 write_failed(ctx, "IPAMPoolRecord", &name, "update", &e);
                 outcome.again = true;
+                retry.insert(key.0.clone());
             }
             Err(Some(e @ records::CommitError::TooLarge(_))) => {
                 ctx.metrics.write_failed("IPAMPoolRecord", "TooLarge");
                 tracing::error!("{e}");
                 outcome.again = true;
+                retry.insert(key.0.clone());
             }
         }
     }

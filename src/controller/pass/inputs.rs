@@ -26,15 +26,100 @@ pub(super) struct Inputs {
     pub stored: Vec<StoredAllocation>,
 }
 
+/// A reading and the `resourceVersion` it was made at.
+type Versioned<T> = (String, T);
+/// An object read, or what is wrong with it.
+type Read<T> = Result<T, Vec<FieldError>>;
+/// One cluster's entry of a pool record, parsed.
+type RecordEntry = (String, Result<crate::allocator::Allocation, String>);
+
+/// What reading an object gave, kept by its `resourceVersion` so that an unchanged object is
+/// not parsed again on every pass.
+#[derive(Debug, Default)]
+pub struct ReadCache {
+    /// By `resourceVersion` (looked up without building a key), with the object's key.
+    allocations: HashMap<String, (Key, Read<StoredAllocation>)>,
+    records: HashMap<RecordKey, Versioned<Vec<RecordEntry>>>,
+    clusters: HashMap<String, Versioned<Read<ClusterInput>>>,
+}
+
+impl ReadCache {
+    fn cluster(&mut self, cluster: &Cluster) -> Result<ClusterInput, Vec<FieldError>> {
+        let rv = cluster
+            .metadata
+            .resource_version
+            .clone()
+            .unwrap_or_default();
+        let name = cluster.name_any();
+        if rv.is_empty() {
+            return validation::cluster_input(cluster);
+        }
+        match self.clusters.get(&name) {
+            Some((seen, read)) if *seen == rv => read.clone(),
+            _ => {
+                let read = validation::cluster_input(cluster);
+                self.clusters.insert(name, (rv, read.clone()));
+                read
+            }
+        }
+    }
+
+    fn allocation(&mut self, obj: &IPAMAllocation) -> Result<StoredAllocation, Vec<FieldError>> {
+        let rv = obj.metadata.resource_version.as_deref().unwrap_or_default();
+        let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
+        let name = obj.metadata.name.as_deref().unwrap_or_default();
+        if rv.is_empty() {
+            return validation::stored_allocation(obj);
+        }
+        match self.allocations.get(rv) {
+            Some(((ns, n), read)) if ns == namespace && n == name => read.clone(),
+            _ => {
+                let read = validation::stored_allocation(obj);
+                let key = (namespace.to_string(), name.to_string());
+                self.allocations.insert(rv.to_string(), (key, read.clone()));
+                read
+            }
+        }
+    }
+
+    /// Forgets objects no longer present.
+    fn retain(
+        &mut self,
+        objects: &[Arc<IPAMAllocation>],
+        records: &BTreeMap<RecordKey, IPAMPoolRecord>,
+    ) {
+        // Every write gives an object a new version: drop the readings of versions gone.
+        if self.allocations.len() > objects.len() {
+            let present: HashSet<&str> = objects
+                .iter()
+                .filter_map(|o| o.metadata.resource_version.as_deref())
+                .collect();
+            self.allocations
+                .retain(|rv, _| present.contains(rv.as_str()));
+        }
+        self.records.retain(|k, _| records.contains_key(k));
+    }
+
+    fn retain_clusters(&mut self, clusters: &[Arc<Cluster>]) {
+        if self.clusters.len() > clusters.len() {
+            let present: HashSet<String> = clusters.iter().map(|c| c.name_any()).collect();
+            self.clusters.retain(|k, _| present.contains(k));
+        }
+    }
+}
+
 /// Builds the planner's input. `clusters` gains every cluster the cache lacks but the API
 /// server still has.
 pub(super) async fn gather(
     ctx: &Arc<Context>,
     pools: &[Arc<IPAMPool>],
     clusters: &mut Vec<Arc<Cluster>>,
-    stored_objects: &[IPAMAllocation],
+    stored_objects: &[Arc<IPAMAllocation>],
     records: &BTreeMap<RecordKey, IPAMPoolRecord>,
+    cache: &mut ReadCache,
 ) -> Result<Inputs, PassError> {
+    cache.retain(stored_objects, records);
+    cache.retain_clusters(clusters);
     // Inputs for the planner. An invalid pool is left out *together with its allocations*
     // (nothing is planned in it, so nothing is released); an invalid cluster keeps what it
     // holds and gets nothing new.
@@ -94,7 +179,7 @@ pub(super) async fn gather(
     let mut cluster_inputs: Vec<ClusterInput> = Vec::new();
     let mut cluster_errors: HashMap<String, Vec<FieldError>> = HashMap::new();
     for cluster in clusters.iter() {
-        match validation::cluster_input(cluster) {
+        match cache.cluster(cluster) {
             Ok(input) => cluster_inputs.push(input),
             Err(errors) => {
                 let why = errors
@@ -119,7 +204,7 @@ pub(super) async fn gather(
     }
     let mut stored: Vec<StoredAllocation> = Vec::new();
     for obj in stored_objects {
-        match validation::stored_allocation(obj) {
+        match cache.allocation(obj) {
             Ok(mut s) => {
                 if frozen_pools.contains(&s.pool) {
                     continue;
@@ -172,7 +257,7 @@ pub(super) async fn gather(
             }
         }
     }
-    merge_records(&mut stored, records, &frozen_pools);
+    merge_records(&mut stored, records, &frozen_pools, cache);
     Ok(Inputs {
         pool_inputs,
         pool_errors,
@@ -191,6 +276,7 @@ pub(super) fn merge_records(
     stored: &mut Vec<StoredAllocation>,
     records: &BTreeMap<RecordKey, IPAMPoolRecord>,
     frozen_pools: &HashSet<String>,
+    cache: &mut ReadCache,
 ) {
     let mut index: HashMap<(String, String), usize> = stored
         .iter()
@@ -202,8 +288,22 @@ pub(super) fn merge_records(
         if frozen_pools.contains(pool) {
             continue;
         }
-        for (cluster, entry) in &record.spec.reservations {
-            let recorded = match reservations::allocation_of(entry) {
+        let rv = record.metadata.resource_version.clone().unwrap_or_default();
+        let fresh = !matches!(cache.records.get(&(pool.clone(), dc.clone())), Some((seen, _)) if *seen == rv && !rv.is_empty());
+        if fresh {
+            let read = record
+                .spec
+                .reservations
+                .iter()
+                .map(|(cluster, entry)| (cluster.clone(), reservations::allocation_of(entry)))
+                .collect();
+            cache.records.insert((pool.clone(), dc.clone()), (rv, read));
+        }
+        let Some((_, entries)) = cache.records.get(&(pool.clone(), dc.clone())) else {
+            continue;
+        };
+        for (cluster, recorded) in entries {
+            let recorded = match recorded.clone() {
                 Ok(a) => a,
                 Err(why) => {
                     tracing::warn!(pool = %pool, datacenter = %dc, cluster = %cluster, "unreadable pool record entry ignored: {why}");
@@ -214,6 +314,7 @@ pub(super) fn merge_records(
                 Some(&i) if stored[i].datacenter == *dc => {
                     let s = &mut stored[i];
                     s.held = Some(match &s.held {
+                        Some(h) if *h == recorded => recorded,
                         Some(h) => reservations::with_recorded(h, &recorded),
                         None => recorded,
                     });

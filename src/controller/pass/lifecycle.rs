@@ -22,6 +22,7 @@ pub(super) async fn add_finalizers(
     ctx: &Context,
     pools: &[Arc<IPAMPool>],
     clusters: &[Arc<Cluster>],
+    limit: usize,
     outcome: &mut PassOutcome,
 ) {
     let cluster_api: Api<Cluster> = Api::all(ctx.writer.clone());
@@ -55,8 +56,8 @@ pub(super) async fn add_finalizers(
         }
     }
     let results: Vec<Result<(), kube::Error>> = futures::stream::iter(jobs)
-        .buffer_unordered(PARALLEL_WRITES)
-        .chain(futures::stream::iter(pool_jobs).buffer_unordered(PARALLEL_WRITES))
+        .buffer_unordered(limit)
+        .chain(futures::stream::iter(pool_jobs).buffer_unordered(limit))
         .collect()
         .await;
     for r in results {
@@ -169,17 +170,18 @@ pub(super) async fn ensure_namespaces(
     ctx: &Context,
     clusters: &[Arc<Cluster>],
     existing: &HashSet<String>,
+    limit: usize,
     outcome: &mut PassOutcome,
 ) {
     // RBAC: src/rbac.rs (namespaces: create, patch).
     let api: Api<Namespace> = Api::all(ctx.writer.clone());
     let mut jobs = Vec::new();
     for c in clusters {
-        if c.metadata.deletion_timestamp.is_some() || validation::cluster_input(c).is_err() {
-            continue;
-        }
         let name = cluster_namespace(&c.name_any());
-        if existing.contains(&name) {
+        if existing.contains(&name)
+            || c.metadata.deletion_timestamp.is_some()
+            || validation::cluster_input(c).is_err()
+        {
             continue;
         }
         let ns = Namespace {
@@ -218,7 +220,7 @@ pub(super) async fn ensure_namespaces(
         });
     }
     let results: Vec<Result<bool, kube::Error>> = futures::stream::iter(jobs)
-        .buffer_unordered(PARALLEL_WRITES)
+        .buffer_unordered(limit)
         .collect()
         .await;
     for r in results {

@@ -19,9 +19,12 @@ mod commit;
 mod inputs;
 mod lifecycle;
 mod report;
+mod scope;
 mod statuses;
 
-use std::collections::{HashMap, HashSet};
+pub use scope::PassState;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,8 +47,8 @@ pub const CLUSTER_FINALIZER: &str = "ipam.kipam.dev/release-allocations";
 /// Finalizer on pools: their allocations are deleted or retained before they go.
 pub const POOL_FINALIZER: &str = "ipam.kipam.dev/reclaim-allocations";
 
-/// How many writes run at once.
-const PARALLEL_WRITES: usize = 16;
+/// Writes a pass sends at once unless `--write-concurrency` says otherwise.
+pub const DEFAULT_WRITE_CONCURRENCY: usize = 16;
 
 /// What a pass asks of the loop.
 #[derive(Debug, Default)]
@@ -65,11 +68,21 @@ pub enum PassError {
         cluster: String,
         source: kube::Error,
     },
+    #[error("the planner stopped: {0}")]
+    Planner(String),
 }
 
 /// Runs one pass. The caller checked leadership (in `term`) just before.
-pub async fn run(ctx: &Arc<Context>, term: u64) -> Result<PassOutcome, PassError> {
+pub async fn run(
+    ctx: &Arc<Context>,
+    term: u64,
+    state: &mut PassState,
+) -> Result<PassOutcome, PassError> {
+    let limit = state.write_concurrency;
     let mut outcome = PassOutcome::default();
+    let started = std::time::Instant::now();
+    let mut steps: Vec<(&str, u128)> = Vec::new();
+    let mut step = |name: &'static str| steps.push((name, started.elapsed().as_micros()));
     let pools: Vec<Arc<IPAMPool>> = ctx.pools.state();
     let mut clusters: Vec<Arc<Cluster>> = ctx.clusters.state();
     let namespaces: HashSet<String> = ctx
@@ -79,12 +92,26 @@ pub async fn run(ctx: &Arc<Context>, term: u64) -> Result<PassOutcome, PassError
         .filter(|n| n.metadata.deletion_timestamp.is_none())
         .map(|n| n.name_any())
         .collect();
-    let stored_objects = ctx.ledger.lock().await.snapshot();
+    let (stored_objects, ledger_changed) = {
+        let mut ledger = ctx.ledger.lock().await;
+        (ledger.snapshot(), ledger.take_changed())
+    };
     let records = ctx.records.lock().await.snapshot();
     let now = crate::resources::now_rfc3339();
 
-    lifecycle::add_finalizers(ctx, &pools, &clusters, &mut outcome).await;
+    step("snapshot");
+    lifecycle::add_finalizers(ctx, &pools, &clusters, limit, &mut outcome).await;
+    step("finalizers");
 
+    let gathered = inputs::gather(
+        ctx,
+        &pools,
+        &mut clusters,
+        &stored_objects,
+        &records,
+        &mut state.reads,
+    )
+    .await;
     let inputs::Inputs {
         pool_inputs,
         pool_errors,
@@ -92,13 +119,37 @@ pub async fn run(ctx: &Arc<Context>, term: u64) -> Result<PassOutcome, PassError
         cluster_inputs,
         cluster_errors,
         stored,
-    } = inputs::gather(ctx, &pools, &mut clusters, &stored_objects, &records).await?;
+    } = match gathered {
+        Ok(i) => i,
+        Err(e) => {
+            // The changes taken from the ledger are not planned: plan everything next time.
+            state.replan_all();
+            return Err(e);
+        }
+    };
 
-    let plan = planner::plan(&pool_inputs, &cluster_inputs, &stored);
+    // Planning is CPU work that grows with the seed: it runs on a blocking thread, so the
+    // watches, the REST API, the webhook and the lease renewals never wait behind it.
+    let plan_inputs = planner::PlanInputs {
+        pools: pool_inputs,
+        clusters: cluster_inputs,
+        stored,
+    };
+    let mut taken = std::mem::replace(state, PassState::new(limit));
+    let (taken, plan, scope, plan_inputs, ledger_changed) =
+        tokio::task::spawn_blocking(move || {
+            let (plan, scope) = scope::plan(&mut taken, &plan_inputs, &ledger_changed);
+            (taken, plan, scope, plan_inputs, ledger_changed)
+        })
+        .await
+        .map_err(|e| PassError::Planner(e.to_string()))?;
+    *state = taken;
+    let pool_inputs = &plan_inputs.pools;
     ctx.metrics.observe_plan(&plan);
+    step("plan");
 
     // Namespaces first: allocations live in them.
-    lifecycle::ensure_namespaces(ctx, &clusters, &namespaces, &mut outcome).await;
+    lifecycle::ensure_namespaces(ctx, &clusters, &namespaces, limit, &mut outcome).await;
 
     let policies: HashMap<&str, ReclaimPolicy> = pool_inputs
         .iter()
@@ -107,7 +158,12 @@ pub async fn run(ctx: &Arc<Context>, term: u64) -> Result<PassOutcome, PassError
         .collect();
     let by_key: HashMap<Key, &IPAMAllocation> = stored_objects
         .iter()
-        .map(|o| ((o.namespace().unwrap_or_default(), o.name_any()), o))
+        .map(|o| {
+            (
+                (o.namespace().unwrap_or_default(), o.name_any()),
+                o.as_ref(),
+            )
+        })
         .collect();
     let uids: HashMap<String, &Cluster> = clusters
         .iter()
@@ -115,7 +171,11 @@ pub async fn run(ctx: &Arc<Context>, term: u64) -> Result<PassOutcome, PassError
         .collect();
 
     let mut jobs = Vec::new();
-    for d in &plan.decisions {
+    for d in plan
+        .decisions
+        .iter()
+        .filter(|d| scope.checks(d, &ledger_changed))
+    {
         let key = (cluster_namespace(&d.cluster), d.pool.clone());
         let existing = by_key.get(&key).copied();
         let desired = allocation_object(d, existing, policies.get(d.pool.as_str()).copied(), &now);
@@ -124,30 +184,37 @@ pub async fn run(ctx: &Arc<Context>, term: u64) -> Result<PassOutcome, PassError
         }
     }
 
+    step("jobs");
     // Commit the pool records first: one compare-and-swap per pool datacenter that is to get
     // objects written. Only where it succeeded are the objects written.
     let mut write_failures: HashMap<String, Vec<String>> = HashMap::new();
     let committed = commit::commit_records(
         ctx,
         &pools,
-        &pool_inputs,
+        pool_inputs,
+        &scope,
         &plan,
         &stored_objects,
         &records,
         &jobs,
+        limit,
+        &mut state.retry_pools,
         &mut outcome,
     )
     .await;
+    step("records");
     let mut allowed = Vec::new();
     for job in jobs {
         let fenced = job.desired.is_some() && !job.is_status_only();
         let record = (job.decision.pool.clone(), job.decision.datacenter.clone());
         if fenced && !committed.contains(&record) {
             outcome.again = true;
+            state.retry_pools.insert(job.decision.pool.clone());
             continue;
         }
         if !due(ctx, "IPAMAllocation", &job.name()) {
             outcome.again = true;
+            state.retry_pools.insert(job.decision.pool.clone());
             continue;
         }
         allowed.push(job);
@@ -160,41 +227,47 @@ pub async fn run(ctx: &Arc<Context>, term: u64) -> Result<PassOutcome, PassError
                 let r = job.execute(ctx, term).await;
                 (job, r)
             })
-            .buffer_unordered(PARALLEL_WRITES)
+            .buffer_unordered(limit)
             .collect()
             .await;
+    let mut notes: BTreeMap<String, Vec<allocations::ClusterNote>> = BTreeMap::new();
     for (job, result) in results {
         match result {
             Ok(done) => {
                 outcome.writes += done.writes;
                 write_succeeded(ctx, "IPAMAllocation", &job.name());
-                allocations::publish_allocation_event(
-                    ctx,
-                    &job,
-                    uids.get(&job.decision.cluster).copied(),
-                )
-                .await;
+                if job.desired.is_none() {
+                    // A release: the next pass trims the pool record once no object shows
+                    // the addresses any more.
+                    state.retry_pools.insert(job.decision.pool.clone());
+                    outcome.again = true;
+                }
+                if let Some(note) = allocations::allocation_note(ctx, &job) {
+                    notes
+                        .entry(job.decision.cluster.clone())
+                        .or_default()
+                        .push(note);
+                }
             }
             Err(e) if is_conflict(&e) || is_not_found(&e) => {
                 tracing::info!(cluster = %job.decision.cluster, pool = %job.decision.pool, datacenter = %job.decision.datacenter, error = %e, "stale view of an allocation; re-reading");
                 ctx.metrics
                     .write_failed("IPAMAllocation", preconditions::reason(&e));
                 allocations::refresh(ctx, &job.key).await;
+                state.retry_pools.insert(job.decision.pool.clone());
                 outcome.again = true;
             }
             Err(e) => {
                 let message = write_failed(ctx, "IPAMAllocation", &job.name(), job.verb(), &e);
+                state.retry_pools.insert(job.decision.pool.clone());
                 outcome.again = true;
-                if let Some(cluster) = uids.get(&job.decision.cluster) {
-                    publish(
-                        ctx,
-                        &cluster_reference(cluster),
-                        true,
-                        "WriteFailed",
-                        format!("IPAMAllocation {}: {message}", job.name()),
-                    )
-                    .await;
-                }
+                notes.entry(job.decision.cluster.clone()).or_default().push(
+                    allocations::ClusterNote {
+                        warning: true,
+                        reason: "WriteFailed".into(),
+                        note: format!("IPAMAllocation {}: {message}", job.name()),
+                    },
+                );
                 write_failures
                     .entry(job.decision.cluster.clone())
                     .or_default()
@@ -203,27 +276,49 @@ pub async fn run(ctx: &Arc<Context>, term: u64) -> Result<PassOutcome, PassError
         }
     }
 
+    step("allocations");
+    allocations::publish_cluster_events(ctx, notes, &uids, limit).await;
+
     lifecycle::release_finalizers(ctx, &pools, &clusters, &mut outcome).await;
-    statuses::write_cluster_status(
+    let checked: Vec<Arc<Cluster>> = clusters
+        .iter()
+        .filter(|c| {
+            let name = c.name_any();
+            scope.covers_cluster(&name) || write_failures.contains_key(&name)
+        })
+        .cloned()
+        .collect();
+    let unwritten = statuses::write_cluster_status(
         ctx,
-        &clusters,
+        &checked,
         &plan.decisions,
         &cluster_errors,
         &write_failures,
         &now,
+        limit,
         &mut outcome,
     )
     .await;
+    state.retry_clusters.extend(unwritten);
+    step("cluster status");
     statuses::write_pool_status(
         ctx,
         &pools,
-        &pool_inputs,
+        pool_inputs,
         &pool_errors,
         &plan,
         &now,
         &mut outcome,
     )
     .await;
+    step("pool status");
+    tracing::debug!(
+        full = scope.is_full(),
+        pools = scope.pools.as_ref().map_or(0, |p| p.len()),
+        writes = outcome.writes,
+        "pass steps (µs since start): {steps:?}"
+    );
+    state.keep(plan_inputs, plan);
     outcome.retry_after = ctx.backoff.lock().ok().and_then(|b| b.next_due());
     Ok(outcome)
 }

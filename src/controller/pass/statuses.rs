@@ -1,6 +1,6 @@
 //! Cluster and pool status: conditions, usage, capacity events.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -15,7 +15,9 @@ use crate::resources::{Cluster, ClusterStatus, IPAMPool, cluster_namespace};
 use crate::status::{self, Overlap};
 use crate::validation::FieldError;
 
-/// `status.namespace` and the `IPAMReady` condition of every cluster, written when changed.
+/// `status.namespace` and the `IPAMReady` condition of the `clusters` given, written when
+/// changed. Returns the clusters whose status is still to be written (failed or held back).
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn write_cluster_status(
     ctx: &Context,
     clusters: &[Arc<Cluster>],
@@ -23,10 +25,13 @@ pub(super) async fn write_cluster_status(
     errors: &HashMap<String, Vec<FieldError>>,
     write_failures: &HashMap<String, Vec<String>>,
     now: &str,
+    limit: usize,
     outcome: &mut PassOutcome,
-) {
+) -> Vec<String> {
+    let mut unwritten = Vec::new();
+    let names: HashSet<String> = clusters.iter().map(|c| c.name_any()).collect();
     let mut by_cluster: HashMap<&str, Vec<&Decision>> = HashMap::new();
-    for d in decisions {
+    for d in decisions.iter().filter(|d| names.contains(&d.cluster)) {
         by_cluster.entry(d.cluster.as_str()).or_default().push(d);
     }
     // RBAC: src/rbac.rs (clusters/status patch; ipampools/status update below).
@@ -79,6 +84,7 @@ pub(super) async fn write_cluster_status(
         }
         if !due(ctx, "Cluster", &name) {
             outcome.again = true;
+            unwritten.push(name);
             continue;
         }
         let api = api.clone();
@@ -95,7 +101,7 @@ pub(super) async fn write_cluster_status(
         });
     }
     let results: Vec<(String, Result<Cluster, kube::Error>)> = futures::stream::iter(jobs)
-        .buffer_unordered(PARALLEL_WRITES)
+        .buffer_unordered(limit)
         .collect()
         .await;
     for (name, r) in results {
@@ -107,9 +113,11 @@ pub(super) async fn write_cluster_status(
             Err(e) => {
                 write_failed(ctx, "Cluster", &name, "patch status of", &e);
                 outcome.again = true;
+                unwritten.push(name);
             }
         }
     }
+    unwritten
 }
 
 /// Pool status (usage, capacity conditions, overlap) written when changed, with an event for

@@ -1,0 +1,214 @@
+//! Step 2: the plan, whole or incremental, and what of it this pass must look at.
+//!
+//! The planner is pure; this is where the controller decides what is dirty. A pass replans
+//! the pools [`planner::changed_pools`] names (pools, clusters or stored allocations whose
+//! planning input changed), the pools of allocations somebody else changed (watch events
+//! with new content, re-reads after a conflict), and the pools whose writes did not all land
+//! last time. It then writes only the decisions that changed, plus every decision of a pool
+//! whose own settings changed or whose writes are retried. The first pass of a term, a pass
+//! after a failure and the periodic resync plan and check everything.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use crate::controller::ledger::Key;
+use crate::planner::{self, ClusterInput, Decision, Plan, PlanInputs};
+
+/// What the planning loop keeps from one pass to the next.
+#[derive(Debug)]
+pub struct PassState {
+    /// Writes sent at once (`--write-concurrency`, at least 1).
+    pub write_concurrency: usize,
+    /// Plan and check everything on the next pass.
+    full: bool,
+    /// The inputs of the last plan, and the plan.
+    previous: Option<(PlanInputs, Plan)>,
+    /// Pools whose writes did not all land (failed, held back by backoff or the record
+    /// fence, or a release whose record entry is still to be trimmed).
+    pub(super) retry_pools: BTreeSet<String>,
+    /// Clusters whose status write did not land.
+    pub(super) retry_clusters: BTreeSet<String>,
+    /// Planning passes that replanned only part of the seed (for the log and tests).
+    pub incremental_passes: u64,
+    /// Objects and records already read, by version.
+    pub(super) reads: super::inputs::ReadCache,
+}
+
+impl PassState {
+    pub fn new(write_concurrency: usize) -> Self {
+        PassState {
+            write_concurrency: write_concurrency.max(1),
+            full: true,
+            previous: None,
+            retry_pools: BTreeSet::new(),
+            retry_clusters: BTreeSet::new(),
+            incremental_passes: 0,
+            reads: Default::default(),
+        }
+    }
+
+    /// The next pass plans and checks the whole seed (a new term, the resync, a failure).
+    pub fn replan_all(&mut self) {
+        self.full = true;
+    }
+
+    /// Keeps the plan for the next pass.
+    pub(super) fn keep(&mut self, inputs: PlanInputs, plan: Plan) {
+        self.previous = Some((inputs, plan));
+        self.full = false;
+    }
+}
+
+/// What this pass looks at.
+pub(super) struct Scope {
+    /// `None`: everything.
+    pub pools: Option<BTreeSet<String>>,
+    /// (cluster, pool) whose decision changed (incremental passes).
+    pub changed: HashSet<(String, String)>,
+    /// Pools all of whose decisions are to be checked (settings changed, retries).
+    pub whole_pools: BTreeSet<String>,
+    /// Clusters whose status is to be checked (incremental passes).
+    pub clusters: BTreeSet<String>,
+}
+
+impl Scope {
+    pub fn is_full(&self) -> bool {
+        self.pools.is_none()
+    }
+
+    /// This decision is to be turned into an object and compared with the stored one.
+    pub fn checks(&self, d: &Decision, ledger_changed: &BTreeSet<Key>) -> bool {
+        if self.is_full() || self.whole_pools.contains(&d.pool) {
+            return true;
+        }
+        let key = (d.cluster.clone(), d.pool.clone());
+        self.changed.contains(&key)
+            || ledger_changed.contains(&(
+                crate::resources::cluster_namespace(&d.cluster),
+                d.pool.clone(),
+            ))
+    }
+
+    /// The pool's records and objects are to be checked.
+    pub fn covers_pool(&self, pool: &str) -> bool {
+        self.pools.as_ref().is_none_or(|p| p.contains(pool))
+    }
+
+    /// The cluster's status is to be checked.
+    pub fn covers_cluster(&self, cluster: &str) -> bool {
+        self.is_full() || self.clusters.contains(cluster)
+    }
+}
+
+/// Plans (on the caller's blocking thread): whole when `state` asks for it or has no plan,
+/// else only the dirty pools, patched into the previous plan.
+pub(super) fn plan(
+    state: &mut PassState,
+    inputs: &PlanInputs,
+    ledger_changed: &BTreeSet<Key>,
+) -> (Plan, Scope) {
+    let previous = if state.full {
+        None
+    } else {
+        state.previous.take()
+    };
+    let Some((before, mut plan)) = previous else {
+        state.retry_pools.clear();
+        state.retry_clusters.clear();
+        let scope = Scope {
+            pools: None,
+            changed: HashSet::new(),
+            whole_pools: BTreeSet::new(),
+            clusters: BTreeSet::new(),
+        };
+        return (inputs.plan(), scope);
+    };
+    let mut dirty = planner::changed_pools(&before, inputs);
+    dirty.extend(ledger_changed.iter().map(|(_, pool)| pool.clone()));
+    dirty.extend(state.retry_pools.iter().cloned());
+
+    // Pools whose own settings changed: every object of theirs may need rewriting (the
+    // reclaim-policy annotation) even where the decision is the same.
+    let mut whole_pools: BTreeSet<String> = std::mem::take(&mut state.retry_pools);
+    let old_pools: HashMap<&str, &planner::PoolInput> =
+        before.pools.iter().map(|p| (p.name.as_str(), p)).collect();
+    let new_names: HashSet<&str> = inputs.pools.iter().map(|p| p.name.as_str()).collect();
+    for p in &inputs.pools {
+        if old_pools.get(p.name.as_str()) != Some(&p) {
+            whole_pools.insert(p.name.clone());
+        }
+    }
+    whole_pools.extend(
+        old_pools
+            .keys()
+            .filter(|n| !new_names.contains(*n))
+            .map(|n| n.to_string()),
+    );
+
+    // Clusters whose input changed: their status is checked whatever their decisions.
+    let old_clusters: HashMap<&str, &ClusterInput> = before
+        .clusters
+        .iter()
+        .map(|c| (c.name.as_str(), c))
+        .collect();
+    let mut clusters: BTreeSet<String> = std::mem::take(&mut state.retry_clusters);
+    let new_cluster_names: HashSet<&str> =
+        inputs.clusters.iter().map(|c| c.name.as_str()).collect();
+    for c in &inputs.clusters {
+        if old_clusters.get(c.name.as_str()) != Some(&c) {
+            clusters.insert(c.name.clone());
+        }
+    }
+    clusters.extend(
+        old_clusters
+            .keys()
+            .filter(|n| !new_cluster_names.contains(*n))
+            .map(|n| n.to_string()),
+    );
+
+    let mut changed = HashSet::new();
+    if !dirty.is_empty() {
+        let partial = planner::plan_pools(inputs, &dirty);
+        // Both sides are sorted by (cluster, pool): one merge finds what changed.
+        let old: Vec<&Decision> = plan
+            .decisions
+            .iter()
+            .filter(|d| dirty.contains(&d.pool))
+            .collect();
+        let (mut i, mut j) = (0, 0);
+        let new = &partial.decisions;
+        while i < old.len() || j < new.len() {
+            let order = match (old.get(i), new.get(j)) {
+                (Some(a), Some(b)) => (&a.cluster, &a.pool).cmp(&(&b.cluster, &b.pool)),
+                (Some(_), None) => std::cmp::Ordering::Less,
+                _ => std::cmp::Ordering::Greater,
+            };
+            match order {
+                std::cmp::Ordering::Less => {
+                    changed.insert((old[i].cluster.clone(), old[i].pool.clone()));
+                    i += 1;
+                }
+                std::cmp::Ordering::Greater => {
+                    changed.insert((new[j].cluster.clone(), new[j].pool.clone()));
+                    j += 1;
+                }
+                std::cmp::Ordering::Equal => {
+                    if old[i] != &new[j] {
+                        changed.insert((new[j].cluster.clone(), new[j].pool.clone()));
+                    }
+                    i += 1;
+                    j += 1;
+                }
+            }
+        }
+        plan.replace_pools(&dirty, partial);
+    }
+    clusters.extend(changed.iter().map(|(c, _)| c.clone()));
+    state.incremental_passes += 1;
+    let scope = Scope {
+        pools: Some(dirty),
+        changed,
+        whole_pools,
+        clusters,
+    };
+    (plan, scope)
+}

@@ -1,0 +1,189 @@
+//! Planning only what changed.
+//!
+//! The plan decomposes by pool: the decisions of pool `P` (every datacenter of it) depend
+//! only on `P`'s own input, the stored allocations named after `P`, and the clusters that `P`
+//! serves or that hold something in `P`. Each pool has its own allocators, and a cluster's
+//! place in the oldest-first order is the same whichever other clusters are planned beside
+//! it. So planning a set of pools on their own gives exactly the decisions and usage a
+//! whole-seed plan gives for them, and a previous plan whose other pools saw no change can be
+//! patched with it ([`Plan::replace_pools`]).
+//!
+//! [`changed_pools`] says which pools an input change touches; the controller adds what only
+//! it can know (objects changed behind its back, writes to retry) and calls [`plan_pools`].
+//! `tests/planning/incremental.rs` checks over random event sequences that patching a plan
+//! this way always gives the whole-seed plan.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::{ClusterInput, Plan, PoolInput, StoredAllocation, plan};
+
+/// Everything the planner is given, kept between passes to find what changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlanInputs {
+    pub pools: Vec<PoolInput>,
+    pub clusters: Vec<ClusterInput>,
+    pub stored: Vec<StoredAllocation>,
+}
+
+impl PlanInputs {
+    /// The whole-seed plan of these inputs.
+    pub fn plan(&self) -> Plan {
+        plan(&self.pools, &self.clusters, &self.stored)
+    }
+
+    /// Every pool name the inputs mention (pools and stored allocations of pools now gone).
+    pub fn pool_names(&self) -> BTreeSet<String> {
+        self.pools
+            .iter()
+            .map(|p| p.name.clone())
+            .chain(self.stored.iter().map(|s| s.pool.clone()))
+            .collect()
+    }
+}
+
+/// Plans the named pools only: their decisions and usage are exactly those of the whole-seed
+/// plan of the same inputs.
+pub fn plan_pools(inputs: &PlanInputs, only: &BTreeSet<String>) -> Plan {
+    let pools: Vec<PoolInput> = inputs
+        .pools
+        .iter()
+        .filter(|p| only.contains(&p.name))
+        .cloned()
+        .collect();
+    let stored: Vec<StoredAllocation> = inputs
+        .stored
+        .iter()
+        .filter(|s| only.contains(&s.pool))
+        .cloned()
+        .collect();
+    // Only clusters a planned pool can concern: served by it, or holding something in it.
+    let datacenters: BTreeSet<&str> = pools
+        .iter()
+        .flat_map(|p| p.datacenters.keys().map(String::as_str))
+        .collect();
+    let holders: BTreeSet<&str> = stored.iter().map(|s| s.cluster.as_str()).collect();
+    let clusters: Vec<ClusterInput> = inputs
+        .clusters
+        .iter()
+        .filter(|c| {
+            datacenters.contains(c.datacenter.as_str()) || holders.contains(c.name.as_str())
+        })
+        .cloned()
+        .collect();
+    plan(&pools, &clusters, &stored)
+}
+
+impl Plan {
+    /// This plan with every decision and usage report of the `pools` replaced by those of
+    /// `partial` (a plan of exactly those pools).
+    pub fn replace_pools(&mut self, pools: &BTreeSet<String>, partial: Plan) {
+        self.decisions.retain(|d| !pools.contains(&d.pool));
+        self.decisions.extend(partial.decisions);
+        self.decisions
+            .sort_by(|a, b| (&a.cluster, &a.pool).cmp(&(&b.cluster, &b.pool)));
+        self.usage.retain(|(pool, _), _| !pools.contains(pool));
+        self.usage.extend(partial.usage);
+    }
+}
+
+/// The pools whose decisions may differ between a plan of `before` and one of `after`.
+pub fn changed_pools(before: &PlanInputs, after: &PlanInputs) -> BTreeSet<String> {
+    let mut changed = BTreeSet::new();
+
+    // Pools added, removed or edited.
+    let old_pools: HashMap<&str, &PoolInput> =
+        before.pools.iter().map(|p| (p.name.as_str(), p)).collect();
+    let new_pools: HashMap<&str, &PoolInput> =
+        after.pools.iter().map(|p| (p.name.as_str(), p)).collect();
+    for (name, p) in &new_pools {
+        if old_pools.get(name) != Some(p) {
+            changed.insert(name.to_string());
+        }
+    }
+    for name in old_pools.keys() {
+        if !new_pools.contains_key(name) {
+            changed.insert(name.to_string());
+        }
+    }
+
+    // Stored allocations added, removed or changed, per pool.
+    fn group(stored: &[StoredAllocation]) -> BTreeMap<&str, Vec<&StoredAllocation>> {
+        let mut by_pool: BTreeMap<&str, Vec<&StoredAllocation>> = BTreeMap::new();
+        for s in stored {
+            by_pool.entry(s.pool.as_str()).or_default().push(s);
+        }
+        for list in by_pool.values_mut() {
+            list.sort_by(|a, b| {
+                (&a.cluster, &a.datacenter, &a.unreadable).cmp(&(
+                    &b.cluster,
+                    &b.datacenter,
+                    &b.unreadable,
+                ))
+            });
+        }
+        by_pool
+    }
+    let old_stored = group(&before.stored);
+    let new_stored = group(&after.stored);
+    for (pool, list) in &new_stored {
+        if old_stored.get(pool) != Some(list) {
+            changed.insert(pool.to_string());
+        }
+    }
+    for pool in old_stored.keys() {
+        if !new_stored.contains_key(pool) {
+            changed.insert(pool.to_string());
+        }
+    }
+
+    // Clusters added, removed or edited: every pool serving their old or new datacenter, and
+    // every pool they hold something in.
+    let old_clusters: HashMap<&str, &ClusterInput> = before
+        .clusters
+        .iter()
+        .map(|c| (c.name.as_str(), c))
+        .collect();
+    let new_clusters: HashMap<&str, &ClusterInput> = after
+        .clusters
+        .iter()
+        .map(|c| (c.name.as_str(), c))
+        .collect();
+    let mut touched_datacenters: BTreeSet<&str> = BTreeSet::new();
+    let mut touched_clusters: BTreeSet<&str> = BTreeSet::new();
+    for (name, c) in &new_clusters {
+        match old_clusters.get(name) {
+            Some(old) if old == c => {}
+            Some(old) => {
+                touched_datacenters.insert(old.datacenter.as_str());
+                touched_datacenters.insert(c.datacenter.as_str());
+                touched_clusters.insert(name);
+            }
+            None => {
+                touched_datacenters.insert(c.datacenter.as_str());
+                touched_clusters.insert(name);
+            }
+        }
+    }
+    for (name, old) in &old_clusters {
+        if !new_clusters.contains_key(name) {
+            touched_datacenters.insert(old.datacenter.as_str());
+            touched_clusters.insert(name);
+        }
+    }
+    if !touched_clusters.is_empty() {
+        for p in before.pools.iter().chain(after.pools.iter()) {
+            if p.datacenters
+                .keys()
+                .any(|dc| touched_datacenters.contains(dc.as_str()))
+            {
+                changed.insert(p.name.clone());
+            }
+        }
+        for s in before.stored.iter().chain(after.stored.iter()) {
+            if touched_clusters.contains(s.cluster.as_str()) {
+                changed.insert(s.pool.clone());
+            }
+        }
+    }
+    changed
+}

@@ -1,0 +1,259 @@
+//! Incremental planning gives the whole-seed plan: after every event of a random sequence,
+//! replanning only the pools `changed_pools` names and patching the previous plan with them
+//! must give exactly the plan of the whole seed.
+
+use std::collections::BTreeMap;
+
+use kipam::planner::{
+    ClusterInput, Plan, PlanInputs, PoolInput, PoolOverride, changed_pools, plan_pools,
+};
+use proptest::prelude::*;
+
+use super::{cluster_in, pool_input, stored_after};
+
+const CLUSTERS: usize = 8;
+const POOLS: usize = 4;
+const DATACENTERS: [&str; 2] = ["dc-1", "dc-2"];
+
+#[derive(Clone, Debug)]
+enum Event {
+    AddCluster {
+        c: usize,
+        dc: usize,
+        day: u32,
+    },
+    RemoveCluster {
+        c: usize,
+    },
+    MoveCluster {
+        c: usize,
+        dc: usize,
+    },
+    Pause {
+        c: usize,
+        on: bool,
+    },
+    Deleting {
+        c: usize,
+    },
+    OptOut {
+        c: usize,
+        pool: usize,
+        on: bool,
+    },
+    Ask {
+        c: usize,
+        pool: usize,
+        addresses: u128,
+    },
+    Invalid {
+        c: usize,
+        on: bool,
+    },
+    PutPool {
+        pool: usize,
+        shape: usize,
+    },
+    RemovePool {
+        pool: usize,
+    },
+    /// The plan's writes land: what is stored becomes what the current plan holds.
+    WritesLand,
+    /// One stored allocation deleted by hand.
+    DropStored {
+        index: usize,
+    },
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    let c = 0..CLUSTERS;
+    let pool = 0..POOLS;
+    prop_oneof![
+        4 => (c.clone(), 0..2usize, 1..28u32).prop_map(|(c, dc, day)| Event::AddCluster { c, dc, day }),
+        1 => c.clone().prop_map(|c| Event::RemoveCluster { c }),
+        1 => (c.clone(), 0..2usize).prop_map(|(c, dc)| Event::MoveCluster { c, dc }),
+        1 => (c.clone(), any::<bool>()).prop_map(|(c, on)| Event::Pause { c, on }),
+        1 => c.clone().prop_map(|c| Event::Deleting { c }),
+        1 => (c.clone(), pool.clone(), any::<bool>()).prop_map(|(c, pool, on)| Event::OptOut { c, pool, on }),
+        1 => (c.clone(), pool.clone(), 1..9u128).prop_map(|(c, pool, addresses)| Event::Ask { c, pool, addresses }),
+        1 => (c, any::<bool>()).prop_map(|(c, on)| Event::Invalid { c, on }),
+        2 => (pool.clone(), 0..5usize).prop_map(|(pool, shape)| Event::PutPool { pool, shape }),
+        1 => pool.prop_map(|pool| Event::RemovePool { pool }),
+        5 => Just(Event::WritesLand),
+        1 => (0..64usize).prop_map(|index| Event::DropStored { index }),
+    ]
+}
+
+/// Pool `i` in one of a few shapes: small ranges that run out, two datacenters, a prefix
+/// pool, a `Retain` pool, an exclusion.
+fn pool(i: usize, shape: usize) -> PoolInput {
+    let name = format!("pool-{i}");
+    let body = match shape {
+        0 => format!(
+            "datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.{i}.0.0/28\n      allocationRange: 4\n"
+        ),
+        1 => format!(
+            "datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.{i}.0.0/27\n      allocationRange: 4\n    dc-2:\n      type: range\n      poolCidr: 10.{i}.1.0/28\n      allocationRange: 2\n"
+        ),
+        2 => format!(
+            "datacenters:\n    dc-2:\n      type: prefix\n      poolCidr: 10.{i}.2.0/26\n      allocationPrefix: 28\n"
+        ),
+        3 => format!(
+            "reclaimPolicy: Retain\n  datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.{i}.0.0/28\n      allocationRange: 4\n"
+        ),
+        _ => format!(
+            "datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.{i}.0.0/28\n      allocationRange: 4\n      excludeRanges: [10.{i}.0.4-10.{i}.0.7]\n"
+        ),
+    };
+    pool_input(&format!(
+        "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata:\n  name: {name}\nspec:\n  {body}"
+    ))
+}
+
+#[derive(Default)]
+struct Seed {
+    pools: BTreeMap<String, PoolInput>,
+    clusters: BTreeMap<String, ClusterInput>,
+    stored: Vec<kipam::planner::StoredAllocation>,
+}
+
+impl Seed {
+    fn inputs(&self) -> PlanInputs {
+        PlanInputs {
+            pools: self.pools.values().cloned().collect(),
+            clusters: self.clusters.values().cloned().collect(),
+            stored: self.stored.clone(),
+        }
+    }
+
+    fn apply(&mut self, event: &Event, current: &Plan) {
+        let name = |c: &usize| format!("c{c}");
+        match event {
+            Event::AddCluster { c, dc, day } => {
+                self.clusters
+                    .entry(name(c))
+                    .or_insert_with(|| cluster_in(&name(c), DATACENTERS[*dc], *day));
+            }
+            Event::RemoveCluster { c } => {
+                self.clusters.remove(&name(c));
+            }
+            Event::MoveCluster { c, dc } => {
+                if let Some(x) = self.clusters.get_mut(&name(c)) {
+                    x.datacenter = DATACENTERS[*dc].into();
+                }
+            }
+            Event::Pause { c, on } => {
+                if let Some(x) = self.clusters.get_mut(&name(c)) {
+                    x.paused = *on;
+                }
+            }
+            Event::Deleting { c } => {
+                if let Some(x) = self.clusters.get_mut(&name(c)) {
+                    x.deleting = true;
+                }
+            }
+            Event::OptOut { c, pool, on } => {
+                if let Some(x) = self.clusters.get_mut(&name(c)) {
+                    let key = format!("pool-{pool}");
+                    if *on {
+                        x.overrides.insert(key, PoolOverride::OptOut);
+                    } else {
+                        x.overrides.remove(&key);
+                    }
+                }
+            }
+            Event::Ask { c, pool, addresses } => {
+                if let Some(x) = self.clusters.get_mut(&name(c)) {
+                    x.overrides
+                        .insert(format!("pool-{pool}"), PoolOverride::Addresses(*addresses));
+                }
+            }
+            Event::Invalid { c, on } => {
+                if let Some(x) = self.clusters.get_mut(&name(c)) {
+                    x.invalid = on.then(|| "spec.datacenter: made up for the test".to_string());
+                }
+            }
+            Event::PutPool { pool: i, shape } => {
+                let p = pool(*i, *shape);
+                self.pools.insert(p.name.clone(), p);
+            }
+            Event::RemovePool { pool } => {
+                self.pools.remove(&format!("pool-{pool}"));
+            }
+            Event::WritesLand => {
+                let pools: Vec<PoolInput> = self.pools.values().cloned().collect();
+                self.stored = stored_after(current, &pools);
+            }
+            Event::DropStored { index } => {
+                if !self.stored.is_empty() {
+                    let i = index % self.stored.len();
+                    self.stored.remove(i);
+                }
+            }
+        }
+    }
+}
+
+fn run(events: Vec<Event>) -> Result<(), TestCaseError> {
+    let mut seed = Seed::default();
+    let mut before = seed.inputs();
+    let mut incremental = Plan::default();
+    for (step, event) in events.iter().enumerate() {
+        seed.apply(event, &incremental);
+        let after = seed.inputs();
+        let dirty = changed_pools(&before, &after);
+        let partial = plan_pools(&after, &dirty);
+        incremental.replace_pools(&dirty, partial);
+        let whole = after.plan();
+        prop_assert_eq!(
+            &incremental,
+            &whole,
+            "step {} ({:?}): replanned {:?}",
+            step,
+            event,
+            dirty
+        );
+        before = after;
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn incremental_plans_equal_whole_plans(events in proptest::collection::vec(event(), 1..60)) {
+        run(events)?;
+    }
+}
+
+/// Nothing changed, nothing to replan; a new cluster replans only the pools of its
+/// datacenter.
+#[test]
+fn only_the_pools_a_change_concerns_are_replanned() {
+    let mut seed = Seed::default();
+    for (i, shape) in [(0, 0), (1, 2), (2, 0)] {
+        seed.apply(&Event::PutPool { pool: i, shape }, &Plan::default());
+    }
+    seed.apply(
+        &Event::AddCluster {
+            c: 0,
+            dc: 0,
+            day: 1,
+        },
+        &Plan::default(),
+    );
+    let before = seed.inputs();
+    assert!(changed_pools(&before, &before).is_empty());
+    seed.apply(
+        &Event::AddCluster {
+            c: 1,
+            dc: 1,
+            day: 2,
+        },
+        &Plan::default(),
+    );
+    let after = seed.inputs();
+    let dirty: Vec<String> = changed_pools(&before, &after).into_iter().collect();
+    assert_eq!(dirty, vec!["pool-1".to_string()], "only pool-1 serves dc-2");
+}
