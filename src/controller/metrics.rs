@@ -763,32 +763,8 @@ mod tests {
         crate::planner::plan(&pool_inputs, &cluster_inputs, &[])
     }
 
-    const EDGE: &str = "apiVersion: ipam.kipam.dev/v1alpha1
-kind: IPAMPool
-metadata:
-  name: edge
-spec:
-  datacenters:
-    dc-1:
-      type: range
-      poolCidr: 10.0.0.0/28
-      allocationRange: 4
-      excludeRanges: [\"10.0.0.4\"]
-    dc-2:
-      type: prefix
-      poolCidr: 10.1.0.0/24
-      allocationPrefix: 28
----
-apiVersion: ipam.kipam.dev/v1alpha1
-kind: IPAMPool
-metadata:
-  name: v6
-spec:
-  datacenters:
-    dc-1:
-      type: prefix
-      poolCidr: 2001:db8::/48
-      allocationPrefix: 64";
+    /// The pools of the end-to-end metrics test.
+    const EDGE: &str = include_str!("../../tests/controller/metrics-pools.yaml");
 
     #[test]
     fn pool_figures_count_every_state_and_phase_exactly() {

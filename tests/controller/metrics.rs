@@ -13,34 +13,7 @@ const WAIT: Duration = Duration::from_secs(30);
 
 /// `edge`: a range /28 with one address excluded (dc-1) and an empty prefix pool (dc-2);
 /// `v6`: an IPv6 /48 handing out /64s.
-const POOLS: &str = "
-apiVersion: ipam.kipam.dev/v1alpha1
-kind: IPAMPool
-metadata:
-  name: edge
-spec:
-  datacenters:
-    dc-1:
-      type: range
-      poolCidr: 10.0.0.0/28
-      allocationRange: 4
-      excludeRanges: [\"10.0.0.4\"]
-    dc-2:
-      type: prefix
-      poolCidr: 10.1.0.0/24
-      allocationPrefix: 28
----
-apiVersion: ipam.kipam.dev/v1alpha1
-kind: IPAMPool
-metadata:
-  name: v6
-spec:
-  datacenters:
-    dc-1:
-      type: prefix
-      poolCidr: 2001:db8::/48
-      allocationPrefix: 64
-";
+const POOLS: &str = include_str!("metrics-pools.yaml");
 
 /// Every sample of a scrape: `name{labels}` -> value.
 fn samples(text: &str) -> BTreeMap<String, f64> {
