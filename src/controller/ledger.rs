@@ -54,16 +54,46 @@ fn slim(mut obj: IPAMAllocation) -> IPAMAllocation {
     obj
 }
 
+/// What happened to one key while this replica was writing it.
+#[derive(Debug, Default)]
+struct Flight {
+    /// Writes of ours to the key not yet over.
+    writes: usize,
+    /// The newest version our own writes produced (their responses).
+    own: Option<u64>,
+    /// Our own write deleted it.
+    own_delete: bool,
+    /// The newest version the watch showed meanwhile.
+    seen: Option<u64>,
+    /// The watch showed it deleted meanwhile.
+    seen_delete: bool,
+}
+
+impl Flight {
+    /// Whether the watch showed something our writes do not explain: a newer version than
+    /// any response of ours (somebody wrote after us), a delete we did not send, or anything
+    /// at all when none of our writes got a response (they failed).
+    fn saw_foreign_change(&self) -> bool {
+        let newer = match (self.seen, self.own) {
+            (Some(seen), Some(own)) => seen > own,
+            (Some(_), None) => !self.own_delete,
+            (None, _) => false,
+        };
+        newer || (self.seen_delete && !self.own_delete)
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Ledger {
     objects: BTreeMap<Key, Arc<IPAMAllocation>>,
     /// Keys whose content changed other than by this replica's own writes, since the last
     /// [`Ledger::take_changed`].
     changed: BTreeSet<Key>,
-    /// Keys this replica is writing right now: a watch event for one of them is the echo of
-    /// that write (arriving before its response) or a change that makes the write fail (and
-    /// the failure makes the pass look again), so it is stored without being reported.
-    in_flight: HashMap<Key, usize>,
+    /// Keys this replica is writing right now: a watch event for one of them may be the echo
+    /// of that write (arriving before its response), so it is stored without being reported
+    /// at once; when the write is over, whatever the watch showed that the write did not
+    /// produce is reported then (see [`Flight`]).
+    in_flight: HashMap<Key, Flight>,
     /// Deleted keys with the version they were deleted at.
     tombstones: HashMap<Key, u64>,
     /// Keys seen during a watch re-list, and the highest version seen then.
@@ -121,20 +151,40 @@ impl Ledger {
 
     /// This replica starts writing `key`; [`Ledger::end_own`] when the write is over.
     pub fn begin_own(&mut self, key: &Key) {
-        *self.in_flight.entry(key.clone()).or_default() += 1;
+        self.in_flight.entry(key.clone()).or_default().writes += 1;
     }
 
-    pub fn end_own(&mut self, key: &Key) {
-        if let Some(n) = self.in_flight.get_mut(key) {
-            *n -= 1;
-            if *n == 0 {
-                self.in_flight.remove(key);
-            }
+    /// The write is over. Returns true when the watch showed, meanwhile, a change our writes
+    /// do not explain (somebody else edited or deleted the object right after us): it is then
+    /// reported like any other change, so the pool is planned again.
+    pub fn end_own(&mut self, key: &Key) -> bool {
+        let Some(flight) = self.in_flight.get_mut(key) else {
+            return false;
+        };
+        flight.writes = flight.writes.saturating_sub(1);
+        if flight.writes > 0 {
+            return false;
         }
+        let foreign = flight.saw_foreign_change();
+        self.in_flight.remove(key);
+        if foreign {
+            self.changed.insert(key.clone());
+        }
+        foreign
+    }
+
+    /// Changes not yet taken by a pass.
+    pub fn has_changes(&self) -> bool {
+        !self.changed.is_empty()
     }
 
     /// The response of this replica's own write: the plan that made it already knows it.
     pub fn apply_own(&mut self, obj: IPAMAllocation) {
+        let key = key_of(&obj);
+        let rv = rv_of(&obj);
+        if let Some(flight) = self.in_flight.get_mut(&key) {
+            flight.own = flight.own.max(rv);
+        }
         self.store(obj);
     }
 
@@ -143,11 +193,17 @@ impl Ledger {
     /// [`Ledger::take_changed`]).
     pub fn apply(&mut self, obj: IPAMAllocation) -> bool {
         let key = key_of(&obj);
-        let changed = self.store(obj) && !self.in_flight.contains_key(&key);
-        if changed {
+        let rv = rv_of(&obj);
+        let stored = self.store(obj);
+        if let Some(flight) = self.in_flight.get_mut(&key) {
+            // Our echo, or somebody else's change: told apart when the write is over.
+            flight.seen = flight.seen.max(rv);
+            return false;
+        }
+        if stored {
             self.changed.insert(key);
         }
-        changed
+        stored
     }
 
     /// Stores a version unless it is older; true when the content changed.
@@ -185,7 +241,11 @@ impl Ledger {
         {
             return false; // a newer incarnation exists
         }
-        let held = self.objects.remove(&key).is_some() && !self.in_flight.contains_key(&key);
+        let mut held = self.objects.remove(&key).is_some();
+        if let Some(flight) = self.in_flight.get_mut(&key) {
+            flight.seen_delete = true;
+            held = false;
+        }
         if let Some(rv) = rv {
             self.tombstones.insert(key.clone(), rv);
         }
@@ -198,6 +258,9 @@ impl Ledger {
     /// This replica deleted the object: the plan that did it already knows.
     pub fn remove_own(&mut self, obj: &IPAMAllocation) {
         let key = key_of(obj);
+        if let Some(flight) = self.in_flight.get_mut(&key) {
+            flight.own_delete = true;
+        }
         let was_changed = self.changed.contains(&key);
         self.remove(obj);
         if !was_changed {
@@ -307,6 +370,36 @@ mod tests {
         l.apply_own(obj("cluster-a", 7, "again"));
         l.remove_own(&obj("cluster-a", 7, "again"));
         assert!(!l.remove(&obj("cluster-a", 8, "again")));
+        assert!(l.take_changed().is_empty());
+        // Somebody else's edit landing right after our write, seen while the write is still
+        // in flight: reported when the write is over.
+        l.begin_own(&key);
+        l.apply_own(obj("cluster-a", 10, "ours"));
+        assert!(!l.apply(obj("cluster-a", 11, "edited by hand")));
+        assert!(l.end_own(&key));
+        assert_eq!(
+            l.take_changed().into_iter().collect::<Vec<_>>(),
+            vec![key.clone()]
+        );
+        // The same when their edit's event comes before our response.
+        l.begin_own(&key);
+        assert!(!l.apply(obj("cluster-a", 13, "edited by hand")));
+        l.apply_own(obj("cluster-a", 12, "ours"));
+        assert!(l.end_own(&key));
+        assert_eq!(l.take_changed().len(), 1);
+        // Somebody else's delete while ours is an update.
+        l.begin_own(&key);
+        l.apply_own(obj("cluster-a", 14, "ours"));
+        assert!(!l.remove(&obj("cluster-a", 15, "ours")));
+        assert!(l.end_own(&key));
+        assert_eq!(l.take_changed().len(), 1);
+        // Our own delete, its event in flight: nothing to report.
+        l.apply(obj("cluster-a", 16, "again"));
+        l.take_changed();
+        l.begin_own(&key);
+        assert!(!l.remove(&obj("cluster-a", 16, "again")));
+        l.remove_own(&obj("cluster-a", 16, "again"));
+        assert!(!l.end_own(&key));
         assert!(l.take_changed().is_empty());
         // managedFields are not kept.
         let mut heavy = obj("cluster-b", 9, "b");

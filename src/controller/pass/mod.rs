@@ -319,6 +319,11 @@ pub async fn run(
         "pass steps (µs since start): {steps:?}"
     );
     state.keep(plan_inputs, plan);
+    // Somebody else changed an allocation while this pass was writing it (its watch event
+    // woke nobody then): look again at once.
+    if ctx.ledger.lock().await.has_changes() {
+        outcome.again = true;
+    }
     outcome.retry_after = ctx.backoff.lock().ok().and_then(|b| b.next_due());
     Ok(outcome)
 }
