@@ -556,27 +556,40 @@ async fn only_the_leader_applies() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_object_belongs_to_one_addon_and_moves_without_a_gap() {
-    let seed = Seed::start("addons-shared").await;
-    // The shipped addons plus `extra`, which renders metallb's L2Advertisement too.
+/// An addons directory for one test: the shipped `metallb` addon plus `extra` addons, each
+/// given as `(name, source of its one template)`. Returns the addons and templates
+/// directories as arguments for the controller.
+fn addons_with(seed: &Seed, extra: &[(&str, &str)]) -> (String, String) {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let addons = seed.log_path("addons-dir");
     std::fs::create_dir_all(addons.join("metallb")).expect("dir");
-    std::fs::create_dir_all(addons.join("extra")).expect("dir");
     for entry in std::fs::read_dir(root.join("addons/metallb")).expect("metallb addon") {
         let path = entry.expect("entry").path();
         if let Some(name) = path.file_name() {
             std::fs::copy(&path, addons.join("metallb").join(name)).expect("copy");
         }
     }
-    std::fs::write(
-        addons.join("extra/10_l2.yaml"),
-        "apiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata:\n  name: kipam-advertise-all\n  namespace: metallb-system\n",
+    for (name, source) in extra {
+        std::fs::create_dir_all(addons.join(name)).expect("dir");
+        std::fs::write(addons.join(name).join("10_template.yaml"), source).expect("extra addon");
+    }
+    (
+        addons.to_string_lossy().to_string(),
+        root.join("templates").to_string_lossy().to_string(),
     )
-    .expect("extra addon");
-    let addons_dir = addons.to_string_lossy().to_string();
-    let templates_dir = root.join("templates").to_string_lossy().to_string();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_belongs_to_one_addon_and_moves_without_a_gap() {
+    let seed = Seed::start("addons-shared").await;
+    // The shipped addons plus `extra`, which renders metallb's L2Advertisement too.
+    let (addons_dir, templates_dir) = addons_with(
+        &seed,
+        &[(
+            "extra",
+            "apiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata:\n  name: kipam-advertise-all\n  namespace: metallb-system\n",
+        )],
+    );
     let _ctl = seed.controller_with(
         "ctl",
         &[
@@ -646,26 +659,16 @@ async fn an_object_belongs_to_one_addon_and_moves_without_a_gap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_template_that_would_exhaust_memory_fails_its_addon_and_nothing_else() {
     let seed = Seed::start("addons-memory").await;
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let addons = seed.log_path("addons-dir");
-    std::fs::create_dir_all(addons.join("metallb")).expect("dir");
-    std::fs::create_dir_all(addons.join("grow")).expect("dir");
-    for entry in std::fs::read_dir(root.join("addons/metallb")).expect("metallb addon") {
-        let path = entry.expect("entry").path();
-        if let Some(name) = path.file_name() {
-            std::fs::copy(&path, addons.join("metallb").join(name)).expect("copy");
-        }
-    }
     // 16 bytes doubled 25 times (512 MiB), never printed.
-    std::fs::write(
-        addons.join("grow/10_grow.yaml"),
-        "{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}\n\
-         {% for i in range(25) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}\n\
-         apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: grow\n  namespace: metallb-system\n",
-    )
-    .expect("grow addon");
-    let addons_dir = addons.to_string_lossy().to_string();
-    let templates_dir = root.join("templates").to_string_lossy().to_string();
+    let (addons_dir, templates_dir) = addons_with(
+        &seed,
+        &[(
+            "grow",
+            "{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}\n\
+             {% for i in range(25) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}\n\
+             apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: grow\n  namespace: metallb-system\n",
+        )],
+    );
     let mut ctl = seed.controller_with(
         "ctl",
         &[
