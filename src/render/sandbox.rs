@@ -19,8 +19,9 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -134,7 +135,8 @@ struct Worker {
     child: Child,
     stdin: Option<ChildStdin>,
     replies: Receiver<String>,
-    stderr: Arc<Mutex<Vec<u8>>>,
+    /// Collects the first bytes of the child's stderr until the child ends.
+    stderr: Option<JoinHandle<Vec<u8>>>,
 }
 
 impl Worker {
@@ -170,26 +172,25 @@ impl Worker {
                 }
             }
         });
-        let kept = Arc::new(Mutex::new(Vec::new()));
-        let sink = kept.clone();
-        std::thread::spawn(move || {
+        let kept = std::thread::spawn(move || {
             let mut stderr = stderr;
+            let mut kept = Vec::new();
             let mut buf = [0u8; 1024];
             while let Ok(n) = stderr.read(&mut buf) {
                 if n == 0 {
                     break;
                 }
                 // The first lines say why the child stopped; a backtrace may follow.
-                let mut kept = sink.lock().unwrap_or_else(|p| p.into_inner());
                 let room = STDERR_KEPT.saturating_sub(kept.len()).min(n);
                 kept.extend_from_slice(&buf[..room]);
             }
+            kept
         });
         let mut worker = Worker {
             child,
             stdin: Some(stdin),
             replies,
-            stderr: kept,
+            stderr: Some(kept),
         };
         let init = Init {
             sources: renderer.sources().clone(),
@@ -216,18 +217,12 @@ impl Worker {
     fn finish(&mut self) -> (Option<ExitStatus>, String) {
         self.stdin = None;
         let status = self.child.wait().ok();
-        // The stderr reader ends with the child; give it a moment to store the last bytes.
-        for _ in 0..50 {
-            if Arc::strong_count(&self.stderr) == 1 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        // The child is gone, so its stderr is at its end: the reader finishes at once.
         let text = self
             .stderr
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+            .take()
+            .and_then(|reader| reader.join().ok())
+            .unwrap_or_default();
         (status, String::from_utf8_lossy(&text).trim().to_string())
     }
 }
