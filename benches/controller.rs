@@ -214,7 +214,18 @@ fn start_controller(api: &ApiServer, tag: &str) -> Controller {
     let kubeconfig = dir.join("kubeconfig");
     api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
     let metrics_port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_kipam"))
+    // `KIPAM_BENCH_WRAP="heaptrack -o /tmp/kipam"` runs the controller under a profiler.
+    let wrap = std::env::var("KIPAM_BENCH_WRAP").unwrap_or_default();
+    let mut wrap = wrap.split_whitespace();
+    let mut command = match wrap.next() {
+        Some(program) => {
+            let mut c = Command::new(program);
+            c.args(wrap).arg(env!("CARGO_BIN_EXE_kipam"));
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_kipam")),
+    };
+    let child = command
         .args(["controller", "--kubeconfig"])
         .arg(&kubeconfig)
         .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])

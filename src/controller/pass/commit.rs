@@ -26,18 +26,13 @@ pub(super) async fn commit_records(
     plan: &planner::Plan,
     objects: &[Arc<IPAMAllocation>],
     records: &BTreeMap<RecordKey, IPAMPoolRecord>,
-    jobs: &[AllocationWrite],
+    to_write: &HashSet<RecordKey>,
     limit: usize,
     retry: &mut BTreeSet<String>,
     outcome: &mut PassOutcome,
 ) -> HashSet<RecordKey> {
     let pool_objects: HashMap<String, &Arc<IPAMPool>> =
         pools.iter().map(|p| (p.name_any(), p)).collect();
-    let to_write: HashSet<RecordKey> = jobs
-        .iter()
-        .filter(|j| j.desired.is_some() && !j.is_status_only())
-        .map(|j| (j.decision.pool.clone(), j.decision.datacenter.clone()))
-        .collect();
     // Objects and decisions by pool, once (not once per pool datacenter).
     let mut objects_of: HashMap<&str, Vec<&IPAMAllocation>> = HashMap::new();
     for o in objects {

@@ -72,6 +72,34 @@ pub enum PassError {
     Planner(String),
 }
 
+/// What is left of an allocation write once it is over: what the report needs.
+struct Finished {
+    key: Key,
+    name: String,
+    verb: &'static str,
+    cluster: String,
+    pool: String,
+    datacenter: String,
+    /// The write deleted the object.
+    release: bool,
+    note: Option<allocations::ClusterNote>,
+}
+
+impl Finished {
+    fn of(job: &AllocationWrite, note: Option<allocations::ClusterNote>) -> Self {
+        Finished {
+            key: job.key.clone(),
+            name: job.name(),
+            verb: job.verb(),
+            cluster: job.decision.cluster.clone(),
+            pool: job.decision.pool.clone(),
+            datacenter: job.decision.datacenter.clone(),
+            release: job.desired.is_none(),
+            note,
+        }
+    }
+}
+
 /// Runs one pass. The caller checked leadership (in `term`) just before.
 pub async fn run(
     ctx: &Arc<Context>,
@@ -170,17 +198,27 @@ pub async fn run(
         .map(|c| (c.name_any(), c.as_ref()))
         .collect();
 
-    let mut jobs = Vec::new();
-    for d in plan
-        .decisions
-        .iter()
-        .filter(|d| scope.checks(d, &ledger_changed))
-    {
+    // Which decisions need a write, remembered by index only: the objects themselves are
+    // built again when their write starts, so a burst of 100,000 allocations never holds
+    // 100,000 desired objects (and their stored copies) at once.
+    let build = |d: &planner::Decision| -> Option<AllocationWrite> {
         let key = (cluster_namespace(&d.cluster), d.pool.clone());
         let existing = by_key.get(&key).copied();
         let desired = allocation_object(d, existing, policies.get(d.pool.as_str()).copied(), &now);
-        if let Some(job) = AllocationWrite::new(d, existing, desired) {
-            jobs.push(job);
+        AllocationWrite::new(d, existing, desired)
+    };
+    let mut pending: Vec<(usize, bool)> = Vec::new();
+    let mut to_write: HashSet<(String, String)> = HashSet::new();
+    for (i, d) in plan.decisions.iter().enumerate() {
+        if !scope.checks(d, &ledger_changed) {
+            continue;
+        }
+        if let Some(job) = build(d) {
+            let fenced = job.desired.is_some() && !job.is_status_only();
+            if fenced {
+                to_write.insert((d.pool.clone(), d.datacenter.clone()));
+            }
+            pending.push((i, fenced));
         }
     }
 
@@ -196,7 +234,7 @@ pub async fn run(
         &plan,
         &stored_objects,
         &records,
-        &jobs,
+        &to_write,
         limit,
         &mut state.retry_pools,
         &mut outcome,
@@ -204,28 +242,36 @@ pub async fn run(
     .await;
     step("records");
     let mut allowed = Vec::new();
-    for job in jobs {
-        let fenced = job.desired.is_some() && !job.is_status_only();
-        let record = (job.decision.pool.clone(), job.decision.datacenter.clone());
+    for (i, fenced) in pending {
+        let d = &plan.decisions[i];
+        let record = (d.pool.clone(), d.datacenter.clone());
         if fenced && !committed.contains(&record) {
             outcome.again = true;
-            state.retry_pools.insert(job.decision.pool.clone());
+            state.retry_pools.insert(d.pool.clone());
             continue;
         }
-        if !due(ctx, "IPAMAllocation", &job.name()) {
+        let name = format!("{}/{}", cluster_namespace(&d.cluster), d.pool);
+        if !due(ctx, "IPAMAllocation", &name) {
             outcome.again = true;
-            state.retry_pools.insert(job.decision.pool.clone());
+            state.retry_pools.insert(d.pool.clone());
             continue;
         }
-        allowed.push(job);
+        allowed.push(i);
     }
 
-    // Allocation writes, in parallel; each result goes into the ledger at once.
-    let results: Vec<(AllocationWrite, Result<WriteDone, kube::Error>)> =
-        futures::stream::iter(allowed)
+    // Allocation writes, in parallel; each result goes into the ledger at once. A job is built
+    // when its write starts and reduced to what the report needs when it ends.
+    let build = &build;
+    let decisions = &plan.decisions;
+    let results: Vec<(Finished, Result<WriteDone, kube::Error>)> =
+        futures::stream::iter(allowed.into_iter().filter_map(|i| build(&decisions[i])))
             .map(|job| async move {
                 let r = job.execute(ctx, term).await;
-                (job, r)
+                let note = match &r {
+                    Ok(_) => allocations::allocation_note(ctx, &job),
+                    Err(_) => None,
+                };
+                (Finished::of(&job, note), r)
             })
             .buffer_unordered(limit)
             .collect()
@@ -235,43 +281,41 @@ pub async fn run(
         match result {
             Ok(done) => {
                 outcome.writes += done.writes;
-                write_succeeded(ctx, "IPAMAllocation", &job.name());
-                if job.desired.is_none() {
+                write_succeeded(ctx, "IPAMAllocation", &job.name);
+                if job.release {
                     // A release: the next pass trims the pool record once no object shows
                     // the addresses any more.
-                    state.retry_pools.insert(job.decision.pool.clone());
+                    state.retry_pools.insert(job.pool.clone());
                     outcome.again = true;
                 }
-                if let Some(note) = allocations::allocation_note(ctx, &job) {
-                    notes
-                        .entry(job.decision.cluster.clone())
-                        .or_default()
-                        .push(note);
+                if let Some(note) = job.note {
+                    notes.entry(job.cluster.clone()).or_default().push(note);
                 }
             }
             Err(e) if is_conflict(&e) || is_not_found(&e) => {
-                tracing::info!(cluster = %job.decision.cluster, pool = %job.decision.pool, datacenter = %job.decision.datacenter, error = %e, "stale view of an allocation; re-reading");
+                tracing::info!(cluster = %job.cluster, pool = %job.pool, datacenter = %job.datacenter, error = %e, "stale view of an allocation; re-reading");
                 ctx.metrics
                     .write_failed("IPAMAllocation", preconditions::reason(&e));
                 allocations::refresh(ctx, &job.key).await;
-                state.retry_pools.insert(job.decision.pool.clone());
+                state.retry_pools.insert(job.pool.clone());
                 outcome.again = true;
             }
             Err(e) => {
-                let message = write_failed(ctx, "IPAMAllocation", &job.name(), job.verb(), &e);
-                state.retry_pools.insert(job.decision.pool.clone());
+                let message = write_failed(ctx, "IPAMAllocation", &job.name, job.verb, &e);
+                state.retry_pools.insert(job.pool.clone());
                 outcome.again = true;
-                notes.entry(job.decision.cluster.clone()).or_default().push(
-                    allocations::ClusterNote {
+                notes
+                    .entry(job.cluster.clone())
+                    .or_default()
+                    .push(allocations::ClusterNote {
                         warning: true,
                         reason: "WriteFailed".into(),
-                        note: format!("IPAMAllocation {}: {message}", job.name()),
-                    },
-                );
+                        note: format!("IPAMAllocation {}: {message}", job.name),
+                    });
                 write_failures
-                    .entry(job.decision.cluster.clone())
+                    .entry(job.cluster.clone())
                     .or_default()
-                    .push(format!("IPAMAllocation {}: {message}", job.name()));
+                    .push(format!("IPAMAllocation {}: {message}", job.name));
             }
         }
     }
