@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::{ClusterInput, Plan, PoolInput, StoredAllocation, plan};
+use super::{ClusterInput, Plan, PoolInput, PoolStates, StoredAllocation, plan_keeping};
 
 /// Everything the planner is given, kept between passes to find what changed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -28,7 +28,12 @@ pub struct PlanInputs {
 impl PlanInputs {
     /// The whole-seed plan of these inputs.
     pub fn plan(&self) -> Plan {
-        plan(&self.pools, &self.clusters, &self.stored)
+        self.plan_keeping().0
+    }
+
+    /// The whole-seed plan and the allocators it ended with.
+    pub fn plan_keeping(&self) -> (Plan, PoolStates) {
+        plan_keeping(&self.pools, &self.clusters, &self.stored)
     }
 
     /// Every pool name the inputs mention (pools and stored allocations of pools now gone).
@@ -44,6 +49,11 @@ impl PlanInputs {
 /// Plans the named pools only: their decisions and usage are exactly those of the whole-seed
 /// plan of the same inputs.
 pub fn plan_pools(inputs: &PlanInputs, only: &BTreeSet<String>) -> Plan {
+    plan_pools_keeping(inputs, only).0
+}
+
+/// [`plan_pools`], also giving the allocators those pools ended with.
+pub fn plan_pools_keeping(inputs: &PlanInputs, only: &BTreeSet<String>) -> (Plan, PoolStates) {
     let pools: Vec<PoolInput> = inputs
         .pools
         .iter()
@@ -70,7 +80,7 @@ pub fn plan_pools(inputs: &PlanInputs, only: &BTreeSet<String>) -> Plan {
         })
         .cloned()
         .collect();
-    plan(&pools, &clusters, &stored)
+    plan_keeping(&pools, &clusters, &stored)
 }
 
 impl Plan {

@@ -16,11 +16,13 @@
 //! One pool's failure never touches the cluster's other pools: each pool datacenter has its
 //! own allocator.
 
+mod fast;
 pub mod incremental;
 mod input;
 mod output;
 
-pub use incremental::{PlanInputs, changed_pools, plan_pools};
+pub use fast::{PoolStates, serve_new};
+pub use incremental::{PlanInputs, changed_pools, plan_pools, plan_pools_keeping};
 pub use input::{ClusterInput, DatacenterInput, PoolInput, PoolOverride, StoredAllocation};
 pub use output::{Change, DatacenterReport, Decision, Plan};
 
@@ -33,6 +35,16 @@ use crate::resources::{AllocationType, ReclaimPolicy};
 
 /// Plans every allocation. See the module documentation for the rules.
 pub fn plan(pools: &[PoolInput], clusters: &[ClusterInput], stored: &[StoredAllocation]) -> Plan {
+    plan_keeping(pools, clusters, stored).0
+}
+
+/// [`plan`], also giving what each pool datacenter's allocator ended with, so that clusters
+/// new to the seed can later be served without replanning ([`serve_new`]).
+pub fn plan_keeping(
+    pools: &[PoolInput],
+    clusters: &[ClusterInput],
+    stored: &[StoredAllocation],
+) -> (Plan, PoolStates) {
     let mut planner = Planner::new(pools, clusters);
     for s in stored {
         if let Some(why) = &s.unreadable {
@@ -46,6 +58,14 @@ pub fn plan(pools: &[PoolInput], clusters: &[ClusterInput], stored: &[StoredAllo
     planner.place_pins();
     planner.serve_requests();
     planner.finish()
+}
+
+/// A cluster's place in the oldest-first order, owned.
+pub(crate) type AgeKey = (bool, String, String);
+
+fn age_of(c: &ClusterInput) -> AgeKey {
+    let (missing, created, name) = c.age_key();
+    (missing, created.to_string(), name.to_string())
 }
 
 type Key = (String, String);
@@ -489,7 +509,46 @@ impl<'a> Planner<'a> {
         );
     }
 
-    fn finish(self) -> Plan {
+    /// Resumes planning from kept allocators, for `clusters` that hold nothing yet (see
+    /// [`serve_new`]).
+    fn resume(
+        pools: &'a [PoolInput],
+        clusters: &'a [ClusterInput],
+        allocators: BTreeMap<Key, Result<PoolAllocator, String>>,
+    ) -> Self {
+        let mut sorted: Vec<&ClusterInput> = clusters.iter().collect();
+        sorted.sort_by(|a, b| a.age_key().cmp(&b.age_key()));
+        Planner {
+            pools: pools.iter().map(|p| (p.name.as_str(), p)).collect(),
+            by_name: clusters.iter().map(|c| (c.name.as_str(), c)).collect(),
+            clusters: sorted,
+            allocators,
+            decisions: BTreeMap::new(),
+            blocked: BTreeMap::new(),
+        }
+    }
+
+    /// The plan, and the allocators with what they say about each pool datacenter.
+    fn finish(self) -> (Plan, PoolStates) {
+        let mut youngest: BTreeMap<Key, AgeKey> = BTreeMap::new();
+        for d in self.decisions.values() {
+            if !matches!(
+                d.change,
+                Change::Create | Change::Grow | Change::Replace | Change::Fail
+            ) {
+                continue;
+            }
+            let Some(c) = self.by_name.get(d.cluster.as_str()) else {
+                continue;
+            };
+            let age = age_of(c);
+            let slot = youngest
+                .entry((d.pool.clone(), d.datacenter.clone()))
+                .or_insert_with(|| age.clone());
+            if age > *slot {
+                *slot = age;
+            }
+        }
         let usage = self
             .allocators
             .iter()
@@ -514,7 +573,21 @@ impl<'a> Planner<'a> {
                 d
             })
             .collect();
-        Plan { decisions, usage }
+        let blocked = self.blocked;
+        let states = self
+            .allocators
+            .into_iter()
+            .map(|(key, allocator)| {
+                let state = fast::PoolState {
+                    blocked: blocked.contains_key(&key)
+                        || blocked.contains_key(&(key.0.clone(), String::new())),
+                    youngest_request: youngest.remove(&key),
+                    allocator,
+                };
+                (key, state)
+            })
+            .collect();
+        (Plan { decisions, usage }, PoolStates::from_map(states))
     }
 }
 

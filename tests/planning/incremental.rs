@@ -1,11 +1,13 @@
 //! Incremental planning gives the whole-seed plan: after every event of a random sequence,
-//! replanning only the pools `changed_pools` names and patching the previous plan with them
-//! must give exactly the plan of the whole seed.
+//! replanning only the pools `changed_pools` names and patching the previous plan with them —
+//! or, for a cluster new to the seed, serving it from the kept allocators (`serve_new`) when
+//! that is allowed — must give exactly the plan of the whole seed.
 
 use std::collections::BTreeMap;
 
 use kipam::planner::{
-    ClusterInput, Plan, PlanInputs, PoolInput, PoolOverride, changed_pools, plan_pools,
+    ClusterInput, Plan, PlanInputs, PoolInput, PoolOverride, PoolStates, changed_pools,
+    plan_pools_keeping, serve_new,
 };
 use proptest::prelude::*;
 
@@ -194,28 +196,62 @@ impl Seed {
     }
 }
 
-fn run(events: Vec<Event>) -> Result<(), TestCaseError> {
+/// The cluster an `AddCluster` event brings, when it is new to the seed and holds nothing.
+fn newcomer(seed: &Seed, event: &Event) -> Option<String> {
+    let Event::AddCluster { c, .. } = event else {
+        return None;
+    };
+    let name = format!("c{c}");
+    let holds = seed.stored.iter().any(|s| s.cluster == name);
+    (!seed.clusters.contains_key(&name) && !holds).then_some(name)
+}
+
+/// Runs the events; returns how many new clusters were served from kept allocators.
+fn run(events: Vec<Event>) -> Result<usize, TestCaseError> {
     let mut seed = Seed::default();
     let mut before = seed.inputs();
     let mut incremental = Plan::default();
+    let mut states = PoolStates::default();
+    let mut served_fast = 0;
     for (step, event) in events.iter().enumerate() {
+        let newcomer = newcomer(&seed, event);
         seed.apply(event, &incremental);
         let after = seed.inputs();
-        let dirty = changed_pools(&before, &after);
-        let partial = plan_pools(&after, &dirty);
-        incremental.replace_pools(&dirty, partial);
         let whole = after.plan();
-        prop_assert_eq!(
-            &incremental,
-            &whole,
-            "step {} ({:?}): replanned {:?}",
-            step,
-            event,
-            dirty
-        );
+        let fast = newcomer.and_then(|name| {
+            let c = seed.clusters.get(&name)?.clone();
+            let mut plan = incremental.clone();
+            let mut kept = states.clone();
+            serve_new(&mut plan, &mut kept, &after.pools, &[c]).map(|_| (plan, kept))
+        });
+        if let Some((plan, kept)) = fast {
+            prop_assert_eq!(
+                &plan,
+                &whole,
+                "step {} ({:?}): served from the kept allocators",
+                step,
+                event
+            );
+            incremental = plan;
+            states = kept;
+            served_fast += 1;
+        } else {
+            let dirty = changed_pools(&before, &after);
+            let (partial, partial_states) = plan_pools_keeping(&after, &dirty);
+            incremental.replace_pools(&dirty, partial);
+            states.replace_pools(&dirty, partial_states);
+            prop_assert_eq!(
+                &incremental,
+                &whole,
+                "step {} ({:?}): replanned {:?}",
+                step,
+                event,
+                dirty
+            );
+        }
         before = after;
     }
-    Ok(())
+    Ok(served_fast)
 }
 
 proptest! {
@@ -225,6 +261,29 @@ proptest! {
     fn incremental_plans_equal_whole_plans(events in proptest::collection::vec(event(), 1..60)) {
         run(events)?;
     }
+}
+
+/// A newcomer younger than everybody is served from the kept allocators; one older than a
+/// cluster whose request was just served is not (the whole plan would serve it first).
+#[test]
+fn new_clusters_are_served_from_kept_allocators_only_when_that_is_exact() {
+    let add = |c, day| Event::AddCluster { c, dc: 0, day };
+    let young = vec![
+        Event::PutPool { pool: 0, shape: 1 },
+        Event::PutPool { pool: 1, shape: 2 },
+        add(0, 1),
+        Event::WritesLand,
+        add(1, 2),
+        add(2, 3),
+    ];
+    assert_eq!(run(young).expect("plans agree"), 3);
+    let older = vec![Event::PutPool { pool: 0, shape: 1 }, add(0, 5), add(1, 2)];
+    assert_eq!(run(older).expect("plans agree"), 1, "only the first");
+    // A pool full of waiting clusters: a younger newcomer is served after them, exactly as
+    // the whole plan would.
+    let mut full = vec![Event::PutPool { pool: 0, shape: 0 }];
+    full.extend((0..6).map(|c| add(c, c as u32 + 1)));
+    assert_eq!(run(full).expect("plans agree"), 6);
 }
 
 /// Nothing changed, nothing to replan; a new cluster replans only the pools of its
