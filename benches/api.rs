@@ -123,6 +123,7 @@ fn main() {
             namespaces,
             ledger: tokio::sync::Mutex::new(ledger::Ledger::default()),
             records: tokio::sync::Mutex::new(records::Records::default()),
+            dirty: Default::default(),
             backoff: std::sync::Mutex::new(backoff::Backoff::default()),
             pass_lock: tokio::sync::Mutex::new(()),
             recorder: Recorder::new(client, Reporter { controller: "kipam".into(), instance: None }),

@@ -138,7 +138,10 @@ impl Ledger {
 
     /// Any allocation held by `cluster`'s namespace.
     pub fn has_namespace(&self, namespace: &str) -> bool {
-        self.objects.keys().any(|(ns, _)| ns == namespace)
+        self.objects
+            .range((namespace.to_string(), String::new())..)
+            .next()
+            .is_some_and(|((ns, _), _)| ns == namespace)
     }
 
     /// Allocations named after `pool` (one per cluster).

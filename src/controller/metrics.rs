@@ -241,6 +241,22 @@ pub fn pool_gauges(plan: &Plan) -> Vec<PoolFigures> {
     plan.usage
         .values()
         .map(|r| {
+            let counts = phases
+                .get(&(r.pool.as_str(), r.datacenter.as_str()))
+                .copied()
+                .unwrap_or_default();
+            usage_figures(r, PUBLISHED_PHASES.iter().copied().zip(counts).collect())
+        })
+        .collect()
+}
+
+/// The figures of one pool datacenter's usage, with the phase counts given.
+fn usage_figures(
+    r: &crate::planner::DatacenterReport,
+    phases: Vec<(AllocationPhase, u64)>,
+) -> PoolFigures {
+    {
+        {
             let u = &r.usage;
             let usable = u.total.saturating_sub(u.excluded);
             let utilization = if usable.is_zero() {
@@ -248,10 +264,6 @@ pub fn pool_gauges(plan: &Plan) -> Vec<PoolFigures> {
             } else {
                 count_to_f64(u.allocated) / count_to_f64(usable)
             };
-            let counts = phases
-                .get(&(r.pool.as_str(), r.datacenter.as_str()))
-                .copied()
-                .unwrap_or_default();
             PoolFigures {
                 pool: r.pool.clone(),
                 datacenter: r.datacenter.clone(),
@@ -261,10 +273,10 @@ pub fn pool_gauges(plan: &Plan) -> Vec<PoolFigures> {
                 available: count_to_f64(u.available),
                 utilization,
                 largest_free_block: count_to_f64(u.largest_free_block),
-                phases: PUBLISHED_PHASES.iter().copied().zip(counts).collect(),
+                phases,
             }
-        })
-        .collect()
+        }
+    }
 }
 
 /// True when a decision leaves the cluster waiting for addresses it asked for (or planned
@@ -492,15 +504,78 @@ impl Metrics {
         }
         let at = Instant::now();
         let mut unmet_since = lock(&self.unmet_since);
-        let mut live = std::collections::HashSet::new();
-        for d in &plan.decisions {
-            let key = (d.cluster.clone(), d.pool.clone());
-            if unmet(d) {
-                unmet_since.entry(key.clone()).or_insert(at);
-                live.insert(key);
+        let mut live: std::collections::HashSet<(&str, &str)> = std::collections::HashSet::new();
+        for d in plan.decisions.iter().filter(|d| unmet(d)) {
+            live.insert((d.cluster.as_str(), d.pool.as_str()));
+        }
+        unmet_since.retain(|k, _| live.contains(&(k.0.as_str(), k.1.as_str())));
+        for (cluster, pool) in live {
+            if !unmet_since.contains_key(&(cluster.to_string(), pool.to_string())) {
+                unmet_since.insert((cluster.to_string(), pool.to_string()), at);
             }
         }
-        unmet_since.retain(|k, _| live.contains(k));
+    }
+
+    /// What a short pass changed: `added` decisions (clusters new to the seed) and the usage
+    /// of the pool datacenters they were served from. Phase counts grow by the added
+    /// decisions instead of being counted again over the whole plan.
+    pub fn observe_added(&self, plan: &Plan, added: &[Decision]) {
+        let at = Instant::now();
+        let mut touched: BTreeSet<(&str, &str)> = BTreeSet::new();
+        {
+            let mut unmet_since = lock(&self.unmet_since);
+            for d in added {
+                touched.insert((d.pool.as_str(), d.datacenter.as_str()));
+                if unmet(d) {
+                    unmet_since
+                        .entry((d.cluster.clone(), d.pool.clone()))
+                        .or_insert(at);
+                }
+            }
+        }
+        let published = lock(&self.published);
+        for (pool, datacenter) in touched {
+            let key = (pool.to_string(), datacenter.to_string());
+            if !published.contains(&key) {
+                continue;
+            }
+            let Some(report) = plan.usage.get(&key) else {
+                continue;
+            };
+            let f = usage_figures(report, Vec::new());
+            let labels = PoolLabels {
+                pool: key.0.clone(),
+                datacenter: key.1.clone(),
+            };
+            for (state, value) in [
+                ("total", f.total),
+                ("allocated", f.allocated),
+                ("excluded", f.excluded),
+                ("available", f.available),
+            ] {
+                self.pool_addresses
+                    .get_or_create(&state_labels(&labels, state))
+                    .set(value);
+            }
+            self.pool_utilization
+                .get_or_create(&labels)
+                .set(f.utilization);
+            self.pool_largest_free_block
+                .get_or_create(&labels)
+                .set(f.largest_free_block);
+            for d in added
+                .iter()
+                .filter(|d| d.pool == key.0 && d.datacenter == key.1)
+            {
+                if let Some(phase) = crate::desired::phase_of(d)
+                    && PUBLISHED_PHASES.contains(&phase)
+                {
+                    self.allocations
+                        .get_or_create(&phase_labels(&labels, phase))
+                        .inc();
+                }
+            }
+        }
     }
 
     fn remove_pool(&self, pool: &str, datacenter: &str) {

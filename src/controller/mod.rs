@@ -77,6 +77,35 @@ pub enum ControllerError {
     },
 }
 
+/// What changed since the last pass, as far as the watches can say: the clusters whose
+/// planned content changed by name, and whether anything else did (a pool, a namespace, a
+/// deletion, a re-list, a watch error). A pass takes it before it reads the caches, so a
+/// change made while the pass runs is left for the next one.
+#[derive(Debug, Default)]
+pub struct Dirty {
+    inner: std::sync::Mutex<(std::collections::BTreeSet<String>, bool)>,
+}
+
+impl Dirty {
+    /// `name`'s planned content changed.
+    pub fn cluster(&self, name: String) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.0.insert(name);
+    }
+
+    /// Something changed that only a look at everything can place.
+    pub fn other(&self) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.1 = true;
+    }
+
+    /// Takes what changed: (clusters, anything else).
+    pub fn take(&self) -> (std::collections::BTreeSet<String>, bool) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut *inner)
+    }
+}
+
 /// Timeout of every request the controller sends (watches excepted).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -92,6 +121,8 @@ pub struct Context {
     pub namespaces: Store<Namespace>,
     pub ledger: Mutex<Ledger>,
     pub records: Mutex<records::Records>,
+    /// What the watches saw change since the last pass took it.
+    pub dirty: Arc<Dirty>,
     /// Per-object retry delays after failed writes.
     pub backoff: std::sync::Mutex<backoff::Backoff>,
     /// Held while a pass runs: shutdown waits for it before giving the Lease up.
@@ -221,6 +252,8 @@ fn cached<K>(
     wake: Arc<Notify>,
     reporter: Arc<WatchReporter>,
     wakes: Wakes<K>,
+    dirty: Arc<Dirty>,
+    by_name: bool,
 ) -> (Store<K>, impl Stream<Item = ()>)
 where
     K: kube::Resource<DynamicType = ()>
@@ -257,6 +290,14 @@ where
             (Ok(Event::InitDone), _) | (Err(_), _) => true,
         };
         if wakes_now {
+            // A content change of a cluster is placed by name; anything else (a pool, a
+            // deletion, a re-list, an error) asks the next pass to look at everything.
+            match &ev {
+                Ok(Event::Apply(o)) | Ok(Event::InitApply(o)) if by_name => {
+                    dirty.cluster(o.meta().name.clone().unwrap_or_default())
+                }
+                _ => dirty.other(),
+            }
             wake.notify_one();
         }
     });
@@ -273,6 +314,7 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         tokio::spawn(async move { metrics::serve(metrics_addr, listener_metrics).await });
 
     let wake = Arc::new(Notify::new());
+    let dirty = Arc::new(Dirty::default());
     let backoff = || watcher::Config::default();
     // RBAC: src/rbac.rs (list/watch of pools, clusters, namespaces, allocations).
     let (pools, pool_events) = cached(
@@ -281,6 +323,8 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         wake.clone(),
         WatchReporter::new("ipampools.ipam.kipam.dev", metrics.clone()),
         Wakes::Content(|p: &IPAMPool| planned_content(p, &p.spec, pass::POOL_FINALIZER)),
+        dirty.clone(),
+        false,
     );
     let (clusters, cluster_events) = cached(
         Api::<Cluster>::all(client.clone()),
@@ -288,6 +332,8 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         wake.clone(),
         WatchReporter::new("clusters.ipam.kipam.dev", metrics.clone()),
         Wakes::Content(|c: &Cluster| planned_content(c, &c.spec, pass::CLUSTER_FINALIZER)),
+        dirty.clone(),
+        true,
     );
     let (namespaces, namespace_events) = cached(
         Api::<Namespace>::all(client.clone()),
@@ -295,6 +341,8 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         wake.clone(),
         WatchReporter::new("namespaces", metrics.clone()),
         Wakes::Deletions,
+        dirty.clone(),
+        false,
     );
     let leader = LeaderState::new(options.lease.renew_deadline);
     let ctx = Arc::new(Context {
@@ -305,6 +353,7 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         namespaces,
         ledger: Mutex::new(Ledger::default()),
         records: Mutex::new(records::Records::default()),
+        dirty: dirty.clone(),
         backoff: std::sync::Mutex::new(backoff::Backoff::default()),
         pass_lock: Mutex::new(()),
         recorder: Recorder::new(

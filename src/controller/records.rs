@@ -38,6 +38,13 @@ impl Records {
         self.map.clone()
     }
 
+    /// Whether any record holds an entry for `cluster`.
+    pub fn holds(&self, cluster: &str) -> bool {
+        self.map
+            .values()
+            .any(|r| r.spec.reservations.contains_key(cluster))
+    }
+
     fn put(&mut self, r: IPAMPoolRecord) {
         self.map
             .insert((r.spec.pool.clone(), r.spec.datacenter.clone()), r);
@@ -121,6 +128,31 @@ pub async fn commit(
             Err(CommitError::Api(e))
         }
     }
+}
+
+/// Commits `changes` (cluster -> its new entry, or `None` to drop it) on top of the record
+/// as this replica last saw it; see [`commit`].
+pub async fn commit_changes(
+    ctx: &Context,
+    pool: &IPAMPool,
+    key: &RecordKey,
+    changes: BTreeMap<String, Option<Reservation>>,
+) -> Result<(), CommitError> {
+    let mut reservations = ctx
+        .records
+        .lock()
+        .await
+        .map
+        .get(key)
+        .map(|r| r.spec.reservations.clone())
+        .unwrap_or_default();
+    for (cluster, entry) in changes {
+        match entry {
+            Some(e) => reservations.insert(cluster, e),
+            None => reservations.remove(&cluster),
+        };
+    }
+    commit(ctx, pool, key, reservations).await
 }
 
 /// Deletes the record of a datacenter the pool no longer has, once no object is left there.

@@ -97,6 +97,7 @@ pub async fn context(api: &ApiServer) -> (Arc<Context>, tokio::task::JoinHandle<
         namespaces,
         ledger: tokio::sync::Mutex::new(ledger::Ledger::default()),
         records: tokio::sync::Mutex::new(records::Records::default()),
+        dirty: Default::default(),
         backoff: std::sync::Mutex::new(backoff::Backoff::default()),
         pass_lock: tokio::sync::Mutex::new(()),
         recorder: Recorder::new(

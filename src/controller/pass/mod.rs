@@ -16,6 +16,7 @@
 
 mod allocations;
 mod commit;
+mod fast;
 mod inputs;
 mod lifecycle;
 mod report;
@@ -106,6 +107,14 @@ pub async fn run(
     term: u64,
     state: &mut PassState,
 ) -> Result<PassOutcome, PassError> {
+    // What the watches saw change, taken before anything is read: whatever changes from now
+    // on is left for the next pass.
+    let (dirty, dirty_other) = ctx.dirty.take();
+    if !dirty_other && state.can_skip_planning() && !ctx.ledger.lock().await.has_changes() {
+        if let Some(result) = fast::run(ctx, term, state, &dirty).await {
+            return result;
+        }
+    }
     let limit = state.write_concurrency;
     let mut outcome = PassOutcome::default();
     let started = std::time::Instant::now();

@@ -21,7 +21,9 @@ pub struct PassState {
     /// Plan and check everything on the next pass.
     full: bool,
     /// The inputs of the last plan, and the plan.
-    previous: Option<(PlanInputs, Plan)>,
+    pub(super) previous: Option<(PlanInputs, Plan)>,
+    /// The allocators the last plan ended with (new clusters are served from them).
+    pub(super) states: planner::PoolStates,
     /// Pools whose writes did not all land (failed, held back by backoff or the record
     /// fence, or a release whose record entry is still to be trimmed).
     pub(super) retry_pools: BTreeSet<String>,
@@ -29,6 +31,8 @@ pub struct PassState {
     pub(super) retry_clusters: BTreeSet<String>,
     /// Planning passes that replanned only part of the seed (for the log and tests).
     pub incremental_passes: u64,
+    /// Passes that served new clusters from the kept allocators without replanning.
+    pub fast_passes: u64,
     /// Objects and records already read, by version.
     pub(super) reads: super::inputs::ReadCache,
 }
@@ -39,9 +43,11 @@ impl PassState {
             write_concurrency: write_concurrency.max(1),
             full: true,
             previous: None,
+            states: planner::PoolStates::default(),
             retry_pools: BTreeSet::new(),
             retry_clusters: BTreeSet::new(),
             incremental_passes: 0,
+            fast_passes: 0,
             reads: Default::default(),
         }
     }
@@ -49,6 +55,15 @@ impl PassState {
     /// The next pass plans and checks the whole seed (a new term, the resync, a failure).
     pub fn replan_all(&mut self) {
         self.full = true;
+    }
+
+    /// The last plan is at hand and nothing waits to be retried: a pass may look at the
+    /// changed clusters alone.
+    pub(super) fn can_skip_planning(&self) -> bool {
+        !self.full
+            && self.previous.is_some()
+            && self.retry_pools.is_empty()
+            && self.retry_clusters.is_empty()
     }
 
     /// Keeps the plan for the next pass.
@@ -120,7 +135,9 @@ pub(super) fn plan(
             whole_pools: BTreeSet::new(),
             clusters: BTreeSet::new(),
         };
-        return (inputs.plan(), scope);
+        let (plan, states) = inputs.plan_keeping();
+        state.states = states;
+        return (plan, scope);
     };
     let mut dirty = planner::changed_pools(&before, inputs);
     dirty.extend(ledger_changed.iter().map(|(_, pool)| pool.clone()));
@@ -167,7 +184,8 @@ pub(super) fn plan(
 
     let mut changed = HashSet::new();
     if !dirty.is_empty() {
-        let partial = planner::plan_pools(inputs, &dirty);
+        let (partial, partial_states) = planner::plan_pools_keeping(inputs, &dirty);
+        state.states.replace_pools(&dirty, partial_states);
         // Both sides are sorted by (cluster, pool): one merge finds what changed.
         let old: Vec<&Decision> = plan
             .decisions

@@ -1,0 +1,255 @@
+//! The short pass: clusters new to the seed, served without reading the whole seed.
+//!
+//! When the watches name only clusters (no pool, namespace, deletion or re-list), nobody else
+//! changed an allocation, no write waits for a retry and the last plan is at hand, a pass
+//! needs nothing but those clusters. Each must be either new — absent from the last plan's
+//! inputs and holding nothing in the ledger or any pool record — or unchanged as far as the
+//! planner reads it. The new ones are served from the allocators the last plan ended with
+//! ([`planner::serve_new`], which gives exactly the whole-seed plan or declines); then the
+//! usual fence follows: their entries are committed to the pool records (compare-and-swap)
+//! before any object is written. Anything else, or a decline, falls back to the full pass,
+//! which looks at everything.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+
+use super::*;
+use crate::controller::Context;
+use crate::controller::records::{self, RecordKey};
+use crate::planner::ClusterInput;
+use crate::reservations::reservation_of;
+use crate::resources::Reservation;
+use crate::validation;
+
+/// Runs the short pass for `dirty` if it applies; `None` when the full pass must run (and
+/// nothing was done).
+pub(super) async fn run(
+    ctx: &Arc<Context>,
+    term: u64,
+    state: &mut PassState,
+    dirty: &BTreeSet<String>,
+) -> Option<Result<PassOutcome, PassError>> {
+    let limit = state.write_concurrency;
+    let (inputs, plan) = state.previous.as_mut()?;
+
+    // Decide before doing anything: every named cluster is new or unchanged.
+    let known: HashMap<&str, &ClusterInput> = inputs
+        .clusters
+        .iter()
+        .map(|c| (c.name.as_str(), c))
+        .collect();
+    let mut clusters: Vec<Arc<Cluster>> = Vec::new();
+    let mut new: Vec<ClusterInput> = Vec::new();
+    let mut new_names: HashSet<String> = HashSet::new();
+    {
+        let ledger = ctx.ledger.lock().await;
+        let records = ctx.records.lock().await;
+        for name in dirty {
+            let cluster = ctx.clusters.get(&ObjectRef::new(name))?;
+            let input = validation::cluster_input(&cluster).ok()?;
+            match known.get(name.as_str()) {
+                Some(before) if **before == input => {}
+                Some(_) => return None,
+                None => {
+                    if ledger.has_namespace(&cluster_namespace(name)) || records.holds(name) {
+                        return None;
+                    }
+                    new_names.insert(name.clone());
+                    new.push(input);
+                }
+            }
+            clusters.push(cluster);
+        }
+    }
+    drop(known);
+    let added = planner::serve_new(plan, &mut state.states, &inputs.pools, &new)?;
+    inputs.clusters.extend(new);
+    state.fast_passes += 1;
+
+    let mut outcome = PassOutcome::default();
+    let started = std::time::Instant::now();
+    let mut steps: Vec<(&str, u128)> = Vec::new();
+    let mut step = |name: &'static str| steps.push((name, started.elapsed().as_micros()));
+    let now = crate::resources::now_rfc3339();
+    lifecycle::add_finalizers(ctx, &[], &clusters, limit, &mut outcome).await;
+    let new_clusters: Vec<Arc<Cluster>> = clusters
+        .iter()
+        .filter(|c| new_names.contains(&c.name_any()))
+        .cloned()
+        .collect();
+    let namespaces: HashSet<String> = ctx
+        .namespaces
+        .state()
+        .iter()
+        .filter(|n| n.metadata.deletion_timestamp.is_none())
+        .map(|n| n.name_any())
+        .collect();
+    lifecycle::ensure_namespaces(ctx, &new_clusters, &namespaces, limit, &mut outcome).await;
+
+    step("lifecycle");
+    // The fence: the new entries go into the pool records before any object is written.
+    let policies: HashMap<&str, crate::resources::ReclaimPolicy> = inputs
+        .pools
+        .iter()
+        .map(|p| (p.name.as_str(), p.reclaim_policy))
+        .collect();
+    let mut changes: BTreeMap<RecordKey, BTreeMap<String, Option<Reservation>>> = BTreeMap::new();
+    for d in &added {
+        if let Some(held) = &d.held {
+            changes
+                .entry((d.pool.clone(), d.datacenter.clone()))
+                .or_default()
+                .insert(d.cluster.clone(), Some(reservation_of(held)));
+        }
+    }
+    let commits = changes.into_iter().map(|(key, entries)| async move {
+        let Some(pool) = ctx.pools.get(&ObjectRef::new(&key.0)) else {
+            return (key, false);
+        };
+        if !ctx.leader.holds() {
+            return (key, false);
+        }
+        let result = records::commit_changes(ctx, &pool, &key, entries).await;
+        let name = crate::resources::record_name(&key.0, &key.1);
+        let ok = match result {
+            Ok(()) => {
+                write_succeeded(ctx, "IPAMPoolRecord", &name);
+                true
+            }
+            Err(records::CommitError::Api(e)) if is_conflict(&e) || is_not_found(&e) => {
+                tracing::info!(record = %name, error = %e, "pool record changed under us; planning again");
+                ctx.metrics
+                    .write_failed("IPAMPoolRecord", preconditions::reason(&e));
+                false
+            }
+            Err(records::CommitError::Api(e)) => {
+                write_failed(ctx, "IPAMPoolRecord", &name, "update", &e);
+                false
+            }
+            Err(e @ records::CommitError::TooLarge(_)) => {
+                ctx.metrics.write_failed("IPAMPoolRecord", "TooLarge");
+                tracing::error!("{e}");
+                false
+            }
+        };
+        (key, ok)
+    });
+    let committed: Vec<(RecordKey, bool)> = futures::stream::iter(commits)
+        .buffer_unordered(limit)
+        .collect()
+        .await;
+    let mut current: HashSet<RecordKey> = HashSet::new();
+    for (key, ok) in committed {
+        if ok {
+            outcome.writes += 1;
+            current.insert(key);
+        } else {
+            outcome.again = true;
+            state.retry_pools.insert(key.0);
+        }
+    }
+
+    step("records");
+    let mut jobs = Vec::new();
+    for d in &added {
+        let desired = allocation_object(d, None, policies.get(d.pool.as_str()).copied(), &now);
+        let Some(job) = AllocationWrite::new(d, None, desired) else {
+            continue;
+        };
+        let fenced = job.desired.is_some() && !job.is_status_only();
+        if fenced && !current.contains(&(d.pool.clone(), d.datacenter.clone())) {
+            continue; // its pool is replanned by the full pass
+        }
+        jobs.push(job);
+    }
+    let results: Vec<(Finished, Result<WriteDone, kube::Error>)> = futures::stream::iter(jobs)
+        .map(|job| async move {
+            let r = job.execute(ctx, term).await;
+            let note = match &r {
+                Ok(_) => allocations::allocation_note(ctx, &job),
+                Err(_) => None,
+            };
+            (Finished::of(&job, note), r)
+        })
+        .buffer_unordered(limit)
+        .collect()
+        .await;
+    let mut notes: BTreeMap<String, Vec<allocations::ClusterNote>> = BTreeMap::new();
+    let mut write_failures: HashMap<String, Vec<String>> = HashMap::new();
+    for (job, result) in results {
+        match result {
+            Ok(done) => {
+                outcome.writes += done.writes;
+                write_succeeded(ctx, "IPAMAllocation", &job.name);
+                if let Some(note) = job.note {
+                    notes.entry(job.cluster.clone()).or_default().push(note);
+                }
+            }
+            Err(e) => {
+                let message = write_failed(ctx, "IPAMAllocation", &job.name, job.verb, &e);
+                state.retry_pools.insert(job.pool.clone());
+                outcome.again = true;
+                if !(is_conflict(&e) || is_not_found(&e)) {
+                    write_failures
+                        .entry(job.cluster.clone())
+                        .or_default()
+                        .push(format!("IPAMAllocation {}: {message}", job.name));
+                }
+            }
+        }
+    }
+    step("allocations");
+    let uids: HashMap<String, &Cluster> = clusters
+        .iter()
+        .map(|c| (c.name_any(), c.as_ref()))
+        .collect();
+    allocations::publish_cluster_events(ctx, notes, &uids, limit).await;
+    let unwritten = statuses::write_cluster_status(
+        ctx,
+        &new_clusters,
+        &plan.decisions,
+        &HashMap::new(),
+        &write_failures,
+        &now,
+        limit,
+        &mut outcome,
+    )
+    .await;
+    state.retry_clusters.extend(unwritten);
+
+    step("cluster status");
+    // Usage changed in the pools that served them.
+    let touched: BTreeSet<&str> = added.iter().map(|d| d.pool.as_str()).collect();
+    let pools: Vec<Arc<IPAMPool>> = touched
+        .iter()
+        .filter_map(|p| ctx.pools.get(&ObjectRef::new(p)))
+        .collect();
+    statuses::write_pool_status(
+        ctx,
+        &pools,
+        &inputs.pools,
+        &HashMap::new(),
+        plan,
+        &now,
+        &mut outcome,
+    )
+    .await;
+    step("pool status");
+    ctx.metrics.observe_added(plan, &added);
+    step("metrics");
+    tracing::debug!(
+        clusters = dirty.len(),
+        decisions = added.len(),
+        writes = outcome.writes,
+        "short pass steps (µs since start): {steps:?}"
+    );
+    if ctx.ledger.lock().await.has_changes() {
+        outcome.again = true;
+    }
+    outcome.retry_after = ctx.backoff.lock().ok().and_then(|b| b.next_due());
+    Some(Ok(outcome))
+}
