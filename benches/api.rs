@@ -122,6 +122,8 @@ fn main() {
             clusters,
             namespaces,
             ledger: tokio::sync::Mutex::new(ledger::Ledger::default()),
+            // Filled by the test as the allocation watch would, complete from the start.
+            ledger_updates: tokio::sync::watch::Sender::new(true),
             records: tokio::sync::Mutex::new(records::Records::default()),
             dirty: Default::default(),
             backoff: std::sync::Mutex::new(backoff::Backoff::default()),

@@ -107,8 +107,8 @@ pub const PERMISSIONS: &[Permission] = &[
         IPAM,
         "ipamallocations",
         &["get", "list", "watch", "create", "update", "delete"],
-        "controller ledger watch and rebuild (list/watch); applier and webhook caches; \
-         pass/allocations.rs get, create, replace (update), delete",
+        "controller ledger watch and rebuild (list/watch), which the applier, webhook and API \
+         read; pass/allocations.rs get, create, replace (update), delete",
     ),
     rule(
         IPAM,

@@ -310,14 +310,17 @@ fn validate(
         .map_err(|errors| ApiError::invalid(errors.iter().map(|e| e.to_string()).collect()))
 }
 
-/// Reads wait for the pool cache's first list (briefly): an empty list before it would be
-/// a wrong answer, not an empty seed.
+/// Reads wait for the pool cache's and the ledger's first list (briefly): an empty list
+/// before it would be a wrong answer, not an empty seed, and exclusions would be checked
+/// against no allocations at all.
 ///
 /// It polls the flag the planning loop sets once every cache is ready instead of waiting on
 /// `Store::wait_until_ready`: kube's ready signal wakes one waiter only, and a request waiting
 /// there could take the planning loop's wake-up.
 async fn caches_ready(ctx: &Context) -> Result<(), ApiError> {
-    let ready = || ctx.metrics.ready.load(std::sync::atomic::Ordering::Relaxed);
+    let ready = || {
+        ctx.metrics.ready.load(std::sync::atomic::Ordering::Relaxed) && *ctx.ledger_updates.borrow()
+    };
     let wait = async {
         while !ready() {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -327,7 +330,7 @@ async fn caches_ready(ctx: &Context) -> Result<(), ApiError> {
         Ok(()) => Ok(()),
         Err(_) => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "the pool cache is still loading; try again shortly",
+            "the pool and allocation caches are still loading; try again shortly",
         )),
     }
 }

@@ -2,7 +2,9 @@
 //! the user cluster through the kubeconfig its `Cluster` names (server-side apply, field manager
 //! `kipam`, forced), objects no longer rendered pruned, drift repaired on every resync.
 //!
-//! - watches (Addons, Clusters, IPAMAllocations, Secrets) feed caches and wake the scheduler;
+//! - watches (Addons, Clusters, Secrets) feed caches and wake the scheduler; allocations are
+//!   read from the controller's [`Ledger`](crate::controller::ledger::Ledger), whose updates
+//!   ([`Context::ledger_updates`]) wake it too;
 //! - the scheduler (leader only) works out, per user cluster, whether its inputs changed since
 //!   its last successful sync, its resync is due, or a failed sync's backoff has passed, and
 //!   starts at most `--tenant-concurrency` syncs at once, one at a time per cluster;
@@ -72,10 +74,10 @@ struct Tenant {
     addons_ready: Option<(bool, String, String)>,
 }
 
+/// The applier's own caches. Allocations are not among them: they come from the ledger.
 struct Caches {
     addons: Store<Addon>,
     clusters: Store<Cluster>,
-    allocations: Store<IPAMAllocation>,
     secrets: Store<Secret>,
 }
 
@@ -125,7 +127,9 @@ where
 /// their caches warm.
 pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
     let wake = Arc::new(Notify::new());
-    // RBAC: src/rbac.rs (list/watch of addons, clusters, allocations, secrets).
+    // Subscribed before anything is read: no update after this point goes unnoticed.
+    let mut ledger_updates = ctx.ledger_updates.subscribe();
+    // RBAC: src/rbac.rs (list/watch of addons, clusters, secrets).
     let (addons, addon_events) = cached(
         Api::<Addon>::all(ctx.client.clone()),
         watcher::Config::default(),
@@ -137,12 +141,6 @@ pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
         watcher::Config::default(),
         wake.clone(),
         "clusters",
-    );
-    let (allocations, allocation_events) = cached(
-        Api::<IPAMAllocation>::all(ctx.client.clone()),
-        watcher::Config::default(),
-        wake.clone(),
-        "ipamallocations",
     );
     // Kubeconfigs are opaque Secrets; Helm release records and service account tokens, often
     // the bulk of a seed's Secrets, are never kubeconfigs and are not kept in memory.
@@ -156,7 +154,6 @@ pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
         let mut all = futures::stream::select_all(vec![
             addon_events.boxed(),
             cluster_events.boxed(),
-            allocation_events.boxed(),
             secret_events.boxed(),
         ]);
         while all.next().await.is_some() {}
@@ -164,21 +161,23 @@ pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
     let caches = Arc::new(Caches {
         addons,
         clusters,
-        allocations,
         secrets,
     });
+    // The ledger is ready once it has held a complete list: before, a cluster would be
+    // rendered without allocations it holds.
     let _ = tokio::join!(
         caches.addons.wait_until_ready(),
         caches.clusters.wait_until_ready(),
-        caches.allocations.wait_until_ready(),
         caches.secrets.wait_until_ready(),
+        // (the guard wait_for returns must not be held across the other waits)
+        async { ledger_updates.wait_for(|complete| *complete).await.is_ok() },
     );
     tracing::info!(
         concurrency = options.tenant_concurrency,
         resync_seconds = options.resync.as_secs(),
         "addon applier ready"
     );
-    schedule(ctx, options, caches, wake).await;
+    schedule(ctx, options, caches, wake, ledger_updates).await;
     watches.abort();
 }
 
@@ -190,6 +189,7 @@ async fn schedule(
     options: ApplierOptions,
     caches: Arc<Caches>,
     wake: Arc<Notify>,
+    mut ledger_updates: tokio::sync::watch::Receiver<bool>,
 ) {
     let permits = Arc::new(Semaphore::new(options.tenant_concurrency.max(1)));
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
@@ -202,6 +202,9 @@ async fn schedule(
         tokio::select! {
             _ = wake.notified() => {
                 // Let a burst of changes settle into one round.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Ok(()) = ledger_updates.changed() => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Some(done) = done_rx.recv() => finish(&mut tenants, &mut backoff, done, ctx.leader.holds()),
@@ -224,10 +227,21 @@ async fn schedule(
             continue;
         }
         was_leader = true;
+        // Only the namespaces with Addons are read from the ledger, one range each.
+        let by_namespace = addons_by_namespace(&caches);
+        let allocations = {
+            let ledger = ctx.ledger.lock().await;
+            by_namespace
+                .keys()
+                .map(|ns| (ns.clone(), ledger.in_namespace(ns)))
+                .collect()
+        };
         next_wait = round(
             &ctx,
             &options,
             &caches,
+            by_namespace,
+            allocations,
             &mut tenants,
             &backoff,
             &permits,
@@ -270,31 +284,32 @@ fn finish(tenants: &mut HashMap<String, Tenant>, backoff: &mut Backoff, done: Do
     }
 }
 
-/// One scheduling round: starts the syncs that are due; returns how long until the next one
-/// may be due without any change.
-fn round(
-    ctx: &Arc<Context>,
-    options: &ApplierOptions,
-    caches: &Arc<Caches>,
-    tenants: &mut HashMap<String, Tenant>,
-    backoff: &Backoff,
-    permits: &Arc<Semaphore>,
-    done_tx: &mpsc::UnboundedSender<Done>,
-) -> Duration {
+/// The Addons, by namespace.
+fn addons_by_namespace(caches: &Caches) -> BTreeMap<String, Vec<Arc<Addon>>> {
     let mut by_namespace: BTreeMap<String, Vec<Arc<Addon>>> = BTreeMap::new();
     for addon in caches.addons.state() {
         if let Some(ns) = addon.namespace() {
             by_namespace.entry(ns).or_default().push(addon);
         }
     }
-    let mut allocations: HashMap<String, Vec<Arc<IPAMAllocation>>> = HashMap::new();
-    for a in caches.allocations.state() {
-        if let Some(ns) = a.namespace()
-            && by_namespace.contains_key(&ns)
-        {
-            allocations.entry(ns).or_default().push(a);
-        }
-    }
+    by_namespace
+}
+
+/// One scheduling round over the Addons (by namespace) and those namespaces' allocations:
+/// starts the syncs that are due; returns how long until the next one may be due without any
+/// change.
+#[allow(clippy::too_many_arguments)]
+fn round(
+    ctx: &Arc<Context>,
+    options: &ApplierOptions,
+    caches: &Arc<Caches>,
+    by_namespace: BTreeMap<String, Vec<Arc<Addon>>>,
+    mut allocations: HashMap<String, Vec<Arc<IPAMAllocation>>>,
+    tenants: &mut HashMap<String, Tenant>,
+    backoff: &Backoff,
+    permits: &Arc<Semaphore>,
+    done_tx: &mpsc::UnboundedSender<Done>,
+) -> Duration {
     let clusters: HashMap<String, Arc<Cluster>> = caches
         .clusters
         .state()
@@ -358,7 +373,7 @@ fn round(
                         // The inputs are read now, not when the sync was queued: a queue of
                         // syncs on stale inputs would be wasted work.
                         let (input, now_fingerprint) =
-                            snapshot(&caches, &cluster_name, written.as_ref());
+                            snapshot(&ctx, &caches, &cluster_name, written.as_ref()).await;
                         synced = now_fingerprint;
                         ctx.metrics.addon_syncs_in_flight.inc();
                         let started = Instant::now();
@@ -440,8 +455,9 @@ fn fingerprint(
     h.finish()
 }
 
-/// One user cluster's inputs, read from the caches, and their fingerprint.
-fn snapshot(
+/// One user cluster's inputs, read from the caches and the ledger, and their fingerprint.
+async fn snapshot(
+    ctx: &Context,
     caches: &Caches,
     cluster_name: &str,
     written: Option<&(bool, String, String)>,
@@ -455,12 +471,7 @@ fn snapshot(
         .filter(|a| in_namespace(a.namespace()))
         .collect();
     addons.sort_by_key(|a| a.name_any());
-    let allocations: Vec<Arc<IPAMAllocation>> = caches
-        .allocations
-        .state()
-        .into_iter()
-        .filter(|a| in_namespace(a.namespace()))
-        .collect();
+    let allocations = ctx.ledger.lock().await.in_namespace(&namespace);
     let cluster = caches
         .clusters
         .get(&reflector::ObjectRef::new(cluster_name));

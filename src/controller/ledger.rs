@@ -7,6 +7,11 @@
 //! version of an object with an older one (for instance, showing an allocation before it grew),
 //! and tombstones stop a late event from resurrecting an object this replica deleted.
 //!
+//! On a replica that does not lead, the watch alone keeps it. It is the only copy of the
+//! allocations a replica keeps: the addon applier, the admission webhook and the REST API read
+//! theirs from here ([`Ledger::in_namespace`], [`Ledger::in_pool`]) instead of watching
+//! allocations themselves.
+//!
 //! Resource versions are compared as integers: they are etcd revisions on a real API server
 //! (and on the test stand-in). A version that does not parse is treated as newer.
 
@@ -86,6 +91,9 @@ impl Flight {
 #[derive(Debug, Default)]
 pub struct Ledger {
     objects: BTreeMap<Key, Arc<IPAMAllocation>>,
+    /// The same objects keyed (pool, namespace): the allocations of one pool in one range.
+    /// Changed only together with `objects` (see [`Ledger::put`] and [`Ledger::take`]).
+    by_pool: BTreeMap<Key, Arc<IPAMAllocation>>,
     /// Keys whose content changed other than by this replica's own writes, since the last
     /// [`Ledger::take_changed`].
     changed: BTreeSet<Key>,
@@ -104,10 +112,12 @@ impl Ledger {
     /// Replaces everything with a fresh list (on becoming leader).
     pub fn reset(&mut self, objects: Vec<IPAMAllocation>) {
         self.in_flight.clear();
-        self.objects = objects
-            .into_iter()
-            .map(|o| (key_of(&o), Arc::new(slim(o))))
-            .collect();
+        self.objects.clear();
+        self.by_pool.clear();
+        for o in objects {
+            let o = slim(o);
+            self.put(key_of(&o), Arc::new(o));
+        }
         self.tombstones.clear();
         self.relist = None;
         self.changed.clear();
@@ -138,18 +148,34 @@ impl Ledger {
 
     /// Any allocation held by `cluster`'s namespace.
     pub fn has_namespace(&self, namespace: &str) -> bool {
-        self.objects
-            .range((namespace.to_string(), String::new())..)
-            .next()
-            .is_some_and(|((ns, _), _)| ns == namespace)
+        first_of(&self.objects, namespace).next().is_some()
     }
 
-    /// Allocations named after `pool` (one per cluster).
+    /// The allocations in `namespace` (one cluster's), by name, shared: one range of the map.
+    pub fn in_namespace(&self, namespace: &str) -> Vec<Arc<IPAMAllocation>> {
+        first_of(&self.objects, namespace).cloned().collect()
+    }
+
+    /// Allocations named after `pool` (one per cluster), by namespace.
     pub fn of_pool<'a>(&'a self, pool: &'a str) -> impl Iterator<Item = &'a IPAMAllocation> + 'a {
-        self.objects
-            .iter()
-            .filter(move |((_, name), _)| name == pool)
-            .map(|(_, o)| o.as_ref())
+        first_of(&self.by_pool, pool).map(Arc::as_ref)
+    }
+
+    /// [`Ledger::of_pool`], shared, to be read after the lock is released.
+    pub fn in_pool(&self, pool: &str) -> Vec<Arc<IPAMAllocation>> {
+        first_of(&self.by_pool, pool).cloned().collect()
+    }
+
+    fn put(&mut self, key: Key, obj: Arc<IPAMAllocation>) {
+        self.by_pool
+            .insert((key.1.clone(), key.0.clone()), obj.clone());
+        self.objects.insert(key, obj);
+    }
+
+    /// Removes `key`; true when it was held.
+    fn take(&mut self, key: &Key) -> bool {
+        self.by_pool.remove(&(key.1.clone(), key.0.clone()));
+        self.objects.remove(key).is_some()
     }
 
     /// This replica starts writing `key`; [`Ledger::end_own`] when the write is over.
@@ -228,7 +254,7 @@ impl Ledger {
             current => {
                 let changed = current.is_none_or(|c| !same_content(c, &obj));
                 self.tombstones.remove(&key);
-                self.objects.insert(key, Arc::new(obj));
+                self.put(key, Arc::new(obj));
                 changed
             }
         }
@@ -244,7 +270,7 @@ impl Ledger {
         {
             return false; // a newer incarnation exists
         }
-        let mut held = self.objects.remove(&key).is_some();
+        let mut held = self.take(&key);
         if let Some(flight) = self.in_flight.get_mut(&key) {
             flight.seen_delete = true;
             held = false;
@@ -273,7 +299,7 @@ impl Ledger {
 
     /// Forgets a key whose object we know is gone (a delete answered 404).
     pub fn forget(&mut self, key: &Key) {
-        if self.objects.remove(key).is_some() {
+        if self.take(key) {
             self.changed.insert(key.clone());
         }
     }
@@ -291,15 +317,24 @@ impl Ledger {
             return;
         };
         let seen: std::collections::HashSet<Key> = seen.into_iter().collect();
-        let changed = &mut self.changed;
-        self.objects.retain(|k, o| {
-            let keep = seen.contains(k) || rv_of(o).is_none_or(|rv| rv > max);
-            if !keep {
-                changed.insert(k.clone());
-            }
-            keep
-        });
+        let gone: Vec<Key> = self
+            .objects
+            .iter()
+            .filter(|(k, o)| !seen.contains(*k) && rv_of(o).is_some_and(|rv| rv <= max))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in gone {
+            self.take(&key);
+            self.changed.insert(key);
+        }
     }
+}
+
+/// The entries of `map` whose key starts with `first`, in order: O(log n) to find the first.
+fn first_of<'a, V>(map: &'a BTreeMap<Key, V>, first: &'a str) -> impl Iterator<Item = &'a V> + 'a {
+    map.range((first.to_string(), String::new())..)
+        .take_while(move |((f, _), _)| f == first)
+        .map(|(_, v)| v)
 }
 
 #[cfg(test)]
@@ -312,6 +347,80 @@ mod tests {
         o.metadata.resource_version = Some(rv.to_string());
         o.spec.addresses = vec![addr.into()];
         o
+    }
+
+    fn in_pool(ns: &str, pool: &str, rv: u64) -> IPAMAllocation {
+        let mut o = obj(ns, rv, "a");
+        o.metadata.name = Some(pool.into());
+        o
+    }
+
+    fn keys(objs: &[Arc<IPAMAllocation>]) -> Vec<(String, String)> {
+        objs.iter().map(|o| key_of(o)).collect()
+    }
+
+    fn pair(ns: &str, pool: &str) -> (String, String) {
+        (ns.to_string(), pool.to_string())
+    }
+
+    #[test]
+    fn readers_get_one_namespace_or_one_pool_and_nothing_next_to_it() {
+        let mut l = Ledger::default();
+        l.reset(vec![
+            in_pool("cluster-a", "metallb", 1),
+            in_pool("cluster-a", "nodes", 2),
+            in_pool("cluster-a-1", "metallb", 3),
+            in_pool("cluster-b", "metallb", 4),
+            in_pool("cluster-b", "metallb-v6", 5),
+            in_pool("cluster-", "metallb", 6),
+        ]);
+        assert_eq!(
+            keys(&l.in_namespace("cluster-a")),
+            vec![pair("cluster-a", "metallb"), pair("cluster-a", "nodes")]
+        );
+        assert!(l.in_namespace("cluster").is_empty());
+        assert!(l.has_namespace("cluster-a-1") && !l.has_namespace("cluster-c"));
+        assert_eq!(
+            keys(&l.in_pool("metallb")),
+            vec![
+                pair("cluster-", "metallb"),
+                pair("cluster-a", "metallb"),
+                pair("cluster-a-1", "metallb"),
+                pair("cluster-b", "metallb"),
+            ]
+        );
+        assert_eq!(l.of_pool("metallb-v6").count(), 1);
+        assert!(l.in_pool("metal").is_empty());
+
+        // Every way an object leaves or changes keeps the pool index equal to the objects.
+        l.apply(in_pool("cluster-c", "nodes", 7));
+        l.remove(&in_pool("cluster-a", "nodes", 8));
+        l.forget(&pair("cluster-b", "metallb-v6"));
+        l.relist_started();
+        for o in [
+            ("cluster-a", "metallb"),
+            ("cluster-b", "metallb"),
+            ("cluster-c", "nodes"),
+        ] {
+            l.apply(in_pool(o.0, o.1, 9));
+        }
+        l.relist_done();
+        let mut by_pool = keys(&l.in_pool("metallb"));
+        by_pool.extend(keys(&l.in_pool("nodes")));
+        by_pool.extend(keys(&l.in_pool("metallb-v6")));
+        by_pool.sort();
+        assert_eq!(by_pool, keys(&l.snapshot()));
+        assert_eq!(
+            by_pool,
+            vec![
+                pair("cluster-a", "metallb"),
+                pair("cluster-b", "metallb"),
+                pair("cluster-c", "nodes"),
+            ]
+        );
+        l.reset(vec![in_pool("cluster-d", "nodes", 10)]);
+        assert!(l.in_pool("metallb").is_empty());
+        assert_eq!(keys(&l.in_pool("nodes")), vec![pair("cluster-d", "nodes")]);
     }
 
     #[test]

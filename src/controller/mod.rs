@@ -27,7 +27,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Config};
-use tokio::sync::{Mutex, Notify};
+use tokio::sync::{Mutex, Notify, watch};
 
 use crate::resources::{Cluster, IPAMAllocation, IPAMPool, IPAMPoolRecord, LABEL_CLUSTER};
 use leader::{Elector, LeaderState, LeaseTiming};
@@ -120,6 +120,12 @@ pub struct Context {
     pub clusters: Store<Cluster>,
     pub namespaces: Store<Namespace>,
     pub ledger: Mutex<Ledger>,
+    /// Ticks, for every subscriber, once each allocation watch event is in the ledger and
+    /// after each rebuild: how the ledger's readers (the addon applier, the webhook) learn of
+    /// changes — kipam's own writes too, through their watch echo — without watching
+    /// allocations themselves. Its value says whether the ledger has held a complete list yet
+    /// (the watch's first, or a rebuild); until then a missing allocation proves nothing.
+    pub ledger_updates: watch::Sender<bool>,
     pub records: Mutex<records::Records>,
     /// What the watches saw change since the last pass took it.
     pub dirty: Arc<Dirty>,
@@ -352,6 +358,7 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         clusters,
         namespaces,
         ledger: Mutex::new(Ledger::default()),
+        ledger_updates: watch::Sender::new(false),
         records: Mutex::new(records::Records::default()),
         dirty: dirty.clone(),
         backoff: std::sync::Mutex::new(backoff::Backoff::default()),
@@ -401,7 +408,8 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         None => tokio::spawn(std::future::pending()),
     };
 
-    // The allocation watch feeds the ledger directly (see ledger.rs for the guards).
+    // The allocation watch feeds the ledger directly (see ledger.rs for the guards). It is
+    // this replica's only allocation watch: the applier and the webhook read the ledger.
     let allocation_ctx = ctx.clone();
     let allocation_wake = wake.clone();
     let allocation_reporter = WatchReporter::new("ipamallocations.ipam.kipam.dev", metrics.clone());
@@ -421,8 +429,15 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
                 Ok(Event::Init) => {}
                 Ok(_) => reporter.ok(),
             }
+            let listed = matches!(ev, Ok(Event::InitDone));
+            let readers = matches!(
+                ev,
+                Ok(Event::Apply(_) | Event::InitApply(_) | Event::Delete(_) | Event::InitDone)
+            );
             let mut ledger = ctx.ledger.lock().await;
-            // The echo of kipam's own write (content the ledger already holds) wakes nobody.
+            // The echo of kipam's own write (content the ledger already holds) does not wake
+            // the planner; the ledger's readers hear of every event, as they would from a
+            // watch of their own (the applier learns of kipam's writes this way).
             let changed = match ev {
                 Ok(Event::Apply(obj)) | Ok(Event::InitApply(obj)) => ledger.apply(obj),
                 Ok(Event::Delete(obj)) => ledger.remove(&obj),
@@ -437,6 +452,10 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
                 Err(_) => false,
             };
             drop(ledger);
+            if readers {
+                ctx.ledger_updates
+                    .send_modify(|complete| *complete |= listed);
+            }
             if changed {
                 wake.notify_one();
             }
@@ -658,6 +677,7 @@ async fn rebuild(ctx: &Context) -> Result<(), String> {
         .await
         .map_err(|e| preconditions::explain(&e, "list", "ipampoolrecords.ipam.kipam.dev", ""))?;
     ctx.ledger.lock().await.reset(list.items);
+    ctx.ledger_updates.send_replace(true);
     ctx.records.lock().await.reset(record_list.items);
     ctx.metrics.set_not_ready(None);
     Ok(())

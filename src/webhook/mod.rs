@@ -1,11 +1,13 @@
 //! The validating admission webhook served by `kipam controller` (see `docs/webhook.md`).
 //!
 //! Every replica serves it over TLS ([`crate::tls`]) on `--webhook-addr`. It answers from
-//! memory: the controller's pool, cluster and namespace caches, and two caches of its own —
-//! `IPAMAllocation`s and `IPAMPoolRecord`s, the authoritative record, which only the leader
-//! keeps otherwise. It never calls the API server while answering, never waits on a lock the
-//! planner holds, and gives up after [`REVIEW_DEADLINE`] with a refusal, so it answers well
-//! inside the API server's timeout. The decisions themselves are pure: [`rules::decide`].
+//! memory: the controller's pool, cluster and namespace caches, the allocation ledger (which
+//! every replica's allocation watch keeps, leader or not), and one cache of its own —
+//! `IPAMPoolRecord`s, the authoritative record, which only the leader keeps otherwise. It never
+//! calls the API server while answering; the only lock it takes is the ledger's, which nobody
+//! holds across a request to the API server, and it gives up after [`REVIEW_DEADLINE`] with a
+//! refusal, so it answers well inside the API server's timeout. The decisions themselves are
+//! pure: [`rules::decide`].
 
 pub mod config;
 pub mod review;
@@ -133,12 +135,12 @@ impl Source for StaticSource {
     }
 }
 
-/// The controller's caches plus the webhook's own allocation and record caches.
+/// The controller's caches and ledger, plus the webhook's own record cache.
 pub struct CacheSource {
     pools: Store<IPAMPool>,
     clusters: Store<Cluster>,
     namespaces: Store<Namespace>,
-    allocations: Store<IPAMAllocation>,
+    ctx: Arc<Context>,
     records: Store<IPAMPoolRecord>,
     ready: Arc<AtomicBool>,
 }
@@ -152,18 +154,14 @@ impl Source for CacheSource {
             );
         }
         let pool = wants.pool.as_deref().unwrap_or("");
+        // Shared under the lock, copied after it.
+        let allocations = self.ctx.ledger.lock().await.in_pool(pool);
         Ok(View {
             pool: self
                 .pools
                 .get(&ObjectRef::new(pool))
                 .map(|p| p.as_ref().clone()),
-            allocations: self
-                .allocations
-                .state()
-                .into_iter()
-                .filter(|a| named(a.as_ref(), pool))
-                .map(|a| a.as_ref().clone())
-                .collect(),
+            allocations: allocations.iter().map(|a| a.as_ref().clone()).collect(),
             records: self
                 .records
                 .state()
@@ -323,28 +321,33 @@ pub async fn run(ctx: Arc<Context>, options: WebhookOptions) -> Result<(), Webho
             addr: options.addr,
             source,
         })?;
-    // RBAC: src/rbac.rs (list/watch of allocations and pool records).
-    let (allocations, allocation_events) = cache(Api::<IPAMAllocation>::all(ctx.client.clone()));
+    // RBAC: src/rbac.rs (list/watch of pool records). Allocations come from the ledger.
     let (records, record_events) = cache(Api::<IPAMPoolRecord>::all(ctx.client.clone()));
     let watches = tokio::spawn(async move {
-        let mut all = futures::stream::select(allocation_events.boxed(), record_events.boxed());
-        while all.next().await.is_some() {}
+        let mut record_events = std::pin::pin!(record_events);
+        while record_events.next().await.is_some() {}
     });
     let ready = Arc::new(AtomicBool::new(false));
     let source = CacheSource {
         pools: ctx.pools.clone(),
         clusters: ctx.clusters.clone(),
         namespaces: ctx.namespaces.clone(),
-        allocations: allocations.clone(),
+        ctx: ctx.clone(),
         records: records.clone(),
         ready: ready.clone(),
     };
     // The controller's own caches are ready once its planning loop says so: a second waiter on
     // `Store::wait_until_ready` would steal the planning loop's wake-up (kube's ready signal
-    // wakes one waiter only), so this task polls the flag instead.
+    // wakes one waiter only), so this task polls the flag instead. The ledger is ready once it
+    // has held a complete list (the allocation watch's first, on every replica).
     let controller_ready = ctx.clone();
+    let mut ledger_updates = ctx.ledger_updates.subscribe();
     tokio::spawn(async move {
-        let _ = tokio::join!(allocations.wait_until_ready(), records.wait_until_ready());
+        let _ = tokio::join!(
+            records.wait_until_ready(),
+            // (the guard wait_for returns must not be held across the other waits)
+            async { ledger_updates.wait_for(|complete| *complete).await.is_ok() }
+        );
         while !controller_ready.metrics.ready.load(Ordering::Relaxed) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

@@ -96,6 +96,8 @@ pub async fn context(api: &ApiServer) -> (Arc<Context>, tokio::task::JoinHandle<
         clusters,
         namespaces,
         ledger: tokio::sync::Mutex::new(ledger::Ledger::default()),
+        // Filled by the test as the allocation watch would, complete from the start.
+        ledger_updates: tokio::sync::watch::Sender::new(true),
         records: tokio::sync::Mutex::new(records::Records::default()),
         dirty: Default::default(),
         backoff: std::sync::Mutex::new(backoff::Backoff::default()),

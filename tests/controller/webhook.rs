@@ -404,6 +404,11 @@ async fn a_replica_that_does_not_lead_serves_the_webhook_from_its_own_caches() {
         seed.log(follower).contains("admission refused"),
         "the follower {follower} answered"
     );
+    // The follower knew c1's allocation without a watch of its own for the webhook: each
+    // replica watches allocations once, for its ledger, which the webhook and the addon
+    // applier read.
+    let watches = seed.api.stats().count("watch", "ipamallocations");
+    assert_eq!(watches, 2, "allocation watches opened by two replicas");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
