@@ -75,7 +75,6 @@ pub(super) async fn run(
     let mut steps: Vec<(&str, u128)> = Vec::new();
     let mut step = |name: &'static str| steps.push((name, started.elapsed().as_micros()));
     let now = crate::resources::now_rfc3339();
-    lifecycle::add_finalizers(ctx, &[], &clusters, limit, &mut outcome).await;
     let new_clusters: Vec<Arc<Cluster>> = clusters
         .iter()
         .filter(|c| new_names.contains(&c.name_any()))
@@ -138,10 +137,20 @@ pub(super) async fn run(
         };
         (key, ok)
     });
-    let committed: Vec<(RecordKey, bool)> = futures::stream::iter(commits)
-        .buffer_unordered(limit)
-        .collect()
-        .await;
+    // The finalizer, the namespace and the record commits at once: none needs another, and
+    // the allocations wait for all three.
+    let (mut finalized, mut spaces) = (PassOutcome::default(), PassOutcome::default());
+    let (_, _, committed) = tokio::join!(
+        lifecycle::add_finalizers(ctx, &[], &clusters, limit, &mut finalized),
+        lifecycle::ensure_namespaces(ctx, &new_clusters, &namespaces, limit, &mut spaces),
+        futures::stream::iter(commits)
+            .buffer_unordered(limit)
+            .collect::<Vec<(RecordKey, bool)>>(),
+    );
+    for o in [finalized, spaces] {
+        outcome.writes += o.writes;
+        outcome.again |= o.again;
+    }
     let mut current: HashSet<RecordKey> = HashSet::new();
     for (key, ok) in committed {
         if ok {
