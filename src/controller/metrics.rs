@@ -510,9 +510,9 @@ impl Metrics {
         }
         unmet_since.retain(|k, _| live.contains(&(k.0.as_str(), k.1.as_str())));
         for (cluster, pool) in live {
-            if !unmet_since.contains_key(&(cluster.to_string(), pool.to_string())) {
-                unmet_since.insert((cluster.to_string(), pool.to_string()), at);
-            }
+            unmet_since
+                .entry((cluster.to_string(), pool.to_string()))
+                .or_insert(at);
         }
     }
 

@@ -110,10 +110,13 @@ pub async fn run(
     // What the watches saw change, taken before anything is read: whatever changes from now
     // on is left for the next pass.
     let (dirty, dirty_other) = ctx.dirty.take();
-    if !dirty_other && state.can_skip_planning() && !ctx.ledger.lock().await.has_changes() {
-        if let Some(result) = fast::run(ctx, term, state, &dirty).await {
-            return result;
-        }
+    let foreign_changes = ctx.ledger.lock().await.has_changes();
+    if !dirty_other
+        && !foreign_changes
+        && state.can_skip_planning()
+        && let Some(result) = fast::run(ctx, term, state, &dirty).await
+    {
+        return result;
     }
     let limit = state.write_concurrency;
     let mut outcome = PassOutcome::default();
