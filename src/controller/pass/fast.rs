@@ -260,5 +260,6 @@ pub(super) async fn run(
         outcome.again = true;
     }
     outcome.retry_after = ctx.backoff.lock().ok().and_then(|b| b.next_due());
+    state.unsettled = outcome.again || outcome.retry_after.is_some();
     Some(Ok(outcome))
 }

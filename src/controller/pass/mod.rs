@@ -111,7 +111,9 @@ pub async fn run(
     // on is left for the next pass.
     let (dirty, dirty_other) = ctx.dirty.take();
     let foreign_changes = ctx.ledger.lock().await.has_changes();
+    // Only changed clusters, named: a wake for anything else (a timer, a retry) is a full pass.
     if !dirty_other
+        && !dirty.is_empty()
         && !foreign_changes
         && state.can_skip_planning()
         && let Some(result) = fast::run(ctx, term, state, &dirty).await
@@ -381,5 +383,6 @@ pub async fn run(
         outcome.again = true;
     }
     outcome.retry_after = ctx.backoff.lock().ok().and_then(|b| b.next_due());
+    state.unsettled = outcome.again || outcome.retry_after.is_some();
     Ok(outcome)
 }

@@ -33,6 +33,9 @@ pub struct PassState {
     pub incremental_passes: u64,
     /// Passes that served new clusters from the kept allocators without replanning.
     pub fast_passes: u64,
+    /// The last pass left something to retry (a failed or conflicting write, a backoff):
+    /// only a full pass retries it.
+    pub(super) unsettled: bool,
     /// Objects and records already read, by version.
     pub(super) reads: super::inputs::ReadCache,
 }
@@ -48,6 +51,7 @@ impl PassState {
             retry_clusters: BTreeSet::new(),
             incremental_passes: 0,
             fast_passes: 0,
+            unsettled: true,
             reads: Default::default(),
         }
     }
@@ -61,6 +65,7 @@ impl PassState {
     /// changed clusters alone.
     pub(super) fn can_skip_planning(&self) -> bool {
         !self.full
+            && !self.unsettled
             && self.previous.is_some()
             && self.retry_pools.is_empty()
             && self.retry_clusters.is_empty()
