@@ -119,9 +119,9 @@ pub const PERMISSIONS: &[Permission] = &[
     rule(
         IPAM,
         "ipampoolrecords",
-        &["get", "list", "watch", "create", "update", "delete"],
-        "controller/records.rs get, create, replace (update), delete; rebuild (list); \
-         webhook cache (list/watch)",
+        &["get", "list", "watch", "create", "patch", "delete"],
+        "controller/records.rs get, create, merge patch of the changed entries, delete; \
+         rebuild (list); webhook cache (list/watch)",
     ),
     rule(
         IPAM,

@@ -11,6 +11,7 @@ mod metrics;
 mod preconditions;
 mod promise;
 mod quiet;
+mod records;
 mod selfsigned;
 mod serving;
 mod webhook;

@@ -225,8 +225,7 @@ async fn a_leader_paused_past_its_lease_cannot_hand_out_an_address_twice() {
         if round % 2 == 1 {
             seed.api
                 .inject_failures("create", "ipamallocations", 3, 500);
-            seed.api
-                .inject_failures("update", "ipampoolrecords", 2, 500);
+            seed.api.inject_failures("patch", "ipampoolrecords", 2, 500);
             seed.api
                 .inject_failures("update", "ipamallocations/status", 2, 429);
         }

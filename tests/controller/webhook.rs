@@ -305,6 +305,19 @@ async fn invalid_pools_overlapping_allocations_and_exclusions_over_live_ones_are
         403,
         &["written by kipam alone"],
     );
+    denied(
+        refusal(
+            records
+                .patch(
+                    "metallb.dc-1",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"reservations": {"c9": {"addresses": ["10.0.0.8-10.0.0.11"]}}}})),
+                )
+                .await,
+        ),
+        403,
+        &["written by kipam alone"],
+    );
     // Nor grow the allocation by hand.
     denied(
         refusal(
@@ -321,6 +334,7 @@ async fn invalid_pools_overlapping_allocations_and_exclusions_over_live_ones_are
     );
 
     // kipam goes on: a second cluster is allocated next to c1, nothing overlaps.
+    let record_patches = seed.api.stats().count("patch", "ipampoolrecords");
     let c2: Cluster = serde_json::from_value(json!({
         "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Cluster",
         "metadata": {"name": "c2"}, "spec": {"datacenter": "dc-1"},
@@ -333,6 +347,13 @@ async fn invalid_pools_overlapping_allocations_and_exclusions_over_live_ones_are
     .await;
     assert_eq!(seed.held("c2", "metallb"), "10.0.0.4-10.0.0.7");
     assert_eq!(seed.held("c1", "metallb"), "10.0.0.0-10.0.0.3");
+    // c2 went into the existing record through kipam's own patch, past the webhook.
+    assert!(seed.api.stats().count("patch", "ipampoolrecords") > record_patches);
+    let record = seed.get("ipampoolrecords", None, "metallb.dc-1").unwrap();
+    assert_eq!(
+        record["spec"]["reservations"]["c2"]["addresses"],
+        json!(["10.0.0.4-10.0.0.7"])
+    );
     seed.assert_no_overlap_no_leak();
     // Deleting the cluster releases through kipam's own writes, unhindered.
     clusters

@@ -711,6 +711,83 @@ impl std::fmt::Display for Never {
 
 impl std::error::Error for Never {}
 
+/// What kipam's pool record commit relies on: a merge patch answered with metadata only
+/// (`Accept: ...;as=PartialObjectMetadata`, what `Api::patch_metadata` sends), whose
+/// `metadata.resourceVersion` is a precondition even when the patch changes nothing, and a
+/// patch that changes nothing keeps the version.
+#[tokio::test]
+async fn a_merge_patch_answered_with_metadata_is_conditional_on_its_resource_version() -> TestResult
+{
+    let (server, client) = start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let created = cms
+        .create(&PostParams::default(), &configmap("m", &[], &[("a", "1")]))
+        .await?;
+    let v1 = created.resource_version().unwrap_or_default();
+    let patched = cms
+        .patch_metadata(
+            "m",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"resourceVersion": v1}, "data": {"b": "2"}})),
+        )
+        .await?;
+    assert_eq!(
+        patched.types.as_ref().map(|t| t.kind.as_str()),
+        Some("PartialObjectMetadata")
+    );
+    let v2 = patched
+        .metadata
+        .resource_version
+        .clone()
+        .unwrap_or_default();
+    assert_ne!(v2, v1);
+    let stored = cms.get("m").await?;
+    assert_eq!(stored.resource_version().as_deref(), Some(v2.as_str()));
+    assert_eq!(stored.data.unwrap_or_default().len(), 2);
+
+    // The answer carries metadata only.
+    let req = axum::http::Request::patch("/api/v1/namespaces/default/configmaps/m")
+        .header("content-type", "application/merge-patch+json")
+        .header(
+            "accept",
+            "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1",
+        )
+        .body(serde_json::to_vec(
+            &json!({"metadata": {"resourceVersion": v2}}),
+        )?)?;
+    let answer: Value = serde_json::from_str(&client.request_text(req).await?)?;
+    assert_eq!(answer["kind"], "PartialObjectMetadata");
+    assert!(answer.get("data").is_none(), "{answer}");
+
+    // A patch that changes nothing keeps the version, and no change is recorded.
+    let before = server.resource_version();
+    let same = cms
+        .patch_metadata(
+            "m",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"resourceVersion": v2}})),
+        )
+        .await?;
+    assert_eq!(same.metadata.resource_version.as_deref(), Some(v2.as_str()));
+    assert_eq!(server.resource_version(), before);
+
+    // A stale version is refused, with or without changes, and nothing is stored.
+    for body in [
+        json!({"metadata": {"resourceVersion": v1}}),
+        json!({"metadata": {"resourceVersion": v1}, "data": {"c": "3"}}),
+    ] {
+        let err = cms
+            .patch_metadata("m", &PatchParams::default(), &Patch::Merge(body))
+            .await
+            .unwrap_err();
+        assert_eq!(api_code(&err), Some(409));
+    }
+    let after = cms.get("m").await?;
+    assert_eq!(after.resource_version().as_deref(), Some(v2.as_str()));
+    assert_eq!(after.data.unwrap_or_default().len(), 2);
+    Ok(())
+}
+
 #[tokio::test]
 async fn finalizer_helper_flow() -> TestResult {
     let (server, client) = start().await;
