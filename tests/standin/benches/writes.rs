@@ -1,0 +1,288 @@
+//! What one write costs the stand-in, for a large custom resource and for a small object.
+//!
+//! The large object is an `IPAMPoolRecord` (kipam's CRD from `crds/`) whose
+//! `spec.reservations` holds 10,000 entries (about 600 KB of JSON), the shape kipam's
+//! controller bench writes over and over. Requests go over plain HTTP/1.1 on one kept-alive
+//! connection, so the figures are the server's (parsing, validation, storage, the response),
+//! not a client library's. A watch on the written type stays open and is read to the end,
+//! as a controller's would be.
+//!
+//! Run with `cargo bench -p kube-standin --bench writes`; `WRITES_ENTRIES`,
+//! `WRITES_CREATES` and `WRITES_PATCHES` change the size and the repetitions.
+
+use kube_standin::ApiServer;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+const RECORD_CRD: &str = include_str!("../../../crds/ipampoolrecords.ipam.kipam.dev.yaml");
+const RECORDS: &str = "/apis/ipam.kipam.dev/v1alpha1/ipampoolrecords";
+const CONFIGMAPS: &str = "/api/v1/namespaces/default/configmaps";
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// One kept-alive HTTP/1.1 connection.
+struct Conn {
+    stream: BufReader<TcpStream>,
+    host: String,
+}
+
+impl Conn {
+    async fn open(addr: &str) -> Result<Conn, Error> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(Conn {
+            stream: BufReader::new(stream),
+            host: addr.to_string(),
+        })
+    }
+
+    /// Sends one request and reads the whole answer: (status, body).
+    async fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: &[u8],
+    ) -> Result<(u16, Vec<u8>), Error> {
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
+            self.host,
+            body.len()
+        );
+        // One write, so that Nagle's algorithm never holds the body back.
+        let mut request = head.into_bytes();
+        request.extend_from_slice(body);
+        self.stream.get_mut().write_all(&request).await?;
+        let mut line = String::new();
+        self.stream.read_line(&mut line).await?;
+        let status: u16 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| format!("bad status line {line:?}"))?;
+        let mut length = None;
+        loop {
+            line.clear();
+            self.stream.read_line(&mut line).await?;
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = l.split_once(':')
+                && k.eq_ignore_ascii_case("content-length")
+            {
+                length = v.trim().parse::<usize>().ok();
+            }
+        }
+        let length = length.ok_or("the bench reads only answers with a Content-Length")?;
+        let mut out = vec![0; length];
+        self.stream.read_exact(&mut out).await?;
+        Ok((status, out))
+    }
+}
+
+/// The `metadata.resourceVersion` of an answer, found without parsing all of it.
+fn resource_version(body: &[u8]) -> Result<String, Error> {
+    let text = std::str::from_utf8(body)?;
+    let key = "\"resourceVersion\":\"";
+    let at = text.find(key).ok_or("no resourceVersion in the answer")? + key.len();
+    let end = text[at..].find('"').ok_or("unterminated resourceVersion")?;
+    Ok(text[at..at + end].to_string())
+}
+
+fn record(name: &str, entries: usize) -> Vec<u8> {
+    let mut reservations = serde_json::Map::new();
+    for i in 0..entries {
+        let a = i + 1;
+        let ip = format!("10.{}.{}.{}", a >> 16 & 255, a >> 8 & 255, a & 255);
+        reservations.insert(
+            format!("c{i:05}"),
+            serde_json::json!({ "addresses": [format!("{ip}-{ip}")] }),
+        );
+    }
+    serde_json::json!({
+        "apiVersion": "ipam.kipam.dev/v1alpha1",
+        "kind": "IPAMPoolRecord",
+        "metadata": { "name": name },
+        "spec": { "pool": "p", "datacenter": "dc", "reservations": reservations },
+    })
+    .to_string()
+    .into_bytes()
+}
+
+fn configmap(name: &str) -> Vec<u8> {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": { "name": name },
+        "data": { "a": "1" },
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// Opens a watch on `path` and reads it until the connection ends; returns the bytes read.
+async fn watch(addr: String, path: &str) -> Result<tokio::task::JoinHandle<u64>, Error> {
+    let mut s = TcpStream::connect(&addr).await?;
+    let head = format!("GET {path}?watch=true HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    s.write_all(head.as_bytes()).await?;
+    Ok(tokio::spawn(async move {
+        let mut buf = vec![0; 1 << 16];
+        let mut total = 0u64;
+        while let Ok(n) = s.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            total += n as u64;
+        }
+        total
+    }))
+}
+
+/// Median and maximum, in milliseconds.
+fn summary(mut times: Vec<Duration>) -> String {
+    times.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    match (times.get(times.len() / 2), times.last()) {
+        (Some(m), Some(x)) => format!(
+            "median {:8.3} ms  max {:8.3} ms  (n={})",
+            ms(*m),
+            ms(*x),
+            times.len()
+        ),
+        _ => "no samples".into(),
+    }
+}
+
+async fn creates_and_patches(
+    conn: &mut Conn,
+    label: &str,
+    path: &str,
+    body: impl Fn(&str) -> Vec<u8>,
+    patch: impl Fn(usize, &str) -> Vec<u8>,
+    creates: usize,
+    patches: usize,
+) -> Result<(), Error> {
+    let mut times = Vec::new();
+    for i in 0..creates {
+        let b = body(&format!("{label}-{i}"));
+        let t = Instant::now();
+        let (code, answer) = conn.send("POST", path, "application/json", &b).await?;
+        times.push(t.elapsed());
+        if code != 201 {
+            return Err(format!(
+                "create answered {code}: {}",
+                String::from_utf8_lossy(&answer)
+            )
+            .into());
+        }
+    }
+    println!("{label:>12} create       {}", summary(times));
+
+    let name = format!("{label}-0");
+    let item = format!("{path}/{name}");
+    let (_, answer) = conn.send("GET", &item, "application/json", &[]).await?;
+    let mut rv = resource_version(&answer)?;
+    let mut times = Vec::new();
+    for i in 0..patches {
+        let p = patch(i, &rv);
+        let t = Instant::now();
+        let (code, answer) = conn
+            .send("PATCH", &item, "application/merge-patch+json", &p)
+            .await?;
+        times.push(t.elapsed());
+        if code != 200 {
+            return Err(format!(
+                "patch answered {code}: {}",
+                String::from_utf8_lossy(&answer)
+            )
+            .into());
+        }
+        rv = resource_version(&answer)?;
+    }
+    println!("{label:>12} merge patch  {}", summary(times));
+
+    let mut times = Vec::new();
+    for _ in 0..patches {
+        let t = Instant::now();
+        let (code, _) = conn.send("GET", &item, "application/json", &[]).await?;
+        times.push(t.elapsed());
+        if code != 200 {
+            return Err(format!("get answered {code}").into());
+        }
+    }
+    println!("{label:>12} get          {}", summary(times));
+    Ok(())
+}
+
+async fn run() -> Result<(), Error> {
+    let entries = env_usize("WRITES_ENTRIES", 10_000);
+    let creates = env_usize("WRITES_CREATES", 10);
+    let patches = env_usize("WRITES_PATCHES", 30);
+
+    let server = ApiServer::start().await?;
+    server
+        .apply_yaml(RECORD_CRD)
+        .map_err(|e| format!("CRD: {e:?}"))?;
+    let addr = server.url().trim_start_matches("http://").to_string();
+    let record_watch = watch(addr.clone(), RECORDS).await?;
+    let configmap_watch = watch(addr.clone(), CONFIGMAPS).await?;
+    let mut conn = Conn::open(&addr).await?;
+
+    println!(
+        "kube-standin writes: {entries}-entry IPAMPoolRecord ({} bytes), one watch per type",
+        record("x", entries).len()
+    );
+    creates_and_patches(
+        &mut conn,
+        "record",
+        RECORDS,
+        |name| record(name, entries),
+        |i, rv| {
+            serde_json::json!({
+                "metadata": { "resourceVersion": rv },
+                "spec": { "reservations": { format!("n{i:05}"): { "addresses": ["10.200.0.1-10.200.0.1"] } } },
+            })
+            .to_string()
+            .into_bytes()
+        },
+        creates,
+        patches,
+    )
+    .await?;
+    creates_and_patches(
+        &mut conn,
+        "configmap",
+        CONFIGMAPS,
+        configmap,
+        |i, rv| {
+            serde_json::json!({ "metadata": { "resourceVersion": rv }, "data": { format!("k{i}"): "v" } })
+                .to_string()
+                .into_bytes()
+        },
+        creates * 10,
+        patches * 10,
+    )
+    .await?;
+
+    server.shutdown();
+    let watched = record_watch.await? + configmap_watch.await?;
+    println!("watch bytes read: {watched}");
+    Ok(())
+}
+
+fn main() -> Result<(), Error> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(run())
+}
