@@ -39,24 +39,20 @@ pub(crate) fn check(schema: &Value, obj: &mut Value) -> Checked {
     let props = schema.get("properties").and_then(Value::as_object);
     let preserve = preserves_unknown(schema);
     // apiVersion, kind and metadata are the server's business, never pruned here.
-    let keys: Vec<String> = root.keys().cloned().collect();
-    for k in keys {
+    root.retain(|k, v| {
         if matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
-            continue;
+            return true;
         }
-        let drop = match props.and_then(|p| p.get(&k)) {
-            Some(s) => root.get(&k).is_some_and(Value::is_null) && !nullable(s),
+        match props.and_then(|p| p.get(k)) {
+            Some(s) => !(v.is_null() && !nullable(s)),
             None => {
                 if !preserve {
                     unknown.push(k.clone());
                 }
-                !preserve
+                preserve
             }
-        };
-        if drop {
-            root.remove(&k);
         }
-    }
+    });
     apply_defaults(schema, root);
     let mut errors = Vec::new();
     for (k, s) in props.into_iter().flatten() {
@@ -64,10 +60,16 @@ pub(crate) fn check(schema: &Value, obj: &mut Value) -> Checked {
             continue;
         }
         if let Some(v) = root.get_mut(k) {
-            walk(s, v, k, &mut errors, &mut unknown);
+            walk(
+                s,
+                v,
+                &Path::Field(&Path::Root, k),
+                &mut errors,
+                &mut unknown,
+            );
         }
     }
-    check_required(schema, root, "", &mut errors);
+    check_required(schema, root, &Path::Root, &mut errors);
     Checked { errors, unknown }
 }
 
@@ -95,9 +97,30 @@ fn is_date_time(s: &str) -> bool {
     .is_none_or(|re| re.is_match(s))
 }
 
-/// `path[key]`, the real server's path of a map entry.
-fn key_path(path: &str, key: &str) -> String {
-    format!("{path}[{key}]")
+/// Where a value sits in the object, as the real server prints it: `spec.size`,
+/// `spec.map[key]`, `spec.list[0]`. Kept as a chain of borrows and only turned into text
+/// for an error or an unknown field, so that valid objects cost no path strings.
+#[derive(Clone, Copy)]
+enum Path<'a> {
+    Root,
+    /// A property (`parent.name`, or just `name` at the root).
+    Field(&'a Path<'a>, &'a str),
+    /// A map entry (`parent[key]`).
+    Key(&'a Path<'a>, &'a str),
+    /// A list item (`parent[i]`).
+    Index(&'a Path<'a>, usize),
+}
+
+impl std::fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Path::Root => Ok(()),
+            Path::Field(Path::Root, k) => f.write_str(k),
+            Path::Field(p, k) => write!(f, "{p}.{k}"),
+            Path::Key(p, k) => write!(f, "{p}[{k}]"),
+            Path::Index(p, i) => write!(f, "{p}[{i}]"),
+        }
+    }
 }
 
 fn preserves_unknown(schema: &Value) -> bool {
@@ -123,7 +146,7 @@ fn apply_defaults(schema: &Value, m: &mut Map<String, Value>) {
     }
 }
 
-fn check_required(schema: &Value, m: &Map<String, Value>, path: &str, errors: &mut Vec<String>) {
+fn check_required(schema: &Value, m: &Map<String, Value>, path: &Path, errors: &mut Vec<String>) {
     for r in schema
         .get("required")
         .and_then(Value::as_array)
@@ -131,18 +154,10 @@ fn check_required(schema: &Value, m: &Map<String, Value>, path: &str, errors: &m
         .flatten()
         .filter_map(Value::as_str)
     {
-        let metadata_at_root = path.is_empty() && r == "metadata";
+        let metadata_at_root = matches!(path, Path::Root) && r == "metadata";
         if !m.contains_key(r) && !metadata_at_root {
-            errors.push(format!("{}: Required value", join(path, r)));
+            errors.push(format!("{}: Required value", Path::Field(path, r)));
         }
-    }
-}
-
-fn join(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_string()
-    } else {
-        format!("{path}.{key}")
     }
 }
 
@@ -162,7 +177,7 @@ fn type_name(v: &Value) -> &'static str {
 fn walk(
     schema: &Value,
     v: &mut Value,
-    path: &str,
+    path: &Path,
     errors: &mut Vec<String>,
     unknown: &mut Vec<String>,
 ) {
@@ -252,32 +267,23 @@ fn walk(
                 .get("x-kubernetes-embedded-resource")
                 .and_then(Value::as_bool)
                 == Some(true);
-            let keys: Vec<String> = m.keys().cloned().collect();
-            for k in keys {
-                let child_schema = props.and_then(|p| p.get(&k)).or(additional);
-                match child_schema {
-                    Some(s) => {
-                        if m.get(&k).is_some_and(Value::is_null) && !nullable(s) {
-                            m.remove(&k);
-                        }
+            m.retain(|k, v| match props.and_then(|p| p.get(k)).or(additional) {
+                Some(s) => !(v.is_null() && !nullable(s)),
+                None => {
+                    let keep = preserve
+                        || (embedded && matches!(k.as_str(), "apiVersion" | "kind" | "metadata"));
+                    if !keep {
+                        unknown.push(Path::Field(path, k).to_string());
                     }
-                    None => {
-                        let keep = preserve
-                            || (embedded
-                                && matches!(k.as_str(), "apiVersion" | "kind" | "metadata"));
-                        if !keep {
-                            unknown.push(join(path, &k));
-                            m.remove(&k);
-                        }
-                    }
+                    keep
                 }
-            }
+            });
             apply_defaults(schema, m);
             for (k, child) in m.iter_mut() {
                 if let Some(s) = props.and_then(|p| p.get(k)) {
-                    walk(s, child, &join(path, k), errors, unknown);
+                    walk(s, child, &Path::Field(path, k), errors, unknown);
                 } else if let Some(s) = additional {
-                    walk(s, child, &key_path(path, k), errors, unknown);
+                    walk(s, child, &Path::Key(path, k), errors, unknown);
                 }
             }
             check_required(schema, m, path, errors);
@@ -285,7 +291,7 @@ fn walk(
         Value::Array(items) => {
             if let Some(s) = schema.get("items") {
                 for (i, item) in items.iter_mut().enumerate() {
-                    walk(s, item, &format!("{path}[{i}]"), errors, unknown);
+                    walk(s, item, &Path::Index(path, i), errors, unknown);
                 }
             }
         }
@@ -293,7 +299,7 @@ fn walk(
     }
 }
 
-fn check_bounds(schema: &Value, v: &Value, path: &str, errors: &mut Vec<String>) {
+fn check_bounds(schema: &Value, v: &Value, path: &Path, errors: &mut Vec<String>) {
     let num = |k: &str| schema.get(k).and_then(Value::as_f64);
     let flag = |k: &str| schema.get(k).and_then(Value::as_bool) == Some(true);
     if let Some(x) = v.as_f64() {
@@ -323,15 +329,19 @@ fn check_bounds(schema: &Value, v: &Value, path: &str, errors: &mut Vec<String>)
         }
     }
     let count = |k: &str| schema.get(k).and_then(Value::as_u64);
-    // (length, unit of min/max messages, "at least" wording)
-    let (len, what) = match v {
-        Value::String(s) => (Some(s.chars().count() as u64), "Length"),
-        Value::Array(a) => (Some(a.len() as u64), "Items"),
-        Value::Object(m) => (Some(m.len() as u64), "Properties"),
-        _ => (None, ""),
+    // (length, unit of min/max messages, the keywords bounding it)
+    let (len, what, min_key, max_key) = match v {
+        Value::String(s) => (s.chars().count() as u64, "Length", "minLength", "maxLength"),
+        Value::Array(a) => (a.len() as u64, "Items", "minItems", "maxItems"),
+        Value::Object(m) => (
+            m.len() as u64,
+            "Properties",
+            "minProperties",
+            "maxProperties",
+        ),
+        _ => return,
     };
-    let Some(len) = len else { return };
-    if let Some(min) = count(&format!("min{what}"))
+    if let Some(min) = count(min_key)
         && len < min
     {
         errors.push(match what {
@@ -346,7 +356,7 @@ fn check_bounds(schema: &Value, v: &Value, path: &str, errors: &mut Vec<String>)
             ),
         });
     }
-    if let Some(max) = count(&format!("max{what}"))
+    if let Some(max) = count(max_key)
         && len > max
     {
         errors.push(match what {
