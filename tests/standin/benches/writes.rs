@@ -147,19 +147,41 @@ async fn watch(addr: String, path: &str) -> Result<tokio::task::JoinHandle<u64>,
     }))
 }
 
-/// Median and maximum, in milliseconds.
-fn summary(mut times: Vec<Duration>) -> String {
+/// CPU time this process has used so far (user and system, all threads), from
+/// `/proc/self/stat`; `None` where that file does not exist.
+fn cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // The kernel reports in USER_HZ, which is 100 on every Linux ABI in use.
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// Median and maximum wall time, and CPU time per operation (server, client and watch
+/// reader together; unlike wall time it hardly moves when other processes load the machine).
+fn summary(mut times: Vec<Duration>, cpu: Option<Duration>) -> String {
     times.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let cpu = match cpu {
+        Some(c) if !times.is_empty() => format!("  cpu {:8.3} ms/op", ms(c) / times.len() as f64),
+        _ => String::new(),
+    };
     match (times.get(times.len() / 2), times.last()) {
         (Some(m), Some(x)) => format!(
-            "median {:8.3} ms  max {:8.3} ms  (n={})",
+            "median {:8.3} ms  max {:8.3} ms{cpu}  (n={})",
             ms(*m),
             ms(*x),
             times.len()
         ),
         _ => "no samples".into(),
     }
+}
+
+/// CPU time used since `start`, if it can be read.
+fn cpu_since(start: Option<Duration>) -> Option<Duration> {
+    Some(cpu_time()?.saturating_sub(start?))
 }
 
 async fn creates_and_patches(
@@ -171,9 +193,12 @@ async fn creates_and_patches(
     creates: usize,
     patches: usize,
 ) -> Result<(), Error> {
+    let bodies: Vec<Vec<u8>> = (0..creates)
+        .map(|i| body(&format!("{label}-{i}")))
+        .collect();
     let mut times = Vec::new();
-    for i in 0..creates {
-        let b = body(&format!("{label}-{i}"));
+    let cpu = cpu_time();
+    for b in bodies {
         let t = Instant::now();
         let (code, answer) = conn.send("POST", path, "application/json", &b).await?;
         times.push(t.elapsed());
@@ -185,13 +210,17 @@ async fn creates_and_patches(
             .into());
         }
     }
-    println!("{label:>12} create       {}", summary(times));
+    println!(
+        "{label:>12} create       {}",
+        summary(times, cpu_since(cpu))
+    );
 
     let name = format!("{label}-0");
     let item = format!("{path}/{name}");
     let (_, answer) = conn.send("GET", &item, "application/json", &[]).await?;
     let mut rv = resource_version(&answer)?;
     let mut times = Vec::new();
+    let cpu = cpu_time();
     for i in 0..patches {
         let p = patch(i, &rv);
         let t = Instant::now();
@@ -208,9 +237,13 @@ async fn creates_and_patches(
         }
         rv = resource_version(&answer)?;
     }
-    println!("{label:>12} merge patch  {}", summary(times));
+    println!(
+        "{label:>12} merge patch  {}",
+        summary(times, cpu_since(cpu))
+    );
 
     let mut times = Vec::new();
+    let cpu = cpu_time();
     for _ in 0..patches {
         let t = Instant::now();
         let (code, _) = conn.send("GET", &item, "application/json", &[]).await?;
@@ -219,8 +252,37 @@ async fn creates_and_patches(
             return Err(format!("get answered {code}").into());
         }
     }
-    println!("{label:>12} get          {}", summary(times));
+    println!(
+        "{label:>12} get          {}",
+        summary(times, cpu_since(cpu))
+    );
     Ok(())
+}
+
+/// What the unavoidable steps of a write cost on this machine, for scale: parsing the body,
+/// copying the object once, writing it out once.
+fn reference(body: &[u8]) {
+    let rounds = 10;
+    let (mut parse, mut copy, mut write) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+        parse += t.elapsed();
+        let t = Instant::now();
+        let c = v.clone();
+        copy += t.elapsed();
+        let t = Instant::now();
+        let out = serde_json::to_vec(&c).unwrap_or_default();
+        write += t.elapsed();
+        std::hint::black_box((v, c, out));
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0 / f64::from(rounds);
+    println!(
+        "   reference parse {:.3} ms, copy {:.3} ms, serialize {:.3} ms (in the bench process)",
+        ms(parse),
+        ms(copy),
+        ms(write)
+    );
 }
 
 async fn run() -> Result<(), Error> {
@@ -241,6 +303,7 @@ async fn run() -> Result<(), Error> {
         "kube-standin writes: {entries}-entry IPAMPoolRecord ({} bytes), one watch per type",
         record("x", entries).len()
     );
+    reference(&record("ref", entries));
     creates_and_patches(
         &mut conn,
         "record",
