@@ -1,8 +1,9 @@
 //! What one write costs the stand-in, for a large custom resource and for a small object.
 //!
 //! The large object is an `IPAMPoolRecord` (kipam's CRD from `crds/`) whose
-//! `spec.reservations` holds 10,000 entries (about 600 KB of JSON), the shape kipam's
-//! controller bench writes over and over. Requests go over plain HTTP/1.1 on one kept-alive
+//! `spec.reservations` holds 10,000 entries (about 500 KB of JSON), the shape kipam's
+//! controller bench writes over and over. Each kind is created, merge patched, replaced
+//! (PUT) and read back (GET). Requests go over plain HTTP/1.1 on one kept-alive
 //! connection, so the figures are the server's (parsing, validation, storage, the response),
 //! not a client library's. A watch on the written type stays open and is read to the end,
 //! as a controller's would be.
@@ -184,6 +185,22 @@ fn cpu_since(start: Option<Duration>) -> Option<Duration> {
     Some(cpu_time()?.saturating_sub(start?))
 }
 
+/// Stands for the resource version in prepared bodies.
+const RV_PLACEHOLDER: &str = "@resource-version@";
+
+/// A JSON merge patch without deletions, to prepare bodies.
+fn merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
+    match (target, patch) {
+        (serde_json::Value::Object(t), serde_json::Value::Object(p)) => {
+            for (k, v) in p {
+                merge(t.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+/// Creates, merge patches, replacements and gets of one kind of object.
 async fn creates_and_patches(
     conn: &mut Conn,
     label: &str,
@@ -239,6 +256,42 @@ async fn creates_and_patches(
     }
     println!(
         "{label:>12} merge patch  {}",
+        summary(times, cpu_since(cpu))
+    );
+
+    // Replacements (PUT) of the whole object, each with one more entry, as kipam writes its
+    // records. The bodies are built first, with a placeholder for the resource version.
+    let base: serde_json::Value = serde_json::from_slice(&body(&name))?;
+    let bodies: Vec<String> = (0..patches)
+        .map(|i| {
+            let mut v = base.clone();
+            merge(
+                &mut v,
+                &serde_json::from_slice(&patch(patches + i, RV_PLACEHOLDER))?,
+            );
+            Ok(v.to_string())
+        })
+        .collect::<Result<_, Error>>()?;
+    let mut times = Vec::new();
+    let cpu = cpu_time();
+    for b in bodies {
+        let b = b.replacen(RV_PLACEHOLDER, &rv, 1);
+        let t = Instant::now();
+        let (code, answer) = conn
+            .send("PUT", &item, "application/json", b.as_bytes())
+            .await?;
+        times.push(t.elapsed());
+        if code != 200 {
+            return Err(format!(
+                "replace answered {code}: {}",
+                String::from_utf8_lossy(&answer)
+            )
+            .into());
+        }
+        rv = resource_version(&answer)?;
+    }
+    println!(
+        "{label:>12} replace      {}",
         summary(times, cpu_since(cpu))
     );
 
