@@ -153,7 +153,7 @@ pub(super) async fn commit_records(
                 retry.insert(key.0.clone());
             }
             Err(Some(records::CommitError::Api(e))) => {
-                write_failed(ctx, "IPAMPoolRecord", &name, "update", &e);
+                write_failed(ctx, "IPAMPoolRecord", &name, "patch", &e);
                 outcome.again = true;
                 retry.insert(key.0.clone());
             }

@@ -126,7 +126,7 @@ pub(super) async fn run(
                 false
             }
             Err(records::CommitError::Api(e)) => {
-                write_failed(ctx, "IPAMPoolRecord", &name, "update", &e);
+                write_failed(ctx, "IPAMPoolRecord", &name, "patch", &e);
                 false
             }
             Err(e @ records::CommitError::TooLarge(_)) => {
