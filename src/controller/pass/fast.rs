@@ -87,9 +87,7 @@ pub(super) async fn run(
         .filter(|n| n.metadata.deletion_timestamp.is_none())
         .map(|n| n.name_any())
         .collect();
-    lifecycle::ensure_namespaces(ctx, &new_clusters, &namespaces, limit, &mut outcome).await;
 
-    step("lifecycle");
     // The fence: the new entries go into the pool records before any object is written.
     let policies: HashMap<&str, crate::resources::ReclaimPolicy> = inputs
         .pools
