@@ -64,31 +64,55 @@ fn to_cel(v: &Value) -> Cel {
 }
 
 /// The root object as rules see it: `metadata` narrowed to `name` and `generateName`.
-fn root_view(obj: &Value) -> Value {
-    let mut v = obj.clone();
-    if let Some(m) = v.as_object_mut() {
-        let meta = m
-            .get("metadata")
+/// Converted straight from `obj`, so the (possibly large) object is never copied as JSON.
+fn root_view(obj: &Value) -> Cel {
+    let Value::Object(m) = obj else {
+        return to_cel(obj);
+    };
+    let mut map: HashMap<Key, Cel> = m
+        .iter()
+        .filter(|(k, _)| k.as_str() != "metadata")
+        .map(|(k, v)| (Key::String(Arc::new(k.clone())), to_cel(v)))
+        .collect();
+    let meta: HashMap<Key, Cel> = m
+        .get("metadata")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| matches!(k.as_str(), "name" | "generateName"))
+        .map(|(k, v)| (Key::String(Arc::new(k.clone())), to_cel(v)))
+        .collect();
+    map.insert(
+        Key::String(Arc::new("metadata".into())),
+        Cel::Map(meta.into()),
+    );
+    Cel::Map(map.into())
+}
+
+/// Whether `schema` or anything below it carries rules; subtrees without any are not
+/// walked (a map of thousands of entries with no rules costs nothing).
+fn has_rules(schema: &Value) -> bool {
+    schema
+        .get("x-kubernetes-validations")
+        .and_then(Value::as_array)
+        .is_some_and(|r| !r.is_empty())
+        || schema
+            .get("properties")
             .and_then(Value::as_object)
-            .map(|meta| {
-                meta.iter()
-                    .filter(|(k, _)| matches!(k.as_str(), "name" | "generateName"))
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect::<serde_json::Map<_, _>>()
-            })
-            .unwrap_or_default();
-        m.insert("metadata".into(), Value::Object(meta));
-    }
-    v
+            .is_some_and(|p| p.values().any(has_rules))
+        || schema
+            .get("additionalProperties")
+            .is_some_and(|a| a.is_object() && has_rules(a))
+        || schema.get("items").is_some_and(has_rules)
 }
 
 /// Evaluates every rule of `schema` on `new` (and `old`, for transition rules). Returns the
 /// failures as `path: message` causes.
 pub(crate) fn check_rules(schema: &Value, new: &Value, old: Option<&Value>) -> Vec<String> {
-    let new = root_view(new);
-    let old = old.map(root_view);
     let mut errors = Vec::new();
-    walk(schema, &new, old.as_ref(), None, &mut errors);
+    if has_rules(schema) {
+        walk(schema, new, old, None, &mut errors);
+    }
     errors
 }
 
@@ -96,6 +120,24 @@ fn child(path: Option<&str>, key: &str) -> String {
     match path {
         None => key.to_string(),
         Some(p) => format!("{p}.{key}"),
+    }
+}
+
+/// `new` and `old` at one node, converted for CEL once whatever the number of rules there.
+struct Node<'a> {
+    new: &'a Value,
+    old: Option<&'a Value>,
+    root: bool,
+    converted: Option<(Cel, Option<Cel>)>,
+}
+
+impl Node<'_> {
+    fn values(&mut self) -> &(Cel, Option<Cel>) {
+        let (new, old, root) = (self.new, self.old, self.root);
+        self.converted.get_or_insert_with(|| {
+            let view = if root { root_view } else { to_cel };
+            (view(new), old.map(view))
+        })
     }
 }
 
@@ -110,21 +152,35 @@ fn walk(
         .get("x-kubernetes-validations")
         .and_then(Value::as_array)
     {
+        let mut node = Node {
+            new,
+            old,
+            root: path.is_none(),
+            converted: None,
+        };
         for rule in rules {
-            evaluate(rule, schema, new, old, path, errors);
+            evaluate(rule, schema, &mut node, path, errors);
         }
     }
     match new {
         Value::Object(m) => {
             let props = schema.get("properties").and_then(Value::as_object);
-            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+            let additional = schema
+                .get("additionalProperties")
+                .filter(|a| a.is_object() && has_rules(a));
+            let any_prop_rules = props.is_some_and(|p| p.values().any(has_rules));
+            if !any_prop_rules && additional.is_none() {
+                return;
+            }
             for (k, v) in m {
                 if path.is_none() && k == "metadata" {
                     continue;
                 }
                 let old_v = old.and_then(|o| o.get(k));
                 if let Some(s) = props.and_then(|p| p.get(k)) {
-                    walk(s, v, old_v, Some(&child(path, k)), errors);
+                    if has_rules(s) {
+                        walk(s, v, old_v, Some(&child(path, k)), errors);
+                    }
                 } else if let Some(s) = additional {
                     let p = format!("{}[{k}]", path.unwrap_or(""));
                     walk(s, v, old_v, Some(&p), errors);
@@ -132,7 +188,7 @@ fn walk(
             }
         }
         Value::Array(items) => {
-            if let Some(s) = schema.get("items") {
+            if let Some(s) = schema.get("items").filter(|s| has_rules(s)) {
                 for (i, v) in items.iter().enumerate() {
                     let p = format!("{}[{i}]", path.unwrap_or(""));
                     walk(s, v, None, Some(&p), errors);
@@ -146,8 +202,7 @@ fn walk(
 fn evaluate(
     rule: &Value,
     schema: &Value,
-    new: &Value,
-    old: Option<&Value>,
+    node: &mut Node<'_>,
     path: Option<&str>,
     errors: &mut Vec<String>,
 ) {
@@ -167,13 +222,14 @@ fn evaluate(
         Err(e) => return fail(errors, format!("compilation failed: {text}: {e}")),
     };
     let transition = program.references().has_variable("oldSelf");
-    if transition && old.is_none() {
+    if transition && node.old.is_none() {
         return;
     }
+    let (new, old) = node.values();
     let mut ctx = Context::default();
-    ctx.add_variable_from_value("self", to_cel(new));
+    ctx.add_variable_from_value("self", new.clone());
     if let Some(o) = old {
-        ctx.add_variable_from_value("oldSelf", to_cel(o));
+        ctx.add_variable_from_value("oldSelf", o.clone());
     }
     match program.execute(&ctx) {
         Ok(Cel::Bool(true)) => {}

@@ -13,7 +13,7 @@ use crate::reviews::{
 };
 use crate::selectors::Selectors;
 use crate::store::{
-    DeleteOptions, FieldValidation, Propagation, Store, Target, WatchFrom, WriteOptions,
+    DeleteOptions, FieldValidation, Propagation, Shown, Store, Target, WatchFrom, WriteOptions,
 };
 use crate::watch::{WatchOptions, watch_body};
 use axum::body::{Body, Bytes};
@@ -104,7 +104,9 @@ fn json_response(code: u16, v: &Value) -> Response {
     (
         status,
         [(header::CONTENT_TYPE, "application/json")],
-        v.to_string(),
+        // Not `to_string()`: going through `Display` is much slower for large objects.
+        // Writing a JSON value into memory cannot fail.
+        serde_json::to_string(v).unwrap_or_default(),
     )
         .into_response()
 }
@@ -395,13 +397,13 @@ fn to_partial(obj: &Value) -> Value {
 }
 
 /// One write to the store: what it answers (object, HTTP code).
-type Write<'a> = Box<dyn FnOnce(&mut Store) -> Result<(Value, u16), ApiError> + 'a>;
+type Write<'a> = Box<dyn FnOnce(&mut Store) -> Result<(Shown, u16), ApiError> + 'a>;
 
 /// Runs a write under one lock of the store, with the `Warning`s it produced.
 fn write_with_warnings(
     shared: &Shared,
     f: Write<'_>,
-) -> Result<((Value, u16), Vec<String>), ApiError> {
+) -> Result<((Shown, u16), Vec<String>), ApiError> {
     let mut store = shared.lock_store();
     store.take_warnings();
     let result = f(&mut store);
@@ -441,9 +443,9 @@ fn handle_resource(shared: &Arc<Shared>, req: ResourceRequest<'_>) -> Result<Res
     let write = |f| write_with_warnings(shared, f);
     let ns = rp.namespace.as_deref();
     let (meta_one, meta_list) = metadata_only(req.accept);
-    let answer = |code: u16, v: Value| {
+    let answer = |code: u16, v: Shown| {
         let v = if meta_one && v.get("kind").and_then(Value::as_str) != Some("Status") {
-            to_partial(&v)
+            to_partial(&v).into()
         } else {
             v
         };
@@ -542,7 +544,7 @@ fn handle_resource(shared: &Arc<Shared>, req: ResourceRequest<'_>) -> Result<Res
             match name {
                 Some(name) => {
                     let v = shared.lock_store().delete(&target(name), &opts)?;
-                    Ok(answer(200, v))
+                    Ok(answer(200, v.into()))
                 }
                 None => {
                     let selectors = Selectors::parse(

@@ -33,7 +33,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use store::{DeleteOptions, Store, Target, WriteOptions};
+use store::{DeleteOptions, Shown, Store, Target, WriteOptions};
 
 /// Request counters: the total and a count per `(verb, resource)`.
 ///
@@ -511,7 +511,7 @@ impl ApiServer {
                 true,
                 WriteOptions::default(),
             )
-            .map(|(v, _)| v)
+            .map(|(v, _)| v.into_value())
     }
 
     /// [`ApiServer::apply`] for every document of a (multi-document) YAML string, in order.
@@ -525,12 +525,15 @@ impl ApiServer {
     /// Creates one object straight in the store (AlreadyExists if present).
     pub fn create(&self, obj: &Value) -> Result<Value, ApiError> {
         let t = self.target_for(obj)?;
-        self.shared().lock_store().create(
-            &t.rt,
-            t.namespace.as_deref(),
-            obj.clone(),
-            WriteOptions::default(),
-        )
+        self.shared()
+            .lock_store()
+            .create(
+                &t.rt,
+                t.namespace.as_deref(),
+                obj.clone(),
+                WriteOptions::default(),
+            )
+            .map(Shown::into_value)
     }
 
     /// The store target of a named object; `status` selects its status subresource (when the
@@ -579,7 +582,7 @@ impl ApiServer {
                 false,
                 WriteOptions::default(),
             )
-            .map(|(v, _)| v)
+            .map(|(v, _)| v.into_value())
     }
 
     /// Deletes an object straight in the store, with the usual finalizer, garbage-collection

@@ -5,9 +5,10 @@ use crate::Shared;
 use crate::error::ApiError;
 use crate::resources::ResourceType;
 use crate::selectors::Selectors;
-use crate::store::{Change, ChangeKind, Subscription, present};
+use crate::store::{Change, ChangeKind, Shown, Subscription};
 use crate::util::meta_mut;
 use axum::body::{Body, Bytes};
+use serde::Serialize;
 use serde_json::{Value, json};
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -55,23 +56,33 @@ struct WatchState {
     done: bool,
 }
 
-fn line(kind: &str, object: Value) -> Bytes {
-    let mut s = json!({ "type": kind, "object": object }).to_string();
-    s.push('\n');
-    Bytes::from(s)
+/// One event line, `{"object":...,"type":...}` (the key order a JSON map gives them).
+fn line(kind: &str, object: &impl Serialize) -> Bytes {
+    #[derive(Serialize)]
+    struct Event<'a, T> {
+        object: &'a T,
+        #[serde(rename = "type")]
+        kind: &'a str,
+    }
+    // Writing JSON values into memory cannot fail.
+    let mut out = serde_json::to_vec(&Event { object, kind }).unwrap_or_default();
+    out.push(b'\n');
+    Bytes::from(out)
 }
 
 impl WatchState {
-    fn render(&self, obj: &Value) -> Value {
-        let full = present(&self.rt, obj);
+    /// The event line for `obj`, rendered straight from the stored object (a large object is
+    /// serialized once per watcher, never copied).
+    fn render(&self, kind: &str, obj: &Arc<Value>) -> Bytes {
         if self.opts.metadata_only {
-            json!({
+            let partial = json!({
                 "apiVersion": "meta.k8s.io/v1",
                 "kind": "PartialObjectMetadata",
-                "metadata": full.get("metadata").cloned().unwrap_or(json!({})),
-            })
+                "metadata": obj.get("metadata").cloned().unwrap_or(json!({})),
+            });
+            line(kind, &partial)
         } else {
-            full
+            line(kind, &*Shown::new(&self.rt, obj))
         }
     }
 
@@ -90,7 +101,7 @@ impl WatchState {
         }
         line(
             "BOOKMARK",
-            json!({ "apiVersion": api_version, "kind": kind, "metadata": metadata }),
+            &json!({ "apiVersion": api_version, "kind": kind, "metadata": metadata }),
         )
     }
 
@@ -105,10 +116,10 @@ impl WatchState {
         let now = sel.matches(&c.object);
         let before = c.previous.as_ref().is_some_and(|p| sel.matches(p));
         let event = match c.kind {
-            ChangeKind::Added => now.then(|| ("ADDED", self.render(&c.object))),
+            ChangeKind::Added => now.then(|| self.render("ADDED", &c.object)),
             ChangeKind::Modified => match (before, now) {
-                (true, true) => Some(("MODIFIED", self.render(&c.object))),
-                (false, true) => Some(("ADDED", self.render(&c.object))),
+                (true, true) => Some(self.render("MODIFIED", &c.object)),
+                (false, true) => Some(self.render("ADDED", &c.object)),
                 (true, false) => {
                     // The last state this watcher could see, stamped with the change's rv.
                     let mut last = c.previous.as_deref().cloned().unwrap_or(Value::Null);
@@ -116,14 +127,14 @@ impl WatchState {
                         meta_mut(&mut last)
                             .insert("resourceVersion".into(), json!(c.rv.to_string()));
                     }
-                    Some(("DELETED", self.render(&last)))
+                    Some(self.render("DELETED", &Arc::new(last)))
                 }
                 (false, false) => None,
             },
-            ChangeKind::Deleted => (before || now).then(|| ("DELETED", self.render(&c.object))),
+            ChangeKind::Deleted => (before || now).then(|| self.render("DELETED", &c.object)),
         };
-        if let Some((kind, obj)) = event {
-            self.pending.push_back(line(kind, obj));
+        if let Some(event) = event {
+            self.pending.push_back(event);
         }
     }
 
@@ -235,14 +246,14 @@ pub(crate) fn watch_body(
     };
     match sub {
         Err(e) => {
-            state.pending.push_back(line("ERROR", e.to_status()));
+            state.pending.push_back(line("ERROR", &e.to_status()));
             state.done = true;
         }
         Ok(sub) => {
             for obj in &sub.initial {
                 if state.opts.selectors.matches(obj) {
-                    let o = state.render(obj);
-                    state.pending.push_back(line("ADDED", o));
+                    let event = state.render("ADDED", obj);
+                    state.pending.push_back(event);
                 }
             }
             for c in &sub.replay {

@@ -127,7 +127,7 @@ type Owners = BTreeMap<(bool, String), BTreeSet<FieldPath>>;
 
 /// Result of a create, update or patch: the object as the client sees it, and whether the
 /// write created it (answered with 201).
-pub(crate) type WriteResult = Result<(Value, bool), ApiError>;
+pub(crate) type WriteResult = Result<(Shown, bool), ApiError>;
 
 pub(crate) struct Store {
     pub(crate) registry: Registry,
@@ -156,6 +156,43 @@ pub(crate) fn present(rt: &ResourceType, obj: &Value) -> Value {
         m.insert("kind".into(), Value::String(rt.kind.clone()));
     }
     v
+}
+
+/// An object as a client sees it through a resource type, ready to answer with. It shares
+/// the stored object when that already carries the requested apiVersion and kind (always,
+/// for single-version types), so answering with a large object does not copy it; otherwise
+/// it holds a converted copy.
+#[derive(Debug, Clone)]
+pub(crate) struct Shown(Arc<Value>);
+
+impl Shown {
+    pub(crate) fn new(rt: &ResourceType, obj: &Arc<Value>) -> Shown {
+        let as_requested = obj.get("kind").and_then(Value::as_str) == Some(rt.kind.as_str())
+            && obj.get("apiVersion").and_then(Value::as_str) == Some(rt.api_version().as_str());
+        if as_requested {
+            Shown(obj.clone())
+        } else {
+            Shown(Arc::new(present(rt, obj)))
+        }
+    }
+
+    /// The object itself (copied only if it is still shared with the store).
+    pub(crate) fn into_value(self) -> Value {
+        Arc::unwrap_or_clone(self.0)
+    }
+}
+
+impl From<Value> for Shown {
+    fn from(v: Value) -> Shown {
+        Shown(Arc::new(v))
+    }
+}
+
+impl std::ops::Deref for Shown {
+    type Target = Value;
+    fn deref(&self) -> &Value {
+        &self.0
+    }
 }
 
 impl Store {
@@ -411,9 +448,9 @@ impl Store {
 
     // ---------------------------------------------------------------- reads
 
-    pub(crate) fn get(&self, t: &Target) -> Result<Value, ApiError> {
+    pub(crate) fn get(&self, t: &Target) -> Result<Shown, ApiError> {
         self.find(&t.rt.storage_key(), t.ns(), &t.name)
-            .map(|o| present(&t.rt, o))
+            .map(|o| Shown::new(&t.rt, o))
             .ok_or_else(|| ApiError::not_found(&t.rt.group, &t.rt.plural, &t.name))
     }
 

@@ -1,7 +1,7 @@
 //! Create, update, patch (merge, strategic, JSON) and server-side apply.
 
 use super::validate::{spec_changed, validate_meta};
-use super::{Owners, Store, Target, WriteOptions, WriteResult, present};
+use super::{Owners, Shown, Store, Target, WriteOptions, WriteResult, present};
 use crate::error::ApiError;
 use crate::patch::{self, JsonPatchError, PatchKind};
 use crate::resources::{ResourceType, types_from_crd};
@@ -140,14 +140,14 @@ impl Store {
         ns: Option<&str>,
         body: Value,
         opts: WriteOptions,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Shown, ApiError> {
         if !meta_str(&body, "resourceVersion").is_empty() {
             return Err(ApiError::bad_request(
                 "resourceVersion should not be set on objects to be created",
             ));
         }
         self.create_object(rt, ns, body, opts)
-            .map(|o| present(rt, &o))
+            .map(|o| Shown::new(rt, &o))
     }
 
     pub(super) fn create_object(
@@ -248,7 +248,7 @@ impl Store {
         old: Arc<Value>,
         mut new: Value,
         opts: WriteOptions,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Shown, ApiError> {
         let key = rt.storage_key();
         validate_meta(rt, &new)?;
         Self::normalize_kind(rt, &mut new)?;
@@ -275,21 +275,21 @@ impl Store {
             meta_mut(&mut new).insert("generation".into(), json!(g + 1));
         }
         if new == *old {
-            return Ok(present(rt, &old));
+            return Ok(Shown::new(rt, &old));
         }
         if opts.dry_run {
-            return Ok(present(rt, &new));
+            return Ok(Shown::new(rt, &Arc::new(new)));
         }
         if self.should_remove(&key, &new) {
             let gone = self.commit_remove(&key, new, old);
-            return Ok(present(rt, &gone));
+            return Ok(Shown::new(rt, &gone));
         }
         let is_crd = rt.group == "apiextensions.k8s.io" && rt.plural == "customresourcedefinitions";
         let arc = self.commit_put(&key, new, Some(old));
         if is_crd {
             self.register_crd(&arc);
         }
-        Ok(present(rt, &arc))
+        Ok(Shown::new(rt, &arc))
     }
 
     /// PUT of an object or of its `/status`.
@@ -305,7 +305,7 @@ impl Store {
                 }
                 return self
                     .create_object(rt, t.namespace.as_deref(), obj, opts)
-                    .map(|o| (present(rt, &o), true));
+                    .map(|o| (Shown::new(rt, &o), true));
             }
             return Err(ApiError::not_found(&rt.group, &rt.plural, &t.name));
         };
@@ -455,7 +455,7 @@ impl Store {
                 self.owners
                     .insert(meta_str(&created, "uid").to_string(), owners);
             }
-            return Ok((present(rt, &created), true));
+            return Ok((Shown::new(rt, &created), true));
         };
         Self::check_preconditions(rt, &old, meta_str(&applied, "resourceVersion"), "")?;
         let uid = meta_str(&old, "uid").to_string();
