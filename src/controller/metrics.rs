@@ -478,22 +478,7 @@ impl Metrics {
                     pool: f.pool.clone(),
                     datacenter: f.datacenter.clone(),
                 };
-                for (state, value) in [
-                    ("total", f.total),
-                    ("allocated", f.allocated),
-                    ("excluded", f.excluded),
-                    ("available", f.available),
-                ] {
-                    self.pool_addresses
-                        .get_or_create(&state_labels(&labels, state))
-                        .set(value);
-                }
-                self.pool_utilization
-                    .get_or_create(&labels)
-                    .set(f.utilization);
-                self.pool_largest_free_block
-                    .get_or_create(&labels)
-                    .set(f.largest_free_block);
+                self.set_usage(&labels, f);
                 for (phase, count) in &f.phases {
                     self.allocations
                         .get_or_create(&phase_labels(&labels, *phase))
@@ -547,22 +532,7 @@ impl Metrics {
                 pool: key.0.clone(),
                 datacenter: key.1.clone(),
             };
-            for (state, value) in [
-                ("total", f.total),
-                ("allocated", f.allocated),
-                ("excluded", f.excluded),
-                ("available", f.available),
-            ] {
-                self.pool_addresses
-                    .get_or_create(&state_labels(&labels, state))
-                    .set(value);
-            }
-            self.pool_utilization
-                .get_or_create(&labels)
-                .set(f.utilization);
-            self.pool_largest_free_block
-                .get_or_create(&labels)
-                .set(f.largest_free_block);
+            self.set_usage(&labels, &f);
             for d in added
                 .iter()
                 .filter(|d| d.pool == key.0 && d.datacenter == key.1)
@@ -576,6 +546,26 @@ impl Metrics {
                 }
             }
         }
+    }
+
+    /// The address, utilization and free-block gauges of one pool datacenter.
+    fn set_usage(&self, labels: &PoolLabels, f: &PoolFigures) {
+        for (state, value) in [
+            ("total", f.total),
+            ("allocated", f.allocated),
+            ("excluded", f.excluded),
+            ("available", f.available),
+        ] {
+            self.pool_addresses
+                .get_or_create(&state_labels(labels, state))
+                .set(value);
+        }
+        self.pool_utilization
+            .get_or_create(labels)
+            .set(f.utilization);
+        self.pool_largest_free_block
+            .get_or_create(labels)
+            .set(f.largest_free_block);
     }
 
     fn remove_pool(&self, pool: &str, datacenter: &str) {

@@ -92,16 +92,7 @@ impl<'a> Planner<'a> {
                 allocators.insert((pool.name.clone(), dc.clone()), build_allocator(input));
             }
         }
-        let mut sorted: Vec<&ClusterInput> = clusters.iter().collect();
-        sorted.sort_by(|a, b| a.age_key().cmp(&b.age_key()));
-        Planner {
-            pools: pools.iter().map(|p| (p.name.as_str(), p)).collect(),
-            by_name: clusters.iter().map(|c| (c.name.as_str(), c)).collect(),
-            clusters: sorted,
-            allocators,
-            decisions: BTreeMap::new(),
-            blocked: BTreeMap::new(),
-        }
+        Planner::resume(pools, clusters, allocators)
     }
 
     /// Step 1: decide the fate of every stored allocation, loading the ones that stay.
@@ -509,8 +500,7 @@ impl<'a> Planner<'a> {
         );
     }
 
-    /// Resumes planning from kept allocators, for `clusters` that hold nothing yet (see
-    /// [`serve_new`]).
+    /// A planner over `allocators` (fresh ones, or those a plan kept: see [`serve_new`]).
     fn resume(
         pools: &'a [PoolInput],
         clusters: &'a [ClusterInput],

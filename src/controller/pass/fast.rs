@@ -174,14 +174,7 @@ pub(super) async fn run(
         jobs.push(job);
     }
     let results: Vec<(Finished, Result<WriteDone, kube::Error>)> = futures::stream::iter(jobs)
-        .map(|job| async move {
-            let r = job.execute(ctx, term).await;
-            let note = match &r {
-                Ok(_) => allocations::allocation_note(ctx, &job),
-                Err(_) => None,
-            };
-            (Finished::of(&job, note), r)
-        })
+        .map(|job| write_one(ctx, term, job))
         .buffer_unordered(limit)
         .collect()
         .await;

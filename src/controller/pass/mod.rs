@@ -101,6 +101,20 @@ impl Finished {
     }
 }
 
+/// Writes one allocation and keeps what the report needs of it.
+async fn write_one(
+    ctx: &Context,
+    term: u64,
+    job: AllocationWrite,
+) -> (Finished, Result<WriteDone, kube::Error>) {
+    let r = job.execute(ctx, term).await;
+    let note = match &r {
+        Ok(_) => allocations::allocation_note(ctx, &job),
+        Err(_) => None,
+    };
+    (Finished::of(&job, note), r)
+}
+
 /// Runs one pass. The caller checked leadership (in `term`) just before.
 pub async fn run(
     ctx: &Arc<Context>,
@@ -279,14 +293,7 @@ pub async fn run(
     let decisions = &plan.decisions;
     let results: Vec<(Finished, Result<WriteDone, kube::Error>)> =
         futures::stream::iter(allowed.into_iter().filter_map(|i| build(&decisions[i])))
-            .map(|job| async move {
-                let r = job.execute(ctx, term).await;
-                let note = match &r {
-                    Ok(_) => allocations::allocation_note(ctx, &job),
-                    Err(_) => None,
-                };
-                (Finished::of(&job, note), r)
-            })
+            .map(|job| write_one(ctx, term, job))
             .buffer_unordered(limit)
             .collect()
             .await;
