@@ -1,21 +1,30 @@
 //! The leader's copy of the `IPAMPoolRecord`s and the compare-and-swap that commits them.
 //!
-//! Loaded from a fresh (quorum) LIST at every gain of leadership, then kept from this
-//! replica's own writes. Every commit carries the `resourceVersion` it was planned from, so
-//! the API server refuses it (409) when anybody wrote the record since — in particular a newer
-//! leader. Even a commit that changes nothing is sent before new objects are written: a write
-//! with a stale `resourceVersion` fails before the server compares contents, so it doubles as
-//! a check that this replica still writes on the latest record.
+//! The record of a pool datacenter is kept in shards, one object per block of the pool's
+//! addresses ([`crate::reservations::shards`]); a commit writes only the shards whose entries
+//! change. Loaded from a fresh (quorum) LIST at every gain of leadership, then kept from this
+//! replica's own writes. Every write carries the `resourceVersion` of the shard it was planned
+//! from, so the API server refuses it (409) when anybody wrote the shard since — in particular
+//! a newer leader. Before objects are written for clusters whose shards do not change, those
+//! shards still get a write that changes nothing: a write with a stale `resourceVersion` fails
+//! before the server compares contents, so it doubles as a check that this replica still
+//! writes on the latest shard.
 //!
-//! A commit to an existing record is a JSON merge patch (RFC 7386) holding only the entries
-//! that change and `metadata.resourceVersion`, which the API server treats as a precondition
-//! exactly like the `resourceVersion` of a full update. The server answers with the record's
+//! A write to an existing shard is a JSON merge patch (RFC 7386) holding only the entries that
+//! change and `metadata.resourceVersion`, which the API server treats as a precondition
+//! exactly like the `resourceVersion` of a full update. The server answers with the shard's
 //! metadata only; the copy here then gets the same entries changed and the new metadata. This
-//! is exact because the patch applied to the version this copy holds: the server's record at
-//! that version is this copy, so the patched record is this copy with the patch applied.
+//! is exact because the patch applied to the version this copy holds: the server's shard at
+//! that version is this copy, so the patched shard is this copy with the patch applied.
+//!
+//! A commit adds before it removes: the shards that gain or change entries are written first,
+//! and only once all of them landed are entries removed from the others (a holding that moves
+//! between shards, or out of a record written before sharding), so at no moment does a
+//! holding leave every record.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
+use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::Status;
@@ -24,6 +33,8 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use super::Context;
+use crate::address::Cidr;
+use crate::reservations::shards::{self, Layout};
 use crate::resources::{
     IPAMPool, IPAMPoolRecord, IPAMPoolRecordSpec, MAX_RECORD_BYTES, Reservation, record_name,
 };
@@ -34,17 +45,24 @@ pub type RecordKey = (String, String);
 /// Cluster name -> its new entry, or `None` to remove it.
 pub type Changes = BTreeMap<String, Option<Reservation>>;
 
+/// Shard writes of one commit in flight at once.
+const SHARD_CONCURRENCY: usize = 8;
+
 #[derive(Debug, Default)]
 pub struct Records {
-    map: BTreeMap<RecordKey, Held>,
+    /// Pool datacenter -> its shards by object name.
+    map: BTreeMap<RecordKey, BTreeMap<String, Held>>,
 }
 
-/// One record and the summed serialised size of its entries (each `"cluster":{...}`), kept
-/// up to date with every change so the size guard needs no serialisation of the whole record.
+/// One shard and the summed serialised size of its entries (each `"cluster":{...}`), kept
+/// up to date with every change so the size guard needs no serialisation of the whole shard.
 #[derive(Debug)]
 struct Held {
     record: IPAMPoolRecord,
     entry_bytes: usize,
+    /// `spec.block`, parsed (`None`: a record written before sharding, or a block that does
+    /// not parse).
+    block: Option<Cidr>,
 }
 
 impl Held {
@@ -55,37 +73,78 @@ impl Held {
             .iter()
             .map(|(cluster, r)| entry_size(cluster, r))
             .sum();
+        let block = record.spec.block.as_deref().and_then(|b| b.parse().ok());
         Held {
             record,
             entry_bytes,
+            block,
         }
     }
 }
 
+fn key_of(r: &IPAMPoolRecord) -> RecordKey {
+    (r.spec.pool.clone(), r.spec.datacenter.clone())
+}
+
 impl Records {
     pub fn reset(&mut self, items: Vec<IPAMPoolRecord>) {
-        self.map = items
-            .into_iter()
-            .map(|r| {
-                (
-                    (r.spec.pool.clone(), r.spec.datacenter.clone()),
-                    Held::new(r),
-                )
-            })
-            .collect();
+        self.map.clear();
+        for r in items {
+            self.put(r);
+        }
     }
 
+    /// Every pool datacenter's record as one: each cluster's parts from all shards joined
+    /// ([`shards::join`]). Its `resourceVersion` lists the shards' versions, so it changes
+    /// whenever any shard does.
     pub fn snapshot(&self) -> BTreeMap<RecordKey, IPAMPoolRecord> {
         self.map
             .iter()
-            .map(|(k, h)| (k.clone(), h.record.clone()))
+            .filter(|(_, shards)| !shards.is_empty())
+            .map(|(key, shards)| {
+                let mut parts: BTreeMap<&str, Vec<&Reservation>> = BTreeMap::new();
+                for held in shards.values() {
+                    for (cluster, r) in &held.record.spec.reservations {
+                        parts.entry(cluster.as_str()).or_default().push(r);
+                    }
+                }
+                let version: Vec<&str> = shards
+                    .values()
+                    .map(|h| h.record.metadata.resource_version.as_deref().unwrap_or(""))
+                    .collect();
+                let record = IPAMPoolRecord {
+                    metadata: ObjectMeta {
+                        name: Some(record_name(&key.0, &key.1)),
+                        resource_version: Some(version.join(",")),
+                        ..Default::default()
+                    },
+                    spec: IPAMPoolRecordSpec {
+                        pool: key.0.clone(),
+                        datacenter: key.1.clone(),
+                        block: None,
+                        reservations: parts
+                            .into_iter()
+                            .map(|(c, p)| (c.to_string(), shards::join(p)))
+                            .collect(),
+                    },
+                };
+                (key.clone(), record)
+            })
             .collect()
     }
 
-    /// The size guard's figure for the record of `key`: what the record as held here would
-    /// serialise to (`None` when no record is held).
-    pub fn serialized_size(&self, key: &RecordKey) -> Option<usize> {
-        let held = self.map.get(key)?;
+    /// The names of the shards held for `key`.
+    pub fn shard_names(&self, key: &RecordKey) -> Vec<String> {
+        self.map
+            .get(key)
+            .map(|s| s.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The size guard's figure for the shard `name` of `key`: what it would serialise to as
+    /// held here (`None` when no such shard is held).
+    pub fn serialized_size(&self, key: &RecordKey, name: &str) -> Option<usize> {
+        let held = self.map.get(key)?.get(name)?;
         Some(record_size(
             &held.record.metadata,
             &held.record.spec,
@@ -98,32 +157,40 @@ impl Records {
     pub fn holds(&self, cluster: &str) -> bool {
         self.map
             .values()
+            .flat_map(|s| s.values())
             .any(|h| h.record.spec.reservations.contains_key(cluster))
     }
 
     fn put(&mut self, r: IPAMPoolRecord) {
-        self.map.insert(
-            (r.spec.pool.clone(), r.spec.datacenter.clone()),
-            Held::new(r),
-        );
+        let name = r.name_any();
+        self.map
+            .entry(key_of(&r))
+            .or_default()
+            .insert(name, Held::new(r));
     }
 
-    fn forget(&mut self, key: &RecordKey) {
-        self.map.remove(key);
+    fn forget(&mut self, key: &RecordKey, name: &str) {
+        if let Some(shards) = self.map.get_mut(key) {
+            shards.remove(name);
+            if shards.is_empty() {
+                self.map.remove(key);
+            }
+        }
     }
 
-    /// Brings the held copy of `key` to what a patch of it made at the server: `changes`
-    /// applied (leaving `entry_bytes`) and the metadata the server answered with. Only when
-    /// the copy is still the `version` the patch was conditional on.
+    /// Brings the held copy of shard `name` to what a patch of it made at the server:
+    /// `changes` applied (leaving `entry_bytes`) and the metadata the server answered with.
+    /// Only when the copy is still the `version` the patch was conditional on.
     fn patched(
         &mut self,
         key: &RecordKey,
+        name: &str,
         version: &str,
         changes: Changes,
         entry_bytes: usize,
         metadata: ObjectMeta,
     ) -> Patched {
-        let Some(held) = self.map.get_mut(key) else {
+        let Some(held) = self.map.get_mut(key).and_then(|s| s.get_mut(name)) else {
             return Patched::Moved;
         };
         if held.record.metadata.resource_version.as_deref() != Some(version) {
@@ -150,6 +217,140 @@ impl Records {
         held.record.metadata = metadata;
         Patched::Applied
     }
+
+    /// The writes that bring the shards of `key` to `target` under `layout`, in the order
+    /// they must land: first every shard that gains or changes an entry or is checked, then
+    /// those that only lose entries.
+    fn plan(
+        &self,
+        pool: &IPAMPool,
+        key: &RecordKey,
+        layout: &Layout,
+        target: Target,
+    ) -> Result<[Vec<Write>; 2], CommitError> {
+        let held = self.map.get(key);
+        let no_shards = BTreeMap::new();
+        let held = held.unwrap_or(&no_shards);
+        let split = |cluster: &str, r: &Reservation| {
+            layout.split(r).map_err(|why| {
+                CommitError::Unsplittable(format!(
+                    "pool record of {}/{}: the entry of cluster {cluster}: {why}",
+                    key.0, key.1
+                ))
+            })
+        };
+        // Cluster -> shard name -> (block, part), for every cluster the commit is about.
+        let mut parts: BTreeMap<String, BTreeMap<String, (Cidr, Reservation)>> = BTreeMap::new();
+        let (whole, check) = match target {
+            Target::Whole { desired, check } => {
+                for (cluster, r) in desired {
+                    let named = split(&cluster, &r)?
+                        .into_iter()
+                        .map(|(b, p)| (shards::shard_name(&key.0, &key.1, &b), (b, p)))
+                        .collect();
+                    parts.insert(cluster, named);
+                }
+                (true, check)
+            }
+            Target::Changes(changes) => {
+                for (cluster, r) in changes {
+                    let named = match r {
+                        Some(r) => split(&cluster, &r)?
+                            .into_iter()
+                            .map(|(b, p)| (shards::shard_name(&key.0, &key.1, &b), (b, p)))
+                            .collect(),
+                        None => BTreeMap::new(),
+                    };
+                    parts.insert(cluster, named);
+                }
+                (false, BTreeSet::new())
+            }
+        };
+        // Shard name -> (block, changes).
+        let mut changes: BTreeMap<String, (Option<Cidr>, Changes)> = BTreeMap::new();
+        let mut compare = |name: &str, h: &Held, cluster: &str, old: &Reservation| {
+            let new = parts.get(cluster).and_then(|p| p.get(name)).map(|(_, r)| r);
+            if new != Some(old) {
+                changes
+                    .entry(name.to_string())
+                    .or_insert_with(|| (h.block, Changes::new()))
+                    .1
+                    .insert(cluster.to_string(), new.cloned());
+            }
+        };
+        for (name, h) in held {
+            if whole {
+                for (cluster, old) in &h.record.spec.reservations {
+                    compare(name, h, cluster, old);
+                }
+            } else {
+                for cluster in parts.keys() {
+                    if let Some(old) = h.record.spec.reservations.get(cluster) {
+                        compare(name, h, cluster, old);
+                    }
+                }
+            }
+        }
+        for (cluster, named) in &parts {
+            for (name, (block, part)) in named {
+                let present = held
+                    .get(name)
+                    .is_some_and(|h| h.record.spec.reservations.contains_key(cluster));
+                if !present {
+                    changes
+                        .entry(name.clone())
+                        .or_insert_with(|| (Some(*block), Changes::new()))
+                        .1
+                        .insert(cluster.clone(), Some(part.clone()));
+                }
+            }
+        }
+        // The shards of clusters about to get objects written, checked even if unchanged.
+        for cluster in &check {
+            for (name, (block, _)) in parts.get(cluster).into_iter().flatten() {
+                changes
+                    .entry(name.clone())
+                    .or_insert_with(|| (Some(*block), Changes::new()));
+            }
+        }
+        let mut phases: [Vec<Write>; 2] = [Vec::new(), Vec::new()];
+        for (name, (block, changes)) in changes {
+            let shard = held.get(&name);
+            let removes_only = !changes.is_empty() && changes.values().all(Option::is_none);
+            let on_layout = block.is_some_and(|b| shards::shard_name(&key.0, &key.1, &b) == name);
+            let write = match shard {
+                Some(h)
+                    if removes_only
+                        && !on_layout
+                        && changes.len() == h.record.spec.reservations.len() =>
+                {
+                    // A shard of another division (or written before sharding) left empty:
+                    // deleted, on the same precondition.
+                    Write::Delete {
+                        name,
+                        preconditions: Preconditions {
+                            resource_version: h.record.resource_version(),
+                            uid: h.record.uid(),
+                        },
+                    }
+                }
+                _ => prepare(shard, pool, key, &name, block, changes)?,
+            };
+            phases[usize::from(removes_only)].push(write);
+        }
+        Ok(phases)
+    }
+}
+
+/// What a commit asks of a pool datacenter's record.
+enum Target {
+    /// Exactly these entries, and a check of the shards of the `check` clusters.
+    Whole {
+        desired: BTreeMap<String, Reservation>,
+        check: BTreeSet<String>,
+    },
+    /// These entries changed (`None`: removed), all others as they are.
+    Changes(Changes),
 }
 
 /// What became of the held copy after a patch landed.
@@ -191,8 +392,8 @@ fn entry_size(cluster: &str, r: &Reservation) -> usize {
     json_size(cluster) + 1 + json_size(r)
 }
 
-/// Bytes of a whole record with `metadata`, the pool and datacenter of `spec`, and `count`
-/// entries of `entry_bytes` bytes together — exactly what `serde_json` makes of it.
+/// Bytes of a whole record with `metadata`, the pool, datacenter and block of `spec`, and
+/// `count` entries of `entry_bytes` bytes together — exactly what `serde_json` makes of it.
 fn record_size(
     metadata: &ObjectMeta,
     spec: &IPAMPoolRecordSpec,
@@ -204,6 +405,7 @@ fn record_size(
         spec: IPAMPoolRecordSpec {
             pool: spec.pool.clone(),
             datacenter: spec.datacenter.clone(),
+            block: spec.block.clone(),
             reservations: BTreeMap::new(),
         },
     };
@@ -216,78 +418,99 @@ fn record_size(
 pub enum CommitError {
     #[error("record {0} would exceed {MAX_RECORD_BYTES} bytes: no new allocation fits in it")]
     TooLarge(String),
+    /// The pool datacenter's settings give no division into blocks.
+    #[error("pool record of {0}: {1}")]
+    Layout(String, String),
+    /// An entry cannot be divided into blocks.
+    #[error("{0}")]
+    Unsplittable(String),
     #[error(transparent)]
     Api(#[from] kube::Error),
 }
 
-/// Writes the record of `key` so that it holds exactly `reservations`, conditional on the
-/// version this replica last saw. On a conflict the record is re-read for the next pass.
-///
-/// Only the entries that differ from the held copy are sent (see [`commit_changes`]).
+impl CommitError {
+    /// The metric reason of an error found before anything was sent.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            CommitError::TooLarge(_) => "TooLarge",
+            CommitError::Layout(..) => "InvalidPool",
+            CommitError::Unsplittable(_) => "Unsplittable",
+            CommitError::Api(_) => "Api",
+        }
+    }
+
+    /// Somebody else wrote or deleted a shard since this replica read it.
+    pub fn is_stale(&self) -> bool {
+        matches!(self, CommitError::Api(kube::Error::Api(s)) if s.code == 409 || s.code == 404)
+    }
+}
+
+/// The division into blocks of `key`'s datacenter of `pool`.
+fn layout(pool: &IPAMPool, key: &RecordKey) -> Result<Layout, CommitError> {
+    let label = format!("{}/{}", key.0, key.1);
+    let dc = pool.spec.datacenters.get(&key.1).ok_or_else(|| {
+        CommitError::Layout(label.clone(), "the pool has no such datacenter".into())
+    })?;
+    Layout::of(dc).map_err(|why| CommitError::Layout(label, why))
+}
+
+/// Writes the record of `key` so that it holds exactly `reservations`, each shard conditional
+/// on the version this replica last saw, and checks (a write that changes nothing) the shards
+/// of the clusters in `check`, whose objects are about to be written. Returns the number of
+/// writes sent (none when everything is current already). On a conflict the shard is re-read
+/// for the next pass.
 pub async fn commit(
     ctx: &Context,
     pool: &IPAMPool,
     key: &RecordKey,
     reservations: BTreeMap<String, Reservation>,
-) -> Result<(), CommitError> {
-    let write = {
-        let records = ctx.records.lock().await;
-        let held = records.map.get(key);
-        let changes = match held {
-            Some(h) => changes_between(&h.record.spec.reservations, reservations),
-            None => reservations
-                .into_iter()
-                .map(|(k, v)| (k, Some(v)))
-                .collect(),
-        };
-        prepare(held, pool, key, changes)
+    check: BTreeSet<String>,
+) -> Result<u64, CommitError> {
+    let target = Target::Whole {
+        desired: reservations,
+        check,
     };
-    match write {
-        Ok(w) => send(ctx, key, w).await,
-        Err(e) => Err(failed(ctx, key, e).await),
-    }
+    run(ctx, pool, key, target).await
 }
 
 /// Writes the record of `key` with `changes` applied to the copy this replica holds (`None`
-/// removes a cluster's entry), conditional on the version of that copy, like [`commit`]. For
-/// callers that already know what changes: no comparison of the whole record. An empty
-/// `changes` is still sent (the check that the copy is current). Without a held record, the
-/// record is created with the entries of `changes`.
+/// removes a cluster's entry), each shard conditional on the version of its copy, like
+/// [`commit`]. For callers that already know what changes: no comparison of the whole record.
 pub async fn commit_changes(
     ctx: &Context,
     pool: &IPAMPool,
     key: &RecordKey,
     changes: Changes,
-) -> Result<(), CommitError> {
-    let write = {
-        let records = ctx.records.lock().await;
-        prepare(records.map.get(key), pool, key, changes)
-    };
-    match write {
-        Ok(w) => send(ctx, key, w).await,
-        Err(e) => Err(failed(ctx, key, e).await),
-    }
+) -> Result<u64, CommitError> {
+    run(ctx, pool, key, Target::Changes(changes)).await
 }
 
-/// What turns `current` into `desired`.
-fn changes_between(
-    current: &BTreeMap<String, Reservation>,
-    desired: BTreeMap<String, Reservation>,
-) -> Changes {
-    let mut changes: Changes = current
-        .keys()
-        .filter(|k| !desired.contains_key(*k))
-        .map(|k| (k.clone(), None))
-        .collect();
-    for (k, v) in desired {
-        if current.get(&k) != Some(&v) {
-            changes.insert(k, Some(v));
+async fn run(
+    ctx: &Context,
+    pool: &IPAMPool,
+    key: &RecordKey,
+    target: Target,
+) -> Result<u64, CommitError> {
+    let layout = layout(pool, key)?;
+    let [adds, removes] = ctx.records.lock().await.plan(pool, key, &layout, target)?;
+    let mut sent = 0;
+    for phase in [adds, removes] {
+        sent += phase.len() as u64;
+        let results: Vec<Result<(), CommitError>> = futures::stream::iter(phase)
+            .map(|w| send(ctx, key, w))
+            .buffer_unordered(SHARD_CONCURRENCY)
+            .collect()
+            .await;
+        // A phase that did not land whole stops the commit: nothing is removed while an
+        // addition may be missing.
+        if let Some(e) = results.into_iter().find_map(Result::err) {
+            return Err(e);
         }
     }
-    changes
+    Ok(sent)
 }
 
-/// A commit ready to send.
+/// A shard write ready to send.
 enum Write {
     Create(Box<IPAMPoolRecord>),
     Patch {
@@ -299,17 +522,23 @@ enum Write {
         changes: Changes,
         entry_bytes: usize,
     },
+    Delete {
+        name: String,
+        preconditions: Preconditions,
+    },
 }
 
-/// Builds the write for `changes` on `held` (the held copy, if any), and applies the size
-/// guard to the record it would make.
+/// Builds the write for `changes` on shard `name` (`held`, if this replica holds it; else it
+/// is created covering `block`), and applies the size guard to the shard it would make.
 fn prepare(
     held: Option<&Held>,
     pool: &IPAMPool,
     key: &RecordKey,
+    name: &str,
+    block: Option<Cidr>,
     changes: Changes,
 ) -> Result<Write, CommitError> {
-    let name = record_name(&key.0, &key.1);
+    let name = name.to_string();
     // Owned by the pool: deleting the pool removes its records (allocations a `Retain` pool
     // leaves behind are still reserved by their objects, and the records are rebuilt from them).
     let owners = Some(vec![OwnerReference {
@@ -330,6 +559,7 @@ fn prepare(
             spec: IPAMPoolRecordSpec {
                 pool: key.0.clone(),
                 datacenter: key.1.clone(),
+                block: block.map(|b| b.to_string()),
                 reservations: changes
                     .into_iter()
                     .filter_map(|(k, v)| Some((k, v?)))
@@ -433,10 +663,10 @@ fn conflict(message: String) -> CommitError {
     ))
 }
 
-/// `e`, after re-reading the record when it says somebody else wrote or deleted it.
-async fn failed(ctx: &Context, key: &RecordKey, e: CommitError) -> CommitError {
-    if matches!(&e, CommitError::Api(kube::Error::Api(s)) if s.code == 409 || s.code == 404) {
-        refresh(ctx, key).await;
+/// `e`, after re-reading shard `name` when it says somebody else wrote or deleted it.
+async fn failed(ctx: &Context, key: &RecordKey, name: &str, e: CommitError) -> CommitError {
+    if e.is_stale() {
+        refresh(ctx, key, name).await;
     }
     e
 }
@@ -450,13 +680,15 @@ async fn send(ctx: &Context, key: &RecordKey, write: Write) -> Result<(), Commit
                 field_manager: Some("kipam".into()),
                 ..Default::default()
             };
+            let name = record.name_any();
             ctx.metrics.wrote("create", "ipampoolrecords");
             match api.create(&pp, &record).await {
                 Ok(written) => {
                     ctx.records.lock().await.put(written);
                     Ok(())
                 }
-                Err(e) => Err(failed(ctx, key, e.into()).await),
+                // 409 AlreadyExists: somebody else created it; read it for the next pass.
+                Err(e) => Err(failed(ctx, key, &name, e.into()).await),
             }
         }
         Write::Patch {
@@ -471,13 +703,14 @@ async fn send(ctx: &Context, key: &RecordKey, write: Write) -> Result<(), Commit
                 ..Default::default()
             };
             ctx.metrics.wrote("patch", "ipampoolrecords");
-            // The server answers with the record's metadata only, not its entries.
+            // The server answers with the shard's metadata only, not its entries.
             let written = match api.patch_metadata(&name, &pp, &Patch::Merge(&body)).await {
                 Ok(w) => w,
-                Err(e) => return Err(failed(ctx, key, e.into()).await),
+                Err(e) => return Err(failed(ctx, key, &name, e.into()).await),
             };
             let outcome = ctx.records.lock().await.patched(
                 key,
+                &name,
                 &version,
                 changes,
                 entry_bytes,
@@ -488,12 +721,13 @@ async fn send(ctx: &Context, key: &RecordKey, write: Write) -> Result<(), Commit
                 Patched::Moved => {
                     // The patch landed on the version it was made for, so the commit holds;
                     // the copy here was replaced meanwhile and is read again.
-                    refresh(ctx, key).await;
+                    refresh(ctx, key, &name).await;
                     Ok(())
                 }
                 Patched::Diverged => Err(failed(
                     ctx,
                     key,
+                    &name,
                     conflict(format!(
                         "pool record {name}: the server found nothing to change in a commit of \
                          changed entries, so its record differs from this replica's copy"
@@ -502,52 +736,87 @@ async fn send(ctx: &Context, key: &RecordKey, write: Write) -> Result<(), Commit
                 .await),
             }
         }
+        Write::Delete {
+            name,
+            preconditions,
+        } => delete(ctx, key, &name, preconditions).await.map_err(Into::into),
     }
 }
 
-/// Deletes the record of a datacenter the pool no longer has, once no object is left there.
-pub async fn remove(ctx: &Context, key: &RecordKey) -> Result<(), kube::Error> {
-    let Some((name, preconditions)) = ctx.records.lock().await.map.get(key).map(|h| {
-        (
-            h.record.name_any(),
-            Preconditions {
-                resource_version: h.record.resource_version(),
-                uid: h.record.uid(),
-            },
-        )
-    }) else {
-        return Ok(());
-    };
+/// Deletes shard `name`, on the version and uid this replica holds.
+async fn delete(
+    ctx: &Context,
+    key: &RecordKey,
+    name: &str,
+    preconditions: Preconditions,
+) -> Result<(), kube::Error> {
     let api: Api<IPAMPoolRecord> = Api::all(ctx.writer.clone());
     let dp = DeleteParams {
         preconditions: Some(preconditions),
         ..Default::default()
     };
     ctx.metrics.wrote("delete", "ipampoolrecords");
-    match api.delete(&name, &dp).await {
+    match api.delete(name, &dp).await {
         Ok(_) => {
-            ctx.records.lock().await.forget(key);
+            ctx.records.lock().await.forget(key, name);
             Ok(())
         }
         Err(kube::Error::Api(s)) if s.code == 404 => {
-            ctx.records.lock().await.forget(key);
+            ctx.records.lock().await.forget(key, name);
             Ok(())
         }
         Err(e) => {
-            refresh(ctx, key).await;
+            refresh(ctx, key, name).await;
             Err(e)
         }
     }
 }
 
-/// Re-reads one record (after a conflict).
-async fn refresh(ctx: &Context, key: &RecordKey) {
+/// Deletes every shard of the record of a datacenter the pool no longer has, once no object is
+/// left there. Returns the number of deletes sent.
+pub async fn remove(ctx: &Context, key: &RecordKey) -> Result<u64, kube::Error> {
+    let shards: Vec<(String, Preconditions)> = ctx
+        .records
+        .lock()
+        .await
+        .map
+        .get(key)
+        .into_iter()
+        .flatten()
+        .map(|(name, h)| {
+            (
+                name.clone(),
+                Preconditions {
+                    resource_version: h.record.resource_version(),
+                    uid: h.record.uid(),
+                },
+            )
+        })
+        .collect();
+    let mut sent = 0;
+    for (name, preconditions) in shards {
+        sent += 1;
+        delete(ctx, key, &name, preconditions).await?;
+    }
+    Ok(sent)
+}
+
+/// Re-reads one shard (after a conflict).
+async fn refresh(ctx: &Context, key: &RecordKey, name: &str) {
     let api: Api<IPAMPoolRecord> = Api::all(ctx.writer.clone());
-    match api.get_opt(&record_name(&key.0, &key.1)).await {
-        Ok(Some(r)) => ctx.records.lock().await.put(r),
-        Ok(None) => ctx.records.lock().await.forget(key),
+    match api.get_opt(name).await {
+        Ok(Some(r)) => {
+            let mut records = ctx.records.lock().await;
+            if key_of(&r) != *key {
+                // The name now holds another pool datacenter's shard (written by hand):
+                // forgotten here, held under its own key.
+                records.forget(key, name);
+            }
+            records.put(r);
+        }
+        Ok(None) => ctx.records.lock().await.forget(key, name),
         Err(e) => {
-            tracing::warn!(error = %e, pool = %key.0, datacenter = %key.1, "cannot re-read the pool record")
+            tracing::warn!(error = %e, pool = %key.0, datacenter = %key.1, shard = %name, "cannot re-read the pool record")
         }
     }
 }
@@ -589,6 +858,13 @@ mod tests {
         ("p".into(), "dc-1".into())
     }
 
+    /// The one shard the tests hold.
+    const NAME: &str = "p.dc-1";
+
+    fn shard(records: &Records) -> &Held {
+        &records.map[&key()][NAME]
+    }
+
     fn held(entries: BTreeMap<String, Reservation>) -> Records {
         let mut records = Records::default();
         records.reset(vec![IPAMPoolRecord {
@@ -609,6 +885,7 @@ mod tests {
             spec: IPAMPoolRecordSpec {
                 pool: "p".into(),
                 datacenter: "dc-1".into(),
+                block: None,
                 reservations: entries,
             },
         }]);
@@ -616,12 +893,12 @@ mod tests {
     }
 
     fn exact(records: &Records) -> usize {
-        json_size(&records.map[&key()].record)
+        json_size(&shard(records).record)
     }
 
     /// Prepares `changes` and lands them as the server would, with version `next`.
     fn land(records: &mut Records, pool: &IPAMPool, changes: Changes, next: u64) -> Value {
-        let write = prepare(records.map.get(&key()), pool, &key(), changes).unwrap();
+        let write = prepare(Some(shard(records)), pool, &key(), NAME, None, changes).unwrap();
         let Write::Patch {
             body,
             version,
@@ -632,12 +909,12 @@ mod tests {
         else {
             panic!("an existing record is patched");
         };
-        let mut metadata = records.map[&key()].record.metadata.clone();
+        let mut metadata = shard(records).record.metadata.clone();
         metadata.resource_version = Some(next.to_string());
         if let Some(owners) = body["metadata"].get("ownerReferences") {
             metadata.owner_references = serde_json::from_value(owners.clone()).unwrap();
         }
-        let outcome = records.patched(&key(), &version, changes, entry_bytes, metadata);
+        let outcome = records.patched(&key(), NAME, &version, changes, entry_bytes, metadata);
         assert!(matches!(outcome, Patched::Applied));
         body
     }
@@ -645,7 +922,7 @@ mod tests {
     #[test]
     fn the_size_kept_through_changes_is_the_exact_serialised_size() {
         let mut records = held((0..5).map(|i| (format!("c{i}"), range(i))).collect());
-        assert_eq!(records.serialized_size(&key()), Some(exact(&records)));
+        assert_eq!(records.serialized_size(&key(), NAME), Some(exact(&records)));
         let pool = pool("u1");
         // Adds, changes (range to subnet and back), removals, no-ops, down to an empty
         // record and up again.
@@ -661,7 +938,7 @@ mod tests {
             }
             land(&mut records, &pool, changes, step as u64 + 2);
             assert_eq!(
-                records.serialized_size(&key()),
+                records.serialized_size(&key(), NAME),
                 Some(exact(&records)),
                 "step {step}"
             );
@@ -711,7 +988,7 @@ mod tests {
             3,
         );
         assert_eq!(body, json!({"metadata": {"resourceVersion": "2"}}));
-        let entries = &records.map[&key()].record.spec.reservations;
+        let entries = &shard(&records).record.spec.reservations;
         assert_eq!(
             entries,
             &BTreeMap::from([("a".to_string(), range(1)), ("c".to_string(), subnet(3))])
@@ -724,7 +1001,7 @@ mod tests {
             .map(|i| (format!("cluster-{i:05}"), range(i)))
             .collect();
         let first = |n: usize| held(entries[..n].iter().cloned().collect());
-        let size = |n: usize| first(n).serialized_size(&key()).unwrap();
+        let size = |n: usize| first(n).serialized_size(&key(), NAME).unwrap();
         assert!(size(entries.len()) > MAX_RECORD_BYTES);
         // The most entries that fit.
         let (mut fits, mut too_many) = (0, entries.len());
@@ -740,11 +1017,11 @@ mod tests {
         let (next, entry) = entries[fits].clone();
         let grow = Changes::from([(next, Some(entry))]);
         assert!(matches!(
-            prepare(records.map.get(&key()), &pool("u1"), &key(), grow),
+            prepare(Some(shard(&records)), &pool("u1"), &key(), NAME, None, grow),
             Err(CommitError::TooLarge(_))
         ));
         let trim = Changes::from([(entries[0].0.clone(), None)]);
-        assert!(prepare(records.map.get(&key()), &pool("u1"), &key(), trim).is_ok());
+        assert!(prepare(Some(shard(&records)), &pool("u1"), &key(), NAME, None, trim).is_ok());
     }
 
     #[test]
@@ -752,23 +1029,23 @@ mod tests {
         let pool = pool("u1");
         let entries = BTreeMap::from([("a".to_string(), range(0))]);
         let mut records = held(entries.clone());
-        let same = records.map[&key()].record.metadata.clone();
+        let same = shard(&records).record.metadata.clone();
         let commit = |records: &mut Records, changes: Changes| {
             let Ok(Write::Patch {
                 version,
                 changes,
                 entry_bytes,
                 ..
-            }) = prepare(records.map.get(&key()), &pool, &key(), changes)
+            }) = prepare(Some(shard(records)), &pool, &key(), NAME, None, changes)
             else {
                 panic!("an existing record is patched");
             };
-            records.patched(&key(), &version, changes, entry_bytes, same.clone())
+            records.patched(&key(), NAME, &version, changes, entry_bytes, same.clone())
         };
         let no_op = Changes::from([("a".to_string(), Some(range(0)))]);
         assert!(matches!(commit(&mut records, no_op), Patched::Applied));
         let added = Changes::from([("b".to_string(), Some(range(4)))]);
         assert!(matches!(commit(&mut records, added), Patched::Diverged));
-        assert_eq!(records.map[&key()].record.spec.reservations, entries);
+        assert_eq!(shard(&records).record.spec.reservations, entries);
     }
 }

@@ -16,7 +16,9 @@ use serde::{Deserialize, Serialize};
 pub const MAX_RECORD_BYTES: usize = 1_000_000;
 
 pub use super::bounds::MAX_RECORD_ENTRIES;
-use super::bounds::{MAX_ADDRESS_RANGE, MAX_ALLOCATION_PIECES, MAX_CIDR, MAX_LABEL};
+use super::bounds::{
+    MAX_ADDRESS_RANGE, MAX_ALLOCATION_PIECES, MAX_CIDR, MAX_LABEL, PATTERN_CIDR,
+};
 
 /// The addresses every cluster holds from one pool in one datacenter, written by kipam only.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -30,9 +32,18 @@ use super::bounds::{MAX_ADDRESS_RANGE, MAX_ALLOCATION_PIECES, MAX_CIDR, MAX_LABE
     doc = "The authoritative record of the addresses one pool holds in one datacenter, written by kipam only.",
     printcolumn = r#"{"name":"Pool","type":"string","jsonPath":".spec.pool"}"#,
     printcolumn = r#"{"name":"DC","type":"string","jsonPath":".spec.datacenter"}"#,
+    printcolumn = r#"{"name":"Block","type":"string","jsonPath":".spec.block"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.pool == oldSelf.pool", "message": "pool is immutable"},
+    {"rule": "self.datacenter == oldSelf.datacenter", "message": "datacenter is immutable"},
+    {
+        "rule": "has(self.block) == has(oldSelf.block) && (!has(self.block) || self.block == oldSelf.block)",
+        "message": "block is immutable"
+    }
+]))]
 pub struct IPAMPoolRecordSpec {
     /// The pool.
     #[schemars(length(min = 1, max = MAX_LABEL))]
@@ -40,7 +51,13 @@ pub struct IPAMPoolRecordSpec {
     /// The datacenter of the pool.
     #[schemars(length(min = 1, max = MAX_LABEL))]
     pub datacenter: String,
-    /// Cluster name -> the addresses it holds. An address listed here is never handed to
+    /// The block of the pool's addresses this shard of the record covers (every address held
+    /// there lies in it); absent on a record written before records were sharded, which
+    /// covers the whole pool datacenter. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_CIDR), pattern(PATTERN_CIDR))]
+    pub block: Option<String>,
+    /// Cluster name -> the part of its addresses that lies in this record's block. An address listed here is never handed to
     /// another cluster.
     #[serde(default)]
     #[schemars(extend("maxProperties" = MAX_RECORD_ENTRIES))]
@@ -61,7 +78,8 @@ pub struct Reservation {
     pub addresses: Vec<String>,
 }
 
-/// The record's object name: `<pool>.<datacenter>` (a datacenter name holds no dot).
+/// The name of a record written before records were sharded: `<pool>.<datacenter>` (pool and
+/// datacenter names are DNS labels: neither holds a dot).
 pub fn record_name(pool: &str, datacenter: &str) -> String {
     format!("{pool}.{datacenter}")
 }

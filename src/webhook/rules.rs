@@ -375,8 +375,8 @@ fn allocation_write(
             };
             if let Some(common) = overlap(held, &recorded) {
                 return Err(Verdict::invalid(format!(
-                    "{label}: {field} {value:?}: {common} is recorded for cluster {cluster} in IPAMPoolRecord {}.{dc} ({recorded})",
-                    parsed.pool
+                    "{label}: {field} {value:?}: {common} is recorded for cluster {cluster} in IPAMPoolRecord {} ({recorded})",
+                    record.metadata.name.as_deref().unwrap_or_default()
                 )));
             }
         }

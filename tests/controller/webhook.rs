@@ -299,7 +299,7 @@ async fn invalid_pools_overlapping_allocations_and_exclusions_over_live_ones_are
     denied(
         refusal(
             records
-                .delete("metallb.dc-1", &DeleteParams::default())
+                .delete("metallb.dc-1.0a000000-28", &DeleteParams::default())
                 .await,
         ),
         403,
@@ -309,7 +309,7 @@ async fn invalid_pools_overlapping_allocations_and_exclusions_over_live_ones_are
         refusal(
             records
                 .patch(
-                    "metallb.dc-1",
+                    "metallb.dc-1.0a000000-28",
                     &PatchParams::default(),
                     &Patch::Merge(json!({"spec": {"reservations": {"c9": {"addresses": ["10.0.0.8-10.0.0.11"]}}}})),
                 )
@@ -347,9 +347,9 @@ async fn invalid_pools_overlapping_allocations_and_exclusions_over_live_ones_are
     .await;
     assert_eq!(seed.held("c2", "metallb"), "10.0.0.4-10.0.0.7");
     assert_eq!(seed.held("c1", "metallb"), "10.0.0.0-10.0.0.3");
-    // c2 went into the existing record through kipam's own patch, past the webhook.
+    // c2 went into the existing record shard through kipam's own patch, past the webhook.
     assert!(seed.api.stats().count("patch", "ipampoolrecords") > record_patches);
-    let record = seed.get("ipampoolrecords", None, "metallb.dc-1").unwrap();
+    let record = seed.get("ipampoolrecords", None, "metallb.dc-1.0a000000-28").unwrap();
     assert_eq!(
         record["spec"]["reservations"]["c2"]["addresses"],
         json!(["10.0.0.4-10.0.0.7"])

@@ -14,8 +14,9 @@ use crate::planner::{self, PoolInput};
 use crate::reservations;
 use crate::resources::{IPAMAllocation, IPAMPool, IPAMPoolRecord, record_name};
 
-/// Writes every pool record the plan changes, and a no-op compare-and-swap on the records of
-/// pool datacenters about to get objects written; returns the records that are current. The
+/// Writes every pool record shard the plan changes, and a no-op compare-and-swap on the
+/// shards of the clusters in `to_write`, whose objects are about to be written; returns the
+/// records that are current. The
 /// pools of records that could not be written go into `retry` (checked again next pass).
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn commit_records(
@@ -26,7 +27,7 @@ pub(super) async fn commit_records(
     plan: &planner::Plan,
     objects: &[Arc<IPAMAllocation>],
     records: &BTreeMap<RecordKey, IPAMPoolRecord>,
-    to_write: &HashSet<RecordKey>,
+    to_write: &HashMap<RecordKey, BTreeSet<String>>,
     limit: usize,
     retry: &mut BTreeSet<String>,
     outcome: &mut PassOutcome,
@@ -75,21 +76,13 @@ pub(super) async fn commit_records(
                 pool_decisions.iter().copied(),
                 pool_objects_here.iter().copied(),
             );
-            let existing = records.get(&key).map(|r| &r.spec.reservations);
-            let changed = match existing {
-                Some(e) => *e != desired,
-                None => !desired.is_empty(),
-            };
-            if !changed && !to_write.contains(&key) {
-                current.insert(key);
-                continue;
-            }
+            let check = to_write.get(&key).cloned().unwrap_or_default();
             let pool = (*pool).clone();
             commits.push(async move {
                 if !ctx.leader.holds() {
                     return (key, Err(None));
                 }
-                let r = records::commit(ctx, &pool, &key, desired).await;
+                let r = records::commit(ctx, &pool, &key, desired, check).await;
                 (key, r.map_err(Some))
             });
         }
@@ -112,7 +105,8 @@ pub(super) async fn commit_records(
             .get(key.0.as_str())
             .is_some_and(|list| list.iter().any(|o| o.spec.dc == key.1));
         if pool_valid && !served.contains(key) && !objects_left {
-            if let Err(e) = records::remove(ctx, key).await {
+            match records::remove(ctx, key).await {
+                Err(e) => {
                 write_failed(
                     ctx,
                     "IPAMPoolRecord",
@@ -122,12 +116,12 @@ pub(super) async fn commit_records(
                 );
                 outcome.again = true;
                 retry.insert(key.0.clone());
-            } else {
-                outcome.writes += 1;
+                }
+                Ok(n) => outcome.writes += n,
             }
         }
     }
-    let results: Vec<(RecordKey, Result<(), Option<records::CommitError>>)> =
+    let results: Vec<(RecordKey, Result<u64, Option<records::CommitError>>)> =
         futures::stream::iter(commits)
             .buffer_unordered(limit)
             .collect()
@@ -135,9 +129,11 @@ pub(super) async fn commit_records(
     for (key, result) in results {
         let name = record_name(&key.0, &key.1);
         match result {
-            Ok(()) => {
-                outcome.writes += 1;
-                write_succeeded(ctx, "IPAMPoolRecord", &name);
+            Ok(n) => {
+                outcome.writes += n;
+                if n > 0 {
+                    write_succeeded(ctx, "IPAMPoolRecord", &name);
+                }
                 current.insert(key);
             }
             Err(None) => {
@@ -145,7 +141,7 @@ pub(super) async fn commit_records(
                 retry.insert(key.0.clone());
             }
             Err(Some(records::CommitError::Api(e))) if is_conflict(&e) || is_not_found(&e) => {
-                // Somebody else wrote the record (a newer leader, or a human): re-read, replan.
+                // Somebody else wrote a shard (a newer leader, or a human): re-read, replan.
                 tracing::info!(record = %name, error = %e, "pool record changed under us; planning again");
                 ctx.metrics
                     .write_failed("IPAMPoolRecord", preconditions::reason(&e));
@@ -157,8 +153,8 @@ pub(super) async fn commit_records(
                 outcome.again = true;
                 retry.insert(key.0.clone());
             }
-            Err(Some(e @ records::CommitError::TooLarge(_))) => {
-                ctx.metrics.write_failed("IPAMPoolRecord", "TooLarge");
+            Err(Some(e)) => {
+                ctx.metrics.write_failed("IPAMPoolRecord", e.reason());
                 tracing::error!("{e}");
                 outcome.again = true;
                 retry.insert(key.0.clone());

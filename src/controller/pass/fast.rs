@@ -105,32 +105,32 @@ pub(super) async fn run(
     }
     let commits = changes.into_iter().map(|(key, entries)| async move {
         let Some(pool) = ctx.pools.get(&ObjectRef::new(&key.0)) else {
-            return (key, false);
+            return (key, None);
         };
         if !ctx.leader.holds() {
-            return (key, false);
+            return (key, None);
         }
         let result = records::commit_changes(ctx, &pool, &key, entries).await;
         let name = crate::resources::record_name(&key.0, &key.1);
         let ok = match result {
-            Ok(()) => {
+            Ok(n) => {
                 write_succeeded(ctx, "IPAMPoolRecord", &name);
-                true
+                Some(n)
             }
             Err(records::CommitError::Api(e)) if is_conflict(&e) || is_not_found(&e) => {
                 tracing::info!(record = %name, error = %e, "pool record changed under us; planning again");
                 ctx.metrics
                     .write_failed("IPAMPoolRecord", preconditions::reason(&e));
-                false
+                None
             }
             Err(records::CommitError::Api(e)) => {
                 write_failed(ctx, "IPAMPoolRecord", &name, "patch", &e);
-                false
+                None
             }
-            Err(e @ records::CommitError::TooLarge(_)) => {
-                ctx.metrics.write_failed("IPAMPoolRecord", "TooLarge");
+            Err(e) => {
+                ctx.metrics.write_failed("IPAMPoolRecord", e.reason());
                 tracing::error!("{e}");
-                false
+                None
             }
         };
         (key, ok)
@@ -143,16 +143,16 @@ pub(super) async fn run(
         lifecycle::ensure_namespaces(ctx, &new_clusters, &namespaces, limit, &mut spaces),
         futures::stream::iter(commits)
             .buffer_unordered(limit)
-            .collect::<Vec<(RecordKey, bool)>>(),
+            .collect::<Vec<(RecordKey, Option<u64>)>>(),
     );
     for o in [finalized, spaces] {
         outcome.writes += o.writes;
         outcome.again |= o.again;
     }
     let mut current: HashSet<RecordKey> = HashSet::new();
-    for (key, ok) in committed {
-        if ok {
-            outcome.writes += 1;
+    for (key, sent) in committed {
+        if let Some(n) = sent {
+            outcome.writes += n;
             current.insert(key);
         } else {
             outcome.again = true;

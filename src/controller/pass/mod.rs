@@ -236,7 +236,8 @@ pub async fn run(
         AllocationWrite::new(d, existing, desired)
     };
     let mut pending: Vec<(usize, bool)> = Vec::new();
-    let mut to_write: HashSet<(String, String)> = HashSet::new();
+    let mut to_write: HashMap<(String, String), std::collections::BTreeSet<String>> =
+        HashMap::new();
     for (i, d) in plan.decisions.iter().enumerate() {
         if !scope.checks(d, &ledger_changed) {
             continue;
@@ -244,7 +245,10 @@ pub async fn run(
         if let Some(job) = build(d) {
             let fenced = job.desired.is_some() && !job.is_status_only();
             if fenced {
-                to_write.insert((d.pool.clone(), d.datacenter.clone()));
+                to_write
+                    .entry((d.pool.clone(), d.datacenter.clone()))
+                    .or_default()
+                    .insert(d.cluster.clone());
             }
             pending.push((i, fenced));
         }

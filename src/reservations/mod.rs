@@ -7,6 +7,8 @@
 
 use std::collections::BTreeMap;
 
+pub mod shards;
+
 use crate::address::AddrRange;
 use crate::allocator::Allocation;
 use crate::planner::{Change, Decision};
@@ -84,7 +86,7 @@ fn subtract(from: Vec<AddrRange>, minus: Vec<AddrRange>) -> Vec<AddrRange> {
 }
 
 /// Sorted, overlapping or adjacent pieces of one family merged.
-fn merged(mut ranges: Vec<AddrRange>) -> Vec<AddrRange> {
+pub(crate) fn merged(mut ranges: Vec<AddrRange>) -> Vec<AddrRange> {
     ranges.sort();
     let mut out: Vec<AddrRange> = Vec::new();
     for r in ranges {

@@ -1,0 +1,359 @@
+//! How the record of a pool datacenter is divided into shards by address block (pure: no
+//! client).
+//!
+//! One `IPAMPoolRecord` listing every cluster of a pool datacenter grows with the seed: at
+//! 10,000 clusters it is half a megabyte, and the API server rewrites and validates all of it
+//! for every new cluster. So the record is kept as several objects, one per aligned block of
+//! the pool's addresses (a *shard*), each listing the part of every cluster's holding that
+//! lies in its block. The fence is unchanged per address: an address lies in exactly one
+//! block, so any two commits that could hand it out write the same shard, each conditional on
+//! the version it planned from, and the API server lets only one of them through.
+//!
+//! The block size comes from fields the API server keeps immutable (the pool's network, its
+//! type and, for `prefix` pools, the allocation prefix), so every replica that reads the same
+//! pool datacenter divides it the same way; see `docs/design.md`.
+
+use std::collections::BTreeMap;
+
+use super::{allocation_of, merged};
+use crate::address::{AddrRange, Cidr, Family};
+use crate::resources::{AllocationType, IPAMPoolDatacenter, Reservation};
+
+/// Blocks one entry may cover before its commit is refused: a holding inside the pool covers
+/// at most the pool's 4,096 blocks, so only addresses far outside the pool (an object edited
+/// by hand) can reach this.
+pub const MAX_BLOCKS_PER_ENTRY: usize = 1 << 16;
+
+/// How one pool datacenter's addresses are divided into blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    family: Family,
+    /// The prefix length of a block.
+    block_len: u8,
+}
+
+impl Layout {
+    /// The layout of a pool datacenter:
+    /// - `prefix` pools: blocks of 256 allocation subnets, or larger so that the pool has at
+    ///   most 4,096 blocks; a subnet of the allocation prefix always lies in one block.
+    /// - `range` pools: blocks of 256 addresses, or larger so that the pool has at most 4,096
+    ///   blocks (the allocation size may change, so it does not count).
+    ///
+    /// Never larger than the pool itself.
+    pub fn of(dc: &IPAMPoolDatacenter) -> Result<Layout, String> {
+        let pool: Cidr = dc
+            .pool_cidr
+            .parse()
+            .map_err(|e| format!("poolCidr {:?}: {e}", dc.pool_cidr))?;
+        let bits = pool.family().bits();
+        let pool_host = bits - pool.prefix_len();
+        let block_host = match dc.type_ {
+            AllocationType::Prefix => {
+                let p = dc
+                    .allocation_prefix
+                    .ok_or_else(|| "allocationPrefix is missing".to_string())?;
+                let p = u8::try_from(p)
+                    .ok()
+                    .filter(|p| (pool.prefix_len()..=bits).contains(p))
+                    .ok_or_else(|| {
+                        format!(
+                            "allocationPrefix {p}: not between the pool's prefix length {} and {bits}",
+                            pool.prefix_len()
+                        )
+                    })?;
+                (bits - p)
+                    .saturating_add(8)
+                    .max(pool_host.saturating_sub(12))
+            }
+            AllocationType::Range => 8u8.max(pool_host.saturating_sub(12)),
+        };
+        Ok(Layout {
+            family: pool.family(),
+            block_len: bits - block_host.min(pool_host),
+        })
+    }
+
+    /// The block holding `address` of `family` (an address of the other family, which only a
+    /// hand-made entry can hold, goes into that family's single block `/0`).
+    fn block_of(&self, family: Family, address: u128) -> Cidr {
+        let len = if family == self.family {
+            self.block_len
+        } else {
+            0
+        };
+        let host = u32::from(family.bits() - len);
+        let first = if host >= 128 {
+            0
+        } else {
+            (address >> host) << host
+        };
+        // Aligned by construction, inside the family: `new` cannot refuse it.
+        Cidr::new(family, first, len).unwrap_or_else(|| unreachable_block(family))
+    }
+
+    /// `entry` divided by block: each block's part, in a canonical form (so that a part
+    /// compares equal to what an earlier split of the same holding wrote). A subnet that fits
+    /// in one block keeps its `cidr` form; everything else becomes sorted, merged `addresses`.
+    pub fn split(&self, entry: &Reservation) -> Result<BTreeMap<Cidr, Reservation>, String> {
+        let mut out = BTreeMap::new();
+        if let (Some(text), true) = (&entry.cidr, entry.addresses.is_empty()) {
+            let cidr: Cidr = text
+                .parse()
+                .map_err(|e| format!("cidr {text:?}: {e}"))?;
+            let block = self.block_of(cidr.family(), cidr.first());
+            if block.prefix_len() <= cidr.prefix_len() {
+                out.insert(block, entry.clone());
+                return Ok(out);
+            }
+        }
+        let held = allocation_of(entry)?;
+        let mut pieces: BTreeMap<Cidr, Vec<AddrRange>> = BTreeMap::new();
+        let mut count = 0usize;
+        for range in held.ranges() {
+            let family = range.family();
+            let mut first = range.first();
+            loop {
+                let block = self.block_of(family, first);
+                let last = block.last().min(range.last());
+                pieces
+                    .entry(block)
+                    .or_default()
+                    .push(AddrRange::new(family, first, last).unwrap_or(range));
+                count += 1;
+                if count > MAX_BLOCKS_PER_ENTRY {
+                    return Err(format!(
+                        "it covers more than {MAX_BLOCKS_PER_ENTRY} record blocks of /{}",
+                        self.block_len
+                    ));
+                }
+                if last >= range.last() {
+                    break;
+                }
+                first = last + 1;
+            }
+        }
+        for (block, ranges) in pieces {
+            let ranges = merged(ranges);
+            let whole_block = ranges.len() == 1 && ranges[0] == block.range();
+            let part = if whole_block && entry.addresses.is_empty() {
+                // A subnet larger than a block: each block it covers, as a subnet.
+                Reservation {
+                    cidr: Some(block.to_string()),
+                    addresses: Vec::new(),
+                }
+            } else {
+                Reservation {
+                    cidr: None,
+                    addresses: ranges.iter().map(|r| r.to_string()).collect(),
+                }
+            };
+            out.insert(block, part);
+        }
+        Ok(out)
+    }
+}
+
+/// The name of the shard of `pool`'s record in `datacenter` that covers `block`:
+/// `<pool>.<datacenter>.<first address in hex>-<prefix length>`, for example
+/// `metallb.dc-1.0a000400-22` for `10.0.4.0/22`. (The record written before records were
+/// sharded is `<pool>.<datacenter>`; pool and datacenter names hold no dot.)
+pub fn shard_name(pool: &str, datacenter: &str, block: &Cidr) -> String {
+    let width = usize::from(block.family().bits() / 4);
+    format!(
+        "{pool}.{datacenter}.{:0width$x}-{}",
+        block.first(),
+        block.prefix_len()
+    )
+}
+
+/// Only reached if `Cidr::new` refused an aligned block of a valid length: a bug, reported as
+/// the family's whole space (which over-reserves, never under-reserves).
+fn unreachable_block(family: Family) -> Cidr {
+    Cidr::new(family, 0, 0).unwrap_or_else(|| panic!("the {family} space is a valid block"))
+}
+
+/// One cluster's holding put together again from its parts in several shards: the
+/// addresses of all parts, sorted and merged; a single subnet when the parts were subnets
+/// that make one. A part that does not parse is kept as written, so that reading the entry
+/// reports it.
+pub fn join<'a>(parts: impl IntoIterator<Item = &'a Reservation>) -> Reservation {
+    let parts: Vec<&Reservation> = parts.into_iter().collect();
+    if let [one] = parts.as_slice() {
+        return (*one).clone();
+    }
+    let mut ranges = Vec::new();
+    let mut subnets_only = true;
+    for part in &parts {
+        subnets_only &= part.addresses.is_empty();
+        match allocation_of(part) {
+            Ok(a) => ranges.extend(a.ranges()),
+            Err(_) => return concatenated(&parts),
+        }
+    }
+    let ranges = merged(ranges);
+    if subnets_only
+        && let [range] = ranges.as_slice()
+        && let Some(cidr) = as_cidr(range)
+    {
+        return Reservation {
+            cidr: Some(cidr.to_string()),
+            addresses: Vec::new(),
+        };
+    }
+    Reservation {
+        cidr: None,
+        addresses: ranges.iter().map(|r| r.to_string()).collect(),
+    }
+}
+
+/// Every part's text as one entry (the first subnet as `cidr`, everything else as
+/// `addresses`).
+fn concatenated(parts: &[&Reservation]) -> Reservation {
+    let mut out = Reservation::default();
+    for part in parts {
+        if let Some(c) = &part.cidr {
+            if out.cidr.is_none() {
+                out.cidr = Some(c.clone());
+            } else {
+                out.addresses.push(c.clone());
+            }
+        }
+        out.addresses.extend(part.addresses.iter().cloned());
+    }
+    out
+}
+
+/// The subnet that is exactly `range`, if there is one.
+fn as_cidr(range: &AddrRange) -> Option<Cidr> {
+    let span = range.last() - range.first();
+    let host = 128 - span.leading_zeros();
+    // `span + 1` a power of two: all bits of `span` below its highest are set.
+    if span != 0 && span.count_ones() != host {
+        return None;
+    }
+    let len = range.family().bits().checked_sub(u8::try_from(host).ok()?)?;
+    Cidr::new(range.family(), range.first(), len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::AllocationType;
+
+    fn dc(type_: AllocationType, cidr: &str, prefix: Option<i32>) -> IPAMPoolDatacenter {
+        IPAMPoolDatacenter {
+            type_,
+            pool_cidr: cidr.into(),
+            allocation_prefix: prefix,
+            allocation_range: (type_ == AllocationType::Range).then_some(4),
+            ..Default::default()
+        }
+    }
+
+    fn addresses(list: &[&str]) -> Reservation {
+        Reservation {
+            cidr: None,
+            addresses: list.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn subnet(text: &str) -> Reservation {
+        Reservation {
+            cidr: Some(text.into()),
+            addresses: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn blocks_hold_a_bounded_share_of_the_pool() {
+        let len = |d: IPAMPoolDatacenter| Layout::of(&d).unwrap().block_len;
+        // 256 subnets of /64 per block, a /44 pool in 4,096 blocks.
+        assert_eq!(len(dc(AllocationType::Prefix, "2001:db8::/44", Some(64))), 56);
+        // A /8 of /30s: 256 subnets per block would be 2^14 blocks; 4,096 at most.
+        assert_eq!(len(dc(AllocationType::Prefix, "10.0.0.0/8", Some(30))), 20);
+        // A pool smaller than a block is one block.
+        assert_eq!(len(dc(AllocationType::Prefix, "10.0.0.0/26", Some(28))), 26);
+        // Ranges: blocks of 256 addresses, at most 4,096 of them.
+        assert_eq!(len(dc(AllocationType::Range, "10.0.0.0/12", None)), 24);
+        assert_eq!(len(dc(AllocationType::Range, "10.0.0.0/8", None)), 20);
+        assert_eq!(len(dc(AllocationType::Range, "10.0.0.0/28", None)), 28);
+        assert_eq!(len(dc(AllocationType::Range, "::/0", None)), 12);
+        assert!(Layout::of(&dc(AllocationType::Prefix, "10.0.0.0/8", None)).is_err());
+        assert!(Layout::of(&dc(AllocationType::Prefix, "10.0.0.0/8", Some(4))).is_err());
+        assert!(Layout::of(&dc(AllocationType::Range, "10.0.0.1/8", None)).is_err());
+    }
+
+    #[test]
+    fn a_holding_is_split_at_block_edges_and_joined_back() {
+        let layout = Layout::of(&dc(AllocationType::Range, "10.0.0.0/16", None)).unwrap();
+        // Blocks of 256: a piece across an edge, pieces out of order, adjacent pieces.
+        let entry = addresses(&[
+            "10.0.3.250-10.0.4.5",
+            "10.0.1.8-10.0.1.11",
+            "10.0.1.4-10.0.1.7",
+        ]);
+        let parts = layout.split(&entry).unwrap();
+        let shown: Vec<(String, Vec<String>)> = parts
+            .iter()
+            .map(|(b, r)| (b.to_string(), r.addresses.clone()))
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                ("10.0.1.0/24".into(), vec!["10.0.1.4-10.0.1.11".into()]),
+                ("10.0.3.0/24".into(), vec!["10.0.3.250-10.0.3.255".into()]),
+                ("10.0.4.0/24".into(), vec!["10.0.4.0-10.0.4.5".into()]),
+            ]
+        );
+        let joined = join(parts.values());
+        assert_eq!(
+            joined.addresses,
+            vec!["10.0.1.4-10.0.1.11", "10.0.3.250-10.0.4.5"]
+        );
+        // The same addresses: the same parts, whatever their order.
+        assert_eq!(layout.split(&joined).unwrap(), parts);
+    }
+
+    #[test]
+    fn a_subnet_stays_a_subnet() {
+        let layout = Layout::of(&dc(AllocationType::Prefix, "10.0.0.0/16", Some(28))).unwrap();
+        let parts = layout.split(&subnet("10.0.17.32/28")).unwrap();
+        assert_eq!(parts.len(), 1);
+        assert_eq!(parts.keys().next().unwrap().to_string(), "10.0.16.0/20");
+        assert_eq!(parts.values().next().unwrap(), &subnet("10.0.17.32/28"));
+        // A subnet larger than a block (a pin): one subnet part per block, joined back whole.
+        let parts = layout.split(&subnet("10.0.0.0/18")).unwrap();
+        assert_eq!(parts.len(), 4);
+        assert!(parts.iter().all(|(b, r)| r == &subnet(&b.to_string())));
+        assert_eq!(join(parts.values()), subnet("10.0.0.0/18"));
+    }
+
+    #[test]
+    fn entries_of_the_other_family_or_unreadable_ones_are_kept() {
+        let layout = Layout::of(&dc(AllocationType::Range, "10.0.0.0/16", None)).unwrap();
+        let parts = layout.split(&addresses(&["2001:db8::1-2001:db8::4"])).unwrap();
+        assert_eq!(parts.keys().next().unwrap().to_string(), "::/0");
+        assert!(layout.split(&addresses(&["10.0.0.300"])).is_err());
+        let odd = join([&addresses(&["10.0.0.1-10.0.0.2"]), &addresses(&["nonsense"])]);
+        assert!(allocation_of(&odd).is_err());
+        assert!(odd.addresses.contains(&"nonsense".to_string()));
+    }
+
+    #[test]
+    fn shard_names_are_dns_subdomains_that_name_the_block() {
+        let v4: Cidr = "10.0.4.0/22".parse().unwrap();
+        assert_eq!(shard_name("metallb", "dc-1", &v4), "metallb.dc-1.0a000400-22");
+        let v6: Cidr = "2001:db8:100::/56".parse().unwrap();
+        assert_eq!(
+            shard_name("p", "d", &v6),
+            "p.d.20010db8010000000000000000000000-56"
+        );
+    }
+
+    #[test]
+    fn a_huge_foreign_holding_is_refused_not_split_forever() {
+        let layout = Layout::of(&dc(AllocationType::Prefix, "10.0.0.0/24", Some(30))).unwrap();
+        // Blocks of /24; a hand-made /0 covers 2^24 of them.
+        assert!(layout.split(&addresses(&["0.0.0.0-255.255.255.255"])).is_err());
+    }
+}
