@@ -634,12 +634,13 @@ async fn planning_loop(
             Ok(outcome) => {
                 failures = 0;
                 tracing::debug!(writes = outcome.writes, again = outcome.again, "pass done");
-                match (outcome.again, outcome.retry_after) {
+                let wait = match (outcome.again, outcome.retry_after) {
                     (true, Some(after)) => after.max(Duration::from_millis(200)),
                     (true, None) => Duration::from_millis(200),
                     (false, Some(after)) => after.min(resync),
                     (false, None) => resync,
-                }
+                };
+                outcome.status_after.map_or(wait, |s| wait.min(s))
             }
             Err(e) => {
                 failures += 1;

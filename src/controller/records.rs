@@ -739,7 +739,9 @@ async fn send(ctx: &Context, key: &RecordKey, write: Write) -> Result<(), Commit
         Write::Delete {
             name,
             preconditions,
-        } => delete(ctx, key, &name, preconditions).await.map_err(Into::into),
+        } => delete(ctx, key, &name, preconditions)
+            .await
+            .map_err(Into::into),
     }
 }
 

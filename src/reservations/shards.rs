@@ -97,9 +97,7 @@ impl Layout {
     pub fn split(&self, entry: &Reservation) -> Result<BTreeMap<Cidr, Reservation>, String> {
         let mut out = BTreeMap::new();
         if let (Some(text), true) = (&entry.cidr, entry.addresses.is_empty()) {
-            let cidr: Cidr = text
-                .parse()
-                .map_err(|e| format!("cidr {text:?}: {e}"))?;
+            let cidr: Cidr = text.parse().map_err(|e| format!("cidr {text:?}: {e}"))?;
             let block = self.block_of(cidr.family(), cidr.first());
             if block.prefix_len() <= cidr.prefix_len() {
                 out.insert(block, entry.clone());
@@ -231,7 +229,10 @@ fn as_cidr(range: &AddrRange) -> Option<Cidr> {
     if span != 0 && span.count_ones() != host {
         return None;
     }
-    let len = range.family().bits().checked_sub(u8::try_from(host).ok()?)?;
+    let len = range
+        .family()
+        .bits()
+        .checked_sub(u8::try_from(host).ok()?)?;
     Cidr::new(range.family(), range.first(), len)
 }
 
@@ -268,7 +269,10 @@ mod tests {
     fn blocks_hold_a_bounded_share_of_the_pool() {
         let len = |d: IPAMPoolDatacenter| Layout::of(&d).unwrap().block_len;
         // 256 subnets of /64 per block, a /44 pool in 4,096 blocks.
-        assert_eq!(len(dc(AllocationType::Prefix, "2001:db8::/44", Some(64))), 56);
+        assert_eq!(
+            len(dc(AllocationType::Prefix, "2001:db8::/44", Some(64))),
+            56
+        );
         // A /8 of /30s: 256 subnets per block would be 2^14 blocks; 4,096 at most.
         assert_eq!(len(dc(AllocationType::Prefix, "10.0.0.0/8", Some(30))), 20);
         // A pool smaller than a block is one block.
@@ -331,10 +335,15 @@ mod tests {
     #[test]
     fn entries_of_the_other_family_or_unreadable_ones_are_kept() {
         let layout = Layout::of(&dc(AllocationType::Range, "10.0.0.0/16", None)).unwrap();
-        let parts = layout.split(&addresses(&["2001:db8::1-2001:db8::4"])).unwrap();
+        let parts = layout
+            .split(&addresses(&["2001:db8::1-2001:db8::4"]))
+            .unwrap();
         assert_eq!(parts.keys().next().unwrap().to_string(), "::/0");
         assert!(layout.split(&addresses(&["10.0.0.300"])).is_err());
-        let odd = join([&addresses(&["10.0.0.1-10.0.0.2"]), &addresses(&["nonsense"])]);
+        let odd = join([
+            &addresses(&["10.0.0.1-10.0.0.2"]),
+            &addresses(&["nonsense"]),
+        ]);
         assert!(allocation_of(&odd).is_err());
         assert!(odd.addresses.contains(&"nonsense".to_string()));
     }
@@ -342,7 +351,10 @@ mod tests {
     #[test]
     fn shard_names_are_dns_subdomains_that_name_the_block() {
         let v4: Cidr = "10.0.4.0/22".parse().unwrap();
-        assert_eq!(shard_name("metallb", "dc-1", &v4), "metallb.dc-1.0a000400-22");
+        assert_eq!(
+            shard_name("metallb", "dc-1", &v4),
+            "metallb.dc-1.0a000400-22"
+        );
         let v6: Cidr = "2001:db8:100::/56".parse().unwrap();
         assert_eq!(
             shard_name("p", "d", &v6),
@@ -354,6 +366,10 @@ mod tests {
     fn a_huge_foreign_holding_is_refused_not_split_forever() {
         let layout = Layout::of(&dc(AllocationType::Prefix, "10.0.0.0/24", Some(30))).unwrap();
         // Blocks of /24; a hand-made /0 covers 2^24 of them.
-        assert!(layout.split(&addresses(&["0.0.0.0-255.255.255.255"])).is_err());
+        assert!(
+            layout
+                .split(&addresses(&["0.0.0.0-255.255.255.255"]))
+                .is_err()
+        );
     }
 }

@@ -16,9 +16,7 @@ use serde::{Deserialize, Serialize};
 pub const MAX_RECORD_BYTES: usize = 1_000_000;
 
 pub use super::bounds::MAX_RECORD_ENTRIES;
-use super::bounds::{
-    MAX_ADDRESS_RANGE, MAX_ALLOCATION_PIECES, MAX_CIDR, MAX_LABEL, PATTERN_CIDR,
-};
+use super::bounds::{MAX_ADDRESS_RANGE, MAX_ALLOCATION_PIECES, MAX_CIDR, MAX_LABEL, PATTERN_CIDR};
 
 /// The addresses every cluster holds from one pool in one datacenter, written by kipam only.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -45,3 +45,44 @@ async fn a_failed_pool_status_write_does_not_keep_the_planner_spinning() {
         after - before
     );
 }
+
+/// New clusters one after the other: each is allocated at once, but the pool's status
+/// (allocation counts, capacity) is written at most about once a second, not once per
+/// cluster; it ends up exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_statuses_are_written_at_most_once_a_second_while_clusters_stream_in() {
+    let seed = Seed::start("status-stream").await;
+    let _ctl = seed.controller("ctl");
+    seed.apply(POOLS);
+    seed.cluster("a", "dc-2");
+    seed.wait_for("a allocated", WAIT, "ctl", |s| {
+        s.phase("a", "metallb") == "Allocated"
+    })
+    .await;
+    // The start-up passes are over (their status writes are not counted).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = seed.api.stats().count("update", "ipampools/status");
+    let started = std::time::Instant::now();
+    let names: Vec<String> = (0..8).map(|i| format!("s{i}")).collect();
+    for name in &names {
+        seed.cluster(name, "dc-2");
+        seed.wait_for("allocated", WAIT, "ctl", |s| {
+            s.phase(name, "metallb") == "Allocated"
+        })
+        .await;
+    }
+    let elapsed = started.elapsed();
+    seed.wait_for("the pool status counts all 9", WAIT, "ctl", |s| {
+        s.get("ipampools", None, "metallb")
+            .is_some_and(|p| p["status"]["allocations"] == 9)
+    })
+    .await;
+    let updates = seed.api.stats().count("update", "ipampools/status") - before;
+    // One pool serves dc-2: once per cluster would be 8.
+    let bound = elapsed.as_secs() + 2;
+    assert!(
+        updates <= bound,
+        "{updates} pool status updates for 8 clusters in {elapsed:?} (at most {bound})\n{}",
+        seed.log("ctl")
+    );
+}

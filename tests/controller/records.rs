@@ -225,7 +225,10 @@ async fn each_shard_is_patched_with_only_its_changes_and_the_record_holds_the_de
     assert_eq!((sent, s.count("create")), (2, 2), "{:?}", s.api.stats());
     assert_eq!(s.names(), vec![FIRST.to_string(), shard_of(1)]);
     assert_eq!(s.stored_entries(), first);
-    assert_eq!(s.stored_record(&shard_of(1)).spec.block.as_deref(), Some("10.0.1.0/24"));
+    assert_eq!(
+        s.stored_record(&shard_of(1)).spec.block.as_deref(),
+        Some("10.0.1.0/24")
+    );
     s.api.reset_stats();
 
     // Changed in place (an address range becomes a subnet), moved to another shard, removed,
@@ -277,8 +280,7 @@ async fn each_shard_is_patched_with_only_its_changes_and_the_record_holds_the_de
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_checked_shard_gets_a_write_that_changes_nothing_and_a_stale_one_is_refused_and_reread()
-{
+async fn a_checked_shard_gets_a_write_that_changes_nothing_and_a_stale_one_is_refused_and_reread() {
     let s = setup().await;
     let entries = map(&[("a", range(0)), ("b", subnet(4))]);
     records::commit(&s.ctx, &s.pool, &key(), entries.clone(), none())
@@ -425,7 +427,12 @@ async fn a_record_written_before_sharding_is_moved_into_shards_additions_first()
             .await
             .is_err()
     );
-    assert_eq!(s.count("delete") + s.count("patch"), 0, "{:?}", s.api.stats());
+    assert_eq!(
+        s.count("delete") + s.count("patch"),
+        0,
+        "{:?}",
+        s.api.stats()
+    );
     assert_eq!(
         s.stored_record("metallb.dc-1").spec.reservations,
         legacy,
@@ -463,4 +470,40 @@ async fn a_new_pool_uid_is_written_into_the_owner_reference() {
     let owners = stored.metadata.owner_references.unwrap();
     assert_eq!(owners.len(), 1);
     assert_eq!(owners[0].uid, "uid-of-the-pool-created-again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_keeps_its_pool_datacenter_and_block() {
+    let s = setup().await;
+    records::commit(&s.ctx, &s.pool, &key(), map(&[("a", range(0))]), none())
+        .await
+        .unwrap();
+    let shards = Api::<IPAMPoolRecord>::all(s.other.clone());
+    for (patch, message) in [
+        (
+            json!({"spec": {"block": "10.0.1.0/24"}}),
+            "block is immutable",
+        ),
+        (json!({"spec": {"block": null}}), "block is immutable"),
+        (json!({"spec": {"pool": "other"}}), "pool is immutable"),
+        (
+            json!({"spec": {"datacenter": "dc-2"}}),
+            "datacenter is immutable",
+        ),
+    ] {
+        match shards
+            .patch(FIRST, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Err(kube::Error::Api(e)) => {
+                assert_eq!(e.code, 422, "{patch}: {e:?}");
+                assert!(e.message.contains(message), "{patch}: {}", e.message);
+            }
+            other => panic!("{patch}: expected 422, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        s.stored_record(FIRST).spec.block.as_deref(),
+        Some("10.0.0.0/24")
+    );
 }

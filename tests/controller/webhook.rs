@@ -349,7 +349,9 @@ async fn invalid_pools_overlapping_allocations_and_exclusions_over_live_ones_are
     assert_eq!(seed.held("c1", "metallb"), "10.0.0.0-10.0.0.3");
     // c2 went into the existing record shard through kipam's own patch, past the webhook.
     assert!(seed.api.stats().count("patch", "ipampoolrecords") > record_patches);
-    let record = seed.get("ipampoolrecords", None, "metallb.dc-1.0a000000-28").unwrap();
+    let record = seed
+        .get("ipampoolrecords", None, "metallb.dc-1.0a000000-28")
+        .unwrap();
     assert_eq!(
         record["spec"]["reservations"]["c2"]["addresses"],
         json!(["10.0.0.4-10.0.0.7"])

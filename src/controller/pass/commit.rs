@@ -107,15 +107,15 @@ pub(super) async fn commit_records(
         if pool_valid && !served.contains(key) && !objects_left {
             match records::remove(ctx, key).await {
                 Err(e) => {
-                write_failed(
-                    ctx,
-                    "IPAMPoolRecord",
-                    &record_name(&key.0, &key.1),
-                    "delete",
-                    &e,
-                );
-                outcome.again = true;
-                retry.insert(key.0.clone());
+                    write_failed(
+                        ctx,
+                        "IPAMPoolRecord",
+                        &record_name(&key.0, &key.1),
+                        "delete",
+                        &e,
+                    );
+                    outcome.again = true;
+                    retry.insert(key.0.clone());
                 }
                 Ok(n) => outcome.writes += n,
             }

@@ -80,12 +80,15 @@ pub(super) async fn run(
         .filter(|c| new_names.contains(&c.name_any()))
         .cloned()
         .collect();
-    let namespaces: HashSet<String> = ctx
-        .namespaces
-        .state()
+    // Only the newcomers' namespaces matter: looked up, not a set of the whole seed's.
+    let namespaces: HashSet<String> = new_clusters
         .iter()
-        .filter(|n| n.metadata.deletion_timestamp.is_none())
-        .map(|n| n.name_any())
+        .map(|c| cluster_namespace(&c.name_any()))
+        .filter(|name| {
+            ctx.namespaces
+                .get(&ObjectRef::new(name))
+                .is_some_and(|n| n.metadata.deletion_timestamp.is_none())
+        })
         .collect();
 
     // The fence: the new entries go into the pool records before any object is written.
@@ -222,22 +225,23 @@ pub(super) async fn run(
     state.retry_clusters.extend(unwritten);
 
     step("cluster status");
-    // Usage changed in the pools that served them.
-    let touched: BTreeSet<&str> = added.iter().map(|d| d.pool.as_str()).collect();
-    let pools: Vec<Arc<IPAMPool>> = touched
-        .iter()
-        .filter_map(|p| ctx.pools.get(&ObjectRef::new(p)))
-        .collect();
-    statuses::write_pool_status(
-        ctx,
-        &pools,
-        &inputs.pools,
-        &HashMap::new(),
-        plan,
-        &now,
-        &mut outcome,
-    )
-    .await;
+    // Usage changed in the pools that served them: their statuses are written now, or with
+    // the next ones if statuses were written less than `POOL_STATUS_EVERY` ago.
+    state
+        .status_due
+        .extend(added.iter().map(|d| d.pool.clone()));
+    let wait = state
+        .status_written
+        .map(|t| POOL_STATUS_EVERY.saturating_sub(t.elapsed()))
+        .filter(|d| !d.is_zero());
+    match wait {
+        Some(d) => outcome.status_after = Some(d),
+        None => {
+            let due = std::mem::take(&mut state.status_due);
+            write_statuses(ctx, &due, &inputs.pools, plan, &now, limit, &mut outcome).await;
+            state.status_written = Some(std::time::Instant::now());
+        }
+    }
     step("pool status");
     ctx.metrics.observe_added(plan, &added);
     step("metrics");
@@ -253,4 +257,56 @@ pub(super) async fn run(
     outcome.retry_after = ctx.backoff.lock().ok().and_then(|b| b.next_due());
     state.unsettled = outcome.again || outcome.retry_after.is_some();
     Some(Ok(outcome))
+}
+
+/// Writes the statuses of `pools` from the kept plan.
+async fn write_statuses(
+    ctx: &Context,
+    pools: &BTreeSet<String>,
+    inputs: &[crate::planner::PoolInput],
+    plan: &planner::Plan,
+    now: &str,
+    limit: usize,
+    outcome: &mut PassOutcome,
+) {
+    let pools: Vec<Arc<IPAMPool>> = pools
+        .iter()
+        .filter_map(|p| ctx.pools.get(&ObjectRef::new(p)))
+        .collect();
+    statuses::write_pool_status(
+        ctx,
+        &pools,
+        inputs,
+        &HashMap::new(),
+        plan,
+        now,
+        limit,
+        outcome,
+    )
+    .await;
+}
+
+/// A pass with nothing to plan: writes the pool statuses short passes left for later, once
+/// they are due (otherwise says when they will be).
+pub(super) async fn flush_statuses(ctx: &Arc<Context>, state: &mut PassState) -> PassOutcome {
+    let mut outcome = PassOutcome::default();
+    let wait = state
+        .status_written
+        .map(|t| POOL_STATUS_EVERY.saturating_sub(t.elapsed()))
+        .filter(|d| !d.is_zero());
+    if let Some(d) = wait {
+        outcome.status_after = Some(d);
+        return outcome;
+    }
+    let limit = state.write_concurrency;
+    let due = std::mem::take(&mut state.status_due);
+    let Some((inputs, plan)) = state.previous.as_ref() else {
+        return outcome;
+    };
+    let now = crate::resources::now_rfc3339();
+    write_statuses(ctx, &due, &inputs.pools, plan, &now, limit, &mut outcome).await;
+    state.status_written = Some(std::time::Instant::now());
+    // A status write that failed is retried by a full pass, as after any pass.
+    state.unsettled = outcome.again;
+    outcome
 }

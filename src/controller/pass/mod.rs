@@ -58,8 +58,14 @@ pub struct PassOutcome {
     pub again: bool,
     /// The earliest moment a write held back by its backoff may be tried again.
     pub retry_after: Option<Duration>,
+    /// Pool statuses a short pass left for later are due then (not a retry: nothing failed).
+    pub status_after: Option<Duration>,
     pub writes: u64,
 }
+
+/// While new clusters stream in, short passes write the pool statuses (allocation counts,
+/// capacity conditions) at most this often; the allocations themselves are never held back.
+pub const POOL_STATUS_EVERY: Duration = Duration::from_secs(1);
 
 /// The pass's error: the view could not be completed, so nothing was planned.
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +131,15 @@ pub async fn run(
     // on is left for the next pass.
     let (dirty, dirty_other) = ctx.dirty.take();
     let foreign_changes = ctx.ledger.lock().await.has_changes();
+    // Nothing changed, but pool statuses wait: they are written (when due) without planning.
+    if !dirty_other
+        && dirty.is_empty()
+        && !foreign_changes
+        && state.can_skip_planning()
+        && !state.status_due.is_empty()
+    {
+        return Ok(fast::flush_statuses(ctx, state).await);
+    }
     // Only changed clusters, named: a wake for anything else (a timer, a retry) is a full pass.
     if !dirty_other
         && !dirty.is_empty()
@@ -377,9 +392,12 @@ pub async fn run(
         &pool_errors,
         &plan,
         &now,
+        limit,
         &mut outcome,
     )
     .await;
+    // Every pool's status was just brought up to date.
+    state.status_due.clear();
     step("pool status");
     tracing::debug!(
         full = scope.is_full(),

@@ -38,6 +38,10 @@ pub struct PassState {
     pub(super) unsettled: bool,
     /// Objects and records already read, by version.
     pub(super) reads: super::inputs::ReadCache,
+    /// Pools whose status short passes left for later ([`super::POOL_STATUS_EVERY`]).
+    pub(super) status_due: BTreeSet<String>,
+    /// When a short pass last wrote pool statuses.
+    pub(super) status_written: Option<std::time::Instant>,
 }
 
 impl PassState {
@@ -53,6 +57,8 @@ impl PassState {
             fast_passes: 0,
             unsettled: true,
             reads: Default::default(),
+            status_due: BTreeSet::new(),
+            status_written: None,
         }
     }
 

@@ -122,6 +122,7 @@ pub(super) async fn write_cluster_status(
 
 /// Pool status (usage, capacity conditions, overlap) written when changed, with an event for
 /// every threshold crossed.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn write_pool_status(
     ctx: &Context,
     pools: &[Arc<IPAMPool>],
@@ -129,10 +130,12 @@ pub(super) async fn write_pool_status(
     errors: &HashMap<String, Vec<FieldError>>,
     plan: &planner::Plan,
     now: &str,
+    limit: usize,
     outcome: &mut PassOutcome,
 ) {
     let overlaps: Vec<Overlap> = status::find_overlaps(inputs);
     let api: Api<IPAMPool> = Api::all(ctx.writer.clone());
+    let mut updates = Vec::new();
     for p in pools {
         if p.metadata.deletion_timestamp.is_some() {
             continue;
@@ -166,32 +169,50 @@ pub(super) async fn write_pool_status(
         } else {
             let mut update = p.as_ref().clone();
             update.status = Some(next);
-            ctx.metrics.wrote("update", "ipampools/status");
-            match api
-                .replace_status(&name, &PostParams::default(), &update)
-                .await
-            {
-                Ok(_) => {
-                    outcome.writes += 1;
-                    write_succeeded(ctx, "IPAMPool", &name);
-                }
-                Err(e) if is_conflict(&e) => {
-                    // The pool changed since the cache saw it: the next pass writes on the
-                    // newer version.
-                    tracing::debug!(pool = %name, "pool changed under its status update; planning again");
-                    outcome.again = true;
-                    continue;
-                }
-                Err(e) => {
-                    write_failed(ctx, "IPAMPool", &name, "update status of", &e);
-                    outcome.again = true;
-                    continue;
-                }
+            updates.push((p, name, update, events));
+        }
+    }
+    // Each pool's status is its own object: the updates go out together, at most `limit` at
+    // once.
+    let writes: Vec<_> = updates
+        .into_iter()
+        .map(|(p, name, update, events)| {
+            let api = api.clone();
+            async move {
+                ctx.metrics.wrote("update", "ipampools/status");
+                let result = api
+                    .replace_status(&name, &PostParams::default(), &update)
+                    .await;
+                (p, name, events, result)
             }
-            let reference = p.object_ref(&());
-            for ev in events {
-                publish(ctx, &reference, ev.warning, &ev.reason, ev.message).await;
+        })
+        .collect();
+    let results: Vec<_> = futures::stream::iter(writes)
+        .buffer_unordered(limit.max(1))
+        .collect()
+        .await;
+    for (p, name, events, result) in results {
+        match result {
+            Ok(_) => {
+                outcome.writes += 1;
+                write_succeeded(ctx, "IPAMPool", &name);
             }
+            Err(e) if is_conflict(&e) => {
+                // The pool changed since the cache saw it: the next pass writes on the
+                // newer version.
+                tracing::debug!(pool = %name, "pool changed under its status update; planning again");
+                outcome.again = true;
+                continue;
+            }
+            Err(e) => {
+                write_failed(ctx, "IPAMPool", &name, "update status of", &e);
+                outcome.again = true;
+                continue;
+            }
+        }
+        let reference = p.object_ref(&());
+        for ev in events {
+            publish(ctx, &reference, ev.warning, &ev.reason, ev.message).await;
         }
     }
 }
