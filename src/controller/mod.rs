@@ -84,9 +84,23 @@ pub enum ControllerError {
 #[derive(Debug, Default)]
 pub struct Dirty {
     inner: std::sync::Mutex<(std::collections::BTreeSet<String>, bool)>,
+    /// Wakes the planning loop (set once the loop exists).
+    wake: std::sync::OnceLock<Arc<Notify>>,
 }
 
 impl Dirty {
+    /// Lets [`Dirty::wake`] wake the planning loop through `notify`.
+    pub fn set_wake(&self, notify: Arc<Notify>) {
+        let _ = self.wake.set(notify);
+    }
+
+    /// Wakes the planning loop (for work that finished outside a pass).
+    pub fn wake(&self) {
+        if let Some(n) = self.wake.get() {
+            n.notify_one();
+        }
+    }
+
     /// `name`'s planned content changed.
     pub fn cluster(&self, name: String) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
@@ -300,6 +314,7 @@ where
             // deletion, a re-list, an error) asks the next pass to look at everything.
             match &ev {
                 Ok(Event::Apply(o)) | Ok(Event::InitApply(o)) if by_name => {
+                    tracing::trace!(target: "kipam::controller::dirty", cluster = ?o.meta().name, "changed");
                     dirty.cluster(o.meta().name.clone().unwrap_or_default())
                 }
                 _ => dirty.other(),
@@ -321,6 +336,7 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
 
     let wake = Arc::new(Notify::new());
     let dirty = Arc::new(Dirty::default());
+    dirty.set_wake(wake.clone());
     let backoff = || watcher::Config::default();
     // RBAC: src/rbac.rs (list/watch of pools, clusters, namespaces, allocations).
     let (pools, pool_events) = cached(

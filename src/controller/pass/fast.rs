@@ -33,6 +33,7 @@ pub(super) async fn run(
     state: &mut PassState,
     dirty: &BTreeSet<String>,
 ) -> Option<Result<PassOutcome, PassError>> {
+    tracing::trace!(clusters = ?dirty, "short pass starts");
     let limit = state.write_concurrency;
     let (inputs, plan) = state.previous.as_mut()?;
 
@@ -214,7 +215,8 @@ pub(super) async fn run(
     let unwritten = statuses::write_cluster_status(
         ctx,
         &new_clusters,
-        &plan.decisions,
+        // The newcomers' decisions are all among those just added.
+        &added,
         &HashMap::new(),
         &write_failures,
         &now,
@@ -230,21 +232,10 @@ pub(super) async fn run(
     state
         .status_due
         .extend(added.iter().map(|d| d.pool.clone()));
-    let wait = state
-        .status_written
-        .map(|t| POOL_STATUS_EVERY.saturating_sub(t.elapsed()))
-        .filter(|d| !d.is_zero());
-    match wait {
-        Some(d) => outcome.status_after = Some(d),
-        None => {
-            let due = std::mem::take(&mut state.status_due);
-            write_statuses(ctx, &due, &inputs.pools, plan, &now, limit, &mut outcome).await;
-            state.status_written = Some(std::time::Instant::now());
-        }
-    }
-    step("pool status");
     ctx.metrics.observe_added(plan, &added);
     step("metrics");
+    outcome.status_after = start_statuses(ctx, state, &now);
+    step("pool status");
     tracing::debug!(
         clusters = dirty.len(),
         decisions = added.len(),
@@ -259,54 +250,51 @@ pub(super) async fn run(
     Some(Ok(outcome))
 }
 
-/// Writes the statuses of `pools` from the kept plan.
-async fn write_statuses(
-    ctx: &Context,
-    pools: &BTreeSet<String>,
-    inputs: &[crate::planner::PoolInput],
-    plan: &planner::Plan,
-    now: &str,
-    limit: usize,
-    outcome: &mut PassOutcome,
-) {
-    let pools: Vec<Arc<IPAMPool>> = pools
-        .iter()
-        .filter_map(|p| ctx.pools.get(&ObjectRef::new(p)))
-        .collect();
-    statuses::write_pool_status(
-        ctx,
-        &pools,
-        inputs,
-        &HashMap::new(),
-        plan,
-        now,
-        limit,
-        outcome,
-    )
-    .await;
-}
-
-/// A pass with nothing to plan: writes the pool statuses short passes left for later, once
-/// they are due (otherwise says when they will be).
-pub(super) async fn flush_statuses(ctx: &Arc<Context>, state: &mut PassState) -> PassOutcome {
-    let mut outcome = PassOutcome::default();
+/// Starts writing the pool statuses short passes left for later, unless they were written
+/// less than `POOL_STATUS_EVERY` ago; returns when they are due otherwise. The writes run on a
+/// task of their own, so a cluster arriving meanwhile does not wait for them; a status that
+/// does not land asks for a full pass, which writes every pool's status.
+fn start_statuses(ctx: &Arc<Context>, state: &mut PassState, now: &str) -> Option<Duration> {
+    if state.status_due.is_empty() {
+        return None;
+    }
     let wait = state
         .status_written
         .map(|t| POOL_STATUS_EVERY.saturating_sub(t.elapsed()))
         .filter(|d| !d.is_zero());
-    if let Some(d) = wait {
-        outcome.status_after = Some(d);
-        return outcome;
+    if wait.is_some() {
+        return wait;
+    }
+    let (inputs, plan) = state.previous.as_ref()?;
+    let due = std::mem::take(&mut state.status_due);
+    let pools: Vec<Arc<IPAMPool>> = due
+        .iter()
+        .filter_map(|p| ctx.pools.get(&ObjectRef::new(p)))
+        .collect();
+    let updates =
+        statuses::pool_status_updates(ctx, &pools, &inputs.pools, &HashMap::new(), plan, now);
+    state.status_written = Some(std::time::Instant::now());
+    if updates.is_empty() {
+        return None;
     }
     let limit = state.write_concurrency;
-    let due = std::mem::take(&mut state.status_due);
-    let Some((inputs, plan)) = state.previous.as_ref() else {
-        return outcome;
-    };
+    let ctx = ctx.clone();
+    tokio::spawn(async move {
+        let sent = statuses::send_pool_status(&ctx, updates, limit).await;
+        if !sent.failed.is_empty() {
+            ctx.dirty.other();
+            ctx.dirty.wake();
+        }
+    });
+    None
+}
+
+/// A pass with nothing to plan: starts the pool status writes short passes left for later,
+/// once they are due (otherwise says when they will be).
+pub(super) async fn flush_statuses(ctx: &Arc<Context>, state: &mut PassState) -> PassOutcome {
     let now = crate::resources::now_rfc3339();
-    write_statuses(ctx, &due, &inputs.pools, plan, &now, limit, &mut outcome).await;
-    state.status_written = Some(std::time::Instant::now());
-    // A status write that failed is retried by a full pass, as after any pass.
-    state.unsettled = outcome.again;
-    outcome
+    PassOutcome {
+        status_after: start_statuses(ctx, state, &now),
+        ..Default::default()
+    }
 }

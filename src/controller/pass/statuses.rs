@@ -1,6 +1,6 @@
 //! Cluster and pool status: conditions, usage, capacity events.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -133,8 +133,38 @@ pub(super) async fn write_pool_status(
     limit: usize,
     outcome: &mut PassOutcome,
 ) {
+    let updates = pool_status_updates(ctx, pools, inputs, errors, plan, now);
+    let sent = send_pool_status(ctx, updates, limit).await;
+    outcome.writes += sent.writes;
+    outcome.again |= !sent.failed.is_empty();
+}
+
+/// One pool status to write, and the events to publish once it is written.
+pub(super) struct PoolStatusUpdate {
+    pool: Arc<IPAMPool>,
+    update: IPAMPool,
+    events: Vec<status::StatusEvent>,
+}
+
+/// What became of a batch of pool status updates.
+#[derive(Debug, Default)]
+pub(super) struct PoolStatusSent {
+    pub writes: u64,
+    /// Pools whose status did not land (stale, or the write failed).
+    pub failed: BTreeSet<String>,
+}
+
+/// The status each of `pools` should have after `plan`; pools whose status already says it
+/// are left out (and their earlier failures forgotten).
+pub(super) fn pool_status_updates(
+    ctx: &Context,
+    pools: &[Arc<IPAMPool>],
+    inputs: &[PoolInput],
+    errors: &HashMap<String, Vec<FieldError>>,
+    plan: &planner::Plan,
+    now: &str,
+) -> Vec<PoolStatusUpdate> {
     let overlaps: Vec<Overlap> = status::find_overlaps(inputs);
-    let api: Api<IPAMPool> = Api::all(ctx.writer.clone());
     let mut updates = Vec::new();
     for p in pools {
         if p.metadata.deletion_timestamp.is_some() {
@@ -169,21 +199,36 @@ pub(super) async fn write_pool_status(
         } else {
             let mut update = p.as_ref().clone();
             update.status = Some(next);
-            updates.push((p, name, update, events));
+            updates.push(PoolStatusUpdate {
+                pool: p.clone(),
+                update,
+                events,
+            });
         }
     }
-    // Each pool's status is its own object: the updates go out together, at most `limit` at
-    // once.
+    updates
+}
+
+/// Writes `updates` (each pool's status is its own object: at most `limit` at once) and
+/// publishes the events of those that landed.
+pub(super) async fn send_pool_status(
+    ctx: &Context,
+    updates: Vec<PoolStatusUpdate>,
+    limit: usize,
+) -> PoolStatusSent {
+    // RBAC: src/rbac.rs (ipampools/status update).
+    let api: Api<IPAMPool> = Api::all(ctx.writer.clone());
     let writes: Vec<_> = updates
         .into_iter()
-        .map(|(p, name, update, events)| {
+        .map(|u| {
             let api = api.clone();
             async move {
+                let name = u.pool.name_any();
                 ctx.metrics.wrote("update", "ipampools/status");
                 let result = api
-                    .replace_status(&name, &PostParams::default(), &update)
+                    .replace_status(&name, &PostParams::default(), &u.update)
                     .await;
-                (p, name, events, result)
+                (u, name, result)
             }
         })
         .collect();
@@ -191,28 +236,29 @@ pub(super) async fn write_pool_status(
         .buffer_unordered(limit.max(1))
         .collect()
         .await;
-    for (p, name, events, result) in results {
+    let mut sent = PoolStatusSent::default();
+    for (u, name, result) in results {
         match result {
             Ok(_) => {
-                outcome.writes += 1;
+                sent.writes += 1;
                 write_succeeded(ctx, "IPAMPool", &name);
             }
             Err(e) if is_conflict(&e) => {
-                // The pool changed since the cache saw it: the next pass writes on the
-                // newer version.
+                // The pool changed since the cache saw it: written again on the newer version.
                 tracing::debug!(pool = %name, "pool changed under its status update; planning again");
-                outcome.again = true;
+                sent.failed.insert(name);
                 continue;
             }
             Err(e) => {
                 write_failed(ctx, "IPAMPool", &name, "update status of", &e);
-                outcome.again = true;
+                sent.failed.insert(name);
                 continue;
             }
         }
-        let reference = p.object_ref(&());
-        for ev in events {
+        let reference = u.pool.object_ref(&());
+        for ev in u.events {
             publish(ctx, &reference, ev.warning, &ev.reason, ev.message).await;
         }
     }
+    sent
 }
