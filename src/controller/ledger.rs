@@ -59,6 +59,36 @@ fn slim(mut obj: IPAMAllocation) -> IPAMAllocation {
     obj
 }
 
+/// An object ordered by its namespace alone: one pool's allocations, one per namespace.
+#[derive(Debug)]
+struct ByNamespace(Arc<IPAMAllocation>);
+
+impl ByNamespace {
+    fn namespace(&self) -> &str {
+        self.0.metadata.namespace.as_deref().unwrap_or_default()
+    }
+}
+
+impl PartialEq for ByNamespace {
+    fn eq(&self, other: &Self) -> bool {
+        self.namespace() == other.namespace()
+    }
+}
+
+impl Eq for ByNamespace {}
+
+impl PartialOrd for ByNamespace {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ByNamespace {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.namespace().cmp(other.namespace())
+    }
+}
+
 /// What happened to one key while this replica was writing it.
 #[derive(Debug, Default)]
 struct Flight {
@@ -91,9 +121,10 @@ impl Flight {
 #[derive(Debug, Default)]
 pub struct Ledger {
     objects: BTreeMap<Key, Arc<IPAMAllocation>>,
-    /// The same objects keyed (pool, namespace): the allocations of one pool in one range.
-    /// Changed only together with `objects` (see [`Ledger::put`] and [`Ledger::take`]).
-    by_pool: BTreeMap<Key, Arc<IPAMAllocation>>,
+    /// The same objects by pool (their name), each pool's in namespace order. Changed only
+    /// together with `objects` (see [`Ledger::put`] and [`Ledger::take`]). It holds no key
+    /// of its own per object: the objects order themselves by their namespace.
+    by_pool: BTreeMap<String, BTreeSet<ByNamespace>>,
     /// Keys whose content changed other than by this replica's own writes, since the last
     /// [`Ledger::take_changed`].
     changed: BTreeSet<Key>,
@@ -158,24 +189,48 @@ impl Ledger {
 
     /// Allocations named after `pool` (one per cluster), by namespace.
     pub fn of_pool<'a>(&'a self, pool: &'a str) -> impl Iterator<Item = &'a IPAMAllocation> + 'a {
-        first_of(&self.by_pool, pool).map(Arc::as_ref)
+        self.by_pool
+            .get(pool)
+            .into_iter()
+            .flatten()
+            .map(|o| o.0.as_ref())
     }
 
     /// [`Ledger::of_pool`], shared, to be read after the lock is released.
     pub fn in_pool(&self, pool: &str) -> Vec<Arc<IPAMAllocation>> {
-        first_of(&self.by_pool, pool).cloned().collect()
+        self.by_pool
+            .get(pool)
+            .into_iter()
+            .flatten()
+            .map(|o| o.0.clone())
+            .collect()
     }
 
     fn put(&mut self, key: Key, obj: Arc<IPAMAllocation>) {
-        self.by_pool
-            .insert((key.1.clone(), key.0.clone()), obj.clone());
+        let entry = ByNamespace(obj.clone());
+        match self.by_pool.get_mut(&key.1) {
+            Some(pool) => {
+                pool.replace(entry);
+            }
+            None => {
+                self.by_pool.insert(key.1.clone(), BTreeSet::from([entry]));
+            }
+        }
         self.objects.insert(key, obj);
     }
 
     /// Removes `key`; true when it was held.
     fn take(&mut self, key: &Key) -> bool {
-        self.by_pool.remove(&(key.1.clone(), key.0.clone()));
-        self.objects.remove(key).is_some()
+        let Some(obj) = self.objects.remove(key) else {
+            return false;
+        };
+        if let Some(pool) = self.by_pool.get_mut(&key.1) {
+            pool.remove(&ByNamespace(obj));
+            if pool.is_empty() {
+                self.by_pool.remove(&key.1);
+            }
+        }
+        true
     }
 
     /// This replica starts writing `key`; [`Ledger::end_own`] when the write is over.

@@ -120,12 +120,10 @@ pub fn serve_new(
         return Some(Vec::new());
     }
 
-    let pools_here: Vec<PoolInput> = pools
+    let pools_here: Vec<&PoolInput> = pools
         .iter()
         .filter(|p| involved.contains(p.name.as_str()))
-        .cloned()
         .collect();
-    let clusters: Vec<ClusterInput> = sorted.iter().map(|c| (*c).clone()).collect();
     let mut allocators = BTreeMap::new();
     for key in youngest.keys() {
         if let Some(state) = states.map.get_mut(key) {
@@ -133,7 +131,7 @@ pub fn serve_new(
             allocators.insert(key.clone(), taken);
         }
     }
-    let mut planner = Planner::resume(&pools_here, &clusters, allocators);
+    let mut planner = Planner::resume(&pools_here, &sorted, allocators);
     planner.serve_requests();
     let (partial, served) = planner.finish();
 

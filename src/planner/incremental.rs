@@ -15,7 +15,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::{ClusterInput, Plan, PoolInput, PoolStates, StoredAllocation, plan_keeping};
+use super::{
+    ClusterInput, Plan, PoolInput, PoolStates, StoredAllocation, plan_keeping, plan_keeping_of,
+};
 
 /// Everything the planner is given, kept between passes to find what changed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -54,17 +56,17 @@ pub fn plan_pools(inputs: &PlanInputs, only: &BTreeSet<String>) -> Plan {
 
 /// [`plan_pools`], also giving the allocators those pools ended with.
 pub fn plan_pools_keeping(inputs: &PlanInputs, only: &BTreeSet<String>) -> (Plan, PoolStates) {
-    let pools: Vec<PoolInput> = inputs
+    // Borrowed, not copied: a burst replans every pool, and a copy of every stored
+    // allocation would be held beside the original while the plan is made.
+    let pools: Vec<&PoolInput> = inputs
         .pools
         .iter()
         .filter(|p| only.contains(&p.name))
-        .cloned()
         .collect();
-    let stored: Vec<StoredAllocation> = inputs
+    let stored: Vec<&StoredAllocation> = inputs
         .stored
         .iter()
         .filter(|s| only.contains(&s.pool))
-        .cloned()
         .collect();
     // Only clusters a planned pool can concern: served by it, or holding something in it.
     let datacenters: BTreeSet<&str> = pools
@@ -72,15 +74,14 @@ pub fn plan_pools_keeping(inputs: &PlanInputs, only: &BTreeSet<String>) -> (Plan
         .flat_map(|p| p.datacenters.keys().map(String::as_str))
         .collect();
     let holders: BTreeSet<&str> = stored.iter().map(|s| s.cluster.as_str()).collect();
-    let clusters: Vec<ClusterInput> = inputs
+    let clusters: Vec<&ClusterInput> = inputs
         .clusters
         .iter()
         .filter(|c| {
             datacenters.contains(c.datacenter.as_str()) || holders.contains(c.name.as_str())
         })
-        .cloned()
         .collect();
-    plan_keeping(&pools, &clusters, &stored)
+    plan_keeping_of(&pools, &clusters, &stored)
 }
 
 impl Plan {

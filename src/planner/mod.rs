@@ -45,6 +45,19 @@ pub fn plan_keeping(
     clusters: &[ClusterInput],
     stored: &[StoredAllocation],
 ) -> (Plan, PoolStates) {
+    let pools: Vec<&PoolInput> = pools.iter().collect();
+    let clusters: Vec<&ClusterInput> = clusters.iter().collect();
+    let stored: Vec<&StoredAllocation> = stored.iter().collect();
+    plan_keeping_of(&pools, &clusters, &stored)
+}
+
+/// [`plan_keeping`] over borrowed inputs: a plan of part of the seed picks its inputs out of
+/// the whole seed's without copying them.
+pub(crate) fn plan_keeping_of(
+    pools: &[&PoolInput],
+    clusters: &[&ClusterInput],
+    stored: &[&StoredAllocation],
+) -> (Plan, PoolStates) {
     let mut planner = Planner::new(pools, clusters);
     for s in stored {
         if let Some(why) = &s.unreadable {
@@ -85,7 +98,7 @@ struct Planner<'a> {
 }
 
 impl<'a> Planner<'a> {
-    fn new(pools: &'a [PoolInput], clusters: &'a [ClusterInput]) -> Self {
+    fn new(pools: &[&'a PoolInput], clusters: &[&'a ClusterInput]) -> Self {
         let mut allocators = BTreeMap::new();
         for pool in pools {
             for (dc, input) in &pool.datacenters {
@@ -96,8 +109,8 @@ impl<'a> Planner<'a> {
     }
 
     /// Step 1: decide the fate of every stored allocation, loading the ones that stay.
-    fn settle_stored(&mut self, stored: &[StoredAllocation]) {
-        let mut order: Vec<&StoredAllocation> = stored.iter().collect();
+    fn settle_stored(&mut self, stored: &[&StoredAllocation]) {
+        let mut order: Vec<&StoredAllocation> = stored.to_vec();
         order.sort_by(|a, b| {
             let ka = self.by_name.get(a.cluster.as_str()).map(|c| c.age_key());
             let kb = self.by_name.get(b.cluster.as_str()).map(|c| c.age_key());
@@ -502,15 +515,15 @@ impl<'a> Planner<'a> {
 
     /// A planner over `allocators` (fresh ones, or those a plan kept: see [`serve_new`]).
     fn resume(
-        pools: &'a [PoolInput],
-        clusters: &'a [ClusterInput],
+        pools: &[&'a PoolInput],
+        clusters: &[&'a ClusterInput],
         allocators: BTreeMap<Key, Result<PoolAllocator, String>>,
     ) -> Self {
-        let mut sorted: Vec<&ClusterInput> = clusters.iter().collect();
+        let mut sorted: Vec<&'a ClusterInput> = clusters.to_vec();
         sorted.sort_by(|a, b| a.age_key().cmp(&b.age_key()));
         Planner {
-            pools: pools.iter().map(|p| (p.name.as_str(), p)).collect(),
-            by_name: clusters.iter().map(|c| (c.name.as_str(), c)).collect(),
+            pools: pools.iter().map(|p| (p.name.as_str(), *p)).collect(),
+            by_name: clusters.iter().map(|c| (c.name.as_str(), *c)).collect(),
             clusters: sorted,
             allocators,
             decisions: BTreeMap::new(),

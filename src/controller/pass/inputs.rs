@@ -37,8 +37,11 @@ type RecordEntry = (String, Result<crate::allocator::Allocation, String>);
 /// not parsed again on every pass.
 #[derive(Debug, Default)]
 pub struct ReadCache {
-    /// By `resourceVersion` (looked up without building a key), with the object's key.
-    allocations: HashMap<String, (Key, Read<StoredAllocation>)>,
+    /// Readable allocations by `resourceVersion`, as a number (an etcd revision; an object
+    /// whose version is not one is read again on every pass). No key is kept beside a reading:
+    /// it names its own object (the cluster of its namespace and the pool of its name), and
+    /// that is checked before it is used. Unreadable ones are read again on every pass.
+    allocations: HashMap<u64, StoredAllocation>,
     records: HashMap<RecordKey, Versioned<Vec<RecordEntry>>>,
     clusters: HashMap<String, Versioned<Read<ClusterInput>>>,
 }
@@ -65,21 +68,22 @@ impl ReadCache {
     }
 
     fn allocation(&mut self, obj: &IPAMAllocation) -> Result<StoredAllocation, Vec<FieldError>> {
-        let rv = obj.metadata.resource_version.as_deref().unwrap_or_default();
+        let Some(rv) = version_of(obj) else {
+            return validation::stored_allocation(obj);
+        };
         let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
         let name = obj.metadata.name.as_deref().unwrap_or_default();
-        if rv.is_empty() {
-            return validation::stored_allocation(obj);
+        if let Some(read) = self.allocations.get(&rv)
+            && read.pool == name
+            && cluster_of_namespace(namespace) == Some(read.cluster.as_str())
+        {
+            return Ok(read.clone());
         }
-        match self.allocations.get(rv) {
-            Some(((ns, n), read)) if ns == namespace && n == name => read.clone(),
-            _ => {
-                let read = validation::stored_allocation(obj);
-                let key = (namespace.to_string(), name.to_string());
-                self.allocations.insert(rv.to_string(), (key, read.clone()));
-                read
-            }
+        let read = validation::stored_allocation(obj);
+        if let Ok(stored) = &read {
+            self.allocations.insert(rv, stored.clone());
         }
+        read
     }
 
     /// Forgets objects no longer present.
@@ -90,12 +94,8 @@ impl ReadCache {
     ) {
         // Every write gives an object a new version: drop the readings of versions gone.
         if self.allocations.len() > objects.len() {
-            let present: HashSet<&str> = objects
-                .iter()
-                .filter_map(|o| o.metadata.resource_version.as_deref())
-                .collect();
-            self.allocations
-                .retain(|rv, _| present.contains(rv.as_str()));
+            let present: HashSet<u64> = objects.iter().filter_map(|o| version_of(o)).collect();
+            self.allocations.retain(|rv, _| present.contains(rv));
         }
         self.records.retain(|k, _| records.contains_key(k));
     }
@@ -106,6 +106,11 @@ impl ReadCache {
             self.clusters.retain(|k, _| present.contains(k));
         }
     }
+}
+
+/// An object's `resourceVersion` as a number, when it is one.
+fn version_of(obj: &IPAMAllocation) -> Option<u64> {
+    obj.metadata.resource_version.as_deref()?.parse().ok()
 }
 
 /// Builds the planner's input. `clusters` gains every cluster the cache lacks but the API

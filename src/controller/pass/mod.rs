@@ -227,15 +227,20 @@ pub async fn run(
         .map(|p| (p.name.as_str(), p.reclaim_policy))
         .chain(deleting_pools.iter().map(|(k, v)| (k.as_str(), *v)))
         .collect();
-    let by_key: HashMap<Key, &IPAMAllocation> = stored_objects
-        .iter()
-        .map(|o| {
-            (
-                (o.namespace().unwrap_or_default(), o.name_any()),
-                o.as_ref(),
-            )
-        })
-        .collect();
+    // The ledger's snapshot is in key order (namespace, name): an object is found by binary
+    // search, without a second index of every allocation.
+    let stored_object = |namespace: &str, name: &str| -> Option<&IPAMAllocation> {
+        stored_objects
+            .binary_search_by(|o| {
+                let key = (
+                    o.metadata.namespace.as_deref().unwrap_or_default(),
+                    o.metadata.name.as_deref().unwrap_or_default(),
+                );
+                key.cmp(&(namespace, name))
+            })
+            .ok()
+            .map(|i| stored_objects[i].as_ref())
+    };
     let uids: HashMap<String, &Cluster> = clusters
         .iter()
         .map(|c| (c.name_any(), c.as_ref()))
@@ -245,8 +250,7 @@ pub async fn run(
     // built again when their write starts, so a burst of 100,000 allocations never holds
     // 100,000 desired objects (and their stored copies) at once.
     let build = |d: &planner::Decision| -> Option<AllocationWrite> {
-        let key = (cluster_namespace(&d.cluster), d.pool.clone());
-        let existing = by_key.get(&key).copied();
+        let existing = stored_object(&cluster_namespace(&d.cluster), &d.pool);
         let desired = allocation_object(d, existing, policies.get(d.pool.as_str()).copied(), &now);
         AllocationWrite::new(d, existing, desired)
     };
@@ -310,14 +314,15 @@ pub async fn run(
     // when its write starts and reduced to what the report needs when it ends.
     let build = &build;
     let decisions = &plan.decisions;
-    let results: Vec<(Finished, Result<WriteDone, kube::Error>)> =
+    // Each result is taken as it comes instead of being collected: a burst pass may write
+    // 100,000 objects.
+    let mut results =
         futures::stream::iter(allowed.into_iter().filter_map(|i| build(&decisions[i])))
             .map(|job| write_one(ctx, term, job))
-            .buffer_unordered(limit)
-            .collect()
-            .await;
+            .buffer_unordered(limit);
     let mut notes: BTreeMap<String, Vec<allocations::ClusterNote>> = BTreeMap::new();
-    for (job, result) in results {
+    let mut stale: Vec<Key> = Vec::new();
+    while let Some((job, result)) = results.next().await {
         match result {
             Ok(done) => {
                 outcome.writes += done.writes;
@@ -336,7 +341,7 @@ pub async fn run(
                 tracing::info!(cluster = %job.cluster, pool = %job.pool, datacenter = %job.datacenter, error = %e, "stale view of an allocation; re-reading");
                 ctx.metrics
                     .write_failed("IPAMAllocation", preconditions::reason(&e));
-                allocations::refresh(ctx, &job.key).await;
+                stale.push(job.key);
                 state.retry_pools.insert(job.pool.clone());
                 outcome.again = true;
             }
@@ -358,6 +363,12 @@ pub async fn run(
                     .push(format!("IPAMAllocation {}: {message}", job.name));
             }
         }
+    }
+
+    drop(results);
+    // Re-read once every write is over, as before any result was taken one by one.
+    for key in &stale {
+        allocations::refresh(ctx, key).await;
     }
 
     step("allocations");

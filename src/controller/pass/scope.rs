@@ -132,11 +132,9 @@ pub(super) fn plan(
     inputs: &PlanInputs,
     ledger_changed: &BTreeSet<Key>,
 ) -> (Plan, Scope) {
-    let previous = if state.full {
-        None
-    } else {
-        state.previous.take()
-    };
+    // Taken either way: a whole plan does not need the last one, and holding it while the new
+    // one is made would double what planning holds.
+    let previous = state.previous.take().filter(|_| !state.full);
     let Some((before, mut plan)) = previous else {
         state.retry_pools.clear();
         state.retry_clusters.clear();
@@ -146,6 +144,7 @@ pub(super) fn plan(
             whole_pools: BTreeSet::new(),
             clusters: BTreeSet::new(),
         };
+        state.states = planner::PoolStates::default();
         let (plan, states) = inputs.plan_keeping();
         state.states = states;
         return (plan, scope);
@@ -157,52 +156,61 @@ pub(super) fn plan(
     // Pools whose own settings changed: every object of theirs may need rewriting (the
     // reclaim-policy annotation) even where the decision is the same.
     let mut whole_pools: BTreeSet<String> = std::mem::take(&mut state.retry_pools);
-    let old_pools: HashMap<&str, &planner::PoolInput> =
-        before.pools.iter().map(|p| (p.name.as_str(), p)).collect();
-    let new_names: HashSet<&str> = inputs.pools.iter().map(|p| p.name.as_str()).collect();
-    for p in &inputs.pools {
-        if old_pools.get(p.name.as_str()) != Some(&p) {
-            whole_pools.insert(p.name.clone());
-        }
-    }
-    whole_pools.extend(
-        old_pools
-            .keys()
-            .filter(|n| !new_names.contains(*n))
-            .map(|n| n.to_string()),
-    );
-
-    // Clusters whose input changed: their status is checked whatever their decisions.
-    let old_clusters: HashMap<&str, &ClusterInput> = before
-        .clusters
-        .iter()
-        .map(|c| (c.name.as_str(), c))
-        .collect();
     let mut clusters: BTreeSet<String> = std::mem::take(&mut state.retry_clusters);
-    let new_cluster_names: HashSet<&str> =
-        inputs.clusters.iter().map(|c| c.name.as_str()).collect();
-    for c in &inputs.clusters {
-        if old_clusters.get(c.name.as_str()) != Some(&c) {
-            clusters.insert(c.name.clone());
+    {
+        let old_pools: HashMap<&str, &planner::PoolInput> =
+            before.pools.iter().map(|p| (p.name.as_str(), p)).collect();
+        let new_names: HashSet<&str> = inputs.pools.iter().map(|p| p.name.as_str()).collect();
+        for p in &inputs.pools {
+            if old_pools.get(p.name.as_str()) != Some(&p) {
+                whole_pools.insert(p.name.clone());
+            }
         }
-    }
-    clusters.extend(
-        old_clusters
-            .keys()
-            .filter(|n| !new_cluster_names.contains(*n))
-            .map(|n| n.to_string()),
-    );
+        whole_pools.extend(
+            old_pools
+                .keys()
+                .filter(|n| !new_names.contains(*n))
+                .map(|n| n.to_string()),
+        );
 
-    let mut changed = HashSet::new();
-    if !dirty.is_empty() {
-        let (partial, partial_states) = planner::plan_pools_keeping(inputs, &dirty);
-        state.states.replace_pools(&dirty, partial_states);
-        // Both sides are sorted by (cluster, pool): one merge finds what changed.
-        let old: Vec<&Decision> = plan
-            .decisions
+        // Clusters whose input changed: their status is checked whatever their decisions.
+        let old_clusters: HashMap<&str, &ClusterInput> = before
+            .clusters
             .iter()
-            .filter(|d| dirty.contains(&d.pool))
+            .map(|c| (c.name.as_str(), c))
             .collect();
+        let new_cluster_names: HashSet<&str> =
+            inputs.clusters.iter().map(|c| c.name.as_str()).collect();
+        for c in &inputs.clusters {
+            if old_clusters.get(c.name.as_str()) != Some(&c) {
+                clusters.insert(c.name.clone());
+            }
+        }
+        clusters.extend(
+            old_clusters
+                .keys()
+                .filter(|n| !new_cluster_names.contains(*n))
+                .map(|n| n.to_string()),
+        );
+    }
+    // The last plan's inputs are not needed past this point: freed before planning, which is
+    // where a pass holds the most.
+    drop(before);
+
+    // One pool at a time (a pool's decisions depend on nothing outside it): the old and the
+    // new decisions and allocators of a pool are held together, never those of the whole
+    // seed.
+    let mut changed = HashSet::new();
+    for pool in &dirty {
+        let only = BTreeSet::from([pool.clone()]);
+        // Its old allocators are replaced below: let them go before the new ones are built.
+        state
+            .states
+            .replace_pools(&only, planner::PoolStates::default());
+        let (partial, partial_states) = planner::plan_pools_keeping(inputs, &only);
+        state.states.replace_pools(&only, partial_states);
+        // Both sides are sorted by (cluster, pool): one merge finds what changed.
+        let old: Vec<&Decision> = plan.decisions.iter().filter(|d| d.pool == *pool).collect();
         let (mut i, mut j) = (0, 0);
         let new = &partial.decisions;
         while i < old.len() || j < new.len() {
@@ -229,7 +237,7 @@ pub(super) fn plan(
                 }
             }
         }
-        plan.replace_pools(&dirty, partial);
+        plan.replace_pools(&only, partial);
     }
     clusters.extend(changed.iter().map(|(c, _)| c.clone()));
     state.incremental_passes += 1;

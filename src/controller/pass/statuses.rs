@@ -90,21 +90,21 @@ pub(super) async fn write_cluster_status(
         let api = api.clone();
         jobs.push(async move {
             ctx.metrics.wrote("patch", "clusters/status");
+            // The answer (the whole Cluster) is not needed: the watch brings it.
             let r = api
                 .patch_status(
                     &name,
                     &PatchParams::default(),
                     &Patch::Merge(json!({ "status": next })),
                 )
-                .await;
+                .await
+                .map(drop);
             (name, r)
         });
     }
-    let results: Vec<(String, Result<Cluster, kube::Error>)> = futures::stream::iter(jobs)
-        .buffer_unordered(limit)
-        .collect()
-        .await;
-    for (name, r) in results {
+    // Taken as they come: a burst writes the status of every cluster.
+    let mut results = futures::stream::iter(jobs).buffer_unordered(limit);
+    while let Some((name, r)) = results.next().await {
         match r {
             Ok(_) => {
                 outcome.writes += 1;
