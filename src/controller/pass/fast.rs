@@ -165,26 +165,23 @@ pub(super) async fn run(
     }
 
     step("records");
-    let mut jobs = Vec::new();
-    for d in &added {
+    // Each object is built when its write starts and each result taken as it comes: a burst
+    // may bring 10,000 new clusters to one short pass.
+    let build = |d: &planner::Decision| -> Option<AllocationWrite> {
         let desired = allocation_object(d, None, policies.get(d.pool.as_str()).copied(), &now);
-        let Some(job) = AllocationWrite::new(d, None, desired) else {
-            continue;
-        };
+        let job = AllocationWrite::new(d, None, desired)?;
         let fenced = job.desired.is_some() && !job.is_status_only();
         if fenced && !current.contains(&(d.pool.clone(), d.datacenter.clone())) {
-            continue; // its pool is replanned by the full pass
+            return None; // its pool is replanned by the full pass
         }
-        jobs.push(job);
-    }
-    let results: Vec<(Finished, Result<WriteDone, kube::Error>)> = futures::stream::iter(jobs)
+        Some(job)
+    };
+    let mut results = futures::stream::iter(added.iter().filter_map(build))
         .map(|job| write_one(ctx, term, job))
-        .buffer_unordered(limit)
-        .collect()
-        .await;
+        .buffer_unordered(limit);
     let mut notes: BTreeMap<String, Vec<allocations::ClusterNote>> = BTreeMap::new();
     let mut write_failures: HashMap<String, Vec<String>> = HashMap::new();
-    for (job, result) in results {
+    while let Some((job, result)) = results.next().await {
         match result {
             Ok(done) => {
                 outcome.writes += done.writes;
@@ -206,6 +203,7 @@ pub(super) async fn run(
             }
         }
     }
+    drop(results);
     step("allocations");
     let uids: HashMap<String, &Cluster> = clusters
         .iter()
