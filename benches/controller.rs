@@ -446,6 +446,13 @@ fn run(scale: Scale) -> bool {
         let name = format!("n{k:03}");
         let t = Instant::now();
         api.create(&cluster(&name)).expect("new cluster");
+        if std::env::var_os("KIPAM_BENCH_TRACE").is_some() {
+            // To line up with the controller's log (UTC seconds since the epoch).
+            let at = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            eprintln!("created {name} at {:.6}", at.as_secs_f64());
+        }
         let mut first = None;
         while !allocated_for(&api, &name, pools) {
             if first.is_none() && finalized(&api, &name) {

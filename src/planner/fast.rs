@@ -149,8 +149,28 @@ pub fn serve_new(
         plan.usage.insert(key, report);
     }
     let added = partial.decisions;
-    let mut merged = Vec::with_capacity(plan.decisions.len() + added.len());
-    let mut old = std::mem::take(&mut plan.decisions).into_iter().peekable();
+    insert_sorted(&mut plan.decisions, &added);
+    Some(added)
+}
+
+/// Puts `added` (sorted by cluster and pool, none of them in `decisions`) into `decisions`,
+/// keeping the order. A few clusters' decisions are spliced in where they belong: the vector
+/// keeps its allocation, and only its tail moves. Many are merged into a new vector in one
+/// sweep instead of one move of the tail per cluster.
+fn insert_sorted(decisions: &mut Vec<Decision>, added: &[Decision]) {
+    const SPLICE_AT_MOST: usize = 8;
+    let groups: Vec<&[Decision]> = added.chunk_by(|a, b| a.cluster == b.cluster).collect();
+    if groups.len() <= SPLICE_AT_MOST {
+        for group in groups {
+            let first = &group[0];
+            let at = decisions
+                .partition_point(|d| (&d.cluster, &d.pool) < (&first.cluster, &first.pool));
+            decisions.splice(at..at, group.iter().cloned());
+        }
+        return;
+    }
+    let mut merged = Vec::with_capacity(decisions.len() + added.len());
+    let mut old = std::mem::take(decisions).into_iter().peekable();
     for d in added.iter().cloned() {
         while let Some(o) = old.next_if(|o| (&o.cluster, &o.pool) < (&d.cluster, &d.pool)) {
             merged.push(o);
@@ -158,6 +178,5 @@ pub fn serve_new(
         merged.push(d);
     }
     merged.extend(old);
-    plan.decisions = merged;
-    Some(added)
+    *decisions = merged;
 }

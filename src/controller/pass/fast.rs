@@ -34,6 +34,7 @@ pub(super) async fn run(
     dirty: &BTreeSet<String>,
 ) -> Option<Result<PassOutcome, PassError>> {
     tracing::trace!(clusters = ?dirty, "short pass starts");
+    let started = std::time::Instant::now();
     let limit = state.write_concurrency;
     let (inputs, plan) = state.previous.as_mut()?;
 
@@ -72,9 +73,9 @@ pub(super) async fn run(
     state.fast_passes += 1;
 
     let mut outcome = PassOutcome::default();
-    let started = std::time::Instant::now();
     let mut steps: Vec<(&str, u128)> = Vec::new();
     let mut step = |name: &'static str| steps.push((name, started.elapsed().as_micros()));
+    step("serve");
     let now = crate::resources::now_rfc3339();
     let new_clusters: Vec<Arc<Cluster>> = clusters
         .iter()

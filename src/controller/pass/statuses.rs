@@ -165,6 +165,15 @@ pub(super) fn pool_status_updates(
     now: &str,
 ) -> Vec<PoolStatusUpdate> {
     let overlaps: Vec<Overlap> = status::find_overlaps(inputs);
+    // One sweep over the plan, not one per pool.
+    let mut conflicts_of: HashMap<&str, Vec<&Decision>> = HashMap::new();
+    for d in plan
+        .decisions
+        .iter()
+        .filter(|d| d.change == Change::Conflict)
+    {
+        conflicts_of.entry(d.pool.as_str()).or_default().push(d);
+    }
     let mut updates = Vec::new();
     for p in pools {
         if p.metadata.deletion_timestamp.is_some() {
@@ -177,11 +186,7 @@ pub(super) fn pool_status_updates(
             Some(e) => Err(e.as_slice()),
             None => Ok(()),
         };
-        let conflicts: Vec<&Decision> = plan
-            .decisions
-            .iter()
-            .filter(|d| d.pool == name && d.change == Change::Conflict)
-            .collect();
+        let conflicts = conflicts_of.remove(name.as_str()).unwrap_or_default();
         let (next, events) = status::pool_status(
             &name,
             p.metadata.generation,
