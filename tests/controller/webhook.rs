@@ -398,6 +398,19 @@ async fn a_replica_that_does_not_lead_serves_the_webhook_from_its_own_caches() {
         "spec": {"type": "range", "dc": "dc-1", "addresses": ["10.0.0.3"]},
     }))
     .unwrap();
+    // The follower's ledger learns of c1's allocation through its own watch, which may lag the
+    // leader's write on a loaded machine: dry runs (which the webhook judges too) until it
+    // does, then the real request.
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    for _ in 0..200 {
+        if allocations.create(&dry, &overlapping).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     denied(
         refusal(
             allocations
