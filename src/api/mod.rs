@@ -296,7 +296,7 @@ async fn stored_of(ctx: &Context, pool: &str) -> Vec<StoredAllocation> {
     let ledger = ctx.ledger.lock().await;
     ledger
         .of_pool(pool)
-        .filter_map(|obj| validation::stored_allocation(obj).ok())
+        .filter_map(|obj| validation::stored_allocation(&obj.to_object()).ok())
         .collect()
 }
 
@@ -500,7 +500,10 @@ async fn list_allocations(
     }
     let mut list: Vec<AllocationView> = {
         let ledger = state.ctx.ledger.lock().await;
-        ledger.of_pool(&name).map(AllocationView::of).collect()
+        ledger
+            .of_pool(&name)
+            .map(|a| AllocationView::of(&a.to_object()))
+            .collect()
     };
     list.sort_by(|a, b| (&a.datacenter, &a.cluster).cmp(&(&b.datacenter, &b.cluster)));
     Ok(axum::Json(list).into_response())

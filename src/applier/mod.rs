@@ -33,8 +33,9 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 
 use crate::controller::Context;
 use crate::controller::backoff::Backoff;
+use crate::controller::ledger::Entry;
 use crate::render::Renderer;
-use crate::resources::{Addon, Cluster, IPAMAllocation, cluster_of_namespace};
+use crate::resources::{Addon, Cluster, cluster_of_namespace};
 use sync::{ClientSlot, SyncReport, TenantInput};
 
 /// Field manager of every server-side apply in user clusters.
@@ -304,7 +305,7 @@ fn round(
     options: &ApplierOptions,
     caches: &Arc<Caches>,
     by_namespace: BTreeMap<String, Vec<Arc<Addon>>>,
-    mut allocations: HashMap<String, Vec<Arc<IPAMAllocation>>>,
+    mut allocations: HashMap<String, Vec<Arc<Entry>>>,
     tenants: &mut HashMap<String, Tenant>,
     backoff: &Backoff,
     permits: &Arc<Semaphore>,
@@ -406,7 +407,7 @@ fn round(
 fn fingerprint(
     cluster: Option<&Cluster>,
     addons: &[Arc<Addon>],
-    allocations: &[Arc<IPAMAllocation>],
+    allocations: &[Arc<Entry>],
     secret: Option<&Secret>,
     written: Option<&(bool, String, String)>,
 ) -> u64 {
@@ -438,13 +439,13 @@ fn fingerprint(
     let mut versions: Vec<(String, String)> = allocations
         .iter()
         .map(|a| {
-            let renderable = a.metadata.deletion_timestamp.is_none()
-                && a.phase() == crate::resources::AllocationPhase::Allocated;
+            let renderable =
+                !a.deleting() && a.phase() == crate::resources::AllocationPhase::Allocated;
             (
-                a.name_any(),
+                a.name().to_string(),
                 format!(
                     "{renderable}{}",
-                    serde_json::to_string(&a.spec).unwrap_or_default()
+                    serde_json::to_string(a.spec()).unwrap_or_default()
                 ),
             )
         })

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 use super::summary::{self, Failure, Outcome, Reason};
 use super::{FIELD_MANAGER, FINALIZER, kubeconfig};
+use crate::controller::ledger::Entry;
 use crate::controller::{Context, preconditions};
 use crate::desired::template_data;
 use crate::render::Renderer;
@@ -25,7 +26,8 @@ pub struct TenantInput {
     pub namespace: String,
     pub cluster: Option<Arc<Cluster>>,
     pub addons: Vec<Arc<Addon>>,
-    pub allocations: Vec<Arc<IPAMAllocation>>,
+    /// The cluster's allocations, from the ledger.
+    pub allocations: Vec<Arc<Entry>>,
     /// The kubeconfig Secret, when the Cluster names one and it exists.
     pub secret: Option<Arc<Secret>>,
 }
@@ -138,7 +140,8 @@ pub async fn sync_tenant(
     // process, so it waits on a pipe: off the async runtime).
     let rendered: Vec<(Arc<Addon>, Rendered)> = {
         let (renderer, cluster, addons) = (renderer.clone(), cluster.clone(), live.clone());
-        let allocations = input.allocations.clone();
+        let allocations: Vec<IPAMAllocation> =
+            input.allocations.iter().map(|a| a.to_object()).collect();
         let job = tokio::task::spawn_blocking(move || {
             addons
                 .iter()
@@ -591,12 +594,12 @@ fn render(
     renderer: &Renderer,
     cluster: &Cluster,
     addon: &Addon,
-    allocations: &[Arc<IPAMAllocation>],
+    allocations: &[IPAMAllocation],
 ) -> Rendered {
     let data = template_data(
         &cluster.name_any(),
         &cluster.spec.datacenter,
-        allocations.iter().map(|a| a.as_ref()),
+        allocations.iter(),
         addon.spec.variables.clone(),
     );
     let rendered = renderer

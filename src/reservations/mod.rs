@@ -12,7 +12,7 @@ pub mod shards;
 use crate::address::AddrRange;
 use crate::allocator::Allocation;
 use crate::planner::{Change, Decision};
-use crate::resources::{IPAMAllocation, Reservation, cluster_of_namespace};
+use crate::resources::{IPAMAllocationSpec, Reservation, cluster_of_namespace};
 
 /// The record entry for what a cluster holds.
 pub fn reservation_of(held: &Allocation) -> Reservation {
@@ -106,12 +106,13 @@ pub(crate) fn merged(mut ranges: Vec<AddrRange>) -> Vec<AddrRange> {
 
 /// The record of (`pool`, `datacenter`) a plan asks for: every cluster's addresses held there
 /// after the plan, plus every address an existing object still shows there (dropped only once
-/// the object stops showing it, so the record always covers the objects).
+/// the object stops showing it, so the record always covers the objects). `objects` are the
+/// stored allocation objects as (namespace, name, spec).
 pub fn desired_reservations<'a, 'b>(
     pool: &str,
     datacenter: &str,
     decisions: impl IntoIterator<Item = &'b Decision>,
-    objects: impl IntoIterator<Item = &'a IPAMAllocation>,
+    objects: impl IntoIterator<Item = (&'a str, &'a str, &'a IPAMAllocationSpec)>,
 ) -> BTreeMap<String, Reservation> {
     let mut held: BTreeMap<String, Allocation> = BTreeMap::new();
     for d in decisions {
@@ -122,21 +123,16 @@ pub fn desired_reservations<'a, 'b>(
             held.insert(d.cluster.clone(), h.clone());
         }
     }
-    for obj in objects {
-        if obj.metadata.name.as_deref() != Some(pool) || obj.spec.dc != datacenter {
+    for (namespace, name, spec) in objects {
+        if name != pool || spec.dc != datacenter {
             continue;
         }
-        let Some(cluster) = obj
-            .metadata
-            .namespace
-            .as_deref()
-            .and_then(cluster_of_namespace)
-        else {
+        let Some(cluster) = cluster_of_namespace(namespace) else {
             continue;
         };
         let Ok(shown) = allocation_of(&Reservation {
-            cidr: obj.spec.cidr.clone(),
-            addresses: obj.spec.addresses.clone(),
+            cidr: spec.cidr.clone(),
+            addresses: spec.addresses.clone(),
         }) else {
             continue;
         };

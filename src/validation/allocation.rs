@@ -4,8 +4,8 @@ use crate::address::{AddrRange, Cidr};
 use crate::allocator::Allocation;
 use crate::planner::StoredAllocation;
 use crate::resources::{
-    ANNOTATION_RECLAIM_POLICY, AllocationPhase, AllocationType, IPAMAllocation, ReclaimPolicy,
-    cluster_of_namespace,
+    ANNOTATION_RECLAIM_POLICY, AllocationPhase, AllocationType, IPAMAllocation, IPAMAllocationSpec,
+    IPAMAllocationStatus, ReclaimPolicy, cluster_of_namespace,
 };
 
 use super::{Errors, FieldError};
@@ -13,8 +13,37 @@ use super::{Errors, FieldError};
 /// Parses a stored allocation exactly as it was written. An allocation without addresses (a
 /// failed or pending request) holds nothing.
 pub fn stored_allocation(obj: &IPAMAllocation) -> Result<StoredAllocation, Vec<FieldError>> {
-    let namespace = obj.metadata.namespace.clone().unwrap_or_default();
-    let pool = obj.metadata.name.clone().unwrap_or_default();
+    stored_allocation_of(&AllocationParts {
+        namespace: obj.metadata.namespace.as_deref().unwrap_or_default(),
+        name: obj.metadata.name.as_deref().unwrap_or_default(),
+        spec: &obj.spec,
+        status: obj.status.as_ref(),
+        reclaim_policy: obj
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_RECLAIM_POLICY))
+            .map(String::as_str),
+    })
+}
+
+/// What [`stored_allocation_of`] reads of a stored allocation, however it is held.
+pub struct AllocationParts<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub spec: &'a IPAMAllocationSpec,
+    pub status: Option<&'a IPAMAllocationStatus>,
+    /// The reclaim-policy annotation.
+    pub reclaim_policy: Option<&'a str>,
+}
+
+/// [`stored_allocation`] over the parts of an allocation.
+pub fn stored_allocation_of(
+    parts: &AllocationParts<'_>,
+) -> Result<StoredAllocation, Vec<FieldError>> {
+    let namespace = parts.namespace.to_string();
+    let pool = parts.name.to_string();
+    let spec = parts.spec;
     let mut errors = Errors::new(format!("IPAMAllocation {namespace}/{pool}"));
     let cluster = match cluster_of_namespace(&namespace) {
         Some(c) => c.to_string(),
@@ -30,18 +59,17 @@ pub fn stored_allocation(obj: &IPAMAllocation) -> Result<StoredAllocation, Vec<F
     if pool.is_empty() {
         errors.add("metadata.name", "", "is required (the pool name)");
     }
-    if obj.spec.dc.is_empty() {
+    if spec.dc.is_empty() {
         errors.add("spec.dc", "", "is required");
     }
-    let released = obj
+    let released = parts
         .status
-        .as_ref()
         .and_then(|s| s.phase)
         .is_some_and(|p| p == AllocationPhase::Released);
-    let held = match obj.spec.type_ {
+    let held = match spec.type_ {
         AllocationType::Range => {
             let mut pieces = Vec::new();
-            for (i, text) in obj.spec.addresses.iter().enumerate() {
+            for (i, text) in spec.addresses.iter().enumerate() {
                 match text.parse::<AddrRange>() {
                     Ok(r) => pieces.push(r),
                     Err(e) => errors.add(format!("spec.addresses[{i}]"), text, e.to_string()),
@@ -49,7 +77,7 @@ pub fn stored_allocation(obj: &IPAMAllocation) -> Result<StoredAllocation, Vec<F
             }
             (!pieces.is_empty()).then_some(Allocation::Range(pieces))
         }
-        AllocationType::Prefix => match &obj.spec.cidr {
+        AllocationType::Prefix => match &spec.cidr {
             None => None,
             Some(text) => match text.parse::<Cidr>() {
                 Ok(c) => Some(Allocation::Prefix(c)),
@@ -60,20 +88,15 @@ pub fn stored_allocation(obj: &IPAMAllocation) -> Result<StoredAllocation, Vec<F
             },
         },
     };
-    let reclaim_policy = obj
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANNOTATION_RECLAIM_POLICY))
-        .and_then(|v| match v.as_str() {
-            "Retain" => Some(ReclaimPolicy::Retain),
-            "Delete" => Some(ReclaimPolicy::Delete),
-            _ => None,
-        });
+    let reclaim_policy = parts.reclaim_policy.and_then(|v| match v {
+        "Retain" => Some(ReclaimPolicy::Retain),
+        "Delete" => Some(ReclaimPolicy::Delete),
+        _ => None,
+    });
     errors.into_result(StoredAllocation {
         cluster,
         pool,
-        datacenter: obj.spec.dc.clone(),
+        datacenter: spec.dc.clone(),
         held: if released { None } else { held },
         reclaim_policy,
         unreadable: None,

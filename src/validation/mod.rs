@@ -12,7 +12,7 @@ mod references;
 mod schema;
 pub mod strict;
 
-pub use allocation::stored_allocation;
+pub use allocation::{AllocationParts, stored_allocation, stored_allocation_of};
 pub use cluster::cluster_input;
 pub use pool::{pool_input, validate_pool, validate_pool_with_clusters};
 pub use references::override_pools;

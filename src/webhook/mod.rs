@@ -161,7 +161,7 @@ impl Source for CacheSource {
                 .pools
                 .get(&ObjectRef::new(pool))
                 .map(|p| p.as_ref().clone()),
-            allocations: allocations.iter().map(|a| a.as_ref().clone()).collect(),
+            allocations: allocations.iter().map(|a| a.to_object()).collect(),
             records: self
                 .records
                 .state()

@@ -8,11 +8,12 @@ use kube::ResourceExt;
 
 use super::*;
 use crate::controller::Context;
+use crate::controller::ledger::Entry;
 use crate::controller::preconditions;
 use crate::controller::records::{self, RecordKey};
 use crate::planner::{self, PoolInput};
 use crate::reservations;
-use crate::resources::{IPAMAllocation, IPAMPool, IPAMPoolRecord, record_name};
+use crate::resources::{IPAMPool, IPAMPoolRecord, record_name};
 
 /// Writes every pool record shard the plan changes, and a no-op compare-and-swap on the
 /// shards of the clusters in `to_write`, whose objects are about to be written; returns the
@@ -25,7 +26,7 @@ pub(super) async fn commit_records(
     inputs: &[PoolInput],
     scope: &scope::Scope,
     plan: &planner::Plan,
-    objects: &[Arc<IPAMAllocation>],
+    objects: &[Arc<Entry>],
     records: &BTreeMap<RecordKey, IPAMPoolRecord>,
     to_write: &HashMap<RecordKey, BTreeSet<String>>,
     limit: usize,
@@ -35,11 +36,9 @@ pub(super) async fn commit_records(
     let pool_objects: HashMap<String, &Arc<IPAMPool>> =
         pools.iter().map(|p| (p.name_any(), p)).collect();
     // Objects and decisions by pool, once (not once per pool datacenter).
-    let mut objects_of: HashMap<&str, Vec<&IPAMAllocation>> = HashMap::new();
+    let mut objects_of: HashMap<&str, Vec<&Entry>> = HashMap::new();
     for o in objects {
-        if let Some(name) = o.metadata.name.as_deref() {
-            objects_of.entry(name).or_default().push(o.as_ref());
-        }
+        objects_of.entry(o.name()).or_default().push(o.as_ref());
     }
     let mut decisions_of: HashMap<&str, Vec<&planner::Decision>> = HashMap::new();
     for d in &plan.decisions {
@@ -74,7 +73,9 @@ pub(super) async fn commit_records(
                 &input.name,
                 dc,
                 pool_decisions.iter().copied(),
-                pool_objects_here.iter().copied(),
+                pool_objects_here
+                    .iter()
+                    .map(|o| (o.namespace(), o.name(), o.spec())),
             );
             let check = to_write.get(&key).cloned().unwrap_or_default();
             let pool = (*pool).clone();
@@ -103,7 +104,7 @@ pub(super) async fn commit_records(
         let pool_valid = inputs.iter().any(|p| p.name == key.0);
         let objects_left = objects_of
             .get(key.0.as_str())
-            .is_some_and(|list| list.iter().any(|o| o.spec.dc == key.1));
+            .is_some_and(|list| list.iter().any(|o| o.spec().dc == key.1));
         if pool_valid && !served.contains(key) && !objects_left {
             match records::remove(ctx, key).await {
                 Err(e) => {

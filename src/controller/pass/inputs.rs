@@ -7,11 +7,12 @@ use kube::{Api, ResourceExt};
 
 use super::*;
 use crate::controller::Context;
+use crate::controller::ledger::Entry;
 use crate::controller::records::RecordKey;
 use crate::planner::{ClusterInput, PoolInput, StoredAllocation};
 use crate::reservations;
 use crate::resources::{
-    Cluster, IPAMAllocation, IPAMPool, IPAMPoolRecord, LABEL_DATACENTER, ReclaimPolicy,
+    ANNOTATION_RECLAIM_POLICY, Cluster, IPAMPool, IPAMPoolRecord, LABEL_DATACENTER, ReclaimPolicy,
     cluster_of_namespace,
 };
 use crate::validation::{self, FieldError};
@@ -67,19 +68,26 @@ impl ReadCache {
         }
     }
 
-    fn allocation(&mut self, obj: &IPAMAllocation) -> Result<StoredAllocation, Vec<FieldError>> {
-        let Some(rv) = version_of(obj) else {
-            return validation::stored_allocation(obj);
+    fn allocation(&mut self, obj: &Entry) -> Result<StoredAllocation, Vec<FieldError>> {
+        let parts = validation::AllocationParts {
+            namespace: obj.namespace(),
+            name: obj.name(),
+            spec: obj.spec(),
+            status: obj.status(),
+            reclaim_policy: obj.annotation(ANNOTATION_RECLAIM_POLICY),
         };
-        let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
-        let name = obj.metadata.name.as_deref().unwrap_or_default();
+        let Some(rv) = obj.version() else {
+            return validation::stored_allocation_of(&parts);
+        };
+        let namespace = obj.namespace();
+        let name = obj.name();
         if let Some(read) = self.allocations.get(&rv)
             && read.pool == name
             && cluster_of_namespace(namespace) == Some(read.cluster.as_str())
         {
             return Ok(read.clone());
         }
-        let read = validation::stored_allocation(obj);
+        let read = validation::stored_allocation_of(&parts);
         if let Ok(stored) = &read {
             self.allocations.insert(rv, stored.clone());
         }
@@ -87,14 +95,10 @@ impl ReadCache {
     }
 
     /// Forgets objects no longer present.
-    fn retain(
-        &mut self,
-        objects: &[Arc<IPAMAllocation>],
-        records: &BTreeMap<RecordKey, IPAMPoolRecord>,
-    ) {
+    fn retain(&mut self, objects: &[Arc<Entry>], records: &BTreeMap<RecordKey, IPAMPoolRecord>) {
         // Every write gives an object a new version: drop the readings of versions gone.
         if self.allocations.len() > objects.len() {
-            let present: HashSet<u64> = objects.iter().filter_map(|o| version_of(o)).collect();
+            let present: HashSet<u64> = objects.iter().filter_map(|o| o.version()).collect();
             self.allocations.retain(|rv, _| present.contains(rv));
         }
         self.records.retain(|k, _| records.contains_key(k));
@@ -108,18 +112,13 @@ impl ReadCache {
     }
 }
 
-/// An object's `resourceVersion` as a number, when it is one.
-fn version_of(obj: &IPAMAllocation) -> Option<u64> {
-    obj.metadata.resource_version.as_deref()?.parse().ok()
-}
-
 /// Builds the planner's input. `clusters` gains every cluster the cache lacks but the API
 /// server still has.
 pub(super) async fn gather(
     ctx: &Arc<Context>,
     pools: &[Arc<IPAMPool>],
     clusters: &mut Vec<Arc<Cluster>>,
-    stored_objects: &[Arc<IPAMAllocation>],
+    stored_objects: &[Arc<Entry>],
     records: &BTreeMap<RecordKey, IPAMPoolRecord>,
     cache: &mut ReadCache,
 ) -> Result<Inputs, PassError> {
@@ -152,12 +151,7 @@ pub(super) async fn gather(
     let known: HashSet<String> = clusters.iter().map(|c| c.name_any()).collect();
     let mut holders: BTreeSet<String> = stored_objects
         .iter()
-        .filter_map(|o| {
-            o.metadata
-                .namespace
-                .as_deref()
-                .and_then(cluster_of_namespace)
-        })
+        .filter_map(|o| o.cluster())
         .map(str::to_string)
         .collect();
     for r in records.values() {
@@ -220,13 +214,13 @@ pub(super) async fn gather(
                 stored.push(s);
             }
             Err(errors) => {
-                let pool = obj.name_any();
+                let pool = obj.name().to_string();
                 if frozen_pools.contains(&pool) {
                     continue;
                 }
                 let why = format!(
                     "IPAMAllocation {}/{} cannot be read: {}",
-                    obj.namespace().unwrap_or_default(),
+                    obj.namespace(),
                     pool,
                     errors
                         .iter()
@@ -235,22 +229,16 @@ pub(super) async fn gather(
                         .join("; ")
                 );
                 tracing::warn!(
-                    cluster = obj.namespace().as_deref().and_then(cluster_of_namespace).unwrap_or_default(),
+                    cluster = obj.cluster().unwrap_or_default(),
                     pool = %pool,
                     "{why}; no new address is handed out in its pool until it is fixed or removed"
                 );
-                let cluster = obj
-                    .namespace()
-                    .as_deref()
-                    .and_then(cluster_of_namespace)
+                let cluster = obj.cluster().unwrap_or_default().to_string();
+                let datacenter = obj
+                    .label(LABEL_DATACENTER)
+                    .filter(|dc| *dc == obj.spec().dc)
                     .unwrap_or_default()
                     .to_string();
-                let datacenter = obj
-                    .labels()
-                    .get(LABEL_DATACENTER)
-                    .cloned()
-                    .filter(|dc| *dc == obj.spec.dc)
-                    .unwrap_or_default();
                 stored.push(StoredAllocation {
                     cluster,
                     pool,

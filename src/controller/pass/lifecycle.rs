@@ -136,12 +136,7 @@ pub(super) async fn release_finalizers(
         }
         let name = p.name_any();
         let pending = ledger.of_pool(&name).any(|a| {
-            let retained = a
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|m| m.get(ANNOTATION_RECLAIM_POLICY))
-                .is_some_and(|v| v == "Retain");
+            let retained = a.annotation(ANNOTATION_RECLAIM_POLICY) == Some("Retain");
             !(retained && p.spec.reclaim_policy == ReclaimPolicy::Retain)
         });
         if !pending {

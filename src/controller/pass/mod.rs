@@ -229,17 +229,11 @@ pub async fn run(
         .collect();
     // The ledger's snapshot is in key order (namespace, name): an object is found by binary
     // search, without a second index of every allocation.
-    let stored_object = |namespace: &str, name: &str| -> Option<&IPAMAllocation> {
+    let stored_object = |namespace: &str, name: &str| -> Option<IPAMAllocation> {
         stored_objects
-            .binary_search_by(|o| {
-                let key = (
-                    o.metadata.namespace.as_deref().unwrap_or_default(),
-                    o.metadata.name.as_deref().unwrap_or_default(),
-                );
-                key.cmp(&(namespace, name))
-            })
+            .binary_search_by(|o| (o.namespace(), o.name()).cmp(&(namespace, name)))
             .ok()
-            .map(|i| stored_objects[i].as_ref())
+            .map(|i| stored_objects[i].to_object())
     };
     let uids: HashMap<String, &Cluster> = clusters
         .iter()
@@ -251,8 +245,13 @@ pub async fn run(
     // 100,000 desired objects (and their stored copies) at once.
     let build = |d: &planner::Decision| -> Option<AllocationWrite> {
         let existing = stored_object(&cluster_namespace(&d.cluster), &d.pool);
-        let desired = allocation_object(d, existing, policies.get(d.pool.as_str()).copied(), &now);
-        AllocationWrite::new(d, existing, desired)
+        let desired = allocation_object(
+            d,
+            existing.as_ref(),
+            policies.get(d.pool.as_str()).copied(),
+            &now,
+        );
+        AllocationWrite::new(d, existing.as_ref(), desired)
     };
     let mut pending: Vec<(usize, bool)> = Vec::new();
     let mut to_write: HashMap<(String, String), std::collections::BTreeSet<String>> =

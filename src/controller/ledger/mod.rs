@@ -10,13 +10,18 @@
 //! On a replica that does not lead, the watch alone keeps it. It is the only copy of the
 //! allocations a replica keeps: the addon applier, the admission webhook and the REST API read
 //! theirs from here ([`Ledger::in_namespace`], [`Ledger::in_pool`]) instead of watching
-//! allocations themselves.
+//! allocations themselves. Each allocation is held as a compact [`Entry`] (see `entry.rs`):
+//! readers that need the whole object ask it for one.
 //!
 //! Resource versions are compared as integers: they are etcd revisions on a real API server
 //! (and on the test stand-in). A version that does not parse is treated as newer.
 
+mod entry;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+
+pub use entry::Entry;
 
 use crate::resources::IPAMAllocation;
 
@@ -41,37 +46,13 @@ fn not_older(a: Option<u64>, b: Option<u64>) -> bool {
     }
 }
 
-/// What the planner reads of an allocation: a watch event that leaves all of it alone (the
-/// echo of kipam's own write, already applied from the write's response) changes nothing.
-fn same_content(a: &IPAMAllocation, b: &IPAMAllocation) -> bool {
-    a.spec == b.spec
-        && a.status == b.status
-        && a.metadata.labels == b.metadata.labels
-        && a.metadata.annotations == b.metadata.annotations
-        && a.metadata.uid == b.metadata.uid
-        && a.metadata.deletion_timestamp == b.metadata.deletion_timestamp
-        && a.metadata.finalizers == b.metadata.finalizers
-}
-
-/// Field-manager bookkeeping is the bulk of a small object and nobody here reads it.
-fn slim(mut obj: IPAMAllocation) -> IPAMAllocation {
-    obj.metadata.managed_fields = None;
-    obj
-}
-
-/// An object ordered by its namespace alone: one pool's allocations, one per namespace.
+/// An entry ordered by its namespace alone: one pool's allocations, one per namespace.
 #[derive(Debug)]
-struct ByNamespace(Arc<IPAMAllocation>);
-
-impl ByNamespace {
-    fn namespace(&self) -> &str {
-        self.0.metadata.namespace.as_deref().unwrap_or_default()
-    }
-}
+struct ByNamespace(Arc<Entry>);
 
 impl PartialEq for ByNamespace {
     fn eq(&self, other: &Self) -> bool {
-        self.namespace() == other.namespace()
+        self.0.namespace() == other.0.namespace()
     }
 }
 
@@ -85,7 +66,7 @@ impl PartialOrd for ByNamespace {
 
 impl Ord for ByNamespace {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.namespace().cmp(other.namespace())
+        self.0.namespace().cmp(other.0.namespace())
     }
 }
 
@@ -120,11 +101,14 @@ impl Flight {
 
 #[derive(Debug, Default)]
 pub struct Ledger {
-    objects: BTreeMap<Key, Arc<IPAMAllocation>>,
-    /// The same objects by pool (their name), each pool's in namespace order. Changed only
+    /// Every allocation by namespace, each namespace's in name order (a cluster holds one per
+    /// pool, so these lists are short). The namespace is shared with the entries.
+    objects: BTreeMap<Arc<str>, Vec<Arc<Entry>>>,
+    /// The same entries by pool (their name), each pool's in namespace order. Changed only
     /// together with `objects` (see [`Ledger::put`] and [`Ledger::take`]). It holds no key
-    /// of its own per object: the objects order themselves by their namespace.
-    by_pool: BTreeMap<String, BTreeSet<ByNamespace>>,
+    /// of its own per entry: the entries order themselves by their namespace.
+    by_pool: BTreeMap<Arc<str>, BTreeSet<ByNamespace>>,
+    count: usize,
     /// Keys whose content changed other than by this replica's own writes, since the last
     /// [`Ledger::take_changed`].
     changed: BTreeSet<Key>,
@@ -145,18 +129,19 @@ impl Ledger {
         self.in_flight.clear();
         self.objects.clear();
         self.by_pool.clear();
+        self.count = 0;
         for o in objects {
-            let o = slim(o);
-            self.put(key_of(&o), Arc::new(o));
+            let entry = self.entry_of(o);
+            self.put(Arc::new(entry));
         }
         self.tombstones.clear();
         self.relist = None;
         self.changed.clear();
     }
 
-    /// Every object (shared, not copied).
-    pub fn snapshot(&self) -> Vec<Arc<IPAMAllocation>> {
-        self.objects.values().cloned().collect()
+    /// Every entry (shared, not copied), in key order (namespace, then name).
+    pub fn snapshot(&self) -> Vec<Arc<Entry>> {
+        self.objects.values().flatten().cloned().collect()
     }
 
     /// The keys changed by others (watch events with new content, re-reads, re-lists) since
@@ -165,30 +150,36 @@ impl Ledger {
         std::mem::take(&mut self.changed)
     }
 
-    pub fn get(&self, key: &Key) -> Option<&IPAMAllocation> {
-        self.objects.get(key).map(Arc::as_ref)
+    fn lookup(&self, namespace: &str, name: &str) -> Option<&Arc<Entry>> {
+        let list = self.objects.get(namespace)?;
+        let i = list.binary_search_by(|e| e.name().cmp(name)).ok()?;
+        list.get(i)
+    }
+
+    pub fn get(&self, key: &Key) -> Option<&Entry> {
+        self.lookup(&key.0, &key.1).map(Arc::as_ref)
     }
 
     pub fn len(&self) -> usize {
-        self.objects.len()
+        self.count
     }
 
     pub fn is_empty(&self) -> bool {
-        self.objects.is_empty()
+        self.count == 0
     }
 
     /// Any allocation held by `cluster`'s namespace.
     pub fn has_namespace(&self, namespace: &str) -> bool {
-        first_of(&self.objects, namespace).next().is_some()
+        self.objects.contains_key(namespace)
     }
 
-    /// The allocations in `namespace` (one cluster's), by name, shared: one range of the map.
-    pub fn in_namespace(&self, namespace: &str) -> Vec<Arc<IPAMAllocation>> {
-        first_of(&self.objects, namespace).cloned().collect()
+    /// The allocations in `namespace` (one cluster's), by name, shared.
+    pub fn in_namespace(&self, namespace: &str) -> Vec<Arc<Entry>> {
+        self.objects.get(namespace).cloned().unwrap_or_default()
     }
 
     /// Allocations named after `pool` (one per cluster), by namespace.
-    pub fn of_pool<'a>(&'a self, pool: &'a str) -> impl Iterator<Item = &'a IPAMAllocation> + 'a {
+    pub fn of_pool<'a>(&'a self, pool: &'a str) -> impl Iterator<Item = &'a Entry> + 'a {
         self.by_pool
             .get(pool)
             .into_iter()
@@ -197,7 +188,7 @@ impl Ledger {
     }
 
     /// [`Ledger::of_pool`], shared, to be read after the lock is released.
-    pub fn in_pool(&self, pool: &str) -> Vec<Arc<IPAMAllocation>> {
+    pub fn in_pool(&self, pool: &str) -> Vec<Arc<Entry>> {
         self.by_pool
             .get(pool)
             .into_iter()
@@ -206,28 +197,64 @@ impl Ledger {
             .collect()
     }
 
-    fn put(&mut self, key: Key, obj: Arc<IPAMAllocation>) {
-        let entry = ByNamespace(obj.clone());
-        match self.by_pool.get_mut(&key.1) {
-            Some(pool) => {
-                pool.replace(entry);
-            }
-            None => {
-                self.by_pool.insert(key.1.clone(), BTreeSet::from([entry]));
+    /// The compact form of `obj`, its namespace and name shared with the indexes when they
+    /// already hold them.
+    fn entry_of(&self, obj: IPAMAllocation) -> Entry {
+        let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
+        let namespace = match self.objects.get_key_value(namespace) {
+            Some((shared, _)) => shared.clone(),
+            None => Arc::from(namespace),
+        };
+        let name = obj.metadata.name.as_deref().unwrap_or_default();
+        let name = match self.by_pool.get_key_value(name) {
+            Some((shared, _)) => shared.clone(),
+            None => Arc::from(name),
+        };
+        Entry::new(obj, namespace, name)
+    }
+
+    fn put(&mut self, entry: Arc<Entry>) {
+        let list = self
+            .objects
+            .entry(entry.namespace_shared().clone())
+            .or_default();
+        match list.binary_search_by(|e| e.name().cmp(entry.name())) {
+            Ok(i) => list[i] = entry.clone(),
+            Err(i) => {
+                list.insert(i, entry.clone());
+                self.count += 1;
             }
         }
-        self.objects.insert(key, obj);
+        match self.by_pool.get_mut(entry.name()) {
+            Some(pool) => {
+                pool.replace(ByNamespace(entry));
+            }
+            None => {
+                self.by_pool.insert(
+                    entry.name_shared().clone(),
+                    BTreeSet::from([ByNamespace(entry)]),
+                );
+            }
+        }
     }
 
     /// Removes `key`; true when it was held.
     fn take(&mut self, key: &Key) -> bool {
-        let Some(obj) = self.objects.remove(key) else {
+        let Some(list) = self.objects.get_mut(key.0.as_str()) else {
             return false;
         };
-        if let Some(pool) = self.by_pool.get_mut(&key.1) {
-            pool.remove(&ByNamespace(obj));
+        let Ok(i) = list.binary_search_by(|e| e.name().cmp(&key.1)) else {
+            return false;
+        };
+        let entry = list.remove(i);
+        if list.is_empty() {
+            self.objects.remove(key.0.as_str());
+        }
+        self.count -= 1;
+        if let Some(pool) = self.by_pool.get_mut(key.1.as_str()) {
+            pool.remove(&ByNamespace(entry));
             if pool.is_empty() {
-                self.by_pool.remove(&key.1);
+                self.by_pool.remove(key.1.as_str());
             }
         }
         true
@@ -292,7 +319,6 @@ impl Ledger {
 
     /// Stores a version unless it is older; true when the content changed.
     fn store(&mut self, obj: IPAMAllocation) -> bool {
-        let obj = slim(obj);
         let key = key_of(&obj);
         let rv = rv_of(&obj);
         if let Some((seen, max)) = self.relist.as_mut() {
@@ -304,15 +330,17 @@ impl Ledger {
         {
             return false;
         }
-        match self.objects.get(&key) {
-            Some(current) if !not_older(rv, rv_of(current)) => false,
-            current => {
-                let changed = current.is_none_or(|c| !same_content(c, &obj));
-                self.tombstones.remove(&key);
-                self.put(key, Arc::new(obj));
-                changed
-            }
+        let current = self.lookup(&key.0, &key.1);
+        if let Some(current) = current
+            && !not_older(rv, current.version())
+        {
+            return false;
         }
+        let entry = self.entry_of(obj);
+        let changed = current.is_none_or(|c| !c.same_content(&entry));
+        self.tombstones.remove(&key);
+        self.put(Arc::new(entry));
+        changed
     }
 
     /// The object is gone (our delete succeeded, or the watch said so). Returns true when
@@ -320,8 +348,8 @@ impl Ledger {
     pub fn remove(&mut self, obj: &IPAMAllocation) -> bool {
         let key = key_of(obj);
         let rv = rv_of(obj);
-        if let Some(current) = self.objects.get(&key)
-            && !not_older(rv, rv_of(current))
+        if let Some(current) = self.lookup(&key.0, &key.1)
+            && !not_older(rv, current.version())
         {
             return false; // a newer incarnation exists
         }
@@ -374,22 +402,21 @@ impl Ledger {
         let seen: std::collections::HashSet<Key> = seen.into_iter().collect();
         let gone: Vec<Key> = self
             .objects
-            .iter()
-            .filter(|(k, o)| !seen.contains(*k) && rv_of(o).is_some_and(|rv| rv <= max))
-            .map(|(k, _)| k.clone())
+            .values()
+            .flatten()
+            .map(|e| (e.namespace().to_string(), e.name().to_string()))
+            .filter(|k| !seen.contains(k))
+            .filter(|k| {
+                self.get(k)
+                    .and_then(Entry::version)
+                    .is_some_and(|rv| rv <= max)
+            })
             .collect();
         for key in gone {
             self.take(&key);
             self.changed.insert(key);
         }
     }
-}
-
-/// The entries of `map` whose key starts with `first`, in order: O(log n) to find the first.
-fn first_of<'a, V>(map: &'a BTreeMap<Key, V>, first: &'a str) -> impl Iterator<Item = &'a V> + 'a {
-    map.range((first.to_string(), String::new())..)
-        .take_while(move |((f, _), _)| f == first)
-        .map(|(_, v)| v)
 }
 
 #[cfg(test)]
@@ -410,8 +437,10 @@ mod tests {
         o
     }
 
-    fn keys(objs: &[Arc<IPAMAllocation>]) -> Vec<(String, String)> {
-        objs.iter().map(|o| key_of(o)).collect()
+    fn keys(objs: &[Arc<Entry>]) -> Vec<(String, String)> {
+        objs.iter()
+            .map(|o| (o.namespace().to_string(), o.name().to_string()))
+            .collect()
     }
 
     fn pair(ns: &str, pool: &str) -> (String, String) {
@@ -483,7 +512,7 @@ mod tests {
         let mut l = Ledger::default();
         l.apply(obj("cluster-a", 5, "grown"));
         l.apply(obj("cluster-a", 3, "old"));
-        assert_eq!(l.snapshot()[0].spec.addresses, vec!["grown"]);
+        assert_eq!(l.snapshot()[0].spec().addresses, vec!["grown"]);
         l.remove(&obj("cluster-a", 6, "grown"));
         l.apply(obj("cluster-a", 5, "grown"));
         assert_eq!(l.len(), 0);
@@ -504,7 +533,7 @@ mod tests {
         let names: Vec<String> = l
             .snapshot()
             .iter()
-            .map(|o| o.metadata.namespace.clone().unwrap_or_default())
+            .map(|o| o.namespace().to_string())
             .collect();
         assert_eq!(names, vec!["cluster-a", "cluster-c", "cluster-d"]);
     }
@@ -575,7 +604,7 @@ mod tests {
         let b = ("cluster-b".to_string(), "metallb".to_string());
         assert!(
             l.get(&b)
-                .is_some_and(|o| o.metadata.managed_fields.is_none())
+                .is_some_and(|o| o.to_object().metadata.managed_fields.is_none())
         );
     }
 }
