@@ -156,7 +156,7 @@ pub struct Metrics {
     /// From the first pass that found a cluster's request unmet to the allocation written.
     pub allocation_duration: Histogram,
     /// When each (cluster, pool) request still unmet was first seen by a pass.
-    unmet_since: Mutex<HashMap<(String, String), Instant>>,
+    unmet_since: Mutex<Unmet>,
     pub api_writes: Family<WriteLabels, Counter>,
     /// Failed writes by kind of object and reason (`Conflict`, `Invalid`, `Timeout`, ...).
     pub write_errors: Family<ErrorLabels, Counter>,
@@ -288,6 +288,45 @@ fn unmet(d: &Decision) -> bool {
     )
 }
 
+/// When each (cluster, pool) request still unmet was first seen, by cluster: a burst of new
+/// clusters has every one of its requests here at once (100,000 at 10,000 clusters × 10
+/// pools), so each cluster's name is kept once, not once per pool.
+#[derive(Debug, Default)]
+struct Unmet(HashMap<String, Vec<(String, Instant)>>);
+
+impl Unmet {
+    fn note(&mut self, cluster: &str, pool: &str, at: Instant) {
+        let pools = match self.0.get_mut(cluster) {
+            Some(pools) => pools,
+            None => self.0.entry(cluster.to_string()).or_default(),
+        };
+        if !pools.iter().any(|(p, _)| p == pool) {
+            pools.push((pool.to_string(), at));
+        }
+    }
+
+    fn take(&mut self, cluster: &str, pool: &str) -> Option<Instant> {
+        let pools = self.0.get_mut(cluster)?;
+        let i = pools.iter().position(|(p, _)| p == pool)?;
+        let (_, since) = pools.swap_remove(i);
+        if pools.is_empty() {
+            self.0.remove(cluster);
+        }
+        Some(since)
+    }
+
+    fn retain(&mut self, live: impl Fn(&str, &str) -> bool) {
+        self.0.retain(|cluster, pools| {
+            pools.retain(|(pool, _)| live(cluster, pool));
+            !pools.is_empty()
+        });
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -303,7 +342,7 @@ impl Metrics {
             allocations_released: Counter::default(),
             allocation_failures: Counter::default(),
             allocation_duration: Histogram::new(exponential_buckets(0.025, 2.0, 16)),
-            unmet_since: Mutex::new(HashMap::new()),
+            unmet_since: Mutex::new(Unmet::default()),
             api_writes: Family::default(),
             write_errors: Family::default(),
             leader: Gauge::default(),
@@ -493,11 +532,9 @@ impl Metrics {
         for d in plan.decisions.iter().filter(|d| unmet(d)) {
             live.insert((d.cluster.as_str(), d.pool.as_str()));
         }
-        unmet_since.retain(|k, _| live.contains(&(k.0.as_str(), k.1.as_str())));
+        unmet_since.retain(|cluster, pool| live.contains(&(cluster, pool)));
         for (cluster, pool) in live {
-            unmet_since
-                .entry((cluster.to_string(), pool.to_string()))
-                .or_insert(at);
+            unmet_since.note(cluster, pool, at);
         }
     }
 
@@ -512,9 +549,7 @@ impl Metrics {
             for d in added {
                 touched.insert((d.pool.as_str(), d.datacenter.as_str()));
                 if unmet(d) {
-                    unmet_since
-                        .entry((d.cluster.clone(), d.pool.clone()))
-                        .or_insert(at);
+                    unmet_since.note(&d.cluster, &d.pool, at);
                 }
             }
         }
@@ -606,7 +641,7 @@ impl Metrics {
     /// waited for it.
     pub fn allocation_written(&self, cluster: &str, pool: &str) {
         self.allocations_created.inc();
-        let since = lock(&self.unmet_since).remove(&(cluster.to_string(), pool.to_string()));
+        let since = lock(&self.unmet_since).take(cluster, pool);
         if let Some(since) = since {
             self.allocation_duration
                 .observe(since.elapsed().as_secs_f64());

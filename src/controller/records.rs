@@ -95,42 +95,59 @@ impl Records {
     }
 
     /// Every pool datacenter's record as one: each cluster's parts from all shards joined
-    /// ([`shards::join`]). Its `resourceVersion` lists the shards' versions, so it changes
-    /// whenever any shard does.
+    /// ([`shards::join`]). Its `resourceVersion` is [`Records::version`].
     pub fn snapshot(&self) -> BTreeMap<RecordKey, IPAMPoolRecord> {
-        self.map
-            .iter()
-            .filter(|(_, shards)| !shards.is_empty())
-            .map(|(key, shards)| {
-                let mut parts: BTreeMap<&str, Vec<&Reservation>> = BTreeMap::new();
-                for held in shards.values() {
-                    for (cluster, r) in &held.record.spec.reservations {
-                        parts.entry(cluster.as_str()).or_default().push(r);
-                    }
-                }
-                let version: Vec<&str> = shards
-                    .values()
-                    .map(|h| h.record.metadata.resource_version.as_deref().unwrap_or(""))
-                    .collect();
+        self.versions()
+            .into_iter()
+            .map(|(key, version)| {
                 let record = IPAMPoolRecord {
                     metadata: ObjectMeta {
                         name: Some(record_name(&key.0, &key.1)),
-                        resource_version: Some(version.join(",")),
+                        resource_version: Some(version),
                         ..Default::default()
                     },
                     spec: IPAMPoolRecordSpec {
                         pool: key.0.clone(),
                         datacenter: key.1.clone(),
                         block: None,
-                        reservations: parts
-                            .into_iter()
-                            .map(|(c, p)| (c.to_string(), shards::join(p)))
-                            .collect(),
+                        reservations: self.joined(&key).collect(),
                     },
                 };
-                (key.clone(), record)
+                (key, record)
             })
             .collect()
+    }
+
+    /// Every pool datacenter held, with its version: the versions of its shards, joined, so
+    /// it changes whenever any shard does.
+    pub fn versions(&self) -> BTreeMap<RecordKey, String> {
+        self.map
+            .iter()
+            .filter(|(_, shards)| !shards.is_empty())
+            .map(|(key, shards)| {
+                let version: Vec<&str> = shards
+                    .values()
+                    .map(|h| h.record.metadata.resource_version.as_deref().unwrap_or(""))
+                    .collect();
+                (key.clone(), version.join(","))
+            })
+            .collect()
+    }
+
+    /// What one pool datacenter's shards reserve, each cluster's parts joined, by cluster.
+    pub fn joined<'a>(
+        &'a self,
+        key: &RecordKey,
+    ) -> impl Iterator<Item = (String, Reservation)> + use<'a> {
+        let mut parts: BTreeMap<&str, Vec<&Reservation>> = BTreeMap::new();
+        for held in self.map.get(key).into_iter().flat_map(|s| s.values()) {
+            for (cluster, r) in &held.record.spec.reservations {
+                parts.entry(cluster.as_str()).or_default().push(r);
+            }
+        }
+        parts
+            .into_iter()
+            .map(|(c, p)| (c.to_string(), shards::join(p)))
     }
 
     /// The names of the shards held for `key`.

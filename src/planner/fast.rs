@@ -154,29 +154,87 @@ pub fn serve_new(
 }
 
 /// Puts `added` (sorted by cluster and pool, none of them in `decisions`) into `decisions`,
-/// keeping the order. A few clusters' decisions are spliced in where they belong: the vector
-/// keeps its allocation, and only its tail moves. Many are merged into a new vector in one
-/// sweep instead of one move of the tail per cluster.
+/// keeping the order, in place: the vector grows by exactly `added.len()` (never to twice its
+/// size, as pushing or splicing into a full vector would: at 100,000 decisions that doubling
+/// alone was 20 MB), and the two sorted runs are merged from the back, so only the decisions
+/// after the first insertion point move.
 fn insert_sorted(decisions: &mut Vec<Decision>, added: &[Decision]) {
-    const SPLICE_AT_MOST: usize = 8;
-    let groups: Vec<&[Decision]> = added.chunk_by(|a, b| a.cluster == b.cluster).collect();
-    if groups.len() <= SPLICE_AT_MOST {
-        for group in groups {
-            let first = &group[0];
-            let at = decisions
-                .partition_point(|d| (&d.cluster, &d.pool) < (&first.cluster, &first.pool));
-            decisions.splice(at..at, group.iter().cloned());
-        }
+    if added.is_empty() {
         return;
     }
-    let mut merged = Vec::with_capacity(decisions.len() + added.len());
-    let mut old = std::mem::take(decisions).into_iter().peekable();
-    for d in added.iter().cloned() {
-        while let Some(o) = old.next_if(|o| (&o.cluster, &o.pool) < (&d.cluster, &d.pool)) {
-            merged.push(o);
+    let old_len = decisions.len();
+    decisions.reserve_exact(added.len());
+    // The new slots at the end start as copies of `added`; each is overwritten or swapped
+    // below before the merge is over.
+    decisions.extend(added.iter().cloned());
+    let mut old = old_len; // decisions[..old] are the old ones not placed yet
+    let mut new = added.len(); // added[..new] are not placed yet
+    let mut at = decisions.len(); // decisions[at..] are final
+    while new > 0 {
+        at -= 1;
+        let take_old = old > 0 && {
+            let (o, a) = (&decisions[old - 1], &added[new - 1]);
+            (&o.cluster, &o.pool) >= (&a.cluster, &a.pool)
+        };
+        if take_old {
+            decisions.swap(old - 1, at);
+            old -= 1;
+        } else {
+            decisions[at] = added[new - 1].clone();
+            new -= 1;
         }
-        merged.push(d);
     }
-    merged.extend(old);
-    *decisions = merged;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::planner::Change;
+    use crate::resources::AllocationType;
+
+    fn decision(cluster: &str, pool: &str) -> Decision {
+        Decision {
+            cluster: cluster.into(),
+            pool: pool.into(),
+            datacenter: "dc".into(),
+            type_: AllocationType::Range,
+            change: Change::Keep,
+            held: None,
+            previous: None,
+            message: String::new(),
+        }
+    }
+
+    fn names(ds: &[Decision]) -> Vec<String> {
+        ds.iter()
+            .map(|d| format!("{}/{}", d.cluster, d.pool))
+            .collect()
+    }
+
+    #[test]
+    fn added_decisions_land_in_order_wherever_they_belong() {
+        let old = ["b", "d", "f"].map(|c| decision(c, "p"));
+        for added in [
+            vec![],
+            vec![decision("a", "p")],
+            vec![decision("g", "p"), decision("g", "q")],
+            vec![
+                decision("a", "q"),
+                decision("c", "p"),
+                decision("e", "p"),
+                decision("h", "p"),
+            ],
+            vec![decision("c", "p"), decision("c", "q"), decision("d", "q")],
+        ] {
+            let mut decisions = old.to_vec();
+            insert_sorted(&mut decisions, &added);
+            let mut expected = names(&old);
+            expected.extend(names(&added));
+            expected.sort();
+            assert_eq!(names(&decisions), expected, "adding {:?}", names(&added));
+        }
+        let mut empty = Vec::new();
+        insert_sorted(&mut empty, &old);
+        assert_eq!(names(&empty), names(&old));
+    }
 }

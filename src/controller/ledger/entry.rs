@@ -12,10 +12,11 @@
 //! kipam's standard ones, and any other metadata, are kept as they came.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
+use crate::allocator::Allocation;
 use crate::resources::{
     ANNOTATION_RECLAIM_POLICY, AllocationPhase, IPAMAllocation, IPAMAllocationSpec,
     IPAMAllocationStatus, LABEL_CLUSTER, LABEL_DATACENTER, LABEL_POOL, ReclaimPolicy,
@@ -41,7 +42,14 @@ pub struct Entry {
     status: Option<Box<IPAMAllocationStatus>>,
     /// Every other piece of metadata, when there is any.
     rest: Option<Box<ObjectMeta>>,
+    /// What the planner read of it, once read (an entry never changes: another version of
+    /// the object is another entry).
+    reading: OnceLock<Reading>,
 }
+
+/// What the planner reads of a readable allocation beyond its names and datacenter: what it
+/// holds and the reclaim policy recorded on it.
+pub type Reading = (Option<Allocation>, Option<ReclaimPolicy>);
 
 fn policy_of(text: &str) -> Option<ReclaimPolicy> {
     [ReclaimPolicy::Delete, ReclaimPolicy::Retain]
@@ -113,6 +121,7 @@ impl Entry {
             spec,
             status: status.map(Box::new),
             rest: (!is_empty(&metadata)).then(|| Box::new(metadata)),
+            reading: OnceLock::new(),
         }
     }
 
@@ -254,6 +263,15 @@ impl Entry {
             }
             None => AllocationPhase::Pending,
         }
+    }
+
+    /// Its reading, made by `read` the first time (and again each time while `read` fails).
+    pub fn reading<E>(&self, read: impl FnOnce() -> Result<Reading, E>) -> Result<&Reading, E> {
+        if let Some(r) = self.reading.get() {
+            return Ok(r);
+        }
+        let r = read()?;
+        Ok(self.reading.get_or_init(|| r))
     }
 
     /// What the planner reads of it is the same in both (the version aside).

@@ -13,7 +13,7 @@ use crate::controller::preconditions;
 use crate::controller::records::{self, RecordKey};
 use crate::planner::{self, PoolInput};
 use crate::reservations;
-use crate::resources::{IPAMPool, IPAMPoolRecord, record_name};
+use crate::resources::{IPAMPool, record_name};
 
 /// Writes every pool record shard the plan changes, and a no-op compare-and-swap on the
 /// shards of the clusters in `to_write`, whose objects are about to be written; returns the
@@ -27,7 +27,7 @@ pub(super) async fn commit_records(
     scope: &scope::Scope,
     plan: &planner::Plan,
     objects: &[Arc<Entry>],
-    records: &BTreeMap<RecordKey, IPAMPoolRecord>,
+    records: &BTreeMap<RecordKey, String>,
     to_write: &HashMap<RecordKey, BTreeSet<String>>,
     limit: usize,
     retry: &mut BTreeSet<String>,

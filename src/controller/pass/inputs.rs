@@ -11,9 +11,9 @@ use crate::controller::ledger::Entry;
 use crate::controller::records::RecordKey;
 use crate::planner::{ClusterInput, PoolInput, StoredAllocation};
 use crate::reservations;
+use crate::resources::Reservation;
 use crate::resources::{
-    ANNOTATION_RECLAIM_POLICY, Cluster, IPAMPool, IPAMPoolRecord, LABEL_DATACENTER, ReclaimPolicy,
-    cluster_of_namespace,
+    ANNOTATION_RECLAIM_POLICY, Cluster, IPAMPool, LABEL_DATACENTER, ReclaimPolicy,
 };
 use crate::validation::{self, FieldError};
 
@@ -35,14 +35,9 @@ type Read<T> = Result<T, Vec<FieldError>>;
 type RecordEntry = (String, Result<crate::allocator::Allocation, String>);
 
 /// What reading an object gave, kept by its `resourceVersion` so that an unchanged object is
-/// not parsed again on every pass.
+/// not parsed again on every pass. (Allocations keep their reading in their ledger entry.)
 #[derive(Debug, Default)]
 pub struct ReadCache {
-    /// Readable allocations by `resourceVersion`, as a number (an etcd revision; an object
-    /// whose version is not one is read again on every pass). No key is kept beside a reading:
-    /// it names its own object (the cluster of its namespace and the pool of its name), and
-    /// that is checked before it is used. Unreadable ones are read again on every pass.
-    allocations: HashMap<u64, StoredAllocation>,
     records: HashMap<RecordKey, Versioned<Vec<RecordEntry>>>,
     clusters: HashMap<String, Versioned<Read<ClusterInput>>>,
 }
@@ -68,40 +63,57 @@ impl ReadCache {
         }
     }
 
-    fn allocation(&mut self, obj: &Entry) -> Result<StoredAllocation, Vec<FieldError>> {
-        let parts = validation::AllocationParts {
-            namespace: obj.namespace(),
-            name: obj.name(),
-            spec: obj.spec(),
-            status: obj.status(),
-            reclaim_policy: obj.annotation(ANNOTATION_RECLAIM_POLICY),
-        };
-        let Some(rv) = obj.version() else {
-            return validation::stored_allocation_of(&parts);
-        };
-        let namespace = obj.namespace();
-        let name = obj.name();
-        if let Some(read) = self.allocations.get(&rv)
-            && read.pool == name
-            && cluster_of_namespace(namespace) == Some(read.cluster.as_str())
-        {
-            return Ok(read.clone());
-        }
-        let read = validation::stored_allocation_of(&parts);
-        if let Ok(stored) = &read {
-            self.allocations.insert(rv, stored.clone());
-        }
-        read
+    /// The stored allocation an entry shows. A readable entry is parsed once (its reading
+    /// stays with it); an unreadable one is read again on every pass.
+    fn allocation(obj: &Entry) -> Result<StoredAllocation, Vec<FieldError>> {
+        let (held, reclaim_policy) = obj.reading(|| {
+            validation::stored_allocation_of(&validation::AllocationParts {
+                namespace: obj.namespace(),
+                name: obj.name(),
+                spec: obj.spec(),
+                status: obj.status(),
+                reclaim_policy: obj.annotation(ANNOTATION_RECLAIM_POLICY),
+            })
+            .map(|s| (s.held, s.reclaim_policy))
+        })?;
+        Ok(StoredAllocation {
+            cluster: obj.cluster().unwrap_or_default().to_string(),
+            pool: obj.name().to_string(),
+            datacenter: obj.spec().dc.clone(),
+            held: held.clone(),
+            reclaim_policy: *reclaim_policy,
+            unreadable: None,
+        })
     }
 
-    /// Forgets objects no longer present.
-    fn retain(&mut self, objects: &[Arc<Entry>], records: &BTreeMap<RecordKey, IPAMPoolRecord>) {
-        // Every write gives an object a new version: drop the readings of versions gone.
-        if self.allocations.len() > objects.len() {
-            let present: HashSet<u64> = objects.iter().filter_map(|o| o.version()).collect();
-            self.allocations.retain(|rv, _| present.contains(rv));
-        }
+    /// Forgets records no longer present.
+    fn retain(&mut self, records: &BTreeMap<RecordKey, String>) {
         self.records.retain(|k, _| records.contains_key(k));
+    }
+
+    /// Reads again the pool datacenters whose record changed since the last reading
+    /// (`versions`, from [`Records::versions`](crate::controller::records::Records::versions));
+    /// `joined` gives one's reservations by cluster.
+    pub(super) fn refresh_records<I>(
+        &mut self,
+        versions: &BTreeMap<RecordKey, String>,
+        joined: impl Fn(&RecordKey) -> I,
+    ) where
+        I: Iterator<Item = (String, Reservation)>,
+    {
+        for (key, version) in versions {
+            let current = matches!(self.records.get(key), Some((seen, _)) if seen == version && !version.is_empty());
+            if current {
+                continue;
+            }
+            let read = joined(key)
+                .map(|(cluster, entry)| {
+                    let parsed = reservations::allocation_of(&entry);
+                    (cluster, parsed)
+                })
+                .collect();
+            self.records.insert(key.clone(), (version.clone(), read));
+        }
     }
 
     fn retain_clusters(&mut self, clusters: &[Arc<Cluster>]) {
@@ -119,10 +131,10 @@ pub(super) async fn gather(
     pools: &[Arc<IPAMPool>],
     clusters: &mut Vec<Arc<Cluster>>,
     stored_objects: &[Arc<Entry>],
-    records: &BTreeMap<RecordKey, IPAMPoolRecord>,
+    records: &BTreeMap<RecordKey, String>,
     cache: &mut ReadCache,
 ) -> Result<Inputs, PassError> {
-    cache.retain(stored_objects, records);
+    cache.retain(records);
     cache.retain_clusters(clusters);
     // Inputs for the planner. An invalid pool is left out *together with its allocations*
     // (nothing is planned in it, so nothing is released); an invalid cluster keeps what it
@@ -154,8 +166,10 @@ pub(super) async fn gather(
         .filter_map(|o| o.cluster())
         .map(str::to_string)
         .collect();
-    for r in records.values() {
-        holders.extend(r.spec.reservations.keys().cloned());
+    for key in records.keys() {
+        if let Some((_, entries)) = cache.records.get(key) {
+            holders.extend(entries.iter().map(|(cluster, _)| cluster.clone()));
+        }
     }
     // RBAC: src/rbac.rs (clusters get).
     let cluster_api: Api<Cluster> = Api::all(ctx.writer.clone());
@@ -203,7 +217,7 @@ pub(super) async fn gather(
     }
     let mut stored: Vec<StoredAllocation> = Vec::new();
     for obj in stored_objects {
-        match cache.allocation(obj) {
+        match ReadCache::allocation(obj) {
             Ok(mut s) => {
                 if frozen_pools.contains(&s.pool) {
                     continue;
@@ -267,30 +281,19 @@ pub(super) async fn gather(
 /// addresses. Entries of another datacenter than the object's are stale and left to trimming.
 pub(super) fn merge_records(
     stored: &mut Vec<StoredAllocation>,
-    records: &BTreeMap<RecordKey, IPAMPoolRecord>,
+    records: &BTreeMap<RecordKey, String>,
     frozen_pools: &HashSet<String>,
-    cache: &mut ReadCache,
+    cache: &ReadCache,
 ) {
-    let mut index: HashMap<(String, String), usize> = stored
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s.unreadable.is_none())
-        .map(|(i, s)| ((s.cluster.clone(), s.pool.clone()), i))
-        .collect();
-    for ((pool, dc), record) in records {
+    // The stored allocations are found by binary search (by cluster, then pool: the order
+    // the ledger gives them in already), without a second index of every allocation; the
+    // few that records add are indexed on their own.
+    stored.sort_by(|a, b| (&a.cluster, &a.pool).cmp(&(&b.cluster, &b.pool)));
+    let from_objects = stored.len();
+    let mut added: HashMap<(String, String), usize> = HashMap::new();
+    for (pool, dc) in records.keys() {
         if frozen_pools.contains(pool) {
             continue;
-        }
-        let rv = record.metadata.resource_version.clone().unwrap_or_default();
-        let fresh = !matches!(cache.records.get(&(pool.clone(), dc.clone())), Some((seen, _)) if *seen == rv && !rv.is_empty());
-        if fresh {
-            let read = record
-                .spec
-                .reservations
-                .iter()
-                .map(|(cluster, entry)| (cluster.clone(), reservations::allocation_of(entry)))
-                .collect();
-            cache.records.insert((pool.clone(), dc.clone()), (rv, read));
         }
         let Some((_, entries)) = cache.records.get(&(pool.clone(), dc.clone())) else {
             continue;
@@ -303,8 +306,13 @@ pub(super) fn merge_records(
                     continue;
                 }
             };
-            match index.get(&(cluster.clone(), pool.clone())) {
-                Some(&i) if stored[i].datacenter == *dc => {
+            let found = stored[..from_objects]
+                .binary_search_by(|s| (s.cluster.as_str(), s.pool.as_str()).cmp(&(cluster, pool)))
+                .ok()
+                .filter(|&i| stored[i].unreadable.is_none())
+                .or_else(|| added.get(&(cluster.clone(), pool.clone())).copied());
+            match found {
+                Some(i) if stored[i].datacenter == *dc => {
                     let s = &mut stored[i];
                     s.held = Some(match &s.held {
                         Some(h) if *h == recorded => recorded,
@@ -314,7 +322,7 @@ pub(super) fn merge_records(
                 }
                 Some(_) => {}
                 None => {
-                    index.insert((cluster.clone(), pool.clone()), stored.len());
+                    added.insert((cluster.clone(), pool.clone()), stored.len());
                     stored.push(StoredAllocation {
                         cluster: cluster.clone(),
                         pool: pool.clone(),

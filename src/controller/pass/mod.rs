@@ -167,7 +167,16 @@ pub async fn run(
         let mut ledger = ctx.ledger.lock().await;
         (ledger.snapshot(), ledger.take_changed())
     };
-    let records = ctx.records.lock().await.snapshot();
+    // The records' versions; those that changed are read again into the read cache here, so
+    // a pass never copies every record.
+    let records = {
+        let held = ctx.records.lock().await;
+        let versions = held.versions();
+        state
+            .reads
+            .refresh_records(&versions, |key| held.joined(key));
+        versions
+    };
     let now = crate::resources::now_rfc3339();
 
     step("snapshot");
