@@ -301,6 +301,8 @@ impl Unmet {
             None => self.0.entry(cluster.to_string()).or_default(),
         };
         if !pools.iter().any(|(p, _)| p == pool) {
+            // A cluster has a request per pool: grown one at a time, not doubled.
+            pools.reserve_exact(1);
             pools.push((pool.to_string(), at));
         }
     }

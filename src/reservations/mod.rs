@@ -46,6 +46,8 @@ pub fn allocation_of(r: &Reservation) -> Result<Allocation, String> {
     if pieces.is_empty() {
         return Err("the entry holds no address".into());
     }
+    // Kept for as long as the record is (one per cluster and pool): no spare room.
+    pieces.shrink_to_fit();
     Ok(Allocation::Range(pieces))
 }
 

@@ -75,6 +75,8 @@ pub fn stored_allocation_of(
                     Err(e) => errors.add(format!("spec.addresses[{i}]"), text, e.to_string()),
                 }
             }
+            // Kept for as long as the allocation is stored: no spare room.
+            pieces.shrink_to_fit();
             (!pieces.is_empty()).then_some(Allocation::Range(pieces))
         }
         AllocationType::Prefix => match &spec.cidr {

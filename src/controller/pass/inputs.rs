@@ -215,7 +215,7 @@ pub(super) async fn gather(
             }
         }
     }
-    let mut stored: Vec<StoredAllocation> = Vec::new();
+    let mut stored: Vec<StoredAllocation> = Vec::with_capacity(stored_objects.len());
     for obj in stored_objects {
         match ReadCache::allocation(obj) {
             Ok(mut s) => {
