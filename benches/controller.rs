@@ -465,6 +465,9 @@ fn run(scale: Scale) -> bool {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+        if std::env::var_os("KIPAM_BENCH_TRACE").is_some() {
+            eprintln!("{name} allocated after {:.1} ms", ms(t.elapsed()));
+        }
         latencies.push(t.elapsed());
         first_writes.push(first.unwrap_or_else(|| t.elapsed()));
         std::thread::sleep(Duration::from_millis(50));

@@ -15,6 +15,11 @@ use crate::planner::{self, PoolInput};
 use crate::reservations;
 use crate::resources::{IPAMPool, record_name};
 
+/// Record commits in flight at once: each holds a pool datacenter's whole desired record and
+/// its shard writes (in a burst, every cluster of the pool), so a pass with many pools to
+/// commit does not hold all of them at the same moment.
+const RECORDS_AT_ONCE: usize = 4;
+
 /// Writes every pool record shard the plan changes, and a no-op compare-and-swap on the
 /// shards of the clusters in `to_write`, whose objects are about to be written; returns the
 /// records that are current. The
@@ -47,6 +52,8 @@ pub(super) async fn commit_records(
         }
     }
     let mut current = HashSet::new();
+    let no_decisions: Vec<&planner::Decision> = Vec::new();
+    let no_objects: Vec<&Entry> = Vec::new();
     let mut commits = Vec::new();
     for input in inputs {
         let Some(pool) = pool_objects.get(&input.name) else {
@@ -59,30 +66,28 @@ pub(super) async fn commit_records(
             }
             continue;
         }
-        let no_decisions = Vec::new();
         let pool_decisions = decisions_of
             .get(input.name.as_str())
             .unwrap_or(&no_decisions);
-        let pool_objects_here = objects_of
-            .get(input.name.as_str())
-            .cloned()
-            .unwrap_or_default();
+        let pool_objects_here = objects_of.get(input.name.as_str()).unwrap_or(&no_objects);
         for dc in input.datacenters.keys() {
             let key = (input.name.clone(), dc.clone());
-            let desired = reservations::desired_reservations(
-                &input.name,
-                dc,
-                pool_decisions.iter().copied(),
-                pool_objects_here
-                    .iter()
-                    .map(|o| (o.namespace(), o.name(), o.spec())),
-            );
             let check = to_write.get(&key).cloned().unwrap_or_default();
             let pool = (*pool).clone();
             commits.push(async move {
                 if !ctx.leader.holds() {
                     return (key, Err(None));
                 }
+                // Built when the commit starts, not before: only the commits in flight hold
+                // their desired record (a whole pool's, in a burst).
+                let desired = reservations::desired_reservations(
+                    &key.0,
+                    &key.1,
+                    pool_decisions.iter().copied(),
+                    pool_objects_here
+                        .iter()
+                        .map(|o| (o.namespace(), o.name(), o.spec())),
+                );
                 let r = records::commit(ctx, &pool, &key, desired, check).await;
                 (key, r.map_err(Some))
             });
@@ -124,7 +129,7 @@ pub(super) async fn commit_records(
     }
     let results: Vec<(RecordKey, Result<u64, Option<records::CommitError>>)> =
         futures::stream::iter(commits)
-            .buffer_unordered(limit)
+            .buffer_unordered(limit.clamp(1, RECORDS_AT_ONCE))
             .collect()
             .await;
     for (key, result) in results {
