@@ -178,19 +178,30 @@ fn finalized(api: &ApiServer, cluster: &str) -> bool {
     })
 }
 
-/// Waits until the controller has sent no request for `quiet` (lease renewals aside).
-fn settle(api: &ApiServer, quiet: Duration, limit: Duration) -> Duration {
+/// Waits until the controller has sent no request (lease renewals aside) and started no
+/// planning pass for `quiet`, and no pass is running: a pass that plans the whole seed can
+/// think for seconds without a request, and whatever is measured next would wait behind it.
+fn settle(api: &ApiServer, metrics_port: u16, quiet: Duration, limit: Duration) -> Duration {
     let start = Instant::now();
-    let non_lease = |s: &Stats| s.total - s.resource("leases");
-    let mut last = non_lease(&api.stats());
+    let look = || {
+        let s = api.stats();
+        (
+            s.total - s.resource("leases"),
+            metric(metrics_port, "kipam_reconcile_passes_total").unwrap_or(0.0) as u64,
+            metric(metrics_port, "kipam_reconcile_pass_duration_seconds_count").unwrap_or(0.0)
+                as u64,
+        )
+    };
+    let mut last = look();
     let mut since = Instant::now();
     while start.elapsed() < limit {
         std::thread::sleep(Duration::from_millis(100));
-        let now = non_lease(&api.stats());
+        let now = look();
+        let (_, started, finished) = now;
         if now != last {
             last = now;
             since = Instant::now();
-        } else if since.elapsed() >= quiet {
+        } else if since.elapsed() >= quiet && started == finished {
             break;
         }
     }
@@ -362,7 +373,12 @@ fn run(scale: Scale) -> bool {
     {
         std::thread::sleep(Duration::from_millis(20));
     }
-    settle(&api, Duration::from_secs(1), Duration::from_secs(30));
+    settle(
+        &api,
+        ctl.metrics_port,
+        Duration::from_secs(1),
+        Duration::from_secs(30),
+    );
     api.reset_stats();
 
     // 1. Burst.
@@ -384,7 +400,12 @@ fn run(scale: Scale) -> bool {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let settled = settle(&api, Duration::from_secs(2), Duration::from_secs(300));
+    let settled = settle(
+        &api,
+        ctl.metrics_port,
+        Duration::from_secs(2),
+        Duration::from_secs(300),
+    );
     let burst = api.stats();
     let burst_peak = proc_status_kib(pid, "VmHWM:");
     let (n, d) = distinct(&allocations(&api));
@@ -472,7 +493,12 @@ fn run(scale: Scale) -> bool {
         first_writes.push(first.unwrap_or_else(|| t.elapsed()));
         std::thread::sleep(Duration::from_millis(50));
     }
-    settle(&api, Duration::from_secs(2), Duration::from_secs(120));
+    settle(
+        &api,
+        ctl.metrics_port,
+        Duration::from_secs(2),
+        Duration::from_secs(120),
+    );
     let steady = api.stats();
     latencies.sort();
     println!(
@@ -497,7 +523,12 @@ fn run(scale: Scale) -> bool {
 
     // 3. Idle.
     let idle = idle_secs();
-    settle(&api, Duration::from_secs(2), Duration::from_secs(60));
+    settle(
+        &api,
+        ctl.metrics_port,
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    );
     api.reset_stats();
     let passes_before = metric(ctl.metrics_port, "kipam_reconcile_passes_total");
     let cpu_before = cpu_seconds(pid);

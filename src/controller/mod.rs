@@ -577,6 +577,22 @@ async fn shutdown_signal() {
 const DEBOUNCE: Duration = Duration::from_millis(10);
 
 /// Waits for changes (or the resync period) and runs a pass while leader.
+/// A pass at least this long built and dropped large temporary structures (a whole-seed plan
+/// takes seconds at 100,000 allocations); afterwards the free memory is handed back.
+const TRIM_AFTER: Duration = Duration::from_millis(250);
+
+/// Hands the allocator's free pages back to the system. glibc keeps memory freed in the middle
+/// of its heaps: after a pass that planned the whole seed, that is tens of MiB of resident
+/// memory no object uses, and the next pass's peak stacks on top of it. Costs a few
+/// milliseconds after a pass that took far longer; nothing on other C libraries.
+fn give_back_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory; it is safe to call at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 async fn planning_loop(
     ctx: Arc<Context>,
     wake: Arc<Notify>,
@@ -646,6 +662,9 @@ async fn planning_loop(
         let guard = ctx.pass_lock.lock().await;
         let result = pass::run(&ctx, term, &mut state).await;
         drop(guard);
+        if started.elapsed() >= TRIM_AFTER {
+            give_back_free_memory();
+        }
         let wait = match result {
             Ok(outcome) => {
                 failures = 0;

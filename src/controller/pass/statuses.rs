@@ -36,10 +36,12 @@ pub(super) async fn write_cluster_status(
     }
     // RBAC: src/rbac.rs (clusters/status patch; ipampools/status update below).
     let api: Api<Cluster> = Api::all(ctx.writer.clone());
-    let mut jobs = Vec::new();
-    for c in clusters {
+    // Statuses are built as writes start, not all before: a burst writes the status of every
+    // cluster, and building them all at once held every one at the pass's memory peak.
+    let not_due: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let jobs = clusters.iter().cloned().filter_map(|c: Arc<Cluster>| {
         if c.metadata.deletion_timestamp.is_some() {
-            continue;
+            return None;
         }
         let name = c.name_any();
         let previous = c.status.clone().unwrap_or_default();
@@ -80,15 +82,14 @@ pub(super) async fn write_cluster_status(
             now,
         );
         if next == previous {
-            continue;
+            return None;
         }
         if !due(ctx, "Cluster", &name) {
-            outcome.again = true;
-            unwritten.push(name);
-            continue;
+            not_due.lock().unwrap_or_else(|p| p.into_inner()).push(name);
+            return None;
         }
         let api = api.clone();
-        jobs.push(async move {
+        Some(async move {
             ctx.metrics.wrote("patch", "clusters/status");
             // The answer (the whole Cluster) is not needed: the watch brings it.
             let r = api
@@ -100,8 +101,8 @@ pub(super) async fn write_cluster_status(
                 .await
                 .map(drop);
             (name, r)
-        });
-    }
+        })
+    });
     // Taken as they come: a burst writes the status of every cluster.
     let mut results = futures::stream::iter(jobs).buffer_unordered(limit);
     while let Some((name, r)) = results.next().await {
@@ -116,6 +117,12 @@ pub(super) async fn write_cluster_status(
                 unwritten.push(name);
             }
         }
+    }
+    drop(results);
+    let not_due = not_due.into_inner().unwrap_or_else(|p| p.into_inner());
+    if !not_due.is_empty() {
+        outcome.again = true;
+        unwritten.extend(not_due);
     }
     unwritten
 }
