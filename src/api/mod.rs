@@ -35,7 +35,7 @@ use tokio::sync::Semaphore;
 use crate::controller::Context;
 use crate::controller::metrics::Server;
 use crate::planner::StoredAllocation;
-use crate::resources::{ANNOTATION_RECLAIM_POLICY, IPAMPool};
+use crate::resources::IPAMPool;
 use crate::validation;
 use auth::{Access, Gate};
 use error::ApiError;
@@ -296,16 +296,7 @@ async fn stored_of(ctx: &Context, pool: &str) -> Vec<StoredAllocation> {
     let ledger = ctx.ledger.lock().await;
     ledger
         .of_pool(pool)
-        .filter_map(|obj| {
-            validation::stored_allocation_of(&validation::AllocationParts {
-                namespace: obj.namespace(),
-                name: obj.name(),
-                spec: obj.spec(),
-                status: obj.status(),
-                reclaim_policy: obj.annotation(ANNOTATION_RECLAIM_POLICY),
-            })
-            .ok()
-        })
+        .filter_map(|obj| validation::stored_allocation_of(&obj.parts()).ok())
         .collect()
 }
 

@@ -86,13 +86,19 @@ impl IPAMAllocation {
     /// addresses (the healthy case, one write per allocation) and `Pending` otherwise (created,
     /// its status not written yet).
     pub fn phase(&self) -> AllocationPhase {
-        match self.status.as_ref().and_then(|s| s.phase) {
-            Some(phase) => phase,
-            None if self.spec.cidr.is_some() || !self.spec.addresses.is_empty() => {
-                AllocationPhase::Allocated
-            }
-            None => AllocationPhase::Pending,
-        }
+        allocation_phase(&self.spec, self.status.as_ref())
+    }
+}
+
+/// [`IPAMAllocation::phase`] of an allocation with this spec and status.
+pub fn allocation_phase(
+    spec: &IPAMAllocationSpec,
+    status: Option<&IPAMAllocationStatus>,
+) -> AllocationPhase {
+    match status.and_then(|s| s.phase) {
+        Some(phase) => phase,
+        None if spec.cidr.is_some() || !spec.addresses.is_empty() => AllocationPhase::Allocated,
+        None => AllocationPhase::Pending,
     }
 }
 

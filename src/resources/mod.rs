@@ -13,7 +13,9 @@ mod pool;
 mod record;
 
 pub use addon::{Addon, AddonSpec, AddonStatus, AppliedObject};
-pub use allocation::{AllocationPhase, IPAMAllocation, IPAMAllocationSpec, IPAMAllocationStatus};
+pub use allocation::{
+    AllocationPhase, IPAMAllocation, IPAMAllocationSpec, IPAMAllocationStatus, allocation_phase,
+};
 pub use cluster::{
     Cluster, ClusterPoolOverride, ClusterSpec, ClusterStatus, KubeconfigReference, SecretKeyRef,
 };

@@ -22,6 +22,7 @@ use crate::resources::{
     IPAMAllocationStatus, LABEL_CLUSTER, LABEL_DATACENTER, LABEL_POOL, ReclaimPolicy,
     cluster_of_namespace,
 };
+use crate::validation;
 
 /// One allocation as the ledger holds it.
 #[derive(Clone, Debug, PartialEq)]
@@ -256,12 +257,17 @@ impl Entry {
 
     /// See [`IPAMAllocation::phase`].
     pub fn phase(&self) -> AllocationPhase {
-        match self.status.as_ref().and_then(|s| s.phase) {
-            Some(phase) => phase,
-            None if self.spec.cidr.is_some() || !self.spec.addresses.is_empty() => {
-                AllocationPhase::Allocated
-            }
-            None => AllocationPhase::Pending,
+        crate::resources::allocation_phase(&self.spec, self.status())
+    }
+
+    /// What [`validation::stored_allocation_of`] reads of it.
+    pub fn parts(&self) -> validation::AllocationParts<'_> {
+        validation::AllocationParts {
+            namespace: self.namespace(),
+            name: self.name(),
+            spec: self.spec(),
+            status: self.status(),
+            reclaim_policy: self.annotation(ANNOTATION_RECLAIM_POLICY),
         }
     }
 

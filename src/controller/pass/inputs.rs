@@ -12,9 +12,7 @@ use crate::controller::records::RecordKey;
 use crate::planner::{ClusterInput, PoolInput, StoredAllocation};
 use crate::reservations;
 use crate::resources::Reservation;
-use crate::resources::{
-    ANNOTATION_RECLAIM_POLICY, Cluster, IPAMPool, LABEL_DATACENTER, ReclaimPolicy,
-};
+use crate::resources::{Cluster, IPAMPool, LABEL_DATACENTER, ReclaimPolicy};
 use crate::validation::{self, FieldError};
 
 /// What the planner is given, and what the status writers report.
@@ -67,14 +65,7 @@ impl ReadCache {
     /// stays with it); an unreadable one is read again on every pass.
     fn allocation(obj: &Entry) -> Result<StoredAllocation, Vec<FieldError>> {
         let (held, reclaim_policy) = obj.reading(|| {
-            validation::stored_allocation_of(&validation::AllocationParts {
-                namespace: obj.namespace(),
-                name: obj.name(),
-                spec: obj.spec(),
-                status: obj.status(),
-                reclaim_policy: obj.annotation(ANNOTATION_RECLAIM_POLICY),
-            })
-            .map(|s| (s.held, s.reclaim_policy))
+            validation::stored_allocation_of(&obj.parts()).map(|s| (s.held, s.reclaim_policy))
         })?;
         Ok(StoredAllocation {
             cluster: obj.cluster().unwrap_or_default().to_string(),
