@@ -108,7 +108,6 @@ pub struct Ledger {
     /// together with `objects` (see [`Ledger::put`] and [`Ledger::take`]). It holds no key
     /// of its own per entry: the entries order themselves by their namespace.
     by_pool: BTreeMap<Arc<str>, BTreeSet<ByNamespace>>,
-    count: usize,
     /// Keys whose content changed other than by this replica's own writes, since the last
     /// [`Ledger::take_changed`].
     changed: BTreeSet<Key>,
@@ -129,7 +128,6 @@ impl Ledger {
         self.in_flight.clear();
         self.objects.clear();
         self.by_pool.clear();
-        self.count = 0;
         for o in objects {
             let entry = self.entry_of(o);
             self.put(Arc::new(entry));
@@ -161,11 +159,11 @@ impl Ledger {
     }
 
     pub fn len(&self) -> usize {
-        self.count
+        self.objects.values().map(Vec::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.objects.is_empty()
     }
 
     /// Any allocation held by `cluster`'s namespace.
@@ -220,10 +218,7 @@ impl Ledger {
             .or_default();
         match list.binary_search_by(|e| e.name().cmp(entry.name())) {
             Ok(i) => list[i] = entry.clone(),
-            Err(i) => {
-                list.insert(i, entry.clone());
-                self.count += 1;
-            }
+            Err(i) => list.insert(i, entry.clone()),
         }
         match self.by_pool.get_mut(entry.name()) {
             Some(pool) => {
@@ -250,7 +245,6 @@ impl Ledger {
         if list.is_empty() {
             self.objects.remove(key.0.as_str());
         }
-        self.count -= 1;
         if let Some(pool) = self.by_pool.get_mut(key.1.as_str()) {
             pool.remove(&ByNamespace(entry));
             if pool.is_empty() {
@@ -404,13 +398,9 @@ impl Ledger {
             .objects
             .values()
             .flatten()
+            .filter(|e| e.version().is_some_and(|rv| rv <= max))
             .map(|e| (e.namespace().to_string(), e.name().to_string()))
             .filter(|k| !seen.contains(k))
-            .filter(|k| {
-                self.get(k)
-                    .and_then(Entry::version)
-                    .is_some_and(|rv| rv <= max)
-            })
             .collect();
         for key in gone {
             self.take(&key);

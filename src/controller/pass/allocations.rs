@@ -70,9 +70,10 @@ fn status_to_store(
 impl AllocationWrite {
     pub(super) fn new(
         decision: &Decision,
-        existing: Option<&IPAMAllocation>,
+        stored: Option<IPAMAllocation>,
         mut desired: Option<IPAMAllocation>,
     ) -> Option<Self> {
+        let existing = stored.as_ref();
         if let Some(d) = desired.as_mut() {
             d.status = status_to_store(existing, d.status.take());
         }
@@ -92,10 +93,10 @@ impl AllocationWrite {
         Some(AllocationWrite {
             key: (cluster_namespace(&decision.cluster), decision.pool.clone()),
             decision: decision.clone(),
-            existing: existing.cloned(),
             previous_message: existing
                 .and_then(|e| e.status.as_ref())
                 .and_then(|s| s.message.clone()),
+            existing: stored,
             desired,
         })
     }

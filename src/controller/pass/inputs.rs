@@ -61,22 +61,6 @@ impl ReadCache {
         }
     }
 
-    /// The stored allocation an entry shows. A readable entry is parsed once (its reading
-    /// stays with it); an unreadable one is read again on every pass.
-    fn allocation(obj: &Entry) -> Result<StoredAllocation, Vec<FieldError>> {
-        let (held, reclaim_policy) = obj.reading(|| {
-            validation::stored_allocation_of(&obj.parts()).map(|s| (s.held, s.reclaim_policy))
-        })?;
-        Ok(StoredAllocation {
-            cluster: obj.cluster().unwrap_or_default().to_string(),
-            pool: obj.name().to_string(),
-            datacenter: obj.spec().dc.clone(),
-            held: held.clone(),
-            reclaim_policy: *reclaim_policy,
-            unreadable: None,
-        })
-    }
-
     /// Forgets records no longer present.
     fn retain(&mut self, records: &BTreeMap<RecordKey, String>) {
         self.records.retain(|k, _| records.contains_key(k));
@@ -113,6 +97,22 @@ impl ReadCache {
             self.clusters.retain(|k, _| present.contains(k));
         }
     }
+}
+
+/// The stored allocation an entry shows. A readable entry is parsed once (its reading
+/// stays with it); an unreadable one is read again on every pass.
+fn stored_of(obj: &Entry) -> Result<StoredAllocation, Vec<FieldError>> {
+    let (held, reclaim_policy) = obj.reading(|| {
+        validation::stored_allocation_of(&obj.parts()).map(|s| (s.held, s.reclaim_policy))
+    })?;
+    Ok(StoredAllocation {
+        cluster: obj.cluster().unwrap_or_default().to_string(),
+        pool: obj.name().to_string(),
+        datacenter: obj.spec().dc.clone(),
+        held: held.clone(),
+        reclaim_policy: *reclaim_policy,
+        unreadable: None,
+    })
 }
 
 /// Builds the planner's input. `clusters` gains every cluster the cache lacks but the API
@@ -208,7 +208,7 @@ pub(super) async fn gather(
     }
     let mut stored: Vec<StoredAllocation> = Vec::with_capacity(stored_objects.len());
     for obj in stored_objects {
-        match ReadCache::allocation(obj) {
+        match stored_of(obj) {
             Ok(mut s) => {
                 if frozen_pools.contains(&s.pool) {
                     continue;

@@ -260,7 +260,7 @@ pub async fn run(
             policies.get(d.pool.as_str()).copied(),
             &now,
         );
-        AllocationWrite::new(d, existing.as_ref(), desired)
+        AllocationWrite::new(d, existing, desired)
     };
     let mut pending: Vec<(usize, bool)> = Vec::new();
     let mut to_write: HashMap<(String, String), std::collections::BTreeSet<String>> =
