@@ -95,7 +95,7 @@ impl Records {
     }
 
     /// Every pool datacenter's record as one: each cluster's parts from all shards joined
-    /// ([`shards::join`]). Its `resourceVersion` is [`Records::version`].
+    /// ([`shards::join`]). Its `resourceVersion` is the one [`Records::versions`] gives.
     pub fn snapshot(&self) -> BTreeMap<RecordKey, IPAMPoolRecord> {
         self.versions()
             .into_iter()
