@@ -20,8 +20,8 @@ use std::io::{Read, Write};
 use tower::ServiceExt;
 
 use kipam::api::{ApiOptions, ApiState};
-use kipam::controller::{Context, backoff, leader, ledger, metrics, records};
 use kipam::resources::IPAMPool;
+use kipam::seed::{Context, backoff, leader, ledger, metrics};
 
 const POOLS: usize = 1_000;
 const LATENCY_SAMPLES: usize = 1_000;
@@ -124,7 +124,7 @@ fn main() {
             ledger: tokio::sync::Mutex::new(ledger::Ledger::default()),
             // Filled by the test as the allocation watch would, complete from the start.
             ledger_updates: tokio::sync::watch::Sender::new(true),
-            records: tokio::sync::Mutex::new(records::Records::default()),
+            records: tokio::sync::Mutex::new(kipam::seed::records::Records::default()),
             dirty: Default::default(),
             backoff: std::sync::Mutex::new(backoff::Backoff::default()),
             pass_lock: tokio::sync::Mutex::new(()),

@@ -20,8 +20,9 @@ use kube::runtime::reflector;
 use kube_standin::ApiServer;
 use serde_json::json;
 
-use kipam::controller::{Context, backoff, leader, ledger, metrics, records};
+use kipam::planning::records;
 use kipam::resources::{IPAMPool, Reservation};
+use kipam::seed::{Context, backoff, leader, ledger, metrics};
 
 const ENTRIES: usize = 10_000;
 
@@ -125,7 +126,7 @@ fn main() {
             namespaces,
             ledger: tokio::sync::Mutex::new(ledger::Ledger::default()),
             ledger_updates: tokio::sync::watch::Sender::new(true),
-        records: tokio::sync::Mutex::new(records::Records::default()),
+        records: tokio::sync::Mutex::new(kipam::seed::records::Records::default()),
         dirty: Default::default(),
             backoff: std::sync::Mutex::new(backoff::Backoff::default()),
             pass_lock: tokio::sync::Mutex::new(()),

@@ -417,7 +417,7 @@ fn run_controller(args: ControllerArgs) -> ExitCode {
         seed_name: args.seed_name,
         namespace: args.namespace.clone(),
         metrics_addr: args.metrics_addr,
-        lease: kipam::controller::leader::LeaseTiming {
+        lease: kipam::seed::leader::LeaseTiming {
             lease_duration: std::time::Duration::from_secs(args.lease_duration),
             renew_deadline: std::time::Duration::from_secs(args.renew_deadline),
             retry_period: std::time::Duration::from_secs(args.retry_period),

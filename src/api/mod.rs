@@ -32,10 +32,10 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use tokio::sync::Semaphore;
 
-use crate::controller::Context;
-use crate::controller::metrics::Server;
 use crate::planner::StoredAllocation;
 use crate::resources::IPAMPool;
+use crate::seed::Context;
+use crate::seed::metrics::{HttpMetrics, instrument};
 use crate::validation;
 use auth::{Access, Gate};
 use error::ApiError;
@@ -77,6 +77,8 @@ pub struct ApiState {
     pub options: ApiOptions,
     gate: Gate,
     in_flight: Semaphore,
+    /// `kipam_api_requests_total` and `kipam_api_request_duration_seconds`.
+    metrics: HttpMetrics,
 }
 
 impl ApiState {
@@ -84,6 +86,7 @@ impl ApiState {
         Arc::new(ApiState {
             gate: Gate::new(ctx.writer.clone(), options.auth_cache_ttl),
             in_flight: Semaphore::new(options.max_concurrent.max(1)),
+            metrics: HttpMetrics::register(&ctx.metrics, "api", "REST API"),
             ctx,
             seed_name,
             options,
@@ -114,7 +117,7 @@ pub fn routes() -> Vec<(Method, &'static str, MethodRouter<Shared>)> {
 /// The API's routes with their limits (concurrency, timeout) and KKP-shaped errors for
 /// unknown paths and methods.
 pub fn router(state: Shared) -> Router {
-    let metrics = state.ctx.metrics.clone();
+    let metrics = state.metrics.clone();
     let mut router = Router::new();
     for (_, path, method_router) in routes() {
         router = router.route(path, method_router);
@@ -132,7 +135,7 @@ pub fn router(state: Shared) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), limits))
         .with_state(state);
     let paths = routes().into_iter().map(|(_, path, _)| path).collect();
-    crate::controller::metrics::instrument(router, metrics, Server::Api, paths)
+    instrument(router, metrics, paths)
 }
 
 /// A client that has not sent a request's headers within this time is disconnected (idle

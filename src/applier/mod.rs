@@ -3,7 +3,7 @@
 //! `kipam`, forced), objects no longer rendered pruned, drift repaired on every resync.
 //!
 //! - watches (Addons, Clusters, Secrets) feed caches and wake the scheduler; allocations are
-//!   read from the controller's [`Ledger`](crate::controller::ledger::Ledger), whose updates
+//!   read from the controller's [`Ledger`](crate::seed::ledger::Ledger), whose updates
 //!   ([`Context::ledger_updates`]) wake it too;
 //! - the scheduler (leader only) works out, per user cluster, whether its inputs changed since
 //!   its last successful sync, its resync is due, or a failed sync's backoff has passed, and
@@ -14,6 +14,7 @@
 //! See `docs/multicluster.md`.
 
 pub mod kubeconfig;
+pub mod metrics;
 pub mod summary;
 pub mod sync;
 
@@ -31,11 +32,11 @@ use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use tokio::sync::{Notify, Semaphore, mpsc};
 
-use crate::controller::Context;
-use crate::controller::backoff::Backoff;
-use crate::controller::ledger::Entry;
 use crate::render::Renderer;
 use crate::resources::{Addon, Cluster, cluster_of_namespace};
+use crate::seed::Context;
+use crate::seed::backoff::Backoff;
+use crate::seed::ledger::Entry;
 use sync::{ClientSlot, SyncReport, TenantInput};
 
 /// Field manager of every server-side apply in user clusters.
@@ -127,6 +128,7 @@ where
 /// Runs the applier until the task is aborted. Only the leader applies; other replicas keep
 /// their caches warm.
 pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
+    let metrics = metrics::Metrics::new(&ctx.metrics);
     let wake = Arc::new(Notify::new());
     // Subscribed before anything is read: no update after this point goes unnoticed.
     let mut ledger_updates = ctx.ledger_updates.subscribe();
@@ -178,7 +180,7 @@ pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
         resync_seconds = options.resync.as_secs(),
         "addon applier ready"
     );
-    schedule(ctx, options, caches, wake, ledger_updates).await;
+    schedule(ctx, metrics, options, caches, wake, ledger_updates).await;
     watches.abort();
 }
 
@@ -187,6 +189,7 @@ type Done = (String, u64, SyncReport, ClientSlot);
 
 async fn schedule(
     ctx: Arc<Context>,
+    metrics: Arc<metrics::Metrics>,
     options: ApplierOptions,
     caches: Arc<Caches>,
     wake: Arc<Notify>,
@@ -239,6 +242,7 @@ async fn schedule(
         };
         next_wait = round(
             &ctx,
+            &metrics,
             &options,
             &caches,
             by_namespace,
@@ -302,6 +306,7 @@ fn addons_by_namespace(caches: &Caches) -> BTreeMap<String, Vec<Arc<Addon>>> {
 #[allow(clippy::too_many_arguments)]
 fn round(
     ctx: &Arc<Context>,
+    metrics: &Arc<metrics::Metrics>,
     options: &ApplierOptions,
     caches: &Arc<Caches>,
     by_namespace: BTreeMap<String, Vec<Arc<Addon>>>,
@@ -361,6 +366,7 @@ fn round(
             let slot = tenant.slot.take().flatten();
             let written = tenant.addons_ready.clone();
             let ctx = ctx.clone();
+            let metrics = metrics.clone();
             let caches = caches.clone();
             let permits = permits.clone();
             let done_tx = done_tx.clone();
@@ -376,13 +382,14 @@ fn round(
                         let (input, now_fingerprint) =
                             snapshot(&ctx, &caches, &cluster_name, written.as_ref()).await;
                         synced = now_fingerprint;
-                        ctx.metrics.addon_syncs_in_flight.inc();
+                        metrics.addon_syncs_in_flight.inc();
                         let started = Instant::now();
-                        let report =
-                            sync::sync_tenant(&ctx, &renderer, timeout, input, force, &mut slot)
-                                .await;
-                        ctx.metrics.addon_syncs_in_flight.dec();
-                        ctx.metrics.addon_sync(report.settled, started.elapsed());
+                        let report = sync::sync_tenant(
+                            &ctx, &metrics, &renderer, timeout, input, force, &mut slot,
+                        )
+                        .await;
+                        metrics.addon_syncs_in_flight.dec();
+                        metrics.addon_sync(report.settled, started.elapsed());
                         report
                     }
                     Err(_) => SyncReport {

@@ -11,14 +11,15 @@ use kube::discovery::{ApiCapabilities, ApiResource, Scope};
 use kube::{Api, Client, Config, ResourceExt};
 use serde_json::{Value, json};
 
+use super::metrics::Metrics;
 use super::summary::{self, Failure, Outcome, Reason};
 use super::{FIELD_MANAGER, FINALIZER, kubeconfig};
-use crate::controller::ledger::Entry;
-use crate::controller::{Context, preconditions};
 use crate::desired::template_data;
 use crate::render::Renderer;
 use crate::resources::bounds::MAX_APPLIED_OBJECTS;
 use crate::resources::{Addon, AddonStatus, AppliedObject, Cluster, IPAMAllocation};
+use crate::seed::ledger::Entry;
+use crate::seed::{Context, preconditions};
 
 /// Everything one sync of a user cluster looks at, taken from the caches at one moment.
 pub struct TenantInput {
@@ -82,6 +83,7 @@ pub type ClientSlot = Option<TenantClient>;
 
 pub async fn sync_tenant(
     ctx: &Context,
+    metrics: &Metrics,
     renderer: &Arc<Renderer>,
     timeout: std::time::Duration,
     input: TenantInput,
@@ -175,7 +177,7 @@ pub async fn sync_tenant(
                 reason: Reason::KubeconfigInvalid,
                 message,
             };
-            ctx.metrics.addon_failed(failure.reason.as_str());
+            metrics.addon_failed(failure.reason.as_str());
             tracing::warn!(
                 cluster = %input.cluster_name,
                 reason = failure.reason.as_str(),
@@ -247,7 +249,7 @@ pub async fn sync_tenant(
             },
             Ok((objects, hash)) => {
                 apply_addon(
-                    ctx, &client, tenant, &claims, &addon, &previous, objects, hash,
+                    ctx, metrics, &client, tenant, &claims, &addon, &previous, objects, hash,
                 )
                 .await
             }
@@ -256,7 +258,7 @@ pub async fn sync_tenant(
             settled = false;
         }
         if let Outcome::ApplyFailed { failure, .. } | Outcome::RenderFailed(failure) = &outcome {
-            ctx.metrics.addon_failed(failure.reason.as_str());
+            metrics.addon_failed(failure.reason.as_str());
             tracing::warn!(
                 cluster = %input.cluster_name,
                 addon = %key(&addon),
@@ -308,7 +310,7 @@ pub async fn sync_tenant(
                 // Another Addon of this cluster renders it now: it stays.
                 continue;
             }
-            if let Err(f) = delete_object(ctx, &client, tenant, object).await {
+            if let Err(f) = delete_object(ctx, metrics, &client, tenant, object).await {
                 failure.get_or_insert(f);
                 left.push(object.clone());
             }
@@ -323,7 +325,7 @@ pub async fn sync_tenant(
             }
             Some(failure) => {
                 settled = false;
-                ctx.metrics.addon_failed(failure.reason.as_str());
+                metrics.addon_failed(failure.reason.as_str());
                 tracing::warn!(
                     cluster = %input.cluster_name,
                     addon = %key(&addon),
@@ -760,6 +762,7 @@ fn api_for(
 #[allow(clippy::too_many_arguments)]
 async fn apply_addon(
     ctx: &Context,
+    metrics: &Metrics,
     client: &Client,
     tenant: &mut TenantClient,
     claims: &Claims,
@@ -826,8 +829,7 @@ async fn apply_addon(
         applied.push(record);
         let started = std::time::Instant::now();
         let result = api.patch(&name, &params, &Patch::Apply(&object)).await;
-        ctx.metrics
-            .addon_request("apply", result.is_ok(), started.elapsed());
+        metrics.addon_request("apply", result.is_ok(), started.elapsed());
         if let Err(e) = result {
             let what = if namespace.is_empty() {
                 format!("apply {kind} {name}")
@@ -840,7 +842,7 @@ async fn apply_addon(
                 not_pruned: Vec::new(),
             };
         }
-        ctx.metrics.addon_objects_applied.inc();
+        metrics.addon_objects_applied.inc();
     }
     applied.sort();
     applied.dedup();
@@ -852,7 +854,7 @@ async fn apply_addon(
             // Moved to another Addon of this cluster, which applies it: not deleted.
             continue;
         }
-        if let Err(f) = delete_object(ctx, client, tenant, &object).await {
+        if let Err(f) = delete_object(ctx, metrics, client, tenant, &object).await {
             prune_failure.get_or_insert(f);
             not_pruned.push(object);
         }
@@ -871,6 +873,7 @@ async fn apply_addon(
 /// cannot exist), counts as done.
 async fn delete_object(
     ctx: &Context,
+    metrics: &Metrics,
     client: &Client,
     tenant: &mut TenantClient,
     object: &AppliedObject,
@@ -894,10 +897,10 @@ async fn delete_object(
         Err(kube::Error::Api(s)) => s.code == 404,
         Err(_) => false,
     };
-    ctx.metrics.addon_request("delete", gone, started.elapsed());
+    metrics.addon_request("delete", gone, started.elapsed());
     match result {
         Ok(_) => {
-            ctx.metrics.addon_objects_pruned.inc();
+            metrics.addon_objects_pruned.inc();
             Ok(())
         }
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),

@@ -12,7 +12,6 @@ use minijinja::{AutoEscape, Environment, ErrorKind, UndefinedBehavior};
 
 use super::loader::{self, AddonFiles, SourceFile};
 use super::output::{self, Origin};
-use super::sandbox::{self, Sandbox, SandboxOptions};
 use super::{RenderError, TemplateData, filters};
 
 /// Default fuel: the number of engine instructions one template file may run. The MetalLB
@@ -36,8 +35,22 @@ pub struct Renderer {
     max_output: Arc<AtomicUsize>,
     /// The templates as loaded, handed to sandbox processes so they render exactly these.
     sources: Arc<Sources>,
-    /// When set, every render runs in a separate, memory-bounded process.
-    sandbox: Option<Arc<Sandbox>>,
+    /// When set, every render runs elsewhere: in a separate, memory-bounded process
+    /// ([`super::sandbox`]).
+    isolation: Option<Arc<dyn Isolation>>,
+}
+
+/// A place other than this process where addons are rendered (the render sandbox). The
+/// engine hands it the renderer, whose templates and bounds the other side renders with; the
+/// sandbox builds on the engine, never the other way round.
+pub(crate) trait Isolation: Send + Sync + std::fmt::Debug {
+    /// Renders `addon` (known to exist in `renderer`) for `data`.
+    fn render(
+        &self,
+        renderer: &Renderer,
+        addon: &str,
+        data: &TemplateData,
+    ) -> Result<RenderedAddon, RenderError>;
 }
 
 /// Every template a renderer holds, as read.
@@ -53,7 +66,7 @@ impl std::fmt::Debug for Renderer {
             .field("addons", &self.addons)
             .field("fuel", &self.fuel)
             .field("max_output", &self.max_output())
-            .field("sandbox", &self.sandbox)
+            .field("isolation", &self.isolation)
             .finish_non_exhaustive()
     }
 }
@@ -147,11 +160,9 @@ impl Renderer {
         self
     }
 
-    /// Runs every render in a separate process whose memory is bounded (see
-    /// [`SandboxOptions`]): a template that builds ever larger strings or lists fails with
-    /// [`RenderError::MemoryExceeded`] instead of exhausting the machine.
-    pub fn with_sandbox(mut self, options: SandboxOptions) -> Renderer {
-        self.sandbox = Some(Arc::new(Sandbox::new(options)));
+    /// Runs every render through `isolation` instead of in this process.
+    pub(crate) fn isolated(mut self, isolation: Arc<dyn Isolation>) -> Renderer {
+        self.isolation = Some(isolation);
         self
     }
 
@@ -202,8 +213,8 @@ impl Renderer {
                 addon: addon.to_string(),
                 known: self.addon_names(),
             })?;
-        if let Some(sandbox) = &self.sandbox {
-            return sandbox::render(sandbox, self, addon, data);
+        if let Some(isolation) = &self.isolation {
+            return isolation.render(self, addon, data);
         }
         let context = Value::from(Serde(data));
         let mut objects = Vec::new();
@@ -329,7 +340,7 @@ impl Renderer {
             fuel: DEFAULT_FUEL,
             max_output,
             sources,
-            sandbox: None,
+            isolation: None,
         })
     }
 

@@ -19,14 +19,14 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::engine::{Renderer, Sources};
+use super::engine::{Isolation, Renderer, Sources};
 use super::{RenderError, RenderedAddon, TemplateData};
 
 /// The hidden subcommand that runs a render child.
@@ -235,9 +235,29 @@ impl Drop for Worker {
     }
 }
 
+impl Renderer {
+    /// Runs every render in a separate process whose memory is bounded (see
+    /// [`SandboxOptions`]): a template that builds ever larger strings or lists fails with
+    /// [`RenderError::MemoryExceeded`] instead of exhausting the machine.
+    pub fn with_sandbox(self, options: SandboxOptions) -> Renderer {
+        self.isolated(Arc::new(Sandbox::new(options)))
+    }
+}
+
+impl Isolation for Sandbox {
+    fn render(
+        &self,
+        renderer: &Renderer,
+        addon: &str,
+        data: &TemplateData,
+    ) -> Result<RenderedAddon, RenderError> {
+        render(self, renderer, addon, data)
+    }
+}
+
 /// Renders one addon in a child process (called by [`Renderer::render`] when a sandbox is set;
 /// the addon is known to exist).
-pub(crate) fn render(
+fn render(
     sandbox: &Sandbox,
     renderer: &Renderer,
     addon: &str,

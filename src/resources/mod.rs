@@ -46,6 +46,10 @@ pub const LABEL_DATACENTER: &str = "ipam.kipam.dev/datacenter";
 /// Annotation on an `IPAMAllocation`: the pool's `reclaimPolicy` when it was last planned, so a
 /// pool that disappears without a controller watching (offline mode) is still honoured.
 pub const ANNOTATION_RECLAIM_POLICY: &str = "ipam.kipam.dev/reclaim-policy";
+/// Finalizer on clusters: their allocations are released before they go.
+pub const CLUSTER_FINALIZER: &str = "ipam.kipam.dev/release-allocations";
+/// Finalizer on pools: their allocations are deleted or retained before they go.
+pub const POOL_FINALIZER: &str = "ipam.kipam.dev/reclaim-allocations";
 
 /// The current time as Kubernetes writes timestamps (RFC 3339, UTC, whole seconds).
 pub fn now_rfc3339() -> String {

@@ -31,8 +31,8 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 
-use crate::controller::Context;
 use crate::resources::{Cluster, IPAMAllocation, IPAMPool, IPAMPoolRecord};
+use crate::seed::Context;
 use crate::tls::{self, TlsFiles};
 use review::{AdmissionReview, Verdict};
 use rules::{View, Wants};
@@ -355,10 +355,9 @@ pub async fn run(ctx: Arc<Context>, options: WebhookOptions) -> Result<(), Webho
         tracing::info!("webhook: caches loaded, reviewing requests");
     });
     tracing::info!(addr = %options.addr, "webhook: serving {PATH} over TLS");
-    let app = crate::controller::metrics::instrument(
+    let app = crate::seed::metrics::instrument(
         router(source, &options.service_account, REVIEW_DEADLINE),
-        ctx.metrics.clone(),
-        crate::controller::metrics::Server::Webhook,
+        crate::seed::metrics::HttpMetrics::register(&ctx.metrics, "webhook", "Admission webhook"),
         vec![PATH],
     );
     let result = tls::serve(listener, options.tls, app, std::future::pending()).await;

@@ -30,7 +30,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::PostParams;
 use kube::{Api, Client};
 
-use crate::controller::{backoff, preconditions};
+use crate::seed::{backoff, preconditions};
 
 /// How often each replica looks at the Secret and the configuration again, by default.
 pub const CHECK_INTERVAL: Duration = Duration::from_secs(60);

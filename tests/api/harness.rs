@@ -18,8 +18,8 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 
 use kipam::api::{ApiOptions, ApiState};
-use kipam::controller::{Context, backoff, leader, ledger, metrics, records};
 use kipam::resources::{IPAMAllocation, IPAMPool};
+use kipam::seed::{Context, backoff, leader, ledger, metrics};
 
 pub const SEED: &str = "seed-1";
 pub const POOLS: &str = "/api/v2/seeds/seed-1/ipampools";
@@ -98,7 +98,7 @@ pub async fn context(api: &ApiServer) -> (Arc<Context>, tokio::task::JoinHandle<
         ledger: tokio::sync::Mutex::new(ledger::Ledger::default()),
         // Filled by the test as the allocation watch would, complete from the start.
         ledger_updates: tokio::sync::watch::Sender::new(true),
-        records: tokio::sync::Mutex::new(records::Records::default()),
+        records: tokio::sync::Mutex::new(kipam::seed::records::Records::default()),
         dirty: Default::default(),
         backoff: std::sync::Mutex::new(backoff::Backoff::default()),
         pass_lock: tokio::sync::Mutex::new(()),

@@ -1,4 +1,4 @@
-//! The pool record commit (`kipam::controller::records`) against the stand-in, in process: the
+//! The pool record commit (`kipam::planning::records`) against the stand-in, in process: the
 //! record is kept in shards by address block; an existing shard is patched with only what
 //! changes, conditional on its `resourceVersion`; a stale commit is refused by the server and
 //! makes kipam read the shard again; a record written before sharding is moved into shards,
@@ -14,10 +14,10 @@ use kube::runtime::reflector;
 use kube_standin::ApiServer;
 use serde_json::{Value, json};
 
-use kipam::controller::records::{self, CommitError, RecordKey};
-use kipam::controller::{Context, backoff, leader, ledger, metrics};
+use kipam::planning::records::{self, CommitError, RecordKey};
 use kipam::reservations::shards;
 use kipam::resources::{IPAMPool, IPAMPoolRecord, Reservation};
+use kipam::seed::{Context, backoff, leader, ledger, metrics};
 
 struct Setup {
     api: ApiServer,
@@ -62,7 +62,7 @@ async fn setup() -> Setup {
         namespaces,
         ledger: tokio::sync::Mutex::new(ledger::Ledger::default()),
         ledger_updates: tokio::sync::watch::Sender::new(true),
-        records: tokio::sync::Mutex::new(records::Records::default()),
+        records: tokio::sync::Mutex::new(kipam::seed::records::Records::default()),
         dirty: Default::default(),
         backoff: std::sync::Mutex::new(backoff::Backoff::default()),
         pass_lock: tokio::sync::Mutex::new(()),

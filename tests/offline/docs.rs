@@ -156,22 +156,27 @@ fn the_example_alerts_query_metrics_kipam_exports() {
     assert!(alerts >= 10);
 }
 
-/// A registry in which every family has a series (empty families are not listed).
-fn every_metric() -> std::sync::Arc<kipam::controller::metrics::Metrics> {
-    use kipam::controller::metrics::{HttpLabels, HttpRouteLabels, Metrics};
+/// A registry in which every family has a series (empty families are not listed): the
+/// seed's core and every room that registers metrics in it.
+fn every_metric() -> std::sync::Arc<kipam::seed::metrics::Metrics> {
+    use kipam::seed::metrics::{HttpLabels, HttpMetrics, HttpRouteLabels, Metrics};
     let m = Metrics::new();
+    let planning = kipam::planning::metrics::Metrics::new(&m);
+    let applier = kipam::applier::metrics::Metrics::new(&m);
+    let api = HttpMetrics::register(&m, "api", "REST API");
+    let webhook = HttpMetrics::register(&m, "webhook", "Admission webhook");
     let pool: kipam::resources::IPAMPool = serde_saphyr::from_str(
         "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata: {name: p}\nspec:\n  datacenters:\n    dc: {type: range, poolCidr: 10.0.0.0/30, allocationRange: 1}\n",
     )
     .expect("pool parses");
     let input = kipam::validation::pool_input(&pool).expect("valid pool");
-    m.observe_plan(&kipam::planner::plan(&[input], &[], &[]));
+    planning.observe_plan(&kipam::planner::plan(&[input], &[], &[]));
     m.wrote("create", "x");
     m.write_failed("X", "Invalid");
-    m.addon_sync(true, std::time::Duration::ZERO);
-    m.addon_failed("Unreachable");
-    m.addon_request("apply", true, std::time::Duration::ZERO);
-    for http in [&m.api, &m.webhook] {
+    applier.addon_sync(true, std::time::Duration::ZERO);
+    applier.addon_failed("Unreachable");
+    applier.addon_request("apply", true, std::time::Duration::ZERO);
+    for http in [&api, &webhook] {
         let (route, method) = ("/".to_string(), "GET".to_string());
         http.requests
             .get_or_create(&HttpLabels {

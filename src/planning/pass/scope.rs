@@ -10,8 +10,8 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use crate::controller::ledger::Key;
 use crate::planner::{self, ClusterInput, Decision, Plan, PlanInputs};
+use crate::seed::ledger::Key;
 
 /// What the planning loop keeps from one pass to the next.
 #[derive(Debug)]
@@ -42,11 +42,17 @@ pub struct PassState {
     pub(super) status_due: BTreeSet<String>,
     /// When a short pass last wrote pool statuses.
     pub(super) status_written: Option<std::time::Instant>,
+    /// The planning loop's metrics.
+    pub metrics: std::sync::Arc<crate::planning::metrics::Metrics>,
 }
 
 impl PassState {
-    pub fn new(write_concurrency: usize) -> Self {
+    pub fn new(
+        write_concurrency: usize,
+        metrics: std::sync::Arc<crate::planning::metrics::Metrics>,
+    ) -> Self {
         PassState {
+            metrics,
             write_concurrency: write_concurrency.max(1),
             full: true,
             previous: None,

@@ -11,10 +11,10 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
 use super::*;
-use crate::controller::Context;
 use crate::resources::{
     ANNOTATION_RECLAIM_POLICY, Cluster, IPAMPool, LABEL_CLUSTER, ReclaimPolicy, cluster_namespace,
 };
+use crate::seed::Context;
 use crate::validation::{self};
 
 /// Adds our finalizers to clusters and pools that lack them.

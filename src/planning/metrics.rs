@@ -1,7 +1,8 @@
-//! Prometheus metrics and the health endpoints (`/metrics`, `/healthz`, `/readyz`).
+//! The planning loop's metrics: passes, allocations written and waited for, and the pool
+//! figures of the last plan, registered in the seed's registry
+//! ([`crate::seed::metrics::Metrics::register`]).
 //!
-//! The list of metrics, with what each means, is in `docs/design.md` ("Metrics"). Pool
-//! figures are computed by [`pool_gauges`], a pure function of the plan, and published by
+//! Pool figures are computed by [`pool_gauges`], a pure function of the plan, and published by
 //! [`Metrics::observe_plan`], which the planning pass calls once per pass.
 //!
 //! Address counts are exact integers up to 2^128 (an IPv6 `::/0`), but Prometheus samples are
@@ -11,27 +12,22 @@
 //! figures are in the pool's `status.datacenters`.
 
 use std::collections::{BTreeSet, HashMap};
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::extract::{Request, State};
-use axum::http::{StatusCode, header};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
 
 use crate::address::AddressCount;
 use crate::planner::{Change, Decision, Plan};
 use crate::resources::AllocationPhase;
+use crate::seed::metrics::Metrics as SeedMetrics;
+
+type FloatGauge = Gauge<f64, AtomicU64>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
@@ -55,97 +51,9 @@ pub struct PhaseLabels {
     pub phase: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WriteLabels {
-    pub verb: String,
-    pub resource: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SyncLabels {
-    /// `settled` or `failed`.
-    pub result: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
-    pub reason: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ErrorLabels {
-    pub kind: String,
-    pub reason: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
-    /// `apply` or `delete`.
-    pub verb: String,
-    /// `ok` or `error`.
-    pub result: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct VerbLabels {
-    pub verb: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct HttpLabels {
-    /// The route template (`/api/v2/seeds/{seed_name}/ipampools`), or `unmatched` for a path
-    /// or method no route serves (so unknown paths cannot grow the label set).
-    pub route: String,
-    pub method: String,
-    pub code: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct HttpRouteLabels {
-    pub route: String,
-    pub method: String,
-}
-
-type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
-type FloatGauge = Gauge<f64, AtomicU64>;
-
-/// Buckets of HTTP requests: 1 ms to 16 s.
-fn http_buckets() -> Histogram {
-    Histogram::new(exponential_buckets(0.001, 2.0, 15))
-}
-
-/// Buckets of requests to user clusters: 5 ms to 20 s.
-fn tenant_request_buckets() -> Histogram {
-    Histogram::new(exponential_buckets(0.005, 2.0, 13))
-}
-
-/// An HTTP server kipam runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Server {
-    /// The REST API (`kipam_api_requests_total`, ...).
-    Api,
-    /// The admission webhook (`kipam_webhook_requests_total`, ...).
-    Webhook,
-}
-
-/// Requests and their durations, for one HTTP server.
-pub struct HttpMetrics {
-    pub requests: Family<HttpLabels, Counter>,
-    pub duration: HistogramFamily<HttpRouteLabels>,
-}
-
-impl HttpMetrics {
-    fn new() -> Self {
-        HttpMetrics {
-            requests: Family::default(),
-            duration: Family::new_with_constructor(http_buckets),
-        }
-    }
-}
-
-/// Everything the controller reports.
+/// What the planning loop reports.
 pub struct Metrics {
-    registry: Registry,
+    seed: Arc<SeedMetrics>,
     pub passes: Counter,
     pub pass_failures: Counter,
     /// Duration of every planning pass.
@@ -157,36 +65,18 @@ pub struct Metrics {
     pub allocation_duration: Histogram,
     /// When each (cluster, pool) request still unmet was first seen by a pass.
     unmet_since: Mutex<Unmet>,
-    pub api_writes: Family<WriteLabels, Counter>,
-    /// Failed writes by kind of object and reason (`Conflict`, `Invalid`, `Timeout`, ...).
-    pub write_errors: Family<ErrorLabels, Counter>,
-    pub leader: Gauge,
     pub pool_addresses: Family<PoolStateLabels, FloatGauge>,
     pub pool_utilization: Family<PoolLabels, FloatGauge>,
     pub pool_largest_free_block: Family<PoolLabels, FloatGauge>,
     pub allocations: Family<PhaseLabels, Gauge>,
     /// The (pool, datacenter) pairs published by the last pass, to remove those that went.
     published: Mutex<BTreeSet<(String, String)>>,
-    pub ready: AtomicBool,
-    /// Why the replica is not ready, when something outside it is missing (CRDs, RBAC, ...).
-    pub not_ready_reason: Mutex<Option<String>>,
-    pub writes: AtomicU64,
-    /// Addon applier: user-cluster syncs by result.
-    pub addon_syncs: Family<SyncLabels, Counter>,
-    /// Addon applier: duration of each user-cluster sync.
-    pub addon_sync_duration: Histogram,
-    /// Addon applier: Addons that could not be rendered, applied or pruned, by reason.
-    pub addon_failures: Family<ReasonLabels, Counter>,
-    /// Addon applier: requests sent to user clusters, by verb and result.
-    pub addon_requests: Family<RequestLabels, Counter>,
-    pub addon_request_duration: HistogramFamily<VerbLabels>,
-    pub addon_objects_applied: Counter,
-    pub addon_objects_pruned: Counter,
-    pub addon_syncs_in_flight: Gauge,
-    /// The REST API.
-    pub api: HttpMetrics,
-    /// The admission webhook.
-    pub webhook: HttpMetrics,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("planning::Metrics").finish_non_exhaustive()
+    }
 }
 
 /// The phases [`Metrics::allocations`] is published for. (`Released` objects are deleted, not
@@ -334,9 +224,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Metrics {
-    pub fn new() -> Arc<Self> {
-        let mut registry = Registry::with_prefix("kipam");
+    /// The planning loop's metrics, registered in the seed's registry.
+    pub fn new(seed: &Arc<SeedMetrics>) -> Arc<Self> {
         let m = Metrics {
+            seed: seed.clone(),
             passes: Counter::default(),
             pass_failures: Counter::default(),
             pass_duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
@@ -345,159 +236,68 @@ impl Metrics {
             allocation_failures: Counter::default(),
             allocation_duration: Histogram::new(exponential_buckets(0.025, 2.0, 16)),
             unmet_since: Mutex::new(Unmet::default()),
-            api_writes: Family::default(),
-            write_errors: Family::default(),
-            leader: Gauge::default(),
             pool_addresses: Family::default(),
             pool_utilization: Family::default(),
             pool_largest_free_block: Family::default(),
             allocations: Family::default(),
             published: Mutex::new(BTreeSet::new()),
-            ready: AtomicBool::new(false),
-            not_ready_reason: Mutex::new(None),
-            writes: AtomicU64::new(0),
-            addon_syncs: Family::default(),
-            addon_sync_duration: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
-            addon_failures: Family::default(),
-            addon_requests: Family::default(),
-            addon_request_duration: Family::new_with_constructor(tenant_request_buckets),
-            addon_objects_applied: Counter::default(),
-            addon_objects_pruned: Counter::default(),
-            addon_syncs_in_flight: Gauge::default(),
-            api: HttpMetrics::new(),
-            webhook: HttpMetrics::new(),
-            registry: Registry::default(),
         };
-        registry.register("reconcile_passes", "Planning passes run", m.passes.clone());
-        registry.register(
-            "reconcile_pass_failures",
-            "Planning passes that ended with an error",
-            m.pass_failures.clone(),
-        );
-        registry.register(
-            "reconcile_pass_duration_seconds",
-            "Duration of each planning pass (plan and writes)",
-            m.pass_duration.clone(),
-        );
-        registry.register(
-            "allocations_created",
-            "Allocations created, grown or re-pinned",
-            m.allocations_created.clone(),
-        );
-        registry.register(
-            "allocations_released",
-            "Allocations released",
-            m.allocations_released.clone(),
-        );
-        registry.register(
-            "allocation_failures",
-            "Allocation requests that could not be met (counted when their reason changes)",
-            m.allocation_failures.clone(),
-        );
-        registry.register(
+        seed.register(|registry| {
+            registry.register("reconcile_passes", "Planning passes run", m.passes.clone());
+            registry.register(
+                "reconcile_pass_failures",
+                "Planning passes that ended with an error",
+                m.pass_failures.clone(),
+            );
+            registry.register(
+                "reconcile_pass_duration_seconds",
+                "Duration of each planning pass (plan and writes)",
+                m.pass_duration.clone(),
+            );
+            registry.register(
+                "allocations_created",
+                "Allocations created, grown or re-pinned",
+                m.allocations_created.clone(),
+            );
+            registry.register(
+                "allocations_released",
+                "Allocations released",
+                m.allocations_released.clone(),
+            );
+            registry.register(
+                "allocation_failures",
+                "Allocation requests that could not be met (counted when their reason changes)",
+                m.allocation_failures.clone(),
+            );
+            registry.register(
             "allocation_duration_seconds",
             "From the first pass that found a cluster's request unmet to its allocation written \
              (time spent Failed waiting for space included)",
             m.allocation_duration.clone(),
         );
-        registry.register(
-            "api_writes",
-            "Writes sent to the API server",
-            m.api_writes.clone(),
-        );
-        registry.register(
-            "write_errors",
-            "Writes the API server refused or that failed, by kind and reason",
-            m.write_errors.clone(),
-        );
-        registry.register(
-            "leader",
-            "1 while this replica holds the leader lease",
-            m.leader.clone(),
-        );
-        registry.register(
-            "pool_addresses",
-            "Addresses per pool and datacenter, by state (total, allocated, excluded, \
+            registry.register(
+                "pool_addresses",
+                "Addresses per pool and datacenter, by state (total, allocated, excluded, \
              available); published by the leader",
-            m.pool_addresses.clone(),
-        );
-        registry.register(
+                m.pool_addresses.clone(),
+            );
+            registry.register(
             "pool_utilization_ratio",
             "Allocated share (0-1) of the addresses that can be allocated (total less excluded)",
             m.pool_utilization.clone(),
         );
-        registry.register(
-            "pool_largest_free_block",
-            "Largest run of consecutive free addresses per pool and datacenter",
-            m.pool_largest_free_block.clone(),
-        );
-        registry.register(
-            "allocations",
-            "IPAMAllocations per pool, datacenter and phase",
-            m.allocations.clone(),
-        );
-        registry.register(
-            "addon_syncs",
-            "User-cluster syncs of the addon applier, by result",
-            m.addon_syncs.clone(),
-        );
-        registry.register(
-            "addon_sync_duration_seconds",
-            "Duration of each user-cluster sync",
-            m.addon_sync_duration.clone(),
-        );
-        registry.register(
-            "addon_failures",
-            "Addons that could not be rendered, applied or pruned, by reason (Unreachable, \
-             Unauthorized, Forbidden, MissingCRD, KubeconfigInvalid, TemplateError, ApplyFailed)",
-            m.addon_failures.clone(),
-        );
-        registry.register(
-            "addon_requests",
-            "Requests sent to user clusters (server-side applies and deletes), by verb and result",
-            m.addon_requests.clone(),
-        );
-        registry.register(
-            "addon_request_duration_seconds",
-            "Duration of each request to a user cluster, by verb",
-            m.addon_request_duration.clone(),
-        );
-        registry.register(
-            "addon_objects_applied",
-            "Objects applied to user clusters",
-            m.addon_objects_applied.clone(),
-        );
-        registry.register(
-            "addon_objects_pruned",
-            "Objects deleted from user clusters because no Addon renders them any more",
-            m.addon_objects_pruned.clone(),
-        );
-        registry.register(
-            "addon_syncs_in_flight",
-            "User clusters being synced right now (at most --tenant-concurrency)",
-            m.addon_syncs_in_flight.clone(),
-        );
-        registry.register(
-            "api_requests",
-            "REST API requests by route, method and status code",
-            m.api.requests.clone(),
-        );
-        registry.register(
-            "api_request_duration_seconds",
-            "REST API request durations by route and method",
-            m.api.duration.clone(),
-        );
-        registry.register(
-            "webhook_requests",
-            "Admission webhook requests by route, method and status code",
-            m.webhook.requests.clone(),
-        );
-        registry.register(
-            "webhook_request_duration_seconds",
-            "Admission webhook request durations by route and method",
-            m.webhook.duration.clone(),
-        );
-        Arc::new(Metrics { registry, ..m })
+            registry.register(
+                "pool_largest_free_block",
+                "Largest run of consecutive free addresses per pool and datacenter",
+                m.pool_largest_free_block.clone(),
+            );
+            registry.register(
+                "allocations",
+                "IPAMAllocations per pool, datacenter and phase",
+                m.allocations.clone(),
+            );
+        });
+        Arc::new(m)
     }
 
     /// Publishes the pool figures of a plan ([`pool_gauges`]), removes those of pools and
@@ -623,7 +423,7 @@ impl Metrics {
     /// Records whether this replica leads. A replica that does not lead publishes no pool
     /// figures (they would go stale), so summing them over replicas stays right.
     pub fn set_leader(&self, holds: bool) {
-        self.leader.set(holds as i64);
+        self.seed.leader.set(holds as i64);
         if !holds {
             let mut published = lock(&self.published);
             for (pool, datacenter) in published.iter() {
@@ -649,81 +449,6 @@ impl Metrics {
                 .observe(since.elapsed().as_secs_f64());
         }
     }
-
-    /// Counts one API write.
-    pub fn wrote(&self, verb: &str, resource: &str) {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.api_writes
-            .get_or_create(&WriteLabels {
-                verb: verb.into(),
-                resource: resource.into(),
-            })
-            .inc();
-    }
-
-    /// Records the end of one user-cluster sync.
-    pub fn addon_sync(&self, settled: bool, took: Duration) {
-        let result = if settled { "settled" } else { "failed" };
-        self.addon_syncs
-            .get_or_create(&SyncLabels {
-                result: result.into(),
-            })
-            .inc();
-        self.addon_sync_duration.observe(took.as_secs_f64());
-    }
-
-    /// Counts an Addon that could not be rendered, applied or pruned.
-    pub fn addon_failed(&self, reason: &str) {
-        self.addon_failures
-            .get_or_create(&ReasonLabels {
-                reason: reason.into(),
-            })
-            .inc();
-    }
-
-    /// Records one request to a user cluster (`apply` or `delete`).
-    pub fn addon_request(&self, verb: &str, ok: bool, took: Duration) {
-        self.addon_requests
-            .get_or_create(&RequestLabels {
-                verb: verb.into(),
-                result: if ok { "ok" } else { "error" }.into(),
-            })
-            .inc();
-        self.addon_request_duration
-            .get_or_create(&VerbLabels { verb: verb.into() })
-            .observe(took.as_secs_f64());
-    }
-
-    /// Counts one failed write.
-    pub fn write_failed(&self, kind: &str, reason: &str) {
-        self.write_errors
-            .get_or_create(&ErrorLabels {
-                kind: kind.into(),
-                reason: reason.into(),
-            })
-            .inc();
-    }
-
-    /// Records (or clears, with `None`) why this replica cannot work.
-    pub fn set_not_ready(&self, reason: Option<String>) {
-        *lock(&self.not_ready_reason) = reason;
-    }
-
-    fn http(&self, server: Server) -> &HttpMetrics {
-        match server {
-            Server::Api => &self.api,
-            Server::Webhook => &self.webhook,
-        }
-    }
-
-    /// The text exposition of every metric.
-    pub fn encode(&self) -> String {
-        let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
-            out.clear();
-        }
-        out
-    }
 }
 
 fn state_labels(pool: &PoolLabels, state: &str) -> PoolStateLabels {
@@ -739,101 +464,6 @@ fn phase_labels(pool: &PoolLabels, phase: AllocationPhase) -> PhaseLabels {
         pool: pool.pool.clone(),
         datacenter: pool.datacenter.clone(),
         phase: phase.as_str().to_string(),
-    }
-}
-
-/// The route template among `routes` that `path` matches (`{name}` matches one segment).
-pub fn route_of<'a>(path: &str, routes: &[&'a str]) -> Option<&'a str> {
-    let segments: Vec<&str> = path.split('/').collect();
-    routes.iter().copied().find(|route| {
-        let parts: Vec<&str> = route.split('/').collect();
-        parts.len() == segments.len()
-            && parts
-                .iter()
-                .zip(&segments)
-                .all(|(p, s)| (p.starts_with('{') && p.ends_with('}') && !s.is_empty()) || p == s)
-    })
-}
-
-#[derive(Clone)]
-struct Observed {
-    metrics: Arc<Metrics>,
-    server: Server,
-    routes: Arc<Vec<&'static str>>,
-}
-
-/// Counts and times every request `router` answers (`kipam_api_*` or `kipam_webhook_*`),
-/// labelled with the route template among `routes` (`unmatched` for any other path).
-pub fn instrument(
-    router: Router,
-    metrics: Arc<Metrics>,
-    server: Server,
-    routes: Vec<&'static str>,
-) -> Router {
-    let observed = Observed {
-        metrics,
-        server,
-        routes: Arc::new(routes),
-    };
-    router.layer(middleware::from_fn_with_state(observed, observe_request))
-}
-
-async fn observe_request(State(o): State<Observed>, req: Request, next: Next) -> Response {
-    let route = route_of(req.uri().path(), &o.routes).unwrap_or("unmatched");
-    // Only standard methods become label values: any other token is counted as `other`.
-    let method = match req.method().as_str() {
-        m @ ("GET" | "HEAD" | "POST" | "PUT" | "PATCH" | "DELETE" | "OPTIONS") => m.to_string(),
-        _ => "other".to_string(),
-    };
-    let started = Instant::now();
-    let response = next.run(req).await;
-    let http = o.metrics.http(o.server);
-    http.requests
-        .get_or_create(&HttpLabels {
-            route: route.to_string(),
-            method: method.clone(),
-            code: response.status().as_u16().to_string(),
-        })
-        .inc();
-    http.duration
-        .get_or_create(&HttpRouteLabels {
-            route: route.to_string(),
-            method,
-        })
-        .observe(started.elapsed().as_secs_f64());
-    response
-}
-
-/// Serves the endpoints until the process ends.
-pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
-    let app = Router::new()
-        .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(ready_handler))
-        .with_state(metrics);
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    axum::serve(listener, app).await
-}
-
-async fn metrics_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        m.encode(),
-    )
-}
-
-async fn ready_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
-    let reason = lock(&m.not_ready_reason).clone();
-    match reason {
-        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
-        None if m.ready.load(Ordering::Relaxed) => (StatusCode::OK, "ready".to_string()),
-        None => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "caches not synced".to_string(),
-        ),
     }
 }
 
@@ -927,9 +557,9 @@ mod tests {
 
     #[test]
     fn gauges_of_a_pool_that_went_are_removed_and_a_follower_publishes_none() {
-        let m = Metrics::new();
+        let m = Metrics::new(&SeedMetrics::new());
         m.observe_plan(&plan_of(EDGE, &[("a", "dc-1")]));
-        let text = m.encode();
+        let text = m.seed.encode();
         assert!(
             text.contains(
                 "kipam_pool_addresses{pool=\"edge\",datacenter=\"dc-2\",state=\"total\"} 256.0"
@@ -941,16 +571,16 @@ mod tests {
         ));
         let only_v6 = EDGE.split("\n---\n").nth(1).unwrap_or_default();
         m.observe_plan(&plan_of(only_v6, &[("a", "dc-1")]));
-        let text = m.encode();
+        let text = m.seed.encode();
         assert!(!text.contains("pool=\"edge\""), "{text}");
         assert!(text.contains("kipam_pool_utilization_ratio{pool=\"v6\",datacenter=\"dc-1\"}"));
         m.set_leader(false);
-        assert!(!m.encode().contains("pool=\"v6\""));
+        assert!(!m.seed.encode().contains("pool=\"v6\""));
     }
 
     #[test]
     fn allocation_duration_runs_from_the_first_unmet_pass_to_the_write() {
-        let m = Metrics::new();
+        let m = Metrics::new(&SeedMetrics::new());
         let plan = plan_of(EDGE, &[("a", "dc-1")]);
         m.observe_plan(&plan);
         std::thread::sleep(Duration::from_millis(30));
@@ -959,7 +589,7 @@ mod tests {
         m.allocation_written("a", "edge");
         // Written once: a second write of the same allocation (a grow) is not timed again.
         m.allocation_written("a", "edge");
-        let text = m.encode();
+        let text = m.seed.encode();
         assert!(
             text.contains("kipam_allocation_duration_seconds_count 1"),
             "{text}"
@@ -971,61 +601,5 @@ mod tests {
             .and_then(|v| v.parse().ok())
             .unwrap_or_default();
         assert!(sum >= 0.03, "{sum}");
-    }
-
-    #[test]
-    fn routes_are_templates_and_unknown_paths_one_label() {
-        let routes = [
-            "/api/v2/seeds/{seed_name}/ipampools",
-            "/api/v2/seeds/{seed_name}/ipampools/{ipampool_name}",
-        ];
-        assert_eq!(
-            route_of("/api/v2/seeds/s1/ipampools/p", &routes),
-            Some(routes[1])
-        );
-        assert_eq!(
-            route_of("/api/v2/seeds/s1/ipampools", &routes),
-            Some(routes[0])
-        );
-        assert_eq!(route_of("/api/v2/seeds//ipampools", &routes), None);
-        assert_eq!(route_of("/api/v2/seeds/s1/other", &routes), None);
-    }
-
-    #[tokio::test]
-    async fn every_request_is_counted_by_route_method_and_code() {
-        use tower::ServiceExt;
-        let m = Metrics::new();
-        let app = instrument(
-            Router::new().route("/validate", axum::routing::post(|| async { "ok" })),
-            m.clone(),
-            Server::Webhook,
-            vec!["/validate"],
-        );
-        for (method, path) in [
-            ("POST", "/validate"),
-            ("POST", "/validate"),
-            ("GET", "/nope"),
-        ] {
-            let req = axum::http::Request::builder()
-                .method(method)
-                .uri(path)
-                .body(axum::body::Body::empty())
-                .expect("request");
-            let _ = app.clone().oneshot(req).await;
-        }
-        let text = m.encode();
-        assert!(
-            text.contains(
-                "kipam_webhook_requests_total{route=\"/validate\",method=\"POST\",code=\"200\"} 2"
-            ),
-            "{text}"
-        );
-        assert!(text.contains(
-            "kipam_webhook_requests_total{route=\"unmatched\",method=\"GET\",code=\"404\"} 1"
-        ));
-        assert!(text.contains(
-            "kipam_webhook_request_duration_seconds_count{route=\"/validate\",method=\"POST\"} 2"
-        ));
-        assert!(!text.contains("kipam_api_requests_total{"));
     }
 }

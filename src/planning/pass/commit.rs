@@ -7,13 +7,13 @@ use futures::StreamExt;
 use kube::ResourceExt;
 
 use super::*;
-use crate::controller::Context;
-use crate::controller::ledger::Entry;
-use crate::controller::preconditions;
-use crate::controller::records::{self, RecordKey};
 use crate::planner::{self, PoolInput};
+use crate::planning::records::{self, RecordKey};
 use crate::reservations;
 use crate::resources::{IPAMPool, record_name};
+use crate::seed::Context;
+use crate::seed::ledger::Entry;
+use crate::seed::preconditions;
 
 /// Record commits in flight at once: each holds a pool datacenter's whole desired record and
 /// its shard writes (in a burst, every cluster of the pool), so a pass with many pools to

@@ -18,11 +18,11 @@ use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
 use super::*;
-use crate::controller::Context;
-use crate::controller::records::{self, RecordKey};
 use crate::planner::ClusterInput;
+use crate::planning::records::{self, RecordKey};
 use crate::reservations::reservation_of;
 use crate::resources::Reservation;
+use crate::seed::Context;
 use crate::validation;
 
 /// Runs the short pass for `dirty` if it applies; `None` when the full pass must run (and
@@ -177,8 +177,9 @@ pub(super) async fn run(
         }
         Some(job)
     };
+    let metrics = &*state.metrics.clone();
     let mut results = futures::stream::iter(added.iter().filter_map(build))
-        .map(|job| write_one(ctx, term, job))
+        .map(|job| write_one(ctx, metrics, term, job))
         .buffer_unordered(limit);
     let mut notes: BTreeMap<String, Vec<allocations::ClusterNote>> = BTreeMap::new();
     let mut write_failures: HashMap<String, Vec<String>> = HashMap::new();
@@ -231,7 +232,7 @@ pub(super) async fn run(
     state
         .status_due
         .extend(added.iter().map(|d| d.pool.clone()));
-    ctx.metrics.observe_added(plan, &added);
+    state.metrics.observe_added(plan, &added);
     step("metrics");
     outcome.status_after = start_statuses(ctx, state, &now);
     step("pool status");

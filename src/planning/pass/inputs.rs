@@ -6,13 +6,13 @@ use std::sync::Arc;
 use kube::{Api, ResourceExt};
 
 use super::*;
-use crate::controller::Context;
-use crate::controller::ledger::Entry;
-use crate::controller::records::RecordKey;
 use crate::planner::{ClusterInput, PoolInput, StoredAllocation};
+use crate::planning::records::RecordKey;
 use crate::reservations;
 use crate::resources::Reservation;
 use crate::resources::{Cluster, IPAMPool, LABEL_DATACENTER, ReclaimPolicy};
+use crate::seed::Context;
+use crate::seed::ledger::Entry;
 use crate::validation::{self, FieldError};
 
 /// What the planner is given, and what the status writers report.
@@ -67,7 +67,7 @@ impl ReadCache {
     }
 
     /// Reads again the pool datacenters whose record changed since the last reading
-    /// (`versions`, from [`Records::versions`](crate::controller::records::Records::versions));
+    /// (`versions`, from [`Records::versions`](crate::seed::records::Records::versions));
     /// `joined` gives one's reservations by cluster.
     pub(super) fn refresh_records<I>(
         &mut self,

@@ -4,12 +4,12 @@ use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::{Api, ResourceExt};
 
 use super::*;
-use crate::controller::Context;
-use crate::controller::ledger::Key;
 use crate::planner::{Change, Decision};
 use crate::resources::{
     AllocationPhase, Cluster, IPAMAllocation, IPAMAllocationStatus, cluster_namespace,
 };
+use crate::seed::Context;
+use crate::seed::ledger::Key;
 use crate::status::{self};
 
 /// Re-reads one allocation into the ledger after a conflict.
@@ -231,7 +231,7 @@ pub(super) struct ClusterNote {
 /// The event a finished allocation write deserves, if any (counting it in the metrics). A
 /// plain first allocation gets none: the object and the cluster's `IPAMReady` condition say
 /// it, and at scale an event per allocation would double the writes.
-pub(super) fn allocation_note(ctx: &Context, job: &AllocationWrite) -> Option<ClusterNote> {
+pub(super) fn allocation_note(metrics: &Metrics, job: &AllocationWrite) -> Option<ClusterNote> {
     let d = &job.decision;
     let held = d.held.as_ref().map(|h| h.to_string()).unwrap_or_default();
     tracing::info!(cluster = %d.cluster, pool = %d.pool, datacenter = %d.datacenter, change = %d.change, held = %held, "allocation written{}{}", if d.message.is_empty() { "" } else { ": " }, d.message);
@@ -244,7 +244,7 @@ pub(super) fn allocation_note(ctx: &Context, job: &AllocationWrite) -> Option<Cl
     };
     match d.change {
         Change::Create | Change::Grow | Change::Replace => {
-            ctx.metrics.allocation_written(&d.cluster, &d.pool);
+            metrics.allocation_written(&d.cluster, &d.pool);
             match (d.change, &d.previous) {
                 (Change::Create, None) => None,
                 (Change::Create, Some(_)) => note(
@@ -265,7 +265,7 @@ pub(super) fn allocation_note(ctx: &Context, job: &AllocationWrite) -> Option<Cl
             }
         }
         Change::Release if job.existing.is_some() => {
-            ctx.metrics.allocations_released.inc();
+            metrics.allocations_released.inc();
             let previous = d
                 .previous
                 .as_ref()
@@ -278,7 +278,7 @@ pub(super) fn allocation_note(ctx: &Context, job: &AllocationWrite) -> Option<Cl
             )
         }
         Change::Fail if job.previous_message.as_deref() != Some(d.message.as_str()) => {
-            ctx.metrics.allocation_failures.inc();
+            metrics.allocation_failures.inc();
             let (_, reason, _) = status::cluster_ipam_condition(&[d]);
             note(true, &reason, format!("pool {}: {}", d.pool, d.message))
         }

@@ -1,4 +1,5 @@
-//! The leader's copy of the `IPAMPoolRecord`s and the compare-and-swap that commits them.
+//! The compare-and-swap that commits the pool records (the fence), kept in the seed's
+//! [`Records`].
 //!
 //! The record of a pool datacenter is kept in shards, one object per block of the pool's
 //! addresses ([`crate::reservations::shards`]); a commit writes only the shards whose entries
@@ -29,335 +30,19 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::Status;
 use kube::{Api, Resource, ResourceExt};
-use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use super::Context;
 use crate::address::Cidr;
 use crate::reservations::shards::{self, Layout};
 use crate::resources::{
-    IPAMPool, IPAMPoolRecord, IPAMPoolRecordSpec, MAX_RECORD_BYTES, Reservation, record_name,
+    IPAMPool, IPAMPoolRecord, IPAMPoolRecordSpec, MAX_RECORD_BYTES, Reservation,
 };
-
-/// (pool, datacenter).
-pub type RecordKey = (String, String);
-
-/// Cluster name -> its new entry, or `None` to remove it.
-pub type Changes = BTreeMap<String, Option<Reservation>>;
+use crate::seed::Context;
+pub use crate::seed::records::{Changes, RecordKey};
+use crate::seed::records::{Held, Patched, Records, entry_size, json_size, key_of, record_size};
 
 /// Shard writes of one commit in flight at once.
 const SHARD_CONCURRENCY: usize = 8;
-
-#[derive(Debug, Default)]
-pub struct Records {
-    /// Pool datacenter -> its shards by object name.
-    map: BTreeMap<RecordKey, BTreeMap<String, Held>>,
-}
-
-/// One shard and the summed serialised size of its entries (each `"cluster":{...}`), kept
-/// up to date with every change so the size guard needs no serialisation of the whole shard.
-#[derive(Debug)]
-struct Held {
-    record: IPAMPoolRecord,
-    entry_bytes: usize,
-    /// `spec.block`, parsed (`None`: a record written before sharding, or a block that does
-    /// not parse).
-    block: Option<Cidr>,
-}
-
-impl Held {
-    fn new(record: IPAMPoolRecord) -> Held {
-        let entry_bytes = record
-            .spec
-            .reservations
-            .iter()
-            .map(|(cluster, r)| entry_size(cluster, r))
-            .sum();
-        let block = record.spec.block.as_deref().and_then(|b| b.parse().ok());
-        Held {
-            record,
-            entry_bytes,
-            block,
-        }
-    }
-}
-
-fn key_of(r: &IPAMPoolRecord) -> RecordKey {
-    (r.spec.pool.clone(), r.spec.datacenter.clone())
-}
-
-impl Records {
-    pub fn reset(&mut self, items: Vec<IPAMPoolRecord>) {
-        self.map.clear();
-        for r in items {
-            self.put(r);
-        }
-    }
-
-    /// Every pool datacenter's record as one: each cluster's parts from all shards joined
-    /// ([`shards::join`]). Its `resourceVersion` is the one [`Records::versions`] gives.
-    pub fn snapshot(&self) -> BTreeMap<RecordKey, IPAMPoolRecord> {
-        self.versions()
-            .into_iter()
-            .map(|(key, version)| {
-                let record = IPAMPoolRecord {
-                    metadata: ObjectMeta {
-                        name: Some(record_name(&key.0, &key.1)),
-                        resource_version: Some(version),
-                        ..Default::default()
-                    },
-                    spec: IPAMPoolRecordSpec {
-                        pool: key.0.clone(),
-                        datacenter: key.1.clone(),
-                        block: None,
-                        reservations: self.joined(&key).collect(),
-                    },
-                };
-                (key, record)
-            })
-            .collect()
-    }
-
-    /// Every pool datacenter held, with its version: the versions of its shards, joined, so
-    /// it changes whenever any shard does.
-    pub fn versions(&self) -> BTreeMap<RecordKey, String> {
-        self.map
-            .iter()
-            .filter(|(_, shards)| !shards.is_empty())
-            .map(|(key, shards)| {
-                let version: Vec<&str> = shards
-                    .values()
-                    .map(|h| h.record.metadata.resource_version.as_deref().unwrap_or(""))
-                    .collect();
-                (key.clone(), version.join(","))
-            })
-            .collect()
-    }
-
-    /// What one pool datacenter's shards reserve, each cluster's parts joined, by cluster.
-    pub fn joined<'a>(
-        &'a self,
-        key: &RecordKey,
-    ) -> impl Iterator<Item = (String, Reservation)> + use<'a> {
-        let mut parts: BTreeMap<&str, Vec<&Reservation>> = BTreeMap::new();
-        for held in self.map.get(key).into_iter().flat_map(|s| s.values()) {
-            for (cluster, r) in &held.record.spec.reservations {
-                parts.entry(cluster.as_str()).or_default().push(r);
-            }
-        }
-        parts
-            .into_iter()
-            .map(|(c, p)| (c.to_string(), shards::join(p)))
-    }
-
-    /// The names of the shards held for `key`.
-    pub fn shard_names(&self, key: &RecordKey) -> Vec<String> {
-        self.map
-            .get(key)
-            .map(|s| s.keys().cloned().collect())
-            .unwrap_or_default()
-    }
-
-    /// The size guard's figure for the shard `name` of `key`: what it would serialise to as
-    /// held here (`None` when no such shard is held).
-    pub fn serialized_size(&self, key: &RecordKey, name: &str) -> Option<usize> {
-        let held = self.map.get(key)?.get(name)?;
-        Some(record_size(
-            &held.record.metadata,
-            &held.record.spec,
-            held.record.spec.reservations.len(),
-            held.entry_bytes,
-        ))
-    }
-
-    /// Whether any record holds an entry for `cluster`.
-    pub fn holds(&self, cluster: &str) -> bool {
-        self.map
-            .values()
-            .flat_map(|s| s.values())
-            .any(|h| h.record.spec.reservations.contains_key(cluster))
-    }
-
-    fn put(&mut self, r: IPAMPoolRecord) {
-        let name = r.name_any();
-        self.map
-            .entry(key_of(&r))
-            .or_default()
-            .insert(name, Held::new(r));
-    }
-
-    fn forget(&mut self, key: &RecordKey, name: &str) {
-        if let Some(shards) = self.map.get_mut(key) {
-            shards.remove(name);
-            if shards.is_empty() {
-                self.map.remove(key);
-            }
-        }
-    }
-
-    /// Brings the held copy of shard `name` to what a patch of it made at the server:
-    /// `changes` applied (leaving `entry_bytes`) and the metadata the server answered with.
-    /// Only when the copy is still the `version` the patch was conditional on.
-    fn patched(
-        &mut self,
-        key: &RecordKey,
-        name: &str,
-        version: &str,
-        changes: Changes,
-        entry_bytes: usize,
-        metadata: ObjectMeta,
-    ) -> Patched {
-        let Some(held) = self.map.get_mut(key).and_then(|s| s.get_mut(name)) else {
-            return Patched::Moved;
-        };
-        if held.record.metadata.resource_version.as_deref() != Some(version) {
-            return Patched::Moved;
-        }
-        match metadata.resource_version.as_deref() {
-            None | Some("") => return Patched::Moved,
-            // A server does not give a new version to a write that changes nothing.
-            Some(v) if v == version && !changes.is_empty() => return Patched::Diverged,
-            Some(_) => {}
-        }
-        let entries = &mut held.record.spec.reservations;
-        for (cluster, new) in changes {
-            match new {
-                Some(r) => {
-                    entries.insert(cluster, r);
-                }
-                None => {
-                    entries.remove(&cluster);
-                }
-            }
-        }
-        held.entry_bytes = entry_bytes;
-        held.record.metadata = metadata;
-        Patched::Applied
-    }
-
-    /// The writes that bring the shards of `key` to `target` under `layout`, in the order
-    /// they must land: first every shard that gains or changes an entry or is checked, then
-    /// those that only lose entries.
-    fn plan(
-        &self,
-        pool: &IPAMPool,
-        key: &RecordKey,
-        layout: &Layout,
-        target: Target,
-    ) -> Result<[Vec<Write>; 2], CommitError> {
-        let held = self.map.get(key);
-        let no_shards = BTreeMap::new();
-        let held = held.unwrap_or(&no_shards);
-        let split = |cluster: &str, r: &Reservation| {
-            layout.split(r).map_err(|why| {
-                CommitError::Unsplittable(format!(
-                    "pool record of {}/{}: the entry of cluster {cluster}: {why}",
-                    key.0, key.1
-                ))
-            })
-        };
-        // Cluster -> shard name -> (block, part), for every cluster the commit is about.
-        let mut parts: BTreeMap<String, BTreeMap<String, (Cidr, Reservation)>> = BTreeMap::new();
-        let (whole, check) = match target {
-            Target::Whole { desired, check } => {
-                for (cluster, r) in desired {
-                    let named = split(&cluster, &r)?
-                        .into_iter()
-                        .map(|(b, p)| (shards::shard_name(&key.0, &key.1, &b), (b, p)))
-                        .collect();
-                    parts.insert(cluster, named);
-                }
-                (true, check)
-            }
-            Target::Changes(changes) => {
-                for (cluster, r) in changes {
-                    let named = match r {
-                        Some(r) => split(&cluster, &r)?
-                            .into_iter()
-                            .map(|(b, p)| (shards::shard_name(&key.0, &key.1, &b), (b, p)))
-                            .collect(),
-                        None => BTreeMap::new(),
-                    };
-                    parts.insert(cluster, named);
-                }
-                (false, BTreeSet::new())
-            }
-        };
-        // Shard name -> (block, changes).
-        let mut changes: BTreeMap<String, (Option<Cidr>, Changes)> = BTreeMap::new();
-        let mut compare = |name: &str, h: &Held, cluster: &str, old: &Reservation| {
-            let new = parts.get(cluster).and_then(|p| p.get(name)).map(|(_, r)| r);
-            if new != Some(old) {
-                changes
-                    .entry(name.to_string())
-                    .or_insert_with(|| (h.block, Changes::new()))
-                    .1
-                    .insert(cluster.to_string(), new.cloned());
-            }
-        };
-        for (name, h) in held {
-            if whole {
-                for (cluster, old) in &h.record.spec.reservations {
-                    compare(name, h, cluster, old);
-                }
-            } else {
-                for cluster in parts.keys() {
-                    if let Some(old) = h.record.spec.reservations.get(cluster) {
-                        compare(name, h, cluster, old);
-                    }
-                }
-            }
-        }
-        for (cluster, named) in &parts {
-            for (name, (block, part)) in named {
-                let present = held
-                    .get(name)
-                    .is_some_and(|h| h.record.spec.reservations.contains_key(cluster));
-                if !present {
-                    changes
-                        .entry(name.clone())
-                        .or_insert_with(|| (Some(*block), Changes::new()))
-                        .1
-                        .insert(cluster.clone(), Some(part.clone()));
-                }
-            }
-        }
-        // The shards of clusters about to get objects written, checked even if unchanged.
-        for cluster in &check {
-            for (name, (block, _)) in parts.get(cluster).into_iter().flatten() {
-                changes
-                    .entry(name.clone())
-                    .or_insert_with(|| (Some(*block), Changes::new()));
-            }
-        }
-        let mut phases: [Vec<Write>; 2] = [Vec::new(), Vec::new()];
-        for (name, (block, changes)) in changes {
-            let shard = held.get(&name);
-            let removes_only = !changes.is_empty() && changes.values().all(Option::is_none);
-            let on_layout = block.is_some_and(|b| shards::shard_name(&key.0, &key.1, &b) == name);
-            let write = match shard {
-                Some(h)
-                    if removes_only
-                        && !on_layout
-                        && changes.len() == h.record.spec.reservations.len() =>
-                {
-                    // A shard of another division (or written before sharding) left empty:
-                    // deleted, on the same precondition.
-                    Write::Delete {
-                        name,
-                        preconditions: Preconditions {
-                            resource_version: h.record.resource_version(),
-                            uid: h.record.uid(),
-                        },
-                    }
-                }
-                _ => prepare(shard, pool, key, &name, block, changes)?,
-            };
-            phases[usize::from(removes_only)].push(write);
-        }
-        Ok(phases)
-    }
-}
 
 /// What a commit asks of a pool datacenter's record.
 enum Target {
@@ -370,64 +55,127 @@ enum Target {
     Changes(Changes),
 }
 
-/// What became of the held copy after a patch landed.
-enum Patched {
-    /// It now equals the record at the server.
-    Applied,
-    /// It had been replaced (re-read) while the patch was in flight, or the answer carried no
-    /// version: it must be read again.
-    Moved,
-    /// The server kept the version although the patch changed entries of the copy: the
-    /// server's record was not what the copy holds.
-    Diverged,
-}
-
-/// Counts the bytes written to it.
-struct Counter(usize);
-
-impl std::io::Write for Counter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0 += buf.len();
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Bytes `value` serialises to as JSON.
-fn json_size<T: Serialize + ?Sized>(value: &T) -> usize {
-    let mut c = Counter(0);
-    // Serialising these types into a counter cannot fail.
-    let _ = serde_json::to_writer(&mut c, value);
-    c.0
-}
-
-/// Bytes of one entry of the `reservations` object: `"cluster":{...}`.
-fn entry_size(cluster: &str, r: &Reservation) -> usize {
-    json_size(cluster) + 1 + json_size(r)
-}
-
-/// Bytes of a whole record with `metadata`, the pool, datacenter and block of `spec`, and
-/// `count` entries of `entry_bytes` bytes together — exactly what `serde_json` makes of it.
-fn record_size(
-    metadata: &ObjectMeta,
-    spec: &IPAMPoolRecordSpec,
-    count: usize,
-    entry_bytes: usize,
-) -> usize {
-    let shell = IPAMPoolRecord {
-        metadata: metadata.clone(),
-        spec: IPAMPoolRecordSpec {
-            pool: spec.pool.clone(),
-            datacenter: spec.datacenter.clone(),
-            block: spec.block.clone(),
-            reservations: BTreeMap::new(),
-        },
+/// The writes that bring the shards of `key` to `target` under `layout`, in the order
+/// they must land: first every shard that gains or changes an entry or is checked, then
+/// those that only lose entries.
+fn plan(
+    records: &Records,
+    pool: &IPAMPool,
+    key: &RecordKey,
+    layout: &Layout,
+    target: Target,
+) -> Result<[Vec<Write>; 2], CommitError> {
+    let held = records.map.get(key);
+    let no_shards = BTreeMap::new();
+    let held = held.unwrap_or(&no_shards);
+    let split = |cluster: &str, r: &Reservation| {
+        layout.split(r).map_err(|why| {
+            CommitError::Unsplittable(format!(
+                "pool record of {}/{}: the entry of cluster {cluster}: {why}",
+                key.0, key.1
+            ))
+        })
     };
-    // The shell holds `{}`; the entries go inside, separated by commas.
-    json_size(&shell) + entry_bytes + count.saturating_sub(1)
+    // Cluster -> shard name -> (block, part), for every cluster the commit is about.
+    let mut parts: BTreeMap<String, BTreeMap<String, (Cidr, Reservation)>> = BTreeMap::new();
+    let (whole, check) = match target {
+        Target::Whole { desired, check } => {
+            for (cluster, r) in desired {
+                let named = split(&cluster, &r)?
+                    .into_iter()
+                    .map(|(b, p)| (shards::shard_name(&key.0, &key.1, &b), (b, p)))
+                    .collect();
+                parts.insert(cluster, named);
+            }
+            (true, check)
+        }
+        Target::Changes(changes) => {
+            for (cluster, r) in changes {
+                let named = match r {
+                    Some(r) => split(&cluster, &r)?
+                        .into_iter()
+                        .map(|(b, p)| (shards::shard_name(&key.0, &key.1, &b), (b, p)))
+                        .collect(),
+                    None => BTreeMap::new(),
+                };
+                parts.insert(cluster, named);
+            }
+            (false, BTreeSet::new())
+        }
+    };
+    // Shard name -> (block, changes).
+    let mut changes: BTreeMap<String, (Option<Cidr>, Changes)> = BTreeMap::new();
+    let mut compare = |name: &str, h: &Held, cluster: &str, old: &Reservation| {
+        let new = parts.get(cluster).and_then(|p| p.get(name)).map(|(_, r)| r);
+        if new != Some(old) {
+            changes
+                .entry(name.to_string())
+                .or_insert_with(|| (h.block, Changes::new()))
+                .1
+                .insert(cluster.to_string(), new.cloned());
+        }
+    };
+    for (name, h) in held {
+        if whole {
+            for (cluster, old) in &h.record.spec.reservations {
+                compare(name, h, cluster, old);
+            }
+        } else {
+            for cluster in parts.keys() {
+                if let Some(old) = h.record.spec.reservations.get(cluster) {
+                    compare(name, h, cluster, old);
+                }
+            }
+        }
+    }
+    for (cluster, named) in &parts {
+        for (name, (block, part)) in named {
+            let present = held
+                .get(name)
+                .is_some_and(|h| h.record.spec.reservations.contains_key(cluster));
+            if !present {
+                changes
+                    .entry(name.clone())
+                    .or_insert_with(|| (Some(*block), Changes::new()))
+                    .1
+                    .insert(cluster.clone(), Some(part.clone()));
+            }
+        }
+    }
+    // The shards of clusters about to get objects written, checked even if unchanged.
+    for cluster in &check {
+        for (name, (block, _)) in parts.get(cluster).into_iter().flatten() {
+            changes
+                .entry(name.clone())
+                .or_insert_with(|| (Some(*block), Changes::new()));
+        }
+    }
+    let mut phases: [Vec<Write>; 2] = [Vec::new(), Vec::new()];
+    for (name, (block, changes)) in changes {
+        let shard = held.get(&name);
+        let removes_only = !changes.is_empty() && changes.values().all(Option::is_none);
+        let on_layout = block.is_some_and(|b| shards::shard_name(&key.0, &key.1, &b) == name);
+        let write = match shard {
+            Some(h)
+                if removes_only
+                    && !on_layout
+                    && changes.len() == h.record.spec.reservations.len() =>
+            {
+                // A shard of another division (or written before sharding) left empty:
+                // deleted, on the same precondition.
+                Write::Delete {
+                    name,
+                    preconditions: Preconditions {
+                        resource_version: h.record.resource_version(),
+                        uid: h.record.uid(),
+                    },
+                }
+            }
+            _ => prepare(shard, pool, key, &name, block, changes)?,
+        };
+        phases[usize::from(removes_only)].push(write);
+    }
+    Ok(phases)
 }
 
 /// Why a commit did not happen.
@@ -509,7 +257,7 @@ async fn run(
     target: Target,
 ) -> Result<u64, CommitError> {
     let layout = layout(pool, key)?;
-    let [adds, removes] = ctx.records.lock().await.plan(pool, key, &layout, target)?;
+    let [adds, removes] = plan(&*ctx.records.lock().await, pool, key, &layout, target)?;
     let mut sent = 0;
     for phase in [adds, removes] {
         sent += phase.len() as u64;

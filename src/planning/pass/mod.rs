@@ -32,21 +32,19 @@ use std::time::Duration;
 use futures::StreamExt;
 use kube::ResourceExt;
 
-use crate::controller::Context;
-use crate::controller::ledger::Key;
-use crate::controller::preconditions;
 use crate::desired::allocation_object;
 use crate::planner::{self};
+use crate::planning::metrics::Metrics;
 use crate::resources::{Cluster, IPAMAllocation, IPAMPool, ReclaimPolicy, cluster_namespace};
+use crate::seed::Context;
+use crate::seed::ledger::Key;
+use crate::seed::preconditions;
 
 use allocations::{AllocationWrite, WriteDone};
 pub(crate) use report::write_failed;
 use report::{cluster_reference, due, is_conflict, is_not_found, publish, write_succeeded};
 
-/// Finalizer on clusters: their allocations are released before they go.
-pub const CLUSTER_FINALIZER: &str = "ipam.kipam.dev/release-allocations";
-/// Finalizer on pools: their allocations are deleted or retained before they go.
-pub const POOL_FINALIZER: &str = "ipam.kipam.dev/reclaim-allocations";
+pub use crate::resources::{CLUSTER_FINALIZER, POOL_FINALIZER};
 
 /// Writes a pass sends at once unless `--write-concurrency` says otherwise.
 pub const DEFAULT_WRITE_CONCURRENCY: usize = 16;
@@ -110,12 +108,13 @@ impl Finished {
 /// Writes one allocation and keeps what the report needs of it.
 async fn write_one(
     ctx: &Context,
+    metrics: &Metrics,
     term: u64,
     job: AllocationWrite,
 ) -> (Finished, Result<WriteDone, kube::Error>) {
     let r = job.execute(ctx, term).await;
     let note = match &r {
-        Ok(_) => allocations::allocation_note(ctx, &job),
+        Ok(_) => allocations::allocation_note(metrics, &job),
         Err(_) => None,
     };
     (Finished::of(&job, note), r)
@@ -215,7 +214,7 @@ pub async fn run(
         clusters: cluster_inputs,
         stored,
     };
-    let mut taken = std::mem::replace(state, PassState::new(limit));
+    let mut taken = std::mem::replace(state, PassState::new(limit, state.metrics.clone()));
     let (taken, plan, scope, plan_inputs, ledger_changed) =
         tokio::task::spawn_blocking(move || {
             let (plan, scope) = scope::plan(&mut taken, &plan_inputs, &ledger_changed);
@@ -225,7 +224,7 @@ pub async fn run(
         .map_err(|e| PassError::Planner(e.to_string()))?;
     *state = taken;
     let pool_inputs = &plan_inputs.pools;
-    ctx.metrics.observe_plan(&plan);
+    state.metrics.observe_plan(&plan);
     step("plan");
 
     // Namespaces first: allocations live in them.
@@ -322,11 +321,12 @@ pub async fn run(
     // when its write starts and reduced to what the report needs when it ends.
     let build = &build;
     let decisions = &plan.decisions;
+    let metrics = &*state.metrics.clone();
     // Each result is taken as it comes instead of being collected: a burst pass may write
     // 100,000 objects.
     let mut results =
         futures::stream::iter(allowed.into_iter().filter_map(|i| build(&decisions[i])))
-            .map(|job| write_one(ctx, term, job))
+            .map(|job| write_one(ctx, metrics, term, job))
             .buffer_unordered(limit);
     let mut notes: BTreeMap<String, Vec<allocations::ClusterNote>> = BTreeMap::new();
     let mut stale: Vec<Key> = Vec::new();

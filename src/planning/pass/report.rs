@@ -4,9 +4,9 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
 use kube::runtime::events::{Event, EventType};
 
-use crate::controller::Context;
-use crate::controller::preconditions;
 use crate::resources::Cluster;
+use crate::seed::Context;
+use crate::seed::preconditions;
 
 /// A write failed because our view was stale: re-read and plan again.
 pub(super) fn is_conflict(e: &kube::Error) -> bool {

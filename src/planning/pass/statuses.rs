@@ -9,9 +9,9 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
 use super::*;
-use crate::controller::Context;
 use crate::planner::{self, Change, Decision, PoolInput};
 use crate::resources::{Cluster, ClusterStatus, IPAMPool, cluster_namespace};
+use crate::seed::Context;
 use crate::status::{self, Overlap};
 use crate::validation::FieldError;
 

@@ -1,0 +1,141 @@
+//! The shared core of the running seed: what every adapter of `kipam controller` reads.
+//!
+//! [`Context`] holds the two clients, the watch caches ([`watches`]), the allocation
+//! [`ledger`], the leader's copy of the pool [`records`], the [`leader`] state, per-object
+//! [`backoff`] and the [`metrics`] registry. The adapters — the planning loop
+//! (`crate::planning`), the addon applier, the REST API, the admission webhook — each read
+//! it; it knows none of them. `crate::controller` builds it and starts them.
+
+pub mod backoff;
+pub mod leader;
+pub mod ledger;
+pub mod metrics;
+pub mod preconditions;
+pub mod records;
+pub mod watches;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::Store;
+use kube::{Client, Config};
+use tokio::sync::{Mutex, Notify, watch};
+
+use crate::resources::{Cluster, IPAMPool};
+use leader::LeaderState;
+use ledger::Ledger;
+use metrics::Metrics;
+
+/// Why the seed's clients cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot load the kubeconfig: {0}")]
+    Config(String),
+    #[error("cannot reach the API server: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// What changed since the last pass, as far as the watches can say: the clusters whose
+/// planned content changed by name, and whether anything else did (a pool, a namespace, a
+/// deletion, a re-list, a watch error). A pass takes it before it reads the caches, so a
+/// change made while the pass runs is left for the next one.
+#[derive(Debug, Default)]
+pub struct Dirty {
+    inner: std::sync::Mutex<(std::collections::BTreeSet<String>, bool)>,
+    /// Wakes the planning loop (set once the loop exists).
+    wake: std::sync::OnceLock<Arc<Notify>>,
+}
+
+impl Dirty {
+    /// Lets [`Dirty::wake`] wake the planning loop through `notify`.
+    pub fn set_wake(&self, notify: Arc<Notify>) {
+        let _ = self.wake.set(notify);
+    }
+
+    /// Wakes the planning loop (for work that finished outside a pass).
+    pub fn wake(&self) {
+        if let Some(n) = self.wake.get() {
+            n.notify_one();
+        }
+    }
+
+    /// `name`'s planned content changed.
+    pub fn cluster(&self, name: String) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.0.insert(name);
+    }
+
+    /// Something changed that only a look at everything can place.
+    pub fn other(&self) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.1 = true;
+    }
+
+    /// Takes what changed: (clusters, anything else).
+    pub fn take(&self) -> (std::collections::BTreeSet<String>, bool) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut *inner)
+    }
+}
+
+/// Timeout of every request the controller sends (watches excepted).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the planning pass and the watch tasks share.
+pub struct Context {
+    /// For watches (long polls).
+    pub client: Client,
+    /// For everything else: a timeout on every request and no hidden retries, so a write is
+    /// never sent again behind the planner's back after the lease moved on.
+    pub writer: Client,
+    pub pools: Store<IPAMPool>,
+    pub clusters: Store<Cluster>,
+    pub namespaces: Store<Namespace>,
+    pub ledger: Mutex<Ledger>,
+    /// Ticks, for every subscriber, once each allocation watch event is in the ledger and
+    /// after each rebuild: how the ledger's readers (the addon applier, the webhook) learn of
+    /// changes — kipam's own writes too, through their watch echo — without watching
+    /// allocations themselves. Its value says whether the ledger has held a complete list yet
+    /// (the watch's first, or a rebuild); until then a missing allocation proves nothing.
+    pub ledger_updates: watch::Sender<bool>,
+    pub records: Mutex<records::Records>,
+    /// What the watches saw change since the last pass took it.
+    pub dirty: Arc<Dirty>,
+    /// Per-object retry delays after failed writes.
+    pub backoff: std::sync::Mutex<backoff::Backoff>,
+    /// Held while a pass runs: shutdown waits for it before giving the Lease up.
+    pub pass_lock: Mutex<()>,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub leader: Arc<LeaderState>,
+}
+
+/// The watch client and the request client.
+pub async fn clients(kubeconfig: Option<&PathBuf>) -> Result<(Client, Client), ClientError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?;
+            Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?
+        }
+        None => Config::infer()
+            .await
+            .map_err(|e| ClientError::Config(e.to_string()))?,
+    };
+    let mut watch_config = config.clone();
+    watch_config.connect_timeout = Some(REQUEST_TIMEOUT);
+    let mut write_config = config;
+    write_config.default_retry = false;
+    write_config.connect_timeout = Some(REQUEST_TIMEOUT);
+    write_config.read_timeout = Some(REQUEST_TIMEOUT);
+    write_config.write_timeout = Some(REQUEST_TIMEOUT);
+    Ok((
+        Client::try_from(watch_config).map_err(ClientError::Client)?,
+        Client::try_from(write_config).map_err(ClientError::Client)?,
+    ))
+}

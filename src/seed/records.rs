@@ -1,0 +1,271 @@
+//! The leader's copy of the `IPAMPoolRecord`s: the fence's state, loaded from a fresh
+//! (quorum) LIST at every gain of leadership, then kept from this replica's own writes.
+//!
+//! The record of a pool datacenter is kept in shards, one object per block of the pool's
+//! addresses ([`crate::reservations::shards`]). Readers (a pass's inputs) take its
+//! [`Records::versions`] and [`Records::joined`] records; only the planning loop's commit
+//! (`crate::planning::records`) changes it, through the crate-internal methods here, with
+//! exactly what the API server answered.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
+use serde::Serialize;
+
+use crate::address::Cidr;
+use crate::reservations::shards;
+use crate::resources::{IPAMPoolRecord, IPAMPoolRecordSpec, Reservation, record_name};
+
+pub type RecordKey = (String, String);
+
+/// Cluster name -> its new entry, or `None` to remove it.
+pub type Changes = BTreeMap<String, Option<Reservation>>;
+
+#[derive(Debug, Default)]
+pub struct Records {
+    /// Pool datacenter -> its shards by object name.
+    pub(crate) map: BTreeMap<RecordKey, BTreeMap<String, Held>>,
+}
+
+/// One shard and the summed serialised size of its entries (each `"cluster":{...}`), kept
+/// up to date with every change so the size guard needs no serialisation of the whole shard.
+#[derive(Debug)]
+pub(crate) struct Held {
+    pub(crate) record: IPAMPoolRecord,
+    pub(crate) entry_bytes: usize,
+    /// `spec.block`, parsed (`None`: a record written before sharding, or a block that does
+    /// not parse).
+    pub(crate) block: Option<Cidr>,
+}
+
+impl Held {
+    pub(crate) fn new(record: IPAMPoolRecord) -> Held {
+        let entry_bytes = record
+            .spec
+            .reservations
+            .iter()
+            .map(|(cluster, r)| entry_size(cluster, r))
+            .sum();
+        let block = record.spec.block.as_deref().and_then(|b| b.parse().ok());
+        Held {
+            record,
+            entry_bytes,
+            block,
+        }
+    }
+}
+
+pub(crate) fn key_of(r: &IPAMPoolRecord) -> RecordKey {
+    (r.spec.pool.clone(), r.spec.datacenter.clone())
+}
+
+impl Records {
+    pub fn reset(&mut self, items: Vec<IPAMPoolRecord>) {
+        self.map.clear();
+        for r in items {
+            self.put(r);
+        }
+    }
+
+    /// Every pool datacenter's record as one: each cluster's parts from all shards joined
+    /// ([`shards::join`]). Its `resourceVersion` is the one [`Records::versions`] gives.
+    pub fn snapshot(&self) -> BTreeMap<RecordKey, IPAMPoolRecord> {
+        self.versions()
+            .into_iter()
+            .map(|(key, version)| {
+                let record = IPAMPoolRecord {
+                    metadata: ObjectMeta {
+                        name: Some(record_name(&key.0, &key.1)),
+                        resource_version: Some(version),
+                        ..Default::default()
+                    },
+                    spec: IPAMPoolRecordSpec {
+                        pool: key.0.clone(),
+                        datacenter: key.1.clone(),
+                        block: None,
+                        reservations: self.joined(&key).collect(),
+                    },
+                };
+                (key, record)
+            })
+            .collect()
+    }
+
+    /// Every pool datacenter held, with its version: the versions of its shards, joined, so
+    /// it changes whenever any shard does.
+    pub fn versions(&self) -> BTreeMap<RecordKey, String> {
+        self.map
+            .iter()
+            .filter(|(_, shards)| !shards.is_empty())
+            .map(|(key, shards)| {
+                let version: Vec<&str> = shards
+                    .values()
+                    .map(|h| h.record.metadata.resource_version.as_deref().unwrap_or(""))
+                    .collect();
+                (key.clone(), version.join(","))
+            })
+            .collect()
+    }
+
+    /// What one pool datacenter's shards reserve, each cluster's parts joined, by cluster.
+    pub fn joined<'a>(
+        &'a self,
+        key: &RecordKey,
+    ) -> impl Iterator<Item = (String, Reservation)> + use<'a> {
+        let mut parts: BTreeMap<&str, Vec<&Reservation>> = BTreeMap::new();
+        for held in self.map.get(key).into_iter().flat_map(|s| s.values()) {
+            for (cluster, r) in &held.record.spec.reservations {
+                parts.entry(cluster.as_str()).or_default().push(r);
+            }
+        }
+        parts
+            .into_iter()
+            .map(|(c, p)| (c.to_string(), shards::join(p)))
+    }
+
+    /// The names of the shards held for `key`.
+    pub fn shard_names(&self, key: &RecordKey) -> Vec<String> {
+        self.map
+            .get(key)
+            .map(|s| s.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The size guard's figure for the shard `name` of `key`: what it would serialise to as
+    /// held here (`None` when no such shard is held).
+    pub fn serialized_size(&self, key: &RecordKey, name: &str) -> Option<usize> {
+        let held = self.map.get(key)?.get(name)?;
+        Some(record_size(
+            &held.record.metadata,
+            &held.record.spec,
+            held.record.spec.reservations.len(),
+            held.entry_bytes,
+        ))
+    }
+
+    /// Whether any record holds an entry for `cluster`.
+    pub fn holds(&self, cluster: &str) -> bool {
+        self.map
+            .values()
+            .flat_map(|s| s.values())
+            .any(|h| h.record.spec.reservations.contains_key(cluster))
+    }
+
+    pub(crate) fn put(&mut self, r: IPAMPoolRecord) {
+        let name = r.name_any();
+        self.map
+            .entry(key_of(&r))
+            .or_default()
+            .insert(name, Held::new(r));
+    }
+
+    pub(crate) fn forget(&mut self, key: &RecordKey, name: &str) {
+        if let Some(shards) = self.map.get_mut(key) {
+            shards.remove(name);
+            if shards.is_empty() {
+                self.map.remove(key);
+            }
+        }
+    }
+
+    /// Brings the held copy of shard `name` to what a patch of it made at the server:
+    /// `changes` applied (leaving `entry_bytes`) and the metadata the server answered with.
+    /// Only when the copy is still the `version` the patch was conditional on.
+    pub(crate) fn patched(
+        &mut self,
+        key: &RecordKey,
+        name: &str,
+        version: &str,
+        changes: Changes,
+        entry_bytes: usize,
+        metadata: ObjectMeta,
+    ) -> Patched {
+        let Some(held) = self.map.get_mut(key).and_then(|s| s.get_mut(name)) else {
+            return Patched::Moved;
+        };
+        if held.record.metadata.resource_version.as_deref() != Some(version) {
+            return Patched::Moved;
+        }
+        match metadata.resource_version.as_deref() {
+            None | Some("") => return Patched::Moved,
+            // A server does not give a new version to a write that changes nothing.
+            Some(v) if v == version && !changes.is_empty() => return Patched::Diverged,
+            Some(_) => {}
+        }
+        let entries = &mut held.record.spec.reservations;
+        for (cluster, new) in changes {
+            match new {
+                Some(r) => {
+                    entries.insert(cluster, r);
+                }
+                None => {
+                    entries.remove(&cluster);
+                }
+            }
+        }
+        held.entry_bytes = entry_bytes;
+        held.record.metadata = metadata;
+        Patched::Applied
+    }
+}
+
+/// What became of the held copy after a patch landed.
+pub(crate) enum Patched {
+    /// It now equals the record at the server.
+    Applied,
+    /// It had been replaced (re-read) while the patch was in flight, or the answer carried no
+    /// version: it must be read again.
+    Moved,
+    /// The server kept the version although the patch changed entries of the copy: the
+    /// server's record was not what the copy holds.
+    Diverged,
+}
+
+/// Counts the bytes written to it.
+struct Counter(usize);
+
+impl std::io::Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Bytes `value` serialises to as JSON.
+pub(crate) fn json_size<T: Serialize + ?Sized>(value: &T) -> usize {
+    let mut c = Counter(0);
+    // Serialising these types into a counter cannot fail.
+    let _ = serde_json::to_writer(&mut c, value);
+    c.0
+}
+
+/// Bytes of one entry of the `reservations` object: `"cluster":{...}`.
+pub(crate) fn entry_size(cluster: &str, r: &Reservation) -> usize {
+    json_size(cluster) + 1 + json_size(r)
+}
+
+/// Bytes of a whole record with `metadata`, the pool, datacenter and block of `spec`, and
+/// `count` entries of `entry_bytes` bytes together — exactly what `serde_json` makes of it.
+pub(crate) fn record_size(
+    metadata: &ObjectMeta,
+    spec: &IPAMPoolRecordSpec,
+    count: usize,
+    entry_bytes: usize,
+) -> usize {
+    let shell = IPAMPoolRecord {
+        metadata: metadata.clone(),
+        spec: IPAMPoolRecordSpec {
+            pool: spec.pool.clone(),
+            datacenter: spec.datacenter.clone(),
+            block: spec.block.clone(),
+            reservations: BTreeMap::new(),
+        },
+    };
+    // The shell holds `{}`; the entries go inside, separated by commas.
+    json_size(&shell) + entry_bytes + count.saturating_sub(1)
+}

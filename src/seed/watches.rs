@@ -1,0 +1,285 @@
+//! The seed's watches: pools, clusters and kipam's namespaces feed [`Store`] caches, and the
+//! allocation watch feeds the [`Ledger`](super::ledger::Ledger) directly (see `ledger` for its
+//! guards). Every event the planner would read marks [`Dirty`] and wakes the planning loop;
+//! the echo of kipam's own status or finalizer write wakes nobody. This replica watches
+//! allocations once: the applier and the webhook read the ledger.
+
+use std::sync::Arc;
+
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use tokio::sync::Notify;
+
+use super::metrics::Metrics;
+use super::{Context, Dirty, preconditions};
+use crate::resources::{
+    CLUSTER_FINALIZER, Cluster, IPAMAllocation, IPAMPool, LABEL_CLUSTER, POOL_FINALIZER,
+};
+
+/// Says once (until it changes or clears) why a watch fails, at warn level, and keeps
+/// `/readyz` false with the same reason while it lasts.
+pub struct WatchReporter {
+    resource: &'static str,
+    metrics: Arc<Metrics>,
+    last: std::sync::Mutex<Option<String>>,
+}
+
+impl WatchReporter {
+    pub fn new(resource: &'static str, metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(WatchReporter {
+            resource,
+            metrics,
+            last: std::sync::Mutex::new(None),
+        })
+    }
+
+    pub fn failed(&self, e: &watcher::Error) {
+        let message = match e {
+            watcher::Error::InitialListFailed(e)
+            | watcher::Error::WatchStartFailed(e)
+            | watcher::Error::WatchFailed(e) => {
+                preconditions::explain(e, "list/watch", self.resource, "")
+            }
+            other => format!("watch of {} failed: {other}", self.resource),
+        };
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.as_deref() != Some(message.as_str()) {
+            tracing::warn!(
+                resource = self.resource,
+                "{message} (retrying with backoff)"
+            );
+            *last = Some(message.clone());
+        }
+        self.metrics.set_not_ready(Some(message));
+    }
+
+    pub fn ok(&self) {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.take().is_some() {
+            tracing::info!(resource = self.resource, "watch recovered");
+            self.metrics.set_not_ready(None);
+        }
+    }
+}
+
+/// What the planner reads of an object, as a hash: an event that leaves it alone (the echo of
+/// kipam's own status or finalizer write) wakes nobody.
+fn planned_content<K: kube::Resource>(obj: &K, spec: impl serde::Serialize, own: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let meta = obj.meta();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(&spec)
+        .unwrap_or_default()
+        .hash(&mut h);
+    meta.uid.hash(&mut h);
+    meta.labels.hash(&mut h);
+    meta.creation_timestamp
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .hash(&mut h);
+    meta.deletion_timestamp.is_some().hash(&mut h);
+    // Other controllers' finalizers matter (they keep an object being deleted); kipam's own
+    // is put back by the pass that finds it missing.
+    if let Some(f) = &meta.finalizers {
+        f.iter().filter(|f| *f != own).for_each(|f| f.hash(&mut h));
+    }
+    h.finish()
+}
+
+/// Which watch events wake the planner.
+enum Wakes<K> {
+    /// Changes to what [`planned_content`] reads (given the spec and kipam's finalizer).
+    Content(fn(&K) -> u64),
+    /// Deletions and re-lists only (kipam's namespaces: their creation is kipam's own write).
+    Deletions,
+}
+
+impl<K> Clone for Wakes<K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for Wakes<K> {}
+
+/// Feeds one watch into a cache, waking the planner on every change the planner reads.
+fn cached<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    wake: Arc<Notify>,
+    reporter: Arc<WatchReporter>,
+    wakes: Wakes<K>,
+    dirty: Arc<Dirty>,
+    by_name: bool,
+) -> (Store<K>, impl Stream<Item = ()>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let mut seen: std::collections::HashMap<reflector::ObjectRef<K>, u64> = Default::default();
+    let watch = watcher::watcher(api, config)
+        .default_backoff()
+        .modify(|o: &mut K| o.meta_mut().managed_fields = None);
+    let stream = reflector::reflector(writer, watch).map(move |ev| {
+        match &ev {
+            Err(e) => reporter.failed(e),
+            // A re-list announces itself before it is tried: no sign of health yet.
+            Ok(Event::Init) => {}
+            Ok(_) => reporter.ok(),
+        }
+        let wakes_now = match (&ev, wakes) {
+            (Ok(Event::Apply(o)) | Ok(Event::InitApply(o)), Wakes::Content(content)) => {
+                let fingerprint = content(o);
+                seen.insert(reflector::ObjectRef::from(o), fingerprint) != Some(fingerprint)
+            }
+            (Ok(Event::Apply(_)) | Ok(Event::InitApply(_)), Wakes::Deletions) => false,
+            (Ok(Event::Delete(o)), _) => {
+                seen.remove(&reflector::ObjectRef::from(o));
+                true
+            }
+            (Ok(Event::Init), _) => false,
+            (Ok(Event::InitDone), _) | (Err(_), _) => true,
+        };
+        if wakes_now {
+            // A content change of a cluster is placed by name; anything else (a pool, a
+            // deletion, a re-list, an error) asks the next pass to look at everything.
+            match &ev {
+                Ok(Event::Apply(o)) | Ok(Event::InitApply(o)) if by_name => {
+                    tracing::trace!(target: "kipam::controller::dirty", cluster = ?o.meta().name, "changed");
+                    dirty.cluster(o.meta().name.clone().unwrap_or_default())
+                }
+                _ => dirty.other(),
+            }
+            wake.notify_one();
+        }
+    });
+    (store, stream)
+}
+
+/// The caches the planner reads, and the stream that keeps them filled (it must be driven).
+pub struct Caches {
+    pub pools: Store<IPAMPool>,
+    pub clusters: Store<Cluster>,
+    pub namespaces: Store<Namespace>,
+    pub events: BoxStream<'static, ()>,
+}
+
+/// Starts the watches of pools, clusters and kipam's namespaces (lazily: nothing is sent
+/// until [`Caches::events`] is driven).
+// RBAC: src/rbac.rs (list/watch of pools, clusters, namespaces).
+pub fn caches(
+    client: &Client,
+    metrics: &Arc<Metrics>,
+    wake: &Arc<Notify>,
+    dirty: &Arc<Dirty>,
+) -> Caches {
+    let (pools, pool_events) = cached(
+        Api::<IPAMPool>::all(client.clone()),
+        watcher::Config::default(),
+        wake.clone(),
+        WatchReporter::new("ipampools.ipam.kipam.dev", metrics.clone()),
+        Wakes::Content(|p: &IPAMPool| planned_content(p, &p.spec, POOL_FINALIZER)),
+        dirty.clone(),
+        false,
+    );
+    let (clusters, cluster_events) = cached(
+        Api::<Cluster>::all(client.clone()),
+        watcher::Config::default(),
+        wake.clone(),
+        WatchReporter::new("clusters.ipam.kipam.dev", metrics.clone()),
+        Wakes::Content(|c: &Cluster| planned_content(c, &c.spec, CLUSTER_FINALIZER)),
+        dirty.clone(),
+        true,
+    );
+    let (namespaces, namespace_events) = cached(
+        Api::<Namespace>::all(client.clone()),
+        watcher::Config::default().labels(LABEL_CLUSTER),
+        wake.clone(),
+        WatchReporter::new("namespaces", metrics.clone()),
+        Wakes::Deletions,
+        dirty.clone(),
+        false,
+    );
+    Caches {
+        pools,
+        clusters,
+        namespaces,
+        events: futures::stream::select_all(vec![
+            pool_events.boxed(),
+            cluster_events.boxed(),
+            namespace_events.boxed(),
+        ])
+        .boxed(),
+    }
+}
+
+/// The allocation watch, feeding `ctx`'s ledger: the echo of kipam's own write (content the
+/// ledger already holds) does not wake the planner; the ledger's readers hear of every event,
+/// as they would from a watch of their own (the applier learns of kipam's writes this way).
+// RBAC: src/rbac.rs (list/watch of allocations).
+pub fn allocations(ctx: Arc<Context>, wake: Arc<Notify>) -> BoxStream<'static, ()> {
+    let reporter = WatchReporter::new("ipamallocations.ipam.kipam.dev", ctx.metrics.clone());
+    watcher::watcher(
+        Api::<IPAMAllocation>::all(ctx.client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|o| o.metadata.managed_fields = None)
+    .then(move |ev| {
+        let ctx = ctx.clone();
+        let wake = wake.clone();
+        let reporter = reporter.clone();
+        async move {
+            match &ev {
+                Err(e) => reporter.failed(e),
+                Ok(Event::Init) => {}
+                Ok(_) => reporter.ok(),
+            }
+            let listed = matches!(ev, Ok(Event::InitDone));
+            let readers = matches!(
+                ev,
+                Ok(Event::Apply(_) | Event::InitApply(_) | Event::Delete(_) | Event::InitDone)
+            );
+            let mut ledger = ctx.ledger.lock().await;
+            let changed = match ev {
+                Ok(Event::Apply(obj)) | Ok(Event::InitApply(obj)) => ledger.apply(obj),
+                Ok(Event::Delete(obj)) => ledger.remove(&obj),
+                Ok(Event::Init) => {
+                    ledger.relist_started();
+                    false
+                }
+                Ok(Event::InitDone) => {
+                    ledger.relist_done();
+                    true
+                }
+                Err(_) => false,
+            };
+            drop(ledger);
+            if readers {
+                ctx.ledger_updates
+                    .send_modify(|complete| *complete |= listed);
+            }
+            if changed {
+                wake.notify_one();
+            }
+        }
+    })
+    .boxed()
+}
+
+/// Drives watch streams until they end (they do not: the watcher retries with backoff).
+pub async fn drive(streams: Vec<BoxStream<'static, ()>>) {
+    let mut all = futures::stream::select_all(streams);
+    while all.next().await.is_some() {}
+}
