@@ -1,11 +1,14 @@
 //! kipam: multi-cluster IP address management for Kubernetes.
 //!
-//! The pure core takes plain data and returns plain data: [`address`], [`allocator`],
-//! [`resources`] (the CRD types), [`validation`], [`planner`], [`desired`] (objects a plan asks
-//! for), [`status`] and [`render`]. The adapters at the edges do the I/O: [`offline`] against
-//! files, [`controller`] against the API server, [`applier`] inside user clusters, [`api`] (the
-//! seed REST API, served by the controller), [`webhook`] (admission reviews, decided by the
-//! pure [`webhook::rules`]) served over [`tls`], and the `kipam` binary's command line.
+//! The map is `ARCHITECTURE.md` at the repository root. The pure core takes plain data and
+//! returns plain data: [`address`], [`allocator`], [`resources`] (the CRD types),
+//! [`validation`], [`planner`], [`reservations`], [`desired`] (objects a plan asks for),
+//! [`status`] and [`render`]. [`seed`] is the running seed's shared core (clients, caches,
+//! ledger, pool records, leader state, metrics). The adapters over them, none of which knows
+//! another: [`planning`] (the planning loop and the fenced commit), [`applier`] (addons inside
+//! user clusters), [`api`] (the seed REST API), [`webhook`] (admission reviews, decided by the
+//! pure [`webhook::rules`]), and [`offline`] (files). [`controller`] starts the seed's adapters
+//! and stops them in order; the `kipam` binary's command line calls it.
 
 pub mod address;
 pub mod allocator;

@@ -274,10 +274,7 @@ fn imports_run_downward_and_close_no_circle() {
     for (dir, files) in &g.siblings {
         for file in files.keys() {
             if let Some(circle) = circle_from(files, file) {
-                problems.push(format!(
-                    "import circle in {dir}: {}",
-                    circle.join(" -> ")
-                ));
+                problems.push(format!("import circle in {dir}: {}", circle.join(" -> ")));
             }
         }
     }

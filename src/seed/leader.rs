@@ -12,6 +12,17 @@
 //!
 //! The Lease is only a way to keep replicas from working against each other; it is not what
 //! keeps addresses unique. That is the pool record's compare-and-swap (`docs/design.md`).
+//!
+//! Why not the `kube-lease-manager` crate (0.13.1, checked against this module under the same
+//! faults, with an in-process Lease API): its leader flag does not fall when renewals fail —
+//! on an API error its watch logs and backs off without reporting the loss — so a leader cut
+//! off from the API server still read "leader" 20 s into a 3 s lease while another replica
+//! held it (this module stopped writing after its 2 s renew deadline, and the other replica
+//! took over at 3 s); it judges expiry by the holder's `renewTime` against the local clock, so
+//! a replica whose clock ran 10 s ahead took a healthy leader's lease within a second (here a
+//! candidate only trusts the time it has itself watched the record stay unchanged); its
+//! updates carry no `resourceVersion`; and it exposes no term or renewal time to fence writes
+//! on. Each of those is what this module exists for.
 
 use std::sync::Arc;
 use std::sync::Mutex;

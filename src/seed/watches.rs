@@ -156,7 +156,7 @@ where
             // deletion, a re-list, an error) asks the next pass to look at everything.
             match &ev {
                 Ok(Event::Apply(o)) | Ok(Event::InitApply(o)) if by_name => {
-                    tracing::trace!(target: "kipam::controller::dirty", cluster = ?o.meta().name, "changed");
+                    tracing::trace!(target: "kipam::seed::dirty", cluster = ?o.meta().name, "changed");
                     dirty.cluster(o.meta().name.clone().unwrap_or_default())
                 }
                 _ => dirty.other(),

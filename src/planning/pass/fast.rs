@@ -34,20 +34,90 @@ pub(super) async fn run(
     dirty: &BTreeSet<String>,
 ) -> Option<Result<PassOutcome, PassError>> {
     tracing::trace!(clusters = ?dirty, "short pass starts");
-    let started = std::time::Instant::now();
+    let mut steps = Steps::start();
     let limit = state.write_concurrency;
-    let (inputs, plan) = state.previous.as_mut()?;
 
-    // Decide before doing anything: every named cluster is new or unchanged.
-    let known: HashMap<&str, &ClusterInput> = inputs
+    let named = Named::read(ctx, state, dirty).await?;
+    let added = serve(state, named.new)?;
+    steps.done("serve");
+
+    let mut outcome = PassOutcome::default();
+    let now = crate::resources::now_rfc3339();
+    let committed = commit_newcomers(
+        ctx,
+        state,
+        &named.clusters,
+        &named.new_clusters,
+        &added,
+        &mut outcome,
+    )
+    .await;
+    steps.done("records");
+
+    let written = write_newcomers(ctx, term, state, &added, &committed, &now, &mut outcome).await;
+    steps.done("allocations");
+
+    let uids: HashMap<String, &Cluster> = named
         .clusters
         .iter()
-        .map(|c| (c.name.as_str(), c))
+        .map(|c| (c.name_any(), c.as_ref()))
         .collect();
-    let mut clusters: Vec<Arc<Cluster>> = Vec::new();
-    let mut new: Vec<ClusterInput> = Vec::new();
-    let mut new_names: HashSet<String> = HashSet::new();
-    {
+    allocations::publish_cluster_events(ctx, written.notes, &uids, limit).await;
+    let unwritten = statuses::write_cluster_status(
+        ctx,
+        &named.new_clusters,
+        // The newcomers' decisions are all among those just added.
+        &added,
+        &HashMap::new(),
+        &written.failures,
+        &now,
+        limit,
+        &mut outcome,
+    )
+    .await;
+    state.retry_clusters.extend(unwritten);
+    steps.done("cluster status");
+
+    note_usage(state, &added);
+    steps.done("metrics");
+    outcome.status_after = start_statuses(ctx, state, &now);
+    steps.done("pool status");
+
+    tracing::debug!(
+        clusters = dirty.len(),
+        decisions = added.len(),
+        writes = outcome.writes,
+        "short pass steps (µs since start): {:?}",
+        steps.0
+    );
+    Some(Ok(settle(ctx, state, outcome).await))
+}
+
+/// The clusters the watches named, each new or unchanged as far as the planner reads it.
+struct Named {
+    /// Every named cluster.
+    clusters: Vec<Arc<Cluster>>,
+    /// The new ones (absent from the last plan, holding nothing), as planner inputs.
+    new: Vec<ClusterInput>,
+    /// The new ones.
+    new_clusters: Vec<Arc<Cluster>>,
+}
+
+impl Named {
+    /// Decides before doing anything: `None` (the full pass runs) when a named cluster is
+    /// gone from the cache, invalid, changed, or holds something already.
+    async fn read(ctx: &Context, state: &PassState, dirty: &BTreeSet<String>) -> Option<Named> {
+        let (inputs, _) = state.previous.as_ref()?;
+        let known: HashMap<&str, &ClusterInput> = inputs
+            .clusters
+            .iter()
+            .map(|c| (c.name.as_str(), c))
+            .collect();
+        let mut named = Named {
+            clusters: Vec::new(),
+            new: Vec::new(),
+            new_clusters: Vec::new(),
+        };
         let ledger = ctx.ledger.lock().await;
         let records = ctx.records.lock().await;
         for name in dirty {
@@ -60,28 +130,38 @@ pub(super) async fn run(
                     if ledger.has_namespace(&cluster_namespace(name)) || records.holds(name) {
                         return None;
                     }
-                    new_names.insert(name.clone());
-                    new.push(input);
+                    named.new.push(input);
+                    named.new_clusters.push(cluster.clone());
                 }
             }
-            clusters.push(cluster);
+            named.clusters.push(cluster);
         }
+        Some(named)
     }
-    drop(known);
+}
+
+/// Step "serve": the newcomers served from the allocators the last plan ended with, their
+/// decisions added to the kept plan; `None` when the planner declines.
+fn serve(state: &mut PassState, new: Vec<ClusterInput>) -> Option<Vec<planner::Decision>> {
+    let (inputs, plan) = state.previous.as_mut()?;
     let added = planner::serve_new(plan, &mut state.states, &inputs.pools, &new)?;
     inputs.clusters.extend(new);
     state.fast_passes += 1;
+    Some(added)
+}
 
-    let mut outcome = PassOutcome::default();
-    let mut steps: Vec<(&str, u128)> = Vec::new();
-    let mut step = |name: &'static str| steps.push((name, started.elapsed().as_micros()));
-    step("serve");
-    let now = crate::resources::now_rfc3339();
-    let new_clusters: Vec<Arc<Cluster>> = clusters
-        .iter()
-        .filter(|c| new_names.contains(&c.name_any()))
-        .cloned()
-        .collect();
+/// Step "records": the newcomers' finalizers, their namespaces and — the fence — their entries
+/// in the pool records, all at once (none needs another; the allocations wait for all three).
+/// Returns the pool datacenters whose commit landed.
+async fn commit_newcomers(
+    ctx: &Arc<Context>,
+    state: &mut PassState,
+    clusters: &[Arc<Cluster>],
+    new_clusters: &[Arc<Cluster>],
+    added: &[planner::Decision],
+    outcome: &mut PassOutcome,
+) -> HashSet<RecordKey> {
+    let limit = state.write_concurrency;
     // Only the newcomers' namespaces matter: looked up, not a set of the whole seed's.
     let namespaces: HashSet<String> = new_clusters
         .iter()
@@ -92,15 +172,8 @@ pub(super) async fn run(
                 .is_some_and(|n| n.metadata.deletion_timestamp.is_none())
         })
         .collect();
-
-    // The fence: the new entries go into the pool records before any object is written.
-    let policies: HashMap<&str, crate::resources::ReclaimPolicy> = inputs
-        .pools
-        .iter()
-        .map(|p| (p.name.as_str(), p.reclaim_policy))
-        .collect();
     let mut changes: BTreeMap<RecordKey, BTreeMap<String, Option<Reservation>>> = BTreeMap::new();
-    for d in &added {
+    for d in added {
         if let Some(held) = &d.held {
             changes
                 .entry((d.pool.clone(), d.datacenter.clone()))
@@ -108,44 +181,13 @@ pub(super) async fn run(
                 .insert(d.cluster.clone(), Some(reservation_of(held)));
         }
     }
-    let commits = changes.into_iter().map(|(key, entries)| async move {
-        let Some(pool) = ctx.pools.get(&ObjectRef::new(&key.0)) else {
-            return (key, None);
-        };
-        if !ctx.leader.holds() {
-            return (key, None);
-        }
-        let result = records::commit_changes(ctx, &pool, &key, entries).await;
-        let name = crate::resources::record_name(&key.0, &key.1);
-        let ok = match result {
-            Ok(n) => {
-                write_succeeded(ctx, "IPAMPoolRecord", &name);
-                Some(n)
-            }
-            Err(records::CommitError::Api(e)) if is_conflict(&e) || is_not_found(&e) => {
-                tracing::info!(record = %name, error = %e, "pool record changed under us; planning again");
-                ctx.metrics
-                    .write_failed("IPAMPoolRecord", preconditions::reason(&e));
-                None
-            }
-            Err(records::CommitError::Api(e)) => {
-                write_failed(ctx, "IPAMPoolRecord", &name, "patch", &e);
-                None
-            }
-            Err(e) => {
-                ctx.metrics.write_failed("IPAMPoolRecord", e.reason());
-                tracing::error!("{e}");
-                None
-            }
-        };
-        (key, ok)
-    });
-    // The finalizer, the namespace and the record commits at once: none needs another, and
-    // the allocations wait for all three.
+    let commits = changes
+        .into_iter()
+        .map(|(key, entries)| commit_one(ctx, key, entries));
     let (mut finalized, mut spaces) = (PassOutcome::default(), PassOutcome::default());
     let (_, _, committed) = tokio::join!(
-        lifecycle::add_finalizers(ctx, &[], &clusters, limit, &mut finalized),
-        lifecycle::ensure_namespaces(ctx, &new_clusters, &namespaces, limit, &mut spaces),
+        lifecycle::add_finalizers(ctx, &[], clusters, limit, &mut finalized),
+        lifecycle::ensure_namespaces(ctx, new_clusters, &namespaces, limit, &mut spaces),
         futures::stream::iter(commits)
             .buffer_unordered(limit)
             .collect::<Vec<(RecordKey, Option<u64>)>>(),
@@ -164,16 +206,78 @@ pub(super) async fn run(
             state.retry_pools.insert(key.0);
         }
     }
+    current
+}
 
-    step("records");
-    // Each object is built when its write starts and each result taken as it comes: a burst
-    // may bring 10,000 new clusters to one short pass.
+/// Commits new entries to one pool datacenter's record; the writes sent, or `None` when it
+/// did not land (reported here).
+async fn commit_one(
+    ctx: &Arc<Context>,
+    key: RecordKey,
+    entries: BTreeMap<String, Option<Reservation>>,
+) -> (RecordKey, Option<u64>) {
+    let Some(pool) = ctx.pools.get(&ObjectRef::new(&key.0)) else {
+        return (key, None);
+    };
+    if !ctx.leader.holds() {
+        return (key, None);
+    }
+    let result = records::commit_changes(ctx, &pool, &key, entries).await;
+    let name = crate::resources::record_name(&key.0, &key.1);
+    let sent = match result {
+        Ok(n) => {
+            write_succeeded(ctx, "IPAMPoolRecord", &name);
+            Some(n)
+        }
+        Err(records::CommitError::Api(e)) if is_conflict(&e) || is_not_found(&e) => {
+            tracing::info!(record = %name, error = %e, "pool record changed under us; planning again");
+            ctx.metrics
+                .write_failed("IPAMPoolRecord", preconditions::reason(&e));
+            None
+        }
+        Err(records::CommitError::Api(e)) => {
+            write_failed(ctx, "IPAMPoolRecord", &name, "patch", &e);
+            None
+        }
+        Err(e) => {
+            ctx.metrics.write_failed("IPAMPoolRecord", e.reason());
+            tracing::error!("{e}");
+            None
+        }
+    };
+    (key, sent)
+}
+
+/// Step "allocations": the newcomers' objects, each built when its write starts and each
+/// result taken as it comes (a burst may bring 10,000 new clusters to one short pass). Only
+/// where the record commit landed: the rest is replanned by the full pass.
+async fn write_newcomers(
+    ctx: &Arc<Context>,
+    term: u64,
+    state: &mut PassState,
+    added: &[planner::Decision],
+    committed: &HashSet<RecordKey>,
+    now: &str,
+    outcome: &mut PassOutcome,
+) -> Written {
+    let limit = state.write_concurrency;
+    let policies: HashMap<String, crate::resources::ReclaimPolicy> = state
+        .previous
+        .as_ref()
+        .map(|(inputs, _)| {
+            inputs
+                .pools
+                .iter()
+                .map(|p| (p.name.clone(), p.reclaim_policy))
+                .collect()
+        })
+        .unwrap_or_default();
     let build = |d: &planner::Decision| -> Option<AllocationWrite> {
-        let desired = allocation_object(d, None, policies.get(d.pool.as_str()).copied(), &now);
+        let desired = allocation_object(d, None, policies.get(d.pool.as_str()).copied(), now);
         let job = AllocationWrite::new(d, None, desired)?;
         let fenced = job.desired.is_some() && !job.is_status_only();
-        if fenced && !current.contains(&(d.pool.clone(), d.datacenter.clone())) {
-            return None; // its pool is replanned by the full pass
+        if fenced && !committed.contains(&(d.pool.clone(), d.datacenter.clone())) {
+            return None;
         }
         Some(job)
     };
@@ -181,15 +285,21 @@ pub(super) async fn run(
     let mut results = futures::stream::iter(added.iter().filter_map(build))
         .map(|job| write_one(ctx, metrics, term, job))
         .buffer_unordered(limit);
-    let mut notes: BTreeMap<String, Vec<allocations::ClusterNote>> = BTreeMap::new();
-    let mut write_failures: HashMap<String, Vec<String>> = HashMap::new();
+    let mut written = Written {
+        notes: BTreeMap::new(),
+        failures: HashMap::new(),
+    };
     while let Some((job, result)) = results.next().await {
         match result {
             Ok(done) => {
                 outcome.writes += done.writes;
                 write_succeeded(ctx, "IPAMAllocation", &job.name);
                 if let Some(note) = job.note {
-                    notes.entry(job.cluster.clone()).or_default().push(note);
+                    written
+                        .notes
+                        .entry(job.cluster.clone())
+                        .or_default()
+                        .push(note);
                 }
             }
             Err(e) => {
@@ -197,7 +307,8 @@ pub(super) async fn run(
                 state.retry_pools.insert(job.pool.clone());
                 outcome.again = true;
                 if !(is_conflict(&e) || is_not_found(&e)) {
-                    write_failures
+                    written
+                        .failures
                         .entry(job.cluster.clone())
                         .or_default()
                         .push(format!("IPAMAllocation {}: {message}", job.name));
@@ -205,49 +316,19 @@ pub(super) async fn run(
             }
         }
     }
-    drop(results);
-    step("allocations");
-    let uids: HashMap<String, &Cluster> = clusters
-        .iter()
-        .map(|c| (c.name_any(), c.as_ref()))
-        .collect();
-    allocations::publish_cluster_events(ctx, notes, &uids, limit).await;
-    let unwritten = statuses::write_cluster_status(
-        ctx,
-        &new_clusters,
-        // The newcomers' decisions are all among those just added.
-        &added,
-        &HashMap::new(),
-        &write_failures,
-        &now,
-        limit,
-        &mut outcome,
-    )
-    .await;
-    state.retry_clusters.extend(unwritten);
+    written
+}
 
-    step("cluster status");
-    // Usage changed in the pools that served them: their statuses are written now, or with
-    // the next ones if statuses were written less than `POOL_STATUS_EVERY` ago.
+/// Step "metrics": usage changed in the pools that served the newcomers; their statuses are
+/// written now, or with the next ones if statuses were written less than `POOL_STATUS_EVERY`
+/// ago.
+fn note_usage(state: &mut PassState, added: &[planner::Decision]) {
     state
         .status_due
         .extend(added.iter().map(|d| d.pool.clone()));
-    state.metrics.observe_added(plan, &added);
-    step("metrics");
-    outcome.status_after = start_statuses(ctx, state, &now);
-    step("pool status");
-    tracing::debug!(
-        clusters = dirty.len(),
-        decisions = added.len(),
-        writes = outcome.writes,
-        "short pass steps (µs since start): {steps:?}"
-    );
-    if ctx.ledger.lock().await.has_changes() {
-        outcome.again = true;
+    if let Some((_, plan)) = state.previous.as_ref() {
+        state.metrics.observe_added(plan, added);
     }
-    outcome.retry_after = ctx.backoff.lock().ok().and_then(|b| b.next_due());
-    state.unsettled = outcome.again || outcome.retry_after.is_some();
-    Some(Ok(outcome))
 }
 
 /// Starts writing the pool statuses short passes left for later, unless they were written

@@ -25,7 +25,7 @@ mod statuses;
 
 pub use scope::PassState;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,8 +37,9 @@ use crate::planner::{self};
 use crate::planning::metrics::Metrics;
 use crate::resources::{Cluster, IPAMAllocation, IPAMPool, ReclaimPolicy, cluster_namespace};
 use crate::seed::Context;
-use crate::seed::ledger::Key;
+use crate::seed::ledger::{Entry, Key};
 use crate::seed::preconditions;
+use crate::seed::records::RecordKey;
 
 use allocations::{AllocationWrite, WriteDone};
 pub(crate) use report::write_failed;
@@ -121,184 +122,405 @@ async fn write_one(
 }
 
 /// Runs one pass. The caller checked leadership (in `term`) just before.
+///
+/// Reads as its steps: what changed decides between the status flush, the short pass for new
+/// clusters ([`fast`]) and the full pass ([`full`]).
 pub async fn run(
     ctx: &Arc<Context>,
     term: u64,
     state: &mut PassState,
 ) -> Result<PassOutcome, PassError> {
-    // What the watches saw change, taken before anything is read: whatever changes from now
-    // on is left for the next pass.
-    let (dirty, dirty_other) = ctx.dirty.take();
-    let foreign_changes = ctx.ledger.lock().await.has_changes();
-    // Nothing changed, but pool statuses wait: they are written (when due) without planning.
-    if !dirty_other
-        && dirty.is_empty()
-        && !foreign_changes
-        && state.can_skip_planning()
-        && !state.status_due.is_empty()
-    {
+    let changed = Changed::take(ctx).await;
+    if changed.nothing() && state.can_skip_planning() && !state.status_due.is_empty() {
+        // Nothing changed, but pool statuses wait: they are written (when due) without
+        // planning.
         return Ok(fast::flush_statuses(ctx, state).await);
     }
-    // Only changed clusters, named: a wake for anything else (a timer, a retry) is a full pass.
-    if !dirty_other
-        && !dirty.is_empty()
-        && !foreign_changes
+    if changed.only_clusters()
         && state.can_skip_planning()
-        && let Some(result) = fast::run(ctx, term, state, &dirty).await
+        && let Some(result) = fast::run(ctx, term, state, &changed.clusters).await
     {
         return result;
     }
+    full(ctx, term, state).await
+}
+
+/// The full pass: the whole seed read, the part a change concerns planned again (everything
+/// on a resync), the pool records committed, then objects, events and statuses written.
+async fn full(
+    ctx: &Arc<Context>,
+    term: u64,
+    state: &mut PassState,
+) -> Result<PassOutcome, PassError> {
     let limit = state.write_concurrency;
     let mut outcome = PassOutcome::default();
-    let started = std::time::Instant::now();
-    let mut steps: Vec<(&str, u128)> = Vec::new();
-    let mut step = |name: &'static str| steps.push((name, started.elapsed().as_micros()));
-    let pools: Vec<Arc<IPAMPool>> = ctx.pools.state();
-    let mut clusters: Vec<Arc<Cluster>> = ctx.clusters.state();
-    let namespaces: HashSet<String> = ctx
-        .namespaces
-        .state()
-        .iter()
-        .filter(|n| n.metadata.deletion_timestamp.is_none())
-        .map(|n| n.name_any())
-        .collect();
-    let (stored_objects, ledger_changed) = {
-        let mut ledger = ctx.ledger.lock().await;
-        (ledger.snapshot(), ledger.take_changed())
-    };
-    // The records' versions; those that changed are read again into the read cache here, so
-    // a pass never copies every record.
-    let records = {
-        let held = ctx.records.lock().await;
-        let versions = held.versions();
-        state
-            .reads
-            .refresh_records(&versions, |key| held.joined(key));
-        versions
-    };
-    let now = crate::resources::now_rfc3339();
+    let mut steps = Steps::start();
 
-    step("snapshot");
-    lifecycle::add_finalizers(ctx, &pools, &clusters, limit, &mut outcome).await;
-    step("finalizers");
+    let mut view = View::read(ctx, state).await;
+    steps.done("snapshot");
+    lifecycle::add_finalizers(ctx, &view.pools, &view.clusters, limit, &mut outcome).await;
+    steps.done("finalizers");
 
-    let gathered = inputs::gather(
-        ctx,
-        &pools,
-        &mut clusters,
-        &stored_objects,
-        &records,
-        &mut state.reads,
-    )
-    .await;
-    let inputs::Inputs {
-        pool_inputs,
-        pool_errors,
-        deleting_pools,
-        cluster_inputs,
-        cluster_errors,
-        stored,
-    } = match gathered {
-        Ok(i) => i,
-        Err(e) => {
-            // The changes taken from the ledger are not planned: plan everything next time.
-            state.replan_all();
-            return Err(e);
-        }
-    };
-
-    // Planning is CPU work that grows with the seed: it runs on a blocking thread, so the
-    // watches, the REST API, the webhook and the lease renewals never wait behind it.
-    let plan_inputs = planner::PlanInputs {
-        pools: pool_inputs,
-        clusters: cluster_inputs,
-        stored,
-    };
-    let mut taken = std::mem::replace(state, PassState::new(limit, state.metrics.clone()));
-    let (taken, plan, scope, plan_inputs, ledger_changed) =
-        tokio::task::spawn_blocking(move || {
-            let (plan, scope) = scope::plan(&mut taken, &plan_inputs, &ledger_changed);
-            (taken, plan, scope, plan_inputs, ledger_changed)
-        })
-        .await
-        .map_err(|e| PassError::Planner(e.to_string()))?;
-    *state = taken;
-    let pool_inputs = &plan_inputs.pools;
-    state.metrics.observe_plan(&plan);
-    step("plan");
+    let gathered = gather(ctx, state, &mut view).await?;
+    let ledger_changed = std::mem::take(&mut view.ledger_changed);
+    let planned = plan(state, gathered.plan_inputs, ledger_changed).await?;
+    state.metrics.observe_plan(&planned.plan);
+    steps.done("plan");
 
     // Namespaces first: allocations live in them.
-    lifecycle::ensure_namespaces(ctx, &clusters, &namespaces, limit, &mut outcome).await;
+    lifecycle::ensure_namespaces(ctx, &view.clusters, &view.namespaces, limit, &mut outcome).await;
+    let writes = Writes::new(
+        &view.stored_objects,
+        &planned.inputs.pools,
+        &gathered.deleting_pools,
+        &view.now,
+    );
+    let jobs = writes.select(&planned);
+    steps.done("jobs");
 
-    let policies: HashMap<&str, ReclaimPolicy> = pool_inputs
-        .iter()
-        .map(|p| (p.name.as_str(), p.reclaim_policy))
-        .chain(deleting_pools.iter().map(|(k, v)| (k.as_str(), *v)))
-        .collect();
-    // The ledger's snapshot is in key order (namespace, name): an object is found by binary
-    // search, without a second index of every allocation.
-    let stored_object = |namespace: &str, name: &str| -> Option<IPAMAllocation> {
-        stored_objects
-            .binary_search_by(|o| (o.namespace(), o.name()).cmp(&(namespace, name)))
-            .ok()
-            .map(|i| stored_objects[i].to_object())
-    };
-    let uids: HashMap<String, &Cluster> = clusters
-        .iter()
-        .map(|c| (c.name_any(), c.as_ref()))
-        .collect();
-
-    // Which decisions need a write, remembered by index only: the objects themselves are
-    // built again when their write starts, so a burst of 100,000 allocations never holds
-    // 100,000 desired objects (and their stored copies) at once.
-    let build = |d: &planner::Decision| -> Option<AllocationWrite> {
-        let existing = stored_object(&cluster_namespace(&d.cluster), &d.pool);
-        let desired = allocation_object(
-            d,
-            existing.as_ref(),
-            policies.get(d.pool.as_str()).copied(),
-            &now,
-        );
-        AllocationWrite::new(d, existing, desired)
-    };
-    let mut pending: Vec<(usize, bool)> = Vec::new();
-    let mut to_write: HashMap<(String, String), std::collections::BTreeSet<String>> =
-        HashMap::new();
-    for (i, d) in plan.decisions.iter().enumerate() {
-        if !scope.checks(d, &ledger_changed) {
-            continue;
-        }
-        if let Some(job) = build(d) {
-            let fenced = job.desired.is_some() && !job.is_status_only();
-            if fenced {
-                to_write
-                    .entry((d.pool.clone(), d.datacenter.clone()))
-                    .or_default()
-                    .insert(d.cluster.clone());
-            }
-            pending.push((i, fenced));
-        }
-    }
-
-    step("jobs");
-    // Commit the pool records first: one compare-and-swap per pool datacenter that is to get
-    // objects written. Only where it succeeded are the objects written.
-    let mut write_failures: HashMap<String, Vec<String>> = HashMap::new();
+    // The fence: one compare-and-swap per pool datacenter that is to get objects written.
     let committed = commit::commit_records(
         ctx,
-        &pools,
-        pool_inputs,
-        &scope,
-        &plan,
-        &stored_objects,
-        &records,
-        &to_write,
+        &view.pools,
+        &planned.inputs.pools,
+        &planned.scope,
+        &planned.plan,
+        &view.stored_objects,
+        &view.records,
+        &jobs.to_write,
         limit,
         &mut state.retry_pools,
         &mut outcome,
     )
     .await;
-    step("records");
+    steps.done("records");
+
+    let allowed = admit(
+        ctx,
+        state,
+        &planned.plan,
+        jobs.pending,
+        &committed,
+        &mut outcome,
+    );
+    let written = write_allocations(
+        ctx,
+        term,
+        state,
+        &writes,
+        &planned.plan,
+        allowed,
+        &mut outcome,
+    )
+    .await;
+    steps.done("allocations");
+
+    allocations::publish_cluster_events(ctx, written.notes, &view.uids(), limit).await;
+    lifecycle::release_finalizers(ctx, &view.pools, &view.clusters, &mut outcome).await;
+    write_cluster_statuses(
+        ctx,
+        state,
+        &view,
+        &planned,
+        &gathered.cluster_errors,
+        &written.failures,
+        &mut outcome,
+    )
+    .await;
+    steps.done("cluster status");
+    statuses::write_pool_status(
+        ctx,
+        &view.pools,
+        &planned.inputs.pools,
+        &gathered.pool_errors,
+        &planned.plan,
+        &view.now,
+        limit,
+        &mut outcome,
+    )
+    .await;
+    // Every pool's status was just brought up to date.
+    state.status_due.clear();
+    steps.done("pool status");
+
+    tracing::debug!(
+        full = planned.scope.is_full(),
+        pools = planned.scope.pools.as_ref().map_or(0, |p| p.len()),
+        writes = outcome.writes,
+        "pass steps (µs since start): {:?}",
+        steps.0
+    );
+    state.keep(planned.inputs, planned.plan);
+    Ok(settle(ctx, state, outcome).await)
+}
+
+/// What the watches saw change since the last pass, taken before anything is read: whatever
+/// changes from now on is left for the next pass.
+struct Changed {
+    /// Clusters whose planned content changed, by name.
+    clusters: BTreeSet<String>,
+    /// Anything else (a pool, a namespace, a deletion, a re-list, a watch error).
+    other: bool,
+    /// Somebody else changed an allocation.
+    foreign: bool,
+}
+
+impl Changed {
+    async fn take(ctx: &Context) -> Changed {
+        let (clusters, other) = ctx.dirty.take();
+        let foreign = ctx.ledger.lock().await.has_changes();
+        Changed {
+            clusters,
+            other,
+            foreign,
+        }
+    }
+
+    fn nothing(&self) -> bool {
+        !self.other && self.clusters.is_empty() && !self.foreign
+    }
+
+    /// Only clusters changed, each named: a wake for anything else (a timer, a retry) is a
+    /// full pass.
+    fn only_clusters(&self) -> bool {
+        !self.other && !self.clusters.is_empty() && !self.foreign
+    }
+}
+
+/// When each step of a pass ended, for the debug log.
+struct Steps(Vec<(&'static str, u128)>, std::time::Instant);
+
+impl Steps {
+    fn start() -> Steps {
+        Steps(Vec::new(), std::time::Instant::now())
+    }
+
+    fn done(&mut self, step: &'static str) {
+        self.0.push((step, self.1.elapsed().as_micros()));
+    }
+}
+
+/// Step "snapshot": what a full pass reads of the caches, the ledger and the pool records.
+struct View {
+    pools: Vec<Arc<IPAMPool>>,
+    clusters: Vec<Arc<Cluster>>,
+    /// kipam's namespaces that are not being deleted.
+    namespaces: HashSet<String>,
+    /// Every allocation in the ledger, in key order (namespace, name).
+    stored_objects: Vec<Arc<Entry>>,
+    /// The allocations that changed since the last pass took them.
+    ledger_changed: BTreeSet<Key>,
+    /// The records' versions.
+    records: BTreeMap<RecordKey, String>,
+    now: String,
+}
+
+impl View {
+    async fn read(ctx: &Context, state: &mut PassState) -> View {
+        let namespaces = ctx
+            .namespaces
+            .state()
+            .iter()
+            .filter(|n| n.metadata.deletion_timestamp.is_none())
+            .map(|n| n.name_any())
+            .collect();
+        let (stored_objects, ledger_changed) = {
+            let mut ledger = ctx.ledger.lock().await;
+            (ledger.snapshot(), ledger.take_changed())
+        };
+        // The records that changed are read again into the read cache here, so a pass never
+        // copies every record.
+        let records = {
+            let held = ctx.records.lock().await;
+            let versions = held.versions();
+            state
+                .reads
+                .refresh_records(&versions, |key| held.joined(key));
+            versions
+        };
+        View {
+            pools: ctx.pools.state(),
+            clusters: ctx.clusters.state(),
+            namespaces,
+            stored_objects,
+            ledger_changed,
+            records,
+            now: crate::resources::now_rfc3339(),
+        }
+    }
+
+    /// The clusters by name.
+    fn uids(&self) -> HashMap<String, &Cluster> {
+        self.clusters
+            .iter()
+            .map(|c| (c.name_any(), c.as_ref()))
+            .collect()
+    }
+}
+
+/// Step "inputs": what [`inputs::gather`] made of the view, the planner's part bundled.
+struct Gathered {
+    plan_inputs: planner::PlanInputs,
+    pool_errors: HashMap<String, Vec<crate::validation::FieldError>>,
+    deleting_pools: HashMap<String, ReclaimPolicy>,
+    cluster_errors: HashMap<String, Vec<crate::validation::FieldError>>,
+}
+
+async fn gather(
+    ctx: &Arc<Context>,
+    state: &mut PassState,
+    view: &mut View,
+) -> Result<Gathered, PassError> {
+    let gathered = inputs::gather(
+        ctx,
+        &view.pools,
+        &mut view.clusters,
+        &view.stored_objects,
+        &view.records,
+        &mut state.reads,
+    )
+    .await;
+    match gathered {
+        Ok(i) => Ok(Gathered {
+            plan_inputs: planner::PlanInputs {
+                pools: i.pool_inputs,
+                clusters: i.cluster_inputs,
+                stored: i.stored,
+            },
+            pool_errors: i.pool_errors,
+            deleting_pools: i.deleting_pools,
+            cluster_errors: i.cluster_errors,
+        }),
+        Err(e) => {
+            // The changes taken from the ledger are not planned: plan everything next time.
+            state.replan_all();
+            Err(e)
+        }
+    }
+}
+
+/// Step "plan": its inputs, the plan and what it covers.
+struct Planned {
+    inputs: planner::PlanInputs,
+    plan: planner::Plan,
+    scope: scope::Scope,
+    ledger_changed: BTreeSet<Key>,
+}
+
+/// Plans the part of the seed a change concerns ([`scope::plan`]). Planning is CPU work that
+/// grows with the seed: it runs on a blocking thread, so the watches, the REST API, the
+/// webhook and the lease renewals never wait behind it.
+async fn plan(
+    state: &mut PassState,
+    inputs: planner::PlanInputs,
+    ledger_changed: BTreeSet<Key>,
+) -> Result<Planned, PassError> {
+    let fresh = PassState::new(state.write_concurrency, state.metrics.clone());
+    let mut taken = std::mem::replace(state, fresh);
+    let (taken, planned) = tokio::task::spawn_blocking(move || {
+        let (plan, scope) = scope::plan(&mut taken, &inputs, &ledger_changed);
+        let planned = Planned {
+            inputs,
+            plan,
+            scope,
+            ledger_changed,
+        };
+        (taken, planned)
+    })
+    .await
+    .map_err(|e| PassError::Planner(e.to_string()))?;
+    *state = taken;
+    Ok(planned)
+}
+
+/// Builds the `IPAMAllocation` write a decision asks for, when that write starts: a burst of
+/// 100,000 allocations never holds 100,000 desired objects (and their stored copies) at once.
+struct Writes<'a> {
+    /// The ledger's snapshot, in key order: an object is found by binary search, without a
+    /// second index of every allocation.
+    stored: &'a [Arc<Entry>],
+    policies: HashMap<&'a str, ReclaimPolicy>,
+    now: &'a str,
+}
+
+/// Step "jobs": the decisions that need a write, by index, and which of them the fence
+/// covers; and the clusters each pool datacenter is to get objects written for.
+struct Jobs {
+    pending: Vec<(usize, bool)>,
+    to_write: HashMap<RecordKey, BTreeSet<String>>,
+}
+
+impl<'a> Writes<'a> {
+    fn new(
+        stored: &'a [Arc<Entry>],
+        pools: &'a [planner::PoolInput],
+        deleting: &'a HashMap<String, ReclaimPolicy>,
+        now: &'a str,
+    ) -> Self {
+        let policies = pools
+            .iter()
+            .map(|p| (p.name.as_str(), p.reclaim_policy))
+            .chain(deleting.iter().map(|(k, v)| (k.as_str(), *v)))
+            .collect();
+        Writes {
+            stored,
+            policies,
+            now,
+        }
+    }
+
+    fn stored_object(&self, namespace: &str, name: &str) -> Option<IPAMAllocation> {
+        self.stored
+            .binary_search_by(|o| (o.namespace(), o.name()).cmp(&(namespace, name)))
+            .ok()
+            .map(|i| self.stored[i].to_object())
+    }
+
+    fn build(&self, d: &planner::Decision) -> Option<AllocationWrite> {
+        let existing = self.stored_object(&cluster_namespace(&d.cluster), &d.pool);
+        let desired = allocation_object(
+            d,
+            existing.as_ref(),
+            self.policies.get(d.pool.as_str()).copied(),
+            self.now,
+        );
+        AllocationWrite::new(d, existing, desired)
+    }
+
+    fn select(&self, planned: &Planned) -> Jobs {
+        let mut jobs = Jobs {
+            pending: Vec::new(),
+            to_write: HashMap::new(),
+        };
+        for (i, d) in planned.plan.decisions.iter().enumerate() {
+            if !planned.scope.checks(d, &planned.ledger_changed) {
+                continue;
+            }
+            if let Some(job) = self.build(d) {
+                let fenced = job.desired.is_some() && !job.is_status_only();
+                if fenced {
+                    jobs.to_write
+                        .entry((d.pool.clone(), d.datacenter.clone()))
+                        .or_default()
+                        .insert(d.cluster.clone());
+                }
+                jobs.pending.push((i, fenced));
+            }
+        }
+        jobs
+    }
+}
+
+/// The jobs that may be written now: those the fence covers only where their pool record was
+/// committed, and none whose object waits out a backoff.
+fn admit(
+    ctx: &Context,
+    state: &mut PassState,
+    plan: &planner::Plan,
+    pending: Vec<(usize, bool)>,
+    committed: &HashSet<RecordKey>,
+    outcome: &mut PassOutcome,
+) -> Vec<usize> {
     let mut allowed = Vec::new();
     for (i, fenced) in pending {
         let d = &plan.decisions[i];
@@ -316,19 +538,40 @@ pub async fn run(
         }
         allowed.push(i);
     }
+    allowed
+}
 
-    // Allocation writes, in parallel; each result goes into the ledger at once. A job is built
-    // when its write starts and reduced to what the report needs when it ends.
-    let build = &build;
-    let decisions = &plan.decisions;
+/// What the allocation writes left to report: events by cluster, and the writes that failed.
+struct Written {
+    notes: BTreeMap<String, Vec<allocations::ClusterNote>>,
+    failures: HashMap<String, Vec<String>>,
+}
+
+/// Step "allocations": the writes, in parallel; each result goes into the ledger at once and
+/// is taken as it comes instead of being collected (a burst pass may write 100,000 objects).
+async fn write_allocations(
+    ctx: &Arc<Context>,
+    term: u64,
+    state: &mut PassState,
+    writes: &Writes<'_>,
+    plan: &planner::Plan,
+    allowed: Vec<usize>,
+    outcome: &mut PassOutcome,
+) -> Written {
+    let limit = state.write_concurrency;
     let metrics = &*state.metrics.clone();
-    // Each result is taken as it comes instead of being collected: a burst pass may write
-    // 100,000 objects.
-    let mut results =
-        futures::stream::iter(allowed.into_iter().filter_map(|i| build(&decisions[i])))
-            .map(|job| write_one(ctx, metrics, term, job))
-            .buffer_unordered(limit);
-    let mut notes: BTreeMap<String, Vec<allocations::ClusterNote>> = BTreeMap::new();
+    let decisions = &plan.decisions;
+    let mut results = futures::stream::iter(
+        allowed
+            .into_iter()
+            .filter_map(|i| writes.build(&decisions[i])),
+    )
+    .map(|job| write_one(ctx, metrics, term, job))
+    .buffer_unordered(limit);
+    let mut written = Written {
+        notes: BTreeMap::new(),
+        failures: HashMap::new(),
+    };
     let mut stale: Vec<Key> = Vec::new();
     while let Some((job, result)) = results.next().await {
         match result {
@@ -342,7 +585,11 @@ pub async fn run(
                     outcome.again = true;
                 }
                 if let Some(note) = job.note {
-                    notes.entry(job.cluster.clone()).or_default().push(note);
+                    written
+                        .notes
+                        .entry(job.cluster.clone())
+                        .or_default()
+                        .push(note);
                 }
             }
             Err(e) if is_conflict(&e) || is_not_found(&e) => {
@@ -357,74 +604,66 @@ pub async fn run(
                 let message = write_failed(ctx, "IPAMAllocation", &job.name, job.verb, &e);
                 state.retry_pools.insert(job.pool.clone());
                 outcome.again = true;
-                notes
-                    .entry(job.cluster.clone())
-                    .or_default()
-                    .push(allocations::ClusterNote {
+                let note = format!("IPAMAllocation {}: {message}", job.name);
+                written.notes.entry(job.cluster.clone()).or_default().push(
+                    allocations::ClusterNote {
                         warning: true,
                         reason: "WriteFailed".into(),
-                        note: format!("IPAMAllocation {}: {message}", job.name),
-                    });
-                write_failures
+                        note: note.clone(),
+                    },
+                );
+                written
+                    .failures
                     .entry(job.cluster.clone())
                     .or_default()
-                    .push(format!("IPAMAllocation {}: {message}", job.name));
+                    .push(note);
             }
         }
     }
-
     drop(results);
     // Re-read once every write is over, as before any result was taken one by one.
     for key in &stale {
         allocations::refresh(ctx, key).await;
     }
+    written
+}
 
-    step("allocations");
-    allocations::publish_cluster_events(ctx, notes, &uids, limit).await;
-
-    lifecycle::release_finalizers(ctx, &pools, &clusters, &mut outcome).await;
-    let checked: Vec<Arc<Cluster>> = clusters
+/// Step "cluster status": the statuses of the clusters the plan covered, and of those whose
+/// writes failed.
+async fn write_cluster_statuses(
+    ctx: &Arc<Context>,
+    state: &mut PassState,
+    view: &View,
+    planned: &Planned,
+    cluster_errors: &HashMap<String, Vec<crate::validation::FieldError>>,
+    write_failures: &HashMap<String, Vec<String>>,
+    outcome: &mut PassOutcome,
+) {
+    let checked: Vec<Arc<Cluster>> = view
+        .clusters
         .iter()
         .filter(|c| {
             let name = c.name_any();
-            scope.covers_cluster(&name) || write_failures.contains_key(&name)
+            planned.scope.covers_cluster(&name) || write_failures.contains_key(&name)
         })
         .cloned()
         .collect();
     let unwritten = statuses::write_cluster_status(
         ctx,
         &checked,
-        &plan.decisions,
-        &cluster_errors,
-        &write_failures,
-        &now,
-        limit,
-        &mut outcome,
+        &planned.plan.decisions,
+        cluster_errors,
+        write_failures,
+        &view.now,
+        state.write_concurrency,
+        outcome,
     )
     .await;
     state.retry_clusters.extend(unwritten);
-    step("cluster status");
-    statuses::write_pool_status(
-        ctx,
-        &pools,
-        pool_inputs,
-        &pool_errors,
-        &plan,
-        &now,
-        limit,
-        &mut outcome,
-    )
-    .await;
-    // Every pool's status was just brought up to date.
-    state.status_due.clear();
-    step("pool status");
-    tracing::debug!(
-        full = scope.is_full(),
-        pools = scope.pools.as_ref().map_or(0, |p| p.len()),
-        writes = outcome.writes,
-        "pass steps (µs since start): {steps:?}"
-    );
-    state.keep(plan_inputs, plan);
+}
+
+/// The end of every pass: whether to run again soon, and when a held-back write is due.
+async fn settle(ctx: &Context, state: &mut PassState, mut outcome: PassOutcome) -> PassOutcome {
     // Somebody else changed an allocation while this pass was writing it (its watch event
     // woke nobody then): look again at once.
     if ctx.ledger.lock().await.has_changes() {
@@ -432,5 +671,5 @@ pub async fn run(
     }
     outcome.retry_after = ctx.backoff.lock().ok().and_then(|b| b.next_due());
     state.unsettled = outcome.again || outcome.retry_after.is_some();
-    Ok(outcome)
+    outcome
 }
