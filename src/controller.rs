@@ -118,7 +118,7 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
     let api_task = match options.api.tls.clone() {
         Some(files) => {
             // Unusable files stop the replica at once, naming them.
-            crate::tls::acceptor(&files).map_err(|e| ControllerError::Api {
+            files.load().map_err(|e| ControllerError::Api {
                 addr: api_addr,
                 source: std::io::Error::other(e.to_string()),
             })?;

@@ -7,8 +7,8 @@
 //! any other change. Every request is authenticated with a `TokenReview` and authorised with a
 //! `SubjectAccessReview` (see [`auth`]). See `docs/api.md`.
 //!
-//! [`router`] builds the routes and [`serve`] runs them on a plain TCP listener; a TLS
-//! acceptor can wrap the listener without touching either.
+//! [`router`] builds the routes; [`serve`] runs them on a plain TCP listener and [`serve_tls`]
+//! over TLS, both with the server of [`crate::tls`].
 
 pub mod auth;
 pub mod error;
@@ -142,21 +142,19 @@ pub fn router(state: Shared) -> Router {
 /// keep-alive connections included), so connections cannot be held open for free.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Serves `router` on `listener` until the task is dropped. Accept errors (out of file
+/// Serves `router` on `listener` until the task is dropped (plain HTTP/1.1, through
+/// [`crate::tls::serve_http1`], with [`HEADER_READ_TIMEOUT`]). Accept errors (out of file
 /// descriptors, a connection reset before it was accepted) are logged and waited out.
 pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io::Result<()> {
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                tracing::warn!("API: cannot accept a connection: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        tokio::spawn(serve_connection(stream, router.clone()));
-    }
+    crate::tls::serve_http1(
+        listener,
+        None,
+        router,
+        Some(HEADER_READ_TIMEOUT),
+        std::future::pending(),
+    )
+    .await
+    .map_err(|e| std::io::Error::other(e.to_string()))
 }
 
 /// [`serve`] over TLS: each connection's handshake runs in its own task (a client that stalls
@@ -167,41 +165,14 @@ pub async fn serve_tls(
     files: crate::tls::TlsFiles,
     router: Router,
 ) -> Result<(), crate::tls::TlsError> {
-    let acceptor = crate::tls::acceptor(&files)?;
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                tracing::warn!("API: cannot accept a connection: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let router = router.clone();
-        tokio::spawn(async move {
-            if let Some(tls) = crate::tls::handshake(&acceptor, stream).await {
-                serve_connection(tls, router).await;
-            }
-        });
-    }
-}
-
-/// Serves HTTP/1.1 on one accepted connection: a plain TCP stream, or a TLS stream wrapping
-/// it.
-pub async fn serve_connection<I>(io: I, router: Router)
-where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let service = hyper_util::service::TowerToHyperService::new(router);
-    let connection = hyper::server::conn::http1::Builder::new()
-        .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .serve_connection(hyper_util::rt::TokioIo::new(io), service);
-    if let Err(e) = connection.await {
-        tracing::debug!("API connection ended: {e}");
-    }
+    crate::tls::serve_http1(
+        listener,
+        Some(files),
+        router,
+        Some(HEADER_READ_TIMEOUT),
+        std::future::pending(),
+    )
+    .await
 }
 
 /// A bound on requests in flight and on each request's duration.
