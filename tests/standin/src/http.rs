@@ -277,7 +277,29 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> R
         }
         Route::Unknown => Err(not_found_path()),
     };
+    if let (Ok(response), Route::Resource(rp)) = (&result, &route)
+        && verb == "get"
+        && rp.sub.is_none()
+        && response.status().is_success()
+    {
+        run_get_hook(&shared, rp);
+    }
     result.unwrap_or_else(|e| error_response(&e))
+}
+
+/// Runs what a test asked to happen right after this GET (see `ApiServer::after_next_get`),
+/// before the answer goes out.
+fn run_get_hook(shared: &Shared, rp: &ResourcePath) {
+    let Some(name) = rp.name.as_deref() else {
+        return;
+    };
+    let hook =
+        shared
+            .control_lock()
+            .take_get_hook(&rp.group, &rp.plural, rp.namespace.as_deref(), name);
+    if let Some(action) = hook {
+        action();
+    }
 }
 
 /// Resolves the caller from the bearer token. Without `require_auth`, unknown or missing

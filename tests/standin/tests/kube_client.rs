@@ -413,6 +413,60 @@ async fn crd_registered_at_run_time_is_discoverable_and_served() -> TestResult {
     Ok(())
 }
 
+/// `after_next_get` puts a write between a client's read and its write: a status write (which
+/// bumps the resourceVersion like any write) then makes an update with the version just read
+/// conflict, as it does on a real server.
+#[tokio::test]
+async fn a_status_write_between_read_and_update_makes_the_update_conflict() -> TestResult {
+    let (server, client) = start().await;
+    let ar = install_widgets(&client).await;
+    let widgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
+    widgets
+        .create(&PostParams::default(), &widget("w", json!({"size": 1})))
+        .await?;
+
+    let other = server.clone();
+    server.after_next_get("widgets.example.dev", Some("default"), "w", move || {
+        other
+            .set_status("widgets", Some("default"), "w", json!({"phase": "Ready"}))
+            .expect("status write");
+    })?;
+    assert_eq!(server.pending_get_hooks(), 1);
+    // A list is not a GET of the object: the hook waits.
+    widgets.list(&ListParams::default()).await?;
+    assert_eq!(server.pending_get_hooks(), 1);
+    let mut read = widgets.get("w").await?;
+    assert_eq!(server.pending_get_hooks(), 0);
+    assert!(read.data.get("status").is_none(), "the read came first");
+    let stored = server
+        .get("widgets", Some("default"), "w")
+        .expect("stored");
+    assert_eq!(stored["status"]["phase"], "Ready");
+    assert_ne!(
+        stored["metadata"]["resourceVersion"].as_str(),
+        read.metadata.resource_version.as_deref(),
+        "a status write bumps the resourceVersion"
+    );
+
+    read.data["spec"]["size"] = json!(2);
+    let err = widgets
+        .replace("w", &PostParams::default(), &read)
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(&err), Some(409));
+    // The hook ran once: the next read and write go through.
+    let mut fresh = widgets.get("w").await?;
+    fresh.data["spec"]["size"] = json!(2);
+    let replaced = widgets
+        .replace("w", &PostParams::default(), &fresh)
+        .await?;
+    assert_eq!(replaced.data["spec"]["size"], 2);
+
+    // Unknown resources are refused.
+    assert!(server.after_next_get("nopes", None, "x", || {}).is_err());
+    Ok(())
+}
+
 #[tokio::test]
 async fn status_subresource_and_generation() -> TestResult {
     let (_server, client) = start().await;
