@@ -438,9 +438,7 @@ async fn a_status_write_between_read_and_update_makes_the_update_conflict() -> T
     let mut read = widgets.get("w").await?;
     assert_eq!(server.pending_get_hooks(), 0);
     assert!(read.data.get("status").is_none(), "the read came first");
-    let stored = server
-        .get("widgets", Some("default"), "w")
-        .expect("stored");
+    let stored = server.get("widgets", Some("default"), "w").expect("stored");
     assert_eq!(stored["status"]["phase"], "Ready");
     assert_ne!(
         stored["metadata"]["resourceVersion"].as_str(),
@@ -457,9 +455,7 @@ async fn a_status_write_between_read_and_update_makes_the_update_conflict() -> T
     // The hook ran once: the next read and write go through.
     let mut fresh = widgets.get("w").await?;
     fresh.data["spec"]["size"] = json!(2);
-    let replaced = widgets
-        .replace("w", &PostParams::default(), &fresh)
-        .await?;
+    let replaced = widgets.replace("w", &PostParams::default(), &fresh).await?;
     assert_eq!(replaced.data["spec"]["size"], 2);
 
     // Unknown resources are refused.
