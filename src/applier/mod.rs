@@ -82,13 +82,62 @@ struct Caches {
     secrets: Store<Secret>,
 }
 
+/// Retry delays of the applier's watches: those of the controller's writes (200 ms, doubling,
+/// at most 30 s), growing for as long as the watch keeps failing.
+///
+/// kube's stream backoff starts again from its first step on every item that is not an error,
+/// and its watcher yields an `Init` event before each attempt to list: a list that always
+/// fails (a CRD not installed) was retried about once a second forever. So resets from the
+/// stream are ignored here; the delays start again once no error has come for [`CALM`].
+#[derive(Default)]
+struct WatchBackoff {
+    failures: u32,
+    last: Option<Instant>,
+}
+
+/// How long a watch must go without an error before its retry delays start again from the
+/// first (longer than the largest delay, so a watch that keeps failing never gets there).
+const CALM: Duration = Duration::from_secs(120);
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        if self.last.is_some_and(|at| at.elapsed() >= CALM) {
+            self.failures = 0;
+        }
+        self.failures = self.failures.saturating_add(1);
+        self.last = Some(Instant::now());
+        Some(crate::controller::backoff::delay(self.failures))
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {}
+}
+
+/// What to tell the operator about a failed watch of `resource`, in one line (no `Debug` dump
+/// of the API server's answer).
+fn watch_failure(e: &watcher::Error, resource: &str) -> String {
+    match e {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => {
+            crate::controller::preconditions::explain(e, "list/watch", resource, "")
+        }
+        other => format!("the watch of {resource} failed: {other}"),
+    }
+}
+
 /// Feeds a watch into a cache, waking the scheduler on every change and saying (once per
-/// distinct error) when the watch fails.
+/// distinct error, at warn level unless `said_elsewhere`: the controller's own watch of the
+/// same resource says it already) when the watch fails, and when it recovers.
 fn cached<K>(
     api: Api<K>,
     config: watcher::Config,
     wake: Arc<Notify>,
     what: &'static str,
+    said_elsewhere: bool,
 ) -> (Store<K>, impl Stream<Item = ()>)
 where
     K: kube::Resource<DynamicType = ()>
@@ -105,19 +154,39 @@ where
     let stream = reflector::reflector(
         writer,
         watcher::watcher(api, config)
-            .default_backoff()
+            .backoff(WatchBackoff::default())
             .modify(|o: &mut K| o.meta_mut().managed_fields = None),
     )
     .map(move |ev| {
         match &ev {
             Err(e) => {
-                let text = e.to_string();
+                let text = watch_failure(e, what);
                 if last_error.as_deref() != Some(text.as_str()) {
-                    tracing::warn!(resource = what, error = %text, "addon applier watch failed (retrying with backoff)");
+                    if said_elsewhere {
+                        tracing::debug!(
+                            resource = what,
+                            "addon applier: {text} (retrying with backoff)"
+                        );
+                    } else {
+                        tracing::warn!(
+                            resource = what,
+                            "addon applier: {text} (retrying with backoff)"
+                        );
+                    }
                     last_error = Some(text);
                 }
             }
-            Ok(_) => last_error = None,
+            // Yielded before every attempt to list, successful or not.
+            Ok(watcher::Event::Init) => {}
+            Ok(_) => {
+                if last_error.take().is_some() {
+                    if said_elsewhere {
+                        tracing::debug!(resource = what, "addon applier watch recovered");
+                    } else {
+                        tracing::info!(resource = what, "addon applier watch recovered");
+                    }
+                }
+            }
         }
         wake.notify_one();
     });
@@ -135,13 +204,15 @@ pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
         Api::<Addon>::all(ctx.client.clone()),
         watcher::Config::default(),
         wake.clone(),
-        "addons",
+        "addons.ipam.kipam.dev",
+        false,
     );
     let (clusters, cluster_events) = cached(
         Api::<Cluster>::all(ctx.client.clone()),
         watcher::Config::default(),
         wake.clone(),
-        "clusters",
+        "clusters.ipam.kipam.dev",
+        true,
     );
     // Kubeconfigs are opaque Secrets; Helm release records and service account tokens, often
     // the bulk of a seed's Secrets, are never kubeconfigs and are not kept in memory.
@@ -150,6 +221,7 @@ pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
         watcher::Config::default().fields(SECRET_FIELDS),
         wake.clone(),
         "secrets",
+        false,
     );
     let watches = tokio::spawn(async move {
         let mut all = futures::stream::select_all(vec![
