@@ -450,7 +450,9 @@ async fn patch_pool(
                 tracing::info!(user = %user.name, pool = %name, "pool changed through the API");
                 return Ok(axum::Json(PoolView::of(&updated)).into_response());
             }
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                tracing::debug!(pool = %name, "the pool was written meanwhile; reading it again");
+            }
             Err(e) => return Err(ApiError::from_kube(e, &what)),
         }
     }

@@ -87,7 +87,7 @@ struct Caches {
 ///
 /// kube's stream backoff starts again from its first step on every item that is not an error,
 /// and its watcher yields an `Init` event before each attempt to list: a list that always
-/// fails (a CRD not installed) was retried about once a second forever. So resets from the
+/// fails (a CRD not installed) would be retried about once a second forever. So resets from the
 /// stream are ignored here; the delays start again once no error has come for [`CALM`].
 #[derive(Default)]
 struct WatchBackoff {
