@@ -53,6 +53,14 @@ fn fatal(format: LogFormat, message: &str) {
     }
 }
 
+/// The end of `kipam offline --help` (docs/offline.md says the same).
+const OFFLINE_EXIT_STATUS: &str = "Exit status:
+  0  every allocation was made, every addon rendered and written
+  1  an allocation failed (e.g. an exhausted pool) or is in conflict (allocations in the state
+     overlap, or one cannot be honoured: it is kept as stored and reported), an addon did not
+     render, or a file under --out could not be written or removed
+  2  invalid input, an unusable state file, or a release refused by the guard (nothing written)";
+
 // Parsed once at start: the size of the controller's arguments does not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
@@ -60,6 +68,7 @@ enum Command {
     /// Run the seed controller against a Kubernetes API server.
     Controller(ControllerArgs),
     /// Plan allocations over manifests on disk and keep them in a state file.
+    #[command(after_help = OFFLINE_EXIT_STATUS)]
     Offline(OfflineArgs),
     /// Print one addon rendered for one cluster.
     Render(RenderArgs),

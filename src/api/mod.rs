@@ -398,16 +398,62 @@ async fn patch_pool(
     // RBAC: src/rbac.rs (ipampools: create, get, update, delete).
     let api = Api::<IPAMPool>::all(state.ctx.writer.clone());
     let what = format!("ipampool {name:?}");
-    // The write is checked against the pool as stored now, and carries its resourceVersion:
-    // a change made meanwhile by anyone else makes it fail with 409 instead of being lost.
-    let old = api
-        .get_opt(&name)
-        .await
-        .map_err(|e| ApiError::from_kube(e, &what))?
-        .ok_or_else(|| not_found(&name))?;
-    let mut document = serde_json::to_value(PoolBody::of(&old))
+    // The write is checked against the pool as stored now, and carries its resourceVersion, so
+    // nothing written meanwhile is lost. A write that loses only to a status or metadata
+    // change (kipam's own usage write, most often) is done again on a fresh read; a change of
+    // the spec since the first read is a conflict the client has to look at.
+    let mut first_spec = None;
+    for _ in 0..PATCH_ATTEMPTS {
+        let old = api
+            .get_opt(&name)
+            .await
+            .map_err(|e| ApiError::from_kube(e, &what))?
+            .ok_or_else(|| not_found(&name))?;
+        let first = first_spec.get_or_insert_with(|| old.spec.clone());
+        if old.spec != *first {
+            return Err(changed_meanwhile(&name));
+        }
+        let new = merged_pool(&old, &patch, &name)?;
+        let stored = stored_of(&state.ctx, &name).await;
+        validate(&new, Some(&old), &stored)?;
+        if new.spec == old.spec {
+            return Ok(axum::Json(PoolView::of(&old)).into_response());
+        }
+        match api.replace(&name, &PostParams::default(), &new).await {
+            Ok(updated) => {
+                tracing::info!(user = %user.name, pool = %name, "pool changed through the API");
+                return Ok(axum::Json(PoolView::of(&updated)).into_response());
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                tracing::debug!(pool = %name, "the pool was written meanwhile; reading it again");
+            }
+            Err(e) => return Err(ApiError::from_kube(e, &what)),
+        }
+    }
+    Err(ApiError::conflict(format!(
+        "{what} kept changing while it was being patched ({PATCH_ATTEMPTS} attempts); try again"
+    )))
+}
+
+/// Writes a PATCH tries before it gives up on a pool that keeps changing under it.
+const PATCH_ATTEMPTS: usize = 5;
+
+fn changed_meanwhile(name: &str) -> ApiError {
+    ApiError::conflict(format!(
+        "ipampool {name:?} was changed by someone else while this patch was applied; read it \
+         again and send the patch again if it still holds"
+    ))
+}
+
+/// `old` with the client's merge patch applied to its spec (in the API's model).
+fn merged_pool(
+    old: &IPAMPool,
+    patch: &serde_json::Value,
+    name: &str,
+) -> Result<IPAMPool, ApiError> {
+    let mut document = serde_json::to_value(PoolBody::of(old))
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    model::merge_patch(&mut document, &patch);
+    model::merge_patch(&mut document, patch);
     let merged: PoolBody = serde_json::from_value(document)
         .map_err(|e| ApiError::bad_request(format!("invalid body: {e}")))?;
     if !merged.name.is_empty() && merged.name != name {
@@ -418,17 +464,7 @@ async fn patch_pool(
     }
     let mut new = old.clone();
     new.spec = merged.spec();
-    let stored = stored_of(&state.ctx, &name).await;
-    validate(&new, Some(&old), &stored)?;
-    if new.spec == old.spec {
-        return Ok(axum::Json(PoolView::of(&old)).into_response());
-    }
-    let updated = api
-        .replace(&name, &PostParams::default(), &new)
-        .await
-        .map_err(|e| ApiError::from_kube(e, &what))?;
-    tracing::info!(user = %user.name, pool = %name, "pool changed through the API");
-    Ok(axum::Json(PoolView::of(&updated)).into_response())
+    Ok(new)
 }
 
 async fn delete_pool(

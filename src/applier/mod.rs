@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
@@ -34,9 +33,9 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 
 use crate::render::Renderer;
 use crate::resources::{Addon, Cluster, cluster_of_namespace};
-use crate::seed::Context;
 use crate::seed::backoff::Backoff;
 use crate::seed::ledger::Entry;
+use crate::seed::{Context, watches};
 use sync::{ClientSlot, SyncReport, TenantInput};
 
 /// Field manager of every server-side apply in user clusters.
@@ -84,12 +83,14 @@ struct Caches {
 }
 
 /// Feeds a watch into a cache, waking the scheduler on every change and saying (once per
-/// distinct error) when the watch fails.
+/// distinct error, at warn level unless `said_elsewhere`: the controller's own watch of the
+/// same resource says it already) when the watch fails, and when it recovers.
 fn cached<K>(
     api: Api<K>,
     config: watcher::Config,
     wake: Arc<Notify>,
     what: &'static str,
+    said_elsewhere: bool,
 ) -> (Store<K>, impl Stream<Item = ()>)
 where
     K: kube::Resource<DynamicType = ()>
@@ -100,25 +101,38 @@ where
         + Sync
         + 'static,
 {
-    let (store, writer) = reflector::store();
+    let (store, events) = watches::reflected(api, config);
     let mut last_error: Option<String> = None;
-    // Field-manager bookkeeping is most of a small object and is never read here.
-    let stream = reflector::reflector(
-        writer,
-        watcher::watcher(api, config)
-            .default_backoff()
-            .modify(|o: &mut K| o.meta_mut().managed_fields = None),
-    )
-    .map(move |ev| {
+    let stream = events.map(move |ev| {
         match &ev {
             Err(e) => {
-                let text = e.to_string();
+                let text = watches::failure(e, what);
                 if last_error.as_deref() != Some(text.as_str()) {
-                    tracing::warn!(resource = what, error = %text, "addon applier watch failed (retrying with backoff)");
+                    if said_elsewhere {
+                        tracing::debug!(
+                            resource = what,
+                            "addon applier: {text} (retrying with backoff)"
+                        );
+                    } else {
+                        tracing::warn!(
+                            resource = what,
+                            "addon applier: {text} (retrying with backoff)"
+                        );
+                    }
                     last_error = Some(text);
                 }
             }
-            Ok(_) => last_error = None,
+            // Yielded before every attempt to list, successful or not.
+            Ok(watcher::Event::Init) => {}
+            Ok(_) => {
+                if last_error.take().is_some() {
+                    if said_elsewhere {
+                        tracing::debug!(resource = what, "addon applier watch recovered");
+                    } else {
+                        tracing::info!(resource = what, "addon applier watch recovered");
+                    }
+                }
+            }
         }
         wake.notify_one();
     });
@@ -137,13 +151,15 @@ pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
         Api::<Addon>::all(ctx.client.clone()),
         watcher::Config::default(),
         wake.clone(),
-        "addons",
+        "addons.ipam.kipam.dev",
+        false,
     );
     let (clusters, cluster_events) = cached(
         Api::<Cluster>::all(ctx.client.clone()),
         watcher::Config::default(),
         wake.clone(),
-        "clusters",
+        "clusters.ipam.kipam.dev",
+        true,
     );
     // Kubeconfigs are opaque Secrets; Helm release records and service account tokens, often
     // the bulk of a seed's Secrets, are never kubeconfigs and are not kept in memory.
@@ -152,6 +168,7 @@ pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
         watcher::Config::default().fields(SECRET_FIELDS),
         wake.clone(),
         "secrets",
+        false,
     );
     let watches = tokio::spawn(async move {
         let mut all = futures::stream::select_all(vec![

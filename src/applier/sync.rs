@@ -257,18 +257,27 @@ pub async fn sync_tenant(
         if !matches!(outcome, Outcome::Synced { .. }) {
             settled = false;
         }
+        let last = tenant.applied.get(&name).and_then(|m| m.written.clone());
         if let Outcome::ApplyFailed { failure, .. } | Outcome::RenderFailed(failure) = &outcome {
             metrics.addon_failed(failure.reason.as_str());
-            tracing::warn!(
-                cluster = %input.cluster_name,
-                addon = %key(&addon),
-                reason = failure.reason.as_str(),
-                "{} (retrying with backoff)",
-                failure.message
-            );
+            if already_reported(last.as_ref(), failure) {
+                tracing::debug!(
+                    cluster = %input.cluster_name,
+                    addon = %key(&addon),
+                    reason = failure.reason.as_str(),
+                    "still failing (retrying with backoff)"
+                );
+            } else {
+                tracing::warn!(
+                    cluster = %input.cluster_name,
+                    addon = %key(&addon),
+                    reason = failure.reason.as_str(),
+                    "{} (retrying with backoff)",
+                    failure.message
+                );
+            }
         }
         let mut next = summary::addon_status(&previous, &outcome, addon.metadata.generation, &now);
-        let last = tenant.applied.get(&name).and_then(|m| m.written.clone());
         if skipped
             && let Some(at) = last
                 .as_ref()
@@ -731,16 +740,43 @@ async fn resolve(
     }
 }
 
+/// A kind the user cluster does not serve, naming the CRD that would serve it (its plural
+/// worked out from the kind, as kube does) and what to install.
 fn missing_crd(api_version: &str, kind: &str) -> Failure {
-    let hint = if api_version.starts_with("metallb.io/") {
-        " (install MetalLB, or at least its CRDs, in the user cluster)"
-    } else {
-        " (install its CustomResourceDefinition in the user cluster)"
+    let message = match api_version.split_once('/') {
+        Some((group, version)) => {
+            let gvk = kube::core::GroupVersionKind::gvk(group, version, kind);
+            let crd = format!("{}.{group}", ApiResource::from_gvk(&gvk).plural);
+            let todo = if group == "metallb.io" {
+                "install MetalLB, or at least its CRDs, in the user cluster"
+            } else {
+                "install it in the user cluster"
+            };
+            format!(
+                "the user cluster does not serve {kind} ({api_version}): the \
+                 CustomResourceDefinition {crd} is not installed there; {todo}"
+            )
+        }
+        None => format!("the user cluster does not serve {kind} ({api_version})"),
     };
     Failure {
         reason: Reason::MissingCRD,
-        message: format!("the user cluster does not serve {kind} ({api_version}){hint}"),
+        message,
     }
+}
+
+/// True when `status` (as this process last wrote it) already reports `failure`: it was said
+/// in the log then, and saying it again on every retry would bury everything else.
+fn already_reported(status: Option<&AddonStatus>, failure: &Failure) -> bool {
+    let message = summary::bounded(failure.message.clone());
+    status.is_some_and(|s| {
+        s.conditions.iter().any(|c| {
+            c.type_ == "InSync"
+                && c.status == "False"
+                && c.reason == failure.reason.as_str()
+                && c.message == message
+        })
+    })
 }
 
 /// User-cluster objects: RBAC in the user cluster, not in src/rbac.rs (the seed's).

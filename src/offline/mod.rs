@@ -20,7 +20,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::desired::allocation_object;
-use crate::planner::{self, Change, Plan};
+use crate::planner::{self, Plan};
 use crate::render::Renderer;
 use crate::resources::{Addon, Cluster, IPAMAllocation, IPAMPool, cluster_namespace};
 use crate::validation::{self, FieldError};
@@ -355,13 +355,14 @@ fn table<const N: usize>(rows: &[[String; N]]) -> String {
     out
 }
 
-/// True when any decision failed (the exit status of `kipam offline`).
+/// True when any allocation failed or is in conflict (kept as stored, but it cannot be
+/// honoured): either way a cluster does not hold what it should.
 pub fn has_failures(plan: &Plan) -> bool {
-    plan.decisions.iter().any(|d| d.change == Change::Fail)
+    plan.decisions.iter().any(|d| !d.is_ok())
 }
 
-/// True when the run did not do everything asked: an allocation failed, an Addon did not
-/// render, or a file under `--out` could not be written or removed.
+/// True when the run did not do everything asked (exit 1): an allocation failed or is in
+/// conflict, an Addon did not render, or a file under `--out` could not be written or removed.
 pub fn report_failed(report: &OfflineReport) -> bool {
     has_failures(&report.plan)
         || !report.render_errors.is_empty()

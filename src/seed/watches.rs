@@ -5,6 +5,7 @@
 //! allocations once: the applier and the webhook read the ledger.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
@@ -20,6 +21,77 @@ use super::{Context, Dirty, preconditions};
 use crate::resources::{
     CLUSTER_FINALIZER, Cluster, IPAMAllocation, IPAMPool, LABEL_CLUSTER, POOL_FINALIZER,
 };
+
+/// Retry delays of kipam's watches: those of the controller's writes (200 ms, doubling,
+/// at most 30 s), growing for as long as the watch keeps failing.
+///
+/// kube's stream backoff starts again from its first step on every item that is not an error,
+/// and its watcher yields an `Init` event before each attempt to list: a list that always
+/// fails (a CRD not installed) would be retried about once a second forever. So resets from the
+/// stream are ignored here; the delays start again once no error has come for [`CALM`].
+#[derive(Default)]
+pub struct WatchBackoff {
+    failures: u32,
+    last: Option<Instant>,
+}
+
+/// How long a watch must go without an error before its retry delays start again from the
+/// first (longer than the largest delay, so a watch that keeps failing never gets there).
+const CALM: Duration = Duration::from_secs(120);
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        if self.last.is_some_and(|at| at.elapsed() >= CALM) {
+            self.failures = 0;
+        }
+        self.failures = self.failures.saturating_add(1);
+        self.last = Some(Instant::now());
+        Some(super::backoff::delay(self.failures))
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {}
+}
+
+/// What to tell the operator about a failed watch of `resource`, in one line (no `Debug` dump
+/// of the API server's answer).
+pub fn failure(e: &watcher::Error, resource: &str) -> String {
+    match e {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => preconditions::explain(e, "list/watch", resource, ""),
+        other => format!("the watch of {resource} failed: {other}"),
+    }
+}
+
+/// A watch of `api` feeding a fresh cache, retried with [`WatchBackoff`], with the
+/// field-manager bookkeeping (most of a small object, never read by kipam) dropped. The caller
+/// drives the events and says what a failure means.
+pub fn reflected<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let watch = watcher::watcher(api, config)
+        .backoff(WatchBackoff::default())
+        .modify(|o: &mut K| o.meta_mut().managed_fields = None);
+    (store, reflector::reflector(writer, watch))
+}
 
 /// Says once (until it changes or clears) why a watch fails, at warn level, and keeps
 /// `/readyz` false with the same reason while it lasts.
@@ -39,14 +111,7 @@ impl WatchReporter {
     }
 
     pub fn failed(&self, e: &watcher::Error) {
-        let message = match e {
-            watcher::Error::InitialListFailed(e)
-            | watcher::Error::WatchStartFailed(e)
-            | watcher::Error::WatchFailed(e) => {
-                preconditions::explain(e, "list/watch", self.resource, "")
-            }
-            other => format!("watch of {} failed: {other}", self.resource),
-        };
+        let message = failure(e, self.resource);
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         if last.as_deref() != Some(message.as_str()) {
             tracing::warn!(
@@ -126,12 +191,9 @@ where
         + Sync
         + 'static,
 {
-    let (store, writer) = reflector::store();
+    let (store, events) = reflected(api, config);
     let mut seen: std::collections::HashMap<reflector::ObjectRef<K>, u64> = Default::default();
-    let watch = watcher::watcher(api, config)
-        .default_backoff()
-        .modify(|o: &mut K| o.meta_mut().managed_fields = None);
-    let stream = reflector::reflector(writer, watch).map(move |ev| {
+    let stream = events.map(move |ev| {
         match &ev {
             Err(e) => reporter.failed(e),
             // A re-list announces itself before it is tried: no sign of health yet.
@@ -234,7 +296,7 @@ pub fn allocations(ctx: Arc<Context>, wake: Arc<Notify>) -> BoxStream<'static, (
         Api::<IPAMAllocation>::all(ctx.client.clone()),
         watcher::Config::default(),
     )
-    .default_backoff()
+    .backoff(WatchBackoff::default())
     .modify(|o| o.metadata.managed_fields = None)
     .then(move |ev| {
         let ctx = ctx.clone();

@@ -27,8 +27,7 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
 use crate::resources::{Cluster, IPAMAllocation, IPAMPool, IPAMPoolRecord};
@@ -297,13 +296,8 @@ where
         + Sync
         + 'static,
 {
-    let (store, writer) = reflector::store();
-    let stream = reflector::reflector(
-        writer,
-        watcher::watcher(api, watcher::Config::default()).default_backoff(),
-    )
-    .map(|_| ());
-    (store, stream)
+    let (store, events) = crate::seed::watches::reflected(api, watcher::Config::default());
+    (store, events.map(|_| ()))
 }
 
 /// Serves the webhook until the process ends, from the controller's caches. Fails at once when

@@ -260,8 +260,9 @@ spec: {type: range, dc: dc-1, addresses: ["10.0.0.8-10.0.0.15"]}
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
 
-    // A write conflict on the API server (someone changed the pool meanwhile) is a 409.
-    h.api.inject_failures("update", "ipampools", 1, 409);
+    // Write conflicts that never end (the pool's spec unchanged each time) are retried a few
+    // times, then answered 409.
+    h.api.inject_failures("update", "ipampools", 5, 409);
     let (status, body) = h
         .send(
             "PATCH",
@@ -271,7 +272,9 @@ spec: {type: range, dc: dc-1, addresses: ["10.0.0.8-10.0.0.15"]}
         )
         .await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
-    error_of(status, &body);
+    let message = error_of(status, &body);
+    assert!(message.contains("try again"), "{message}");
+    assert_eq!(h.api.pending_failures(), 0);
     // Any other API server failure is not the client's: never a 500.
     h.api.inject_failures("update", "ipampools", 1, 500);
     let (status, body) = h
@@ -284,6 +287,76 @@ spec: {type: range, dc: dc-1, addresses: ["10.0.0.8-10.0.0.15"]}
         .await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
     assert_eq!(h.api.get("ipampools", None, "metallb").unwrap(), before);
+}
+
+/// On a real API server kipam's own status write of a pool (usage, right after it is created)
+/// bumps its resourceVersion: a PATCH whose read comes before that write and whose update after
+/// it must still succeed, because what the client changed was not touched.
+#[tokio::test]
+async fn patch_right_after_post_survives_kipams_own_status_write() {
+    let h = Harness::start().await;
+    let (status, body) = h.send("POST", POOLS, "admin", kkp_pool("p")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let api = h.api.clone();
+    h.api
+        .after_next_get("ipampools", None, "p", move || {
+            api.set_status("ipampools", None, "p", usage_status())
+                .expect("status write");
+        })
+        .unwrap();
+    let path = format!("{POOLS}/p");
+    let (status, body) = h
+        .send(
+            "PATCH",
+            &path,
+            "admin",
+            json!({"datacenters": {"azure-westeurope": {"allocationRange": 4}}}),
+        )
+        .await;
+    assert_eq!(h.api.pending_get_hooks(), 0, "the status write happened");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["datacenters"]["azure-westeurope"]["allocationRange"],
+        4
+    );
+    let stored = h.api.get("ipampools", None, "p").unwrap();
+    let dc = &stored["spec"]["datacenters"]["azure-westeurope"];
+    assert_eq!(dc["allocationRange"], 4);
+    assert_eq!(
+        dc["excludeRanges"],
+        json!(["192.168.1.1", "192.168.1.5-192.168.1.7"])
+    );
+    // kipam's status write is kept, not overwritten.
+    assert_eq!(stored["status"], usage_status());
+}
+
+/// A change of the pool's spec by someone else between the read and the write is a real
+/// conflict: 409, and neither change is lost silently (theirs stays, ours is not applied).
+#[tokio::test]
+async fn patch_racing_another_spec_change_is_a_conflict() {
+    let h = Harness::start().await;
+    h.pool(METALLB).await;
+    let api = h.api.clone();
+    h.api
+        .after_next_get("ipampools", None, "metallb", move || {
+            api.apply_yaml(&METALLB.replace("allocationRange: 8", "allocationRange: 12"))
+                .expect("concurrent spec change");
+        })
+        .unwrap();
+    let (status, body) = h
+        .send(
+            "PATCH",
+            &format!("{POOLS}/metallb"),
+            "admin",
+            json!({"datacenters": {"dc-1": {"allocationRange": 16}}}),
+        )
+        .await;
+    assert_eq!(h.api.pending_get_hooks(), 0, "the spec change happened");
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let message = error_of(status, &body);
+    assert!(message.contains("metallb"), "{message}");
+    let stored = h.api.get("ipampools", None, "metallb").unwrap();
+    assert_eq!(stored["spec"]["datacenters"]["dc-1"]["allocationRange"], 12);
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use kube_standin::ApiServer;
 use serde_json::{Value, json};
 
-use super::support::Seed;
+use super::support::{Seed, longest_gap, request_times};
 
 const WAIT: Duration = Duration::from_secs(30);
 const METALLB_CRDS: &str = include_str!("../render/fixtures/metallb-crds.yaml");
@@ -721,4 +721,48 @@ async fn a_template_that_would_exhaust_memory_fails_its_addon_and_nothing_else()
     assert!(ctl.is_running());
     let health = Seed::http_get(ctl.metrics_port, "/healthz").await;
     assert_eq!(health.0, 200, "{}", health.1);
+}
+
+/// A user cluster without MetalLB's CRDs answers the discovery of `metallb.io/v1beta1` with a
+/// plain-text 404. The Addon says `MissingCRD`; the log says once which CRD is missing and what
+/// to do (not once per retry), and the retries slow down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_cluster_without_metallb_is_named_once_and_retried_ever_less_often() {
+    let seed = Seed::start("addons-no-metallb").await;
+    let no_crds = user_cluster(false).await;
+    let _ctl = seed.controller("ctl");
+    seed.apply(POOLS);
+    register(&seed, "nocrd", "dc-1", &no_crds.kubeconfig_yaml()).await;
+    seed.wait_for("nocrd MissingCRD", WAIT, "ctl", |s| {
+        addon_condition(s, "nocrd", "Applied").1 == "MissingCRD"
+    })
+    .await;
+    let message = addon_condition(&seed, "nocrd", "Applied").2;
+    assert!(
+        message.contains("the CustomResourceDefinition ipaddresspools.metallb.io is not installed"),
+        "{message}"
+    );
+    assert!(message.contains("install MetalLB"), "{message}");
+    let times = request_times(
+        &no_crds,
+        "get",
+        "/apis/metallb.io/v1beta1",
+        Duration::from_secs(8),
+    )
+    .await;
+    let log = seed.full_log("ctl");
+    assert!(
+        !log.contains("Status {"),
+        "a Status dump in the log:\n{log}"
+    );
+    let warned: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("ipaddresspools.metallb.io"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{log}");
+    assert!(warned[0].contains("cluster-nocrd/metallb"), "{log}");
+    assert!(
+        longest_gap(&times) >= Duration::from_secs(2),
+        "the retries never slowed down: {times:?}"
+    );
 }

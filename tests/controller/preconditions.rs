@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::support::Seed;
+use super::support::{Seed, longest_gap, request_times};
 
 async fn readyz_until(
     port: u16,
@@ -35,9 +35,11 @@ async fn missing_crds_and_lease_namespace_are_named_then_recovered_from() {
     assert!(body.contains("kubectl apply -f crds/"), "{body}");
     tokio::time::sleep(Duration::from_secs(3)).await;
     let log = seed.log("ctl");
+    // (Debug lines are not counted: the addon applier repeats there what the planning
+    // loop's watch of the same resource says.)
     let said = log
         .lines()
-        .filter(|l| l.contains("is not installed"))
+        .filter(|l| l.contains("is not installed") && !l.contains("DEBUG"))
         .count();
     assert!((1..=4).contains(&said), "said {said} times:\n{log}");
 
@@ -65,4 +67,72 @@ async fn missing_crds_and_lease_namespace_are_named_then_recovered_from() {
         s.phase("a", "metallb") == "Allocated"
     })
     .await;
+}
+
+/// Without kipam's CRDs the addon applier's watches cannot list. On a real API server that is
+/// a plain-text `404 page not found`: the applier used to log kube's `Status { … }` dump about
+/// once a second for as long as it ran, its retries never slowing down. It now says once which
+/// CRD is missing and what to do, retries less and less often, and carries on when the CRDs
+/// come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_its_crds_the_addon_applier_says_so_once_and_backs_off() {
+    let seed = Seed::bare("applier-no-crds").await;
+    seed.api
+        .apply(
+            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kipam-system"}}),
+        )
+        .expect("namespace");
+    let ctl = seed.controller("ctl");
+    // Only the applier lists Addons: its retries are these requests.
+    let times = request_times(&seed.api, "list", "addons", Duration::from_secs(14)).await;
+    let log = seed.full_log("ctl");
+    assert!(
+        !log.contains("Status {"),
+        "a Status dump in the log:\n{log}"
+    );
+    let about_addons: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("addons.ipam.kipam.dev"))
+        .collect();
+    assert_eq!(about_addons.len(), 1, "{log}");
+    assert!(about_addons[0].contains("WARN"), "{log}");
+    assert!(
+        about_addons[0].contains(
+            "the CustomResourceDefinition addons.ipam.kipam.dev is not installed (or is of an older version): install kipam's CRDs with `kubectl apply -f crds/`"
+        ),
+        "{log}"
+    );
+    // The missing Cluster CRD is said once in all, by the planning loop's watch.
+    let about_clusters = log
+        .lines()
+        .filter(|l| l.contains("clusters.ipam.kipam.dev") && l.contains("WARN"))
+        .count();
+    assert_eq!(about_clusters, 1, "{log}");
+    // Growing waits: about 0.2, 0.4, 0.8, 1.6, 3.2 and 6.4 s, not one a second.
+    assert!(
+        (3..=9).contains(&times.len()),
+        "{} lists of Addons in 14 s: {times:?}",
+        times.len()
+    );
+    assert!(
+        longest_gap(&times) >= Duration::from_secs(3),
+        "the waits never grew: {times:?}"
+    );
+
+    // The CRDs arrive: the applier gets going by itself, and says so.
+    seed.install_crds();
+    let started = Instant::now();
+    while !seed.full_log("ctl").contains("addon applier ready") {
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "the applier never started:\n{}",
+            seed.log("ctl")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        seed.full_log("ctl")
+            .contains("addon applier watch recovered")
+    );
+    drop(ctl);
 }

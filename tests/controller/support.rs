@@ -252,6 +252,11 @@ impl Seed {
             .cloned()
     }
 
+    /// The whole log of a controller (ANSI colours and all).
+    pub fn full_log(&self, identity: &str) -> String {
+        std::fs::read_to_string(self.log_path(identity)).unwrap_or_default()
+    }
+
     /// Waits until `check` holds, or fails the test with `what` and the controller log.
     pub async fn wait_for(
         &self,
@@ -422,3 +427,34 @@ spec:
       poolCidr: 2001:db8::/64
       allocationRange: 16
 ";
+
+/// Watches `api`'s request counter for `(verb, resource)` for `window` and returns when each
+/// new request was seen (measured from the start, to about 20 ms).
+pub async fn request_times(
+    api: &ApiServer,
+    verb: &str,
+    resource: &str,
+    window: Duration,
+) -> Vec<Duration> {
+    let start = Instant::now();
+    let mut seen = api.stats().count(verb, resource);
+    let mut times = Vec::new();
+    while start.elapsed() < window {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = api.stats().count(verb, resource);
+        for _ in seen..now {
+            times.push(start.elapsed());
+        }
+        seen = now;
+    }
+    times
+}
+
+/// The longest wait between two consecutive `times`.
+pub fn longest_gap(times: &[Duration]) -> Duration {
+    times
+        .windows(2)
+        .map(|w| w[1].saturating_sub(w[0]))
+        .max()
+        .unwrap_or_default()
+}

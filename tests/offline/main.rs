@@ -173,6 +173,54 @@ fn exhaustion_exits_non_zero_and_keeps_other_pools() {
     assert!(!saved.contains("namespace: cluster-b"), "{saved}");
 }
 
+/// Overlapping allocations in the state (a hand edit, a bad merge) cannot both be honoured: the
+/// run reports the conflict, keeps both as stored, and exits 1 so that a pipeline stops.
+#[test]
+fn a_conflict_in_the_state_exits_non_zero() {
+    let w = Workdir::new("conflict");
+    let files = w.write("in.yaml", &format!("{POOL}{}", clusters(&["a", "b"])));
+    let state = w.path("state.yaml");
+    let run = offline(&[files.to_str().unwrap()], &state);
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
+    let saved = w.read("state.yaml");
+    assert!(saved.contains("10.0.0.4-10.0.0.7"), "{saved}");
+    std::fs::write(
+        &state,
+        saved.replace("10.0.0.4-10.0.0.7", "10.0.0.2-10.0.0.5"),
+    )
+    .unwrap();
+
+    let run = offline(&[files.to_str().unwrap()], &state);
+    let out = text(&run.stdout);
+    assert_eq!(run.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("conflict: overlaps the allocation of cluster b (10.0.0.2-10.0.0.5); both are kept as stored"),
+        "{out}"
+    );
+    let saved = w.read("state.yaml");
+    assert!(saved.contains("10.0.0.0-10.0.0.3"), "{saved}");
+    assert!(saved.contains("10.0.0.2-10.0.0.5"), "{saved}");
+
+    let run = kipam(&[
+        "offline",
+        "-f",
+        files.to_str().unwrap(),
+        "--state",
+        state.to_str().unwrap(),
+        "-o",
+        "json",
+    ]);
+    assert_eq!(run.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&run.stdout).expect("JSON on stdout");
+    assert_eq!(v["exitCode"], 1);
+
+    // --help says so.
+    let help = text(&kipam(&["offline", "--help"]).stdout);
+    assert!(help.contains("Exit status:"), "{help}");
+    assert!(help.contains("1  an allocation failed"), "{help}");
+    assert!(help.contains("or is in conflict"), "{help}");
+}
+
 #[test]
 fn corrupt_or_unreadable_state_is_refused_and_not_overwritten() {
     let w = Workdir::new("corrupt");

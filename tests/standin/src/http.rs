@@ -132,6 +132,41 @@ fn not_found_path() -> ApiError {
     e
 }
 
+/// The real server's answer for a path nothing serves — an API group or version that is not
+/// served (a CRD not installed yet), or an unknown resource of a CRD's group: Go's plain-text
+/// `404 page not found`, not a `Status`.
+fn page_not_found() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        [
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        "404 page not found\n",
+    )
+        .into_response()
+}
+
+/// How a path under `/api/{version}` or `/apis/{group}/{version}` that names nothing known is
+/// answered: a `Status` where the server itself serves that group/version, else plain text.
+fn unserved(shared: &Shared, group: &str, version: &str) -> Response {
+    if shared.lock_store().registry.serves_natively(group, version) {
+        error_response(&not_found_path())
+    } else {
+        page_not_found()
+    }
+}
+
+/// [`unserved`] for a path that did not parse: the group/version its segments name, if any.
+fn unknown_path(shared: &Shared, path: &str) -> Response {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match segs.as_slice() {
+        ["api", v, ..] => unserved(shared, "", v),
+        ["apis", g, v, ..] => unserved(shared, g, v),
+        _ => page_not_found(),
+    }
+}
+
 fn header_str(h: &HeaderMap, name: header::HeaderName) -> &str {
     h.get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
 }
@@ -246,8 +281,7 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> R
         )),
         Route::CoreResources(v) => {
             let doc = discovery::resource_list(&shared.lock_store().registry, "", v);
-            doc.map(|d| json_response(200, &d))
-                .ok_or_else(not_found_path)
+            Ok(doc.map_or_else(page_not_found, |d| json_response(200, &d)))
         }
         Route::Groups => Ok(json_response(
             200,
@@ -255,13 +289,11 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> R
         )),
         Route::Group(g) => {
             let doc = discovery::group(&shared.lock_store().registry, g);
-            doc.map(|d| json_response(200, &d))
-                .ok_or_else(not_found_path)
+            Ok(doc.map_or_else(page_not_found, |d| json_response(200, &d)))
         }
         Route::GroupResources(g, v) => {
             let doc = discovery::resource_list(&shared.lock_store().registry, g, v);
-            doc.map(|d| json_response(200, &d))
-                .ok_or_else(not_found_path)
+            Ok(doc.map_or_else(page_not_found, |d| json_response(200, &d)))
         }
         Route::Resource(rp) => {
             let req = ResourceRequest {
@@ -275,9 +307,31 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> R
             };
             handle_admitted(&shared, req).await
         }
-        Route::Unknown => Err(not_found_path()),
+        Route::Unknown => Ok(unknown_path(&shared, &path)),
     };
+    if let (Ok(response), Route::Resource(rp)) = (&result, &route)
+        && verb == "get"
+        && rp.sub.is_none()
+        && response.status().is_success()
+    {
+        run_get_hook(&shared, rp);
+    }
     result.unwrap_or_else(|e| error_response(&e))
+}
+
+/// Runs what a test asked to happen right after this GET (see `ApiServer::after_next_get`),
+/// before the answer goes out.
+fn run_get_hook(shared: &Shared, rp: &ResourcePath) {
+    let Some(name) = rp.name.as_deref() else {
+        return;
+    };
+    let hook =
+        shared
+            .control_lock()
+            .take_get_hook(&rp.group, &rp.plural, rp.namespace.as_deref(), name);
+    if let Some(action) = hook {
+        action();
+    }
 }
 
 /// Resolves the caller from the bearer token. Without `require_auth`, unknown or missing
@@ -413,12 +467,14 @@ fn write_with_warnings(
 
 fn handle_resource(shared: &Arc<Shared>, req: ResourceRequest<'_>) -> Result<Response, ApiError> {
     let rp = req.rp;
-    let rt = shared
+    let Some(rt) = shared
         .lock_store()
         .registry
         .lookup(&rp.group, &rp.version, &rp.plural)
         .cloned()
-        .ok_or_else(not_found_path)?;
+    else {
+        return Ok(unserved(shared, &rp.group, &rp.version));
+    };
     if (!rt.namespaced && rp.namespace.is_some())
         || (rt.namespaced && rp.namespace.is_none() && rp.name.is_some())
     {

@@ -90,6 +90,16 @@ struct Injection {
     status: u16,
 }
 
+/// Something to do once, right after a GET of one object has been answered (see
+/// [`ApiServer::after_next_get`]).
+pub(crate) struct GetHook {
+    group: String,
+    plural: String,
+    namespace: Option<String>,
+    name: String,
+    action: Box<dyn FnOnce() + Send>,
+}
+
 /// Behaviour a test controls: scripted reviews, failures, latency, counters.
 pub(crate) struct Control {
     pub stats: Stats,
@@ -100,6 +110,7 @@ pub(crate) struct Control {
     pub bookmark_interval: Duration,
     pub watch_delay: Duration,
     injections: Vec<Injection>,
+    get_hooks: Vec<GetHook>,
 }
 
 impl Control {
@@ -114,6 +125,23 @@ impl Control {
         let status = hit.status;
         self.injections.retain(|i| i.remaining > 0);
         Some(status)
+    }
+
+    /// Takes the first hook waiting for a GET of this object, if any.
+    pub(crate) fn take_get_hook(
+        &mut self,
+        group: &str,
+        plural: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Option<Box<dyn FnOnce() + Send>> {
+        let at = self.get_hooks.iter().position(|h| {
+            h.group == group
+                && h.plural == plural
+                && h.namespace.as_deref() == namespace
+                && h.name == name
+        })?;
+        Some(self.get_hooks.remove(at).action)
     }
 }
 
@@ -151,6 +179,9 @@ impl Drop for Handle {
 fn stop(shared: &Shared) {
     shared.shutdown.send_replace(true);
     shared.lock_store().drop_subscribers();
+    // A hook may hold a clone of the server: dropping the ones never run breaks that cycle.
+    let hooks = std::mem::take(&mut shared.control_lock().get_hooks);
+    drop(hooks);
 }
 
 /// A running stand-in API server. Cheap to clone; it stops when [`ApiServer::shutdown`] is
@@ -200,6 +231,7 @@ impl ApiServer {
             bookmark_interval: Duration::from_secs(5),
             watch_delay: Duration::ZERO,
             injections: Vec::new(),
+            get_hooks: Vec::new(),
         };
         let (shutdown, mut shutdown_rx) = tokio::sync::watch::channel(false);
         let shared = Arc::new(Shared {
@@ -366,6 +398,38 @@ impl ApiServer {
             remaining: count,
             status,
         });
+    }
+
+    /// Runs `action` once, right after the next successful HTTP GET of one object has been
+    /// worked out and before its answer is sent: the client holds what it read, and whatever
+    /// `action` writes (with the direct-store helpers, through a clone of this server) lands
+    /// between that read and the client's next request. This is how a test puts, say, a status
+    /// write by another controller between a read-modify-write's read and its write.
+    ///
+    /// `resource` resolves as in [`ApiServer::resource_type`]; `namespace` is ignored for
+    /// cluster-scoped types. Only GETs of the object itself count (not lists, watches or its
+    /// `/status`). Hooks that never ran are dropped on [`ApiServer::shutdown`].
+    pub fn after_next_get(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        name: &str,
+        action: impl FnOnce() + Send + 'static,
+    ) -> Result<(), ApiError> {
+        let t = self.target_named(resource, namespace, name, false)?;
+        self.shared().control_lock().get_hooks.push(GetHook {
+            group: t.rt.group,
+            plural: t.rt.plural,
+            namespace: t.namespace,
+            name: t.name,
+            action: Box::new(action),
+        });
+        Ok(())
+    }
+
+    /// Hooks set with [`ApiServer::after_next_get`] that have not run yet.
+    pub fn pending_get_hooks(&self) -> usize {
+        self.shared().control_lock().get_hooks.len()
     }
 
     /// Failures injected but not yet consumed.

@@ -523,6 +523,15 @@ impl Registry {
     pub(crate) fn has_group_version(&self, group: &str, version: &str) -> bool {
         self.in_group_version(group, version).next().is_some()
     }
+
+    /// True when the group/version is served by the server itself (built-in types, or types
+    /// registered with `register_resource`), not only by CRDs. A real server answers an
+    /// unknown resource there with a `Status`, and anything else it does not serve (a group
+    /// nobody serves, or an unknown resource of a CRD's group) with a plain-text 404.
+    pub(crate) fn serves_natively(&self, group: &str, version: &str) -> bool {
+        self.in_group_version(group, version)
+            .any(|t| t.crd.is_none())
+    }
 }
 
 /// `group/version` → `(group, version)`; a bare `v1` is the core group.

@@ -315,6 +315,94 @@ async fn core_objects_crud_and_errors() -> TestResult {
     Ok(())
 }
 
+/// A GET over a plain connection: the status code, the content type and the body.
+async fn raw_get(server: &ApiServer, path: &str) -> (u16, String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = server.url().trim_start_matches("http://").to_string();
+    let mut conn = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    conn.write_all(request.as_bytes()).await.expect("send");
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).await.expect("read");
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let content_type = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-type:")
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    (code, content_type, body.to_string())
+}
+
+/// As on a real server: a path under a group/version nobody serves (a CRD not installed yet) is
+/// Go's plain-text `404 page not found`, which kube reports as a 404 that is not `NotFound`; a
+/// missing object of a served resource is a `Status` with reason `NotFound`.
+#[tokio::test]
+async fn paths_nobody_serves_are_a_plain_text_404() -> TestResult {
+    let (server, client) = start().await;
+    for path in [
+        "/apis/metallb.io/v1beta1/namespaces/metallb-system/ipaddresspools",
+        "/apis/metallb.io/v1beta1/ipaddresspools",
+        "/apis/metallb.io/v1beta1",
+        "/apis/metallb.io",
+        "/api/v2",
+        "/nowhere",
+    ] {
+        let (code, content_type, body) = raw_get(&server, path).await;
+        assert_eq!(code, 404, "{path}");
+        assert_eq!(content_type, "text/plain; charset=utf-8", "{path}");
+        assert_eq!(body, "404 page not found\n", "{path}");
+    }
+    // An unknown resource of a built-in group/version is a Status, as before.
+    let (code, content_type, body) = raw_get(&server, "/api/v1/nopes").await;
+    assert_eq!((code, content_type.as_str()), (404, "application/json"));
+    assert_eq!(serde_json::from_str::<Value>(&body)?["kind"], "Status");
+
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("metallb.io", "v1beta1", "IPAddressPool"),
+        "ipaddresspools",
+    );
+    let pools: Api<DynamicObject> = Api::namespaced_with(client.clone(), "metallb-system", &ar);
+    match pools.list(&ListParams::default()).await.unwrap_err() {
+        kube::Error::Api(s) => {
+            assert_eq!(s.code, 404);
+            assert_eq!(s.message, "404 page not found");
+            assert!(!s.is_not_found(), "not an object's NotFound: {s:?}");
+        }
+        other => panic!("not an API error: {other}"),
+    }
+    let gv = kube::core::GroupVersion::gv("metallb.io", "v1beta1");
+    match discovery::pinned_group(&client, &gv).await {
+        Err(e) => assert_eq!(api_code(&e), Some(404), "{e}"),
+        Ok(_) => panic!("metallb.io/v1beta1 discovered on a server that does not serve it"),
+    }
+
+    // Once the group is served, an unknown resource of it is still plain text (the CRD
+    // handler passes it on), and a missing object is a Status.
+    let ar = install_widgets(&client).await;
+    let (code, content_type, _) = raw_get(&server, "/apis/example.dev/v1/gadgets").await;
+    assert_eq!(
+        (code, content_type.as_str()),
+        (404, "text/plain; charset=utf-8")
+    );
+    let widgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
+    match widgets.get("missing").await.unwrap_err() {
+        kube::Error::Api(s) => assert!(s.is_not_found(), "{s:?}"),
+        other => panic!("not an API error: {other}"),
+    }
+    assert!(widgets.get_opt("missing").await?.is_none());
+    Ok(())
+}
+
 #[tokio::test]
 async fn crd_registered_at_run_time_is_discoverable_and_served() -> TestResult {
     let (server, client) = start().await;
@@ -410,6 +498,56 @@ async fn crd_registered_at_run_time_is_discoverable_and_served() -> TestResult {
     assert_eq!(api_code(&err), Some(404));
     let disc = Discovery::new(client.clone()).run().await?;
     assert!(!disc.has_group("example.dev"));
+    Ok(())
+}
+
+/// `after_next_get` puts a write between a client's read and its write: a status write (which
+/// bumps the resourceVersion like any write) then makes an update with the version just read
+/// conflict, as it does on a real server.
+#[tokio::test]
+async fn a_status_write_between_read_and_update_makes_the_update_conflict() -> TestResult {
+    let (server, client) = start().await;
+    let ar = install_widgets(&client).await;
+    let widgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
+    widgets
+        .create(&PostParams::default(), &widget("w", json!({"size": 1})))
+        .await?;
+
+    let other = server.clone();
+    server.after_next_get("widgets.example.dev", Some("default"), "w", move || {
+        other
+            .set_status("widgets", Some("default"), "w", json!({"phase": "Ready"}))
+            .expect("status write");
+    })?;
+    assert_eq!(server.pending_get_hooks(), 1);
+    // A list is not a GET of the object: the hook waits.
+    widgets.list(&ListParams::default()).await?;
+    assert_eq!(server.pending_get_hooks(), 1);
+    let mut read = widgets.get("w").await?;
+    assert_eq!(server.pending_get_hooks(), 0);
+    assert!(read.data.get("status").is_none(), "the read came first");
+    let stored = server.get("widgets", Some("default"), "w").expect("stored");
+    assert_eq!(stored["status"]["phase"], "Ready");
+    assert_ne!(
+        stored["metadata"]["resourceVersion"].as_str(),
+        read.metadata.resource_version.as_deref(),
+        "a status write bumps the resourceVersion"
+    );
+
+    read.data["spec"]["size"] = json!(2);
+    let err = widgets
+        .replace("w", &PostParams::default(), &read)
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(&err), Some(409));
+    // The hook ran once: the next read and write go through.
+    let mut fresh = widgets.get("w").await?;
+    fresh.data["spec"]["size"] = json!(2);
+    let replaced = widgets.replace("w", &PostParams::default(), &fresh).await?;
+    assert_eq!(replaced.data["spec"]["size"], 2);
+
+    // Unknown resources are refused.
+    assert!(server.after_next_get("nopes", None, "x", || {}).is_err());
     Ok(())
 }
 
