@@ -93,13 +93,7 @@ fn cached<K>(
     said_elsewhere: bool,
 ) -> (Store<K>, impl Stream<Item = ()>)
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: watches::Watched,
 {
     let (store, events) = watches::reflected(api, config);
     let mut last_error: Option<String> = None;

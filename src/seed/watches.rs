@@ -67,6 +67,29 @@ pub fn failure(e: &watcher::Error, resource: &str) -> String {
     }
 }
 
+/// What kipam watches into a cache: a typed object, cheap to clone.
+pub trait Watched:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// A watch of `api` feeding a fresh cache, retried with [`WatchBackoff`], with the
 /// field-manager bookkeeping (most of a small object, never read by kipam) dropped. The caller
 /// drives the events and says what a failure means.
@@ -78,13 +101,7 @@ pub fn reflected<K>(
     impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
 )
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
 {
     let (store, writer) = reflector::store();
     let watch = watcher::watcher(api, config)
@@ -183,13 +200,7 @@ fn cached<K>(
     by_name: bool,
 ) -> (Store<K>, impl Stream<Item = ()>)
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
 {
     let (store, events) = reflected(api, config);
     let mut seen: std::collections::HashMap<reflector::ObjectRef<K>, u64> = Default::default();

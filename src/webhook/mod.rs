@@ -288,13 +288,7 @@ async fn handle<S: Source>(
 /// A watch feeding a cache, restarted with backoff on errors.
 fn cache<K>(api: Api<K>) -> (Store<K>, impl futures::Stream<Item = ()>)
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: crate::seed::watches::Watched,
 {
     let (store, events) = crate::seed::watches::reflected(api, watcher::Config::default());
     (store, events.map(|_| ()))
