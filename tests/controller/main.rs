@@ -4,6 +4,7 @@
 mod support;
 
 mod addons;
+mod addons_off;
 mod api;
 mod crashes;
 mod lifecycle;
