@@ -102,6 +102,21 @@ pub fn allocation_phase(
     }
 }
 
+/// What the `ipam.kipam.dev/addresses` annotation says for this spec: the CIDR of a prefix
+/// allocation, the pieces of a range one shortened (see [`crate::address::summary`]); `None`
+/// when it holds nothing. Pieces that do not parse are shown as written.
+pub fn address_summary(spec: &IPAMAllocationSpec) -> Option<String> {
+    if let Some(cidr) = &spec.cidr {
+        return Some(cidr.clone());
+    }
+    if spec.addresses.is_empty() {
+        return None;
+    }
+    Some(crate::address::summary::summary_of_text(
+        spec.addresses.iter().map(String::as_str),
+    ))
+}
+
 /// Observed state of an allocation.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
