@@ -7,6 +7,7 @@ mod addons;
 mod addons_off;
 mod api;
 mod crashes;
+mod get_ipa;
 mod lifecycle;
 mod metrics;
 mod preconditions;
