@@ -41,8 +41,9 @@ pub struct ControllerOptions {
     pub api: crate::api::ApiOptions,
     /// The admission webhook (served by every replica), when certificates are given.
     pub webhook: Option<crate::webhook::WebhookOptions>,
-    /// The addon applier (user clusters).
-    pub addons: crate::applier::ApplierOptions,
+    /// The addon applier (user clusters); `None` runs the seed without it: allocations,
+    /// the API and the webhook work, Addons are left untouched.
+    pub addons: Option<crate::applier::ApplierOptions>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -160,7 +161,10 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         options.resync,
         options.write_concurrency,
     ));
-    let applier = tokio::spawn(crate::applier::run(ctx.clone(), options.addons.clone()));
+    let applier = options
+        .addons
+        .clone()
+        .map(|addons| tokio::spawn(crate::applier::run(ctx.clone(), addons)));
 
     tokio::select! {
         r = metrics_task => {
@@ -195,7 +199,9 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         tracing::warn!("a pass was still writing at shutdown; its requests have timed out");
     }
     planning.abort();
-    applier.abort();
+    if let Some(applier) = applier {
+        applier.abort();
+    }
     election.abort();
     watches.abort();
     // Hand the lease over at once instead of letting it expire.

@@ -8,9 +8,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::allocator::Allocation;
 use crate::planner::{Change, Decision};
 use crate::resources::{
-    ANNOTATION_RECLAIM_POLICY, AllocationPhase, AllocationType, IPAMAllocation, IPAMAllocationSpec,
-    IPAMAllocationStatus, LABEL_CLUSTER, LABEL_DATACENTER, LABEL_POOL, ReclaimPolicy,
-    cluster_namespace,
+    ANNOTATION_ADDRESSES, ANNOTATION_RECLAIM_POLICY, AllocationPhase, AllocationType,
+    IPAMAllocation, IPAMAllocationSpec, IPAMAllocationStatus, LABEL_CLUSTER, LABEL_DATACENTER,
+    LABEL_PHASE, LABEL_POOL, ReclaimPolicy, address_summary, cluster_namespace,
 };
 
 /// The allocation object for a decision, or `None` when it is to be removed.
@@ -18,6 +18,9 @@ use crate::resources::{
 /// `existing` is the stored object, whose metadata (other labels, annotations) and
 /// `allocatedAt` are carried over; `policy` is the pool's current `reclaimPolicy` (`None` when
 /// the pool is gone: the recorded one stays); `now` stamps new allocations (RFC 3339).
+///
+/// The object carries its phase in the `ipam.kipam.dev/phase` label and its addresses, short,
+/// in the `ipam.kipam.dev/addresses` annotation (see [`show_phase`]).
 pub fn allocation_object(
     decision: &Decision,
     existing: Option<&IPAMAllocation>,
@@ -53,6 +56,7 @@ pub fn allocation_object(
         } else if let Some(held) = &decision.held {
             obj.spec = spec_for(held, &decision.datacenter);
         }
+        show_phase(&mut obj, existing, AllocationPhase::Conflict);
         obj.status = Some(IPAMAllocationStatus {
             phase: Some(AllocationPhase::Conflict),
             message: Some(decision.message.clone()),
@@ -74,6 +78,7 @@ pub fn allocation_object(
         }
     }
     let phase = phase_of(decision).unwrap_or_default();
+    show_phase(&mut obj, existing, phase);
     let fresh = matches!(decision.change, Change::Create | Change::Replace);
     let allocated_at = match (&decision.held, fresh) {
         (Some(_), true) => Some(now.to_string()),
@@ -98,6 +103,50 @@ pub fn allocation_object(
         conditions: previous_status.conditions,
     });
     Some(obj)
+}
+
+/// Sets the phase label and the address annotation of `obj` (whose spec is final) for `phase`.
+///
+/// Both ride along with writes kipam makes anyway: the create, a spec change. On their own they
+/// cause a write only when the phase changes. An object written before kipam set them (it has
+/// neither) is not rewritten just to add them: it gets them with its next change.
+fn show_phase(obj: &mut IPAMAllocation, existing: Option<&IPAMAllocation>, phase: AllocationPhase) {
+    if let Some(e) = existing {
+        let has_label = e
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(LABEL_PHASE));
+        let has_annotation = e
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(ANNOTATION_ADDRESSES));
+        if !has_label && !has_annotation && e.phase() == phase && e.spec == obj.spec {
+            return;
+        }
+    }
+    obj.metadata
+        .labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(LABEL_PHASE.into(), phase.as_str().into());
+    match address_summary(&obj.spec) {
+        Some(summary) => {
+            obj.metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .insert(ANNOTATION_ADDRESSES.into(), summary);
+        }
+        None => {
+            // Stored without an empty map, as the API server returns it.
+            if let Some(annotations) = obj.metadata.annotations.as_mut() {
+                annotations.remove(ANNOTATION_ADDRESSES);
+                if annotations.is_empty() {
+                    obj.metadata.annotations = None;
+                }
+            }
+        }
+    }
 }
 
 /// The phase of the allocation object a decision asks for (`None`: the object goes away).

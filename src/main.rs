@@ -289,12 +289,16 @@ fn parse_size(text: &str) -> Result<usize, String> {
     }
 }
 
+/// `--addons-dir` when it is not given.
+const DEFAULT_ADDONS_DIR: &str = "addons";
+
 #[derive(clap::Args)]
 struct TemplateDirs {
-    /// Directory of addons (`<name>/*.yaml` minijinja templates).
-    #[arg(long, default_value = "addons")]
-    addons_dir: PathBuf,
-    /// Directory of shared template macros.
+    /// Directory of addons (`<name>/*.yaml` minijinja templates) [default: addons]. Given, it
+    /// must exist; when the default is missing, the controller runs without the addon applier.
+    #[arg(long, value_name = "DIR")]
+    addons_dir: Option<PathBuf>,
+    /// Directory of shared template macros (none when it is missing).
     #[arg(long, default_value = "templates")]
     templates_dir: PathBuf,
     /// Largest rendered addon (all its templates together), and largest string kipam's
@@ -408,8 +412,8 @@ fn run_controller(args: ControllerArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let renderer = match load_renderer(&args.templates) {
-        Ok(r) => std::sync::Arc::new(r),
+    let renderer = match controller_renderer(&args.templates) {
+        Ok(r) => r.map(std::sync::Arc::new),
         Err(e) => {
             fatal(log_format, &e.to_string());
             return ExitCode::from(2);
@@ -478,12 +482,12 @@ fn run_controller(args: ControllerArgs) -> ExitCode {
             }),
             _ => None,
         },
-        addons: kipam::applier::ApplierOptions {
+        addons: renderer.map(|renderer| kipam::applier::ApplierOptions {
             renderer,
             tenant_concurrency: args.tenant_concurrency,
             resync: std::time::Duration::from_secs(args.addon_resync),
             request_timeout: std::time::Duration::from_secs(args.tenant_timeout),
-        },
+        }),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -515,14 +519,44 @@ fn stop_quietly_on_a_closed_pipe() {
     }
 }
 
+impl TemplateDirs {
+    fn addons(&self) -> &std::path::Path {
+        self.addons_dir
+            .as_deref()
+            .unwrap_or(std::path::Path::new(DEFAULT_ADDONS_DIR))
+    }
+}
+
 /// Loads the addons; every render then runs in a memory-bounded child process
 /// (`docs/addons.md`, "Limits").
 fn load_renderer(dirs: &TemplateDirs) -> Result<kipam::render::Renderer, String> {
     let sandbox =
         kipam::render::sandbox::SandboxOptions::current_exe(dirs.max_render_memory as u64)?;
-    kipam::render::Renderer::load(&dirs.addons_dir, &dirs.templates_dir)
+    kipam::render::Renderer::load(dirs.addons(), &dirs.templates_dir)
         .map(|r| r.with_max_output(dirs.max_addon_size).with_sandbox(sandbox))
         .map_err(|e| e.to_string())
+}
+
+/// The controller's renderer, or `None` when the addon applier is off because `--addons-dir`
+/// was not given and its default is missing (the controller was started outside a directory
+/// holding `addons/`). Allocation needs no addons, so that is said once and the seed runs.
+fn controller_renderer(dirs: &TemplateDirs) -> Result<Option<kipam::render::Renderer>, String> {
+    if dirs.addons_dir.is_none()
+        && let Err(e) = kipam::render::check_directory(dirs.addons(), "--addons-dir")
+        && e.is_missing_directory()
+    {
+        let looked_in = std::env::current_dir()
+            .map(|cwd| cwd.join(DEFAULT_ADDONS_DIR))
+            .unwrap_or_else(|_| DEFAULT_ADDONS_DIR.into());
+        tracing::warn!(
+            addons_dir = %looked_in.display(),
+            "addon applier off: no --addons-dir given and the default addons directory is \
+             missing; allocation runs as usual, Addons are left alone (give --addons-dir DIR \
+             to apply them)"
+        );
+        return Ok(None);
+    }
+    load_renderer(dirs).map(Some)
 }
 
 fn run_render_worker(args: RenderWorkerArgs) -> ExitCode {

@@ -8,6 +8,7 @@
 mod cidr;
 mod count;
 mod range;
+pub mod summary;
 
 pub use cidr::Cidr;
 pub use count::{AddressCount, ParseCountError};

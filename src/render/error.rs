@@ -23,6 +23,20 @@ pub enum RenderError {
     #[error("{}: {reason}", path.display())]
     Layout { path: PathBuf, reason: String },
 
+    /// A directory given by a flag (`--addons-dir`, `--templates-dir`) is missing or is not a
+    /// directory. `resolved` is where a relative path led from the working directory.
+    #[error(
+        "{flag} {}: {problem}{}",
+        path.display(),
+        Resolved(resolved.as_deref())
+    )]
+    Directory {
+        flag: &'static str,
+        path: PathBuf,
+        resolved: Option<PathBuf>,
+        problem: DirectoryProblem,
+    },
+
     /// A template does not parse; reported when the addons are loaded.
     #[error("{file}:{line}: syntax error: {cause}")]
     Syntax {
@@ -117,6 +131,52 @@ pub enum RenderError {
     /// An error reported by the render sandbox, as it worded it.
     #[error("{message}")]
     Reported { message: String },
+}
+
+/// What is wrong with a directory given by a flag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DirectoryProblem {
+    /// Nothing exists at the path.
+    Missing,
+    /// Something other than a directory is there.
+    NotADirectory,
+    /// The path could not be examined (permissions, for example).
+    Unreadable(String),
+}
+
+impl fmt::Display for DirectoryProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DirectoryProblem::Missing => f.write_str("no such directory"),
+            DirectoryProblem::NotADirectory => f.write_str("not a directory"),
+            DirectoryProblem::Unreadable(why) => write!(f, "cannot be read: {why}"),
+        }
+    }
+}
+
+impl RenderError {
+    /// The error says that a flag's directory does not exist at all.
+    pub fn is_missing_directory(&self) -> bool {
+        matches!(
+            self,
+            RenderError::Directory {
+                problem: DirectoryProblem::Missing,
+                ..
+            }
+        )
+    }
+}
+
+/// ` (/the/absolute/path)` after a relative path, nothing after an absolute one.
+struct Resolved<'a>(Option<&'a std::path::Path>);
+
+impl fmt::Display for Resolved<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(p) => write!(f, " (looked in {})", p.display()),
+            None => Ok(()),
+        }
+    }
 }
 
 /// `file:line`, plus the addon file being rendered when the failure sits in another template.

@@ -12,6 +12,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::RenderError;
+use super::error::DirectoryProblem;
 
 /// One template read from disk.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -30,14 +31,31 @@ pub(crate) struct AddonFiles {
     pub files: Vec<SourceFile>,
 }
 
+/// Checks that `path`, given with `flag`, is a directory; the error names the flag, the path
+/// as given and, for a relative path, where it led.
+pub fn check_directory(path: &Path, flag: &'static str) -> Result<(), RenderError> {
+    let problem = match fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => return Ok(()),
+        Ok(_) => DirectoryProblem::NotADirectory,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => DirectoryProblem::Missing,
+        Err(e) => DirectoryProblem::Unreadable(e.to_string()),
+    };
+    let resolved = if path.is_absolute() {
+        None
+    } else {
+        std::env::current_dir().ok().map(|cwd| cwd.join(path))
+    };
+    Err(RenderError::Directory {
+        flag,
+        path: path.to_path_buf(),
+        resolved,
+        problem,
+    })
+}
+
 /// Reads every addon directory under `addons_dir`, sorted by name.
 pub(crate) fn read_addons(addons_dir: &Path) -> Result<Vec<AddonFiles>, RenderError> {
-    if !addons_dir.is_dir() {
-        return Err(RenderError::Layout {
-            path: addons_dir.to_path_buf(),
-            reason: "the addons directory does not exist or is not a directory".to_string(),
-        });
-    }
+    check_directory(addons_dir, "--addons-dir")?;
     let mut addons = Vec::new();
     for (addon, dir) in sorted_entries(addons_dir)? {
         if !dir.is_dir() {

@@ -27,5 +27,6 @@ pub use data::{
     ALLOCATION_PREFIX, ALLOCATION_RANGE, AllocationData, ClusterData, NetworkData, TemplateData,
 };
 pub use engine::{DEFAULT_FUEL, DEFAULT_MAX_OUTPUT, RenderedAddon, Renderer};
-pub use error::RenderError;
+pub use error::{DirectoryProblem, RenderError};
+pub use loader::check_directory;
 pub use output::ADDON_LABEL;

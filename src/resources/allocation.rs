@@ -23,10 +23,10 @@ use super::{AllocationType, Condition};
     printcolumn = r#"{"name":"Pool","type":"string","jsonPath":".metadata.labels.ipam\\.kipam\\.dev/pool"}"#,
     printcolumn = r#"{"name":"DC","type":"string","jsonPath":".spec.dc"}"#,
     printcolumn = r#"{"name":"Type","type":"string","jsonPath":".spec.type"}"#,
-    printcolumn = r#"{"name":"CIDR","type":"string","jsonPath":".spec.cidr"}"#,
-    printcolumn = r#"{"name":"Addresses","type":"string","jsonPath":".spec.addresses"}"#,
-    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Addresses","type":"string","description":"The addresses held, short (annotation ipam.kipam.dev/addresses).","jsonPath":".metadata.annotations.ipam\\.kipam\\.dev/addresses"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","description":"The phase (label ipam.kipam.dev/phase).","jsonPath":".metadata.labels.ipam\\.kipam\\.dev/phase"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"description":"Why the allocation is in its phase, when kipam wrote a status.","jsonPath":".status.message"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct IPAMAllocationSpec {
@@ -100,6 +100,21 @@ pub fn allocation_phase(
         None if spec.cidr.is_some() || !spec.addresses.is_empty() => AllocationPhase::Allocated,
         None => AllocationPhase::Pending,
     }
+}
+
+/// What the `ipam.kipam.dev/addresses` annotation says for this spec: the CIDR of a prefix
+/// allocation, the pieces of a range one shortened (see [`crate::address::summary`]); `None`
+/// when it holds nothing. Pieces that do not parse are shown as written.
+pub fn address_summary(spec: &IPAMAllocationSpec) -> Option<String> {
+    if let Some(cidr) = &spec.cidr {
+        return Some(cidr.clone());
+    }
+    if spec.addresses.is_empty() {
+        return None;
+    }
+    Some(crate::address::summary::summary_of_text(
+        spec.addresses.iter().map(String::as_str),
+    ))
 }
 
 /// Observed state of an allocation.

@@ -14,7 +14,8 @@ mod record;
 
 pub use addon::{Addon, AddonSpec, AddonStatus, AppliedObject};
 pub use allocation::{
-    AllocationPhase, IPAMAllocation, IPAMAllocationSpec, IPAMAllocationStatus, allocation_phase,
+    AllocationPhase, IPAMAllocation, IPAMAllocationSpec, IPAMAllocationStatus, address_summary,
+    allocation_phase,
 };
 pub use cluster::{
     Cluster, ClusterPoolOverride, ClusterSpec, ClusterStatus, KubeconfigReference, SecretKeyRef,
@@ -43,6 +44,13 @@ pub const LABEL_POOL: &str = "ipam.kipam.dev/pool";
 pub const LABEL_CLUSTER: &str = "ipam.kipam.dev/cluster";
 /// Label on an `IPAMAllocation`: the datacenter of the pool.
 pub const LABEL_DATACENTER: &str = "ipam.kipam.dev/datacenter";
+/// Label on an `IPAMAllocation`: its phase (`Allocated`, `Failed`, `Conflict`, ...), set in
+/// the request that creates it and changed only with the phase, so that `kubectl get ipa`
+/// shows a phase without a status write for every healthy allocation.
+pub const LABEL_PHASE: &str = "ipam.kipam.dev/phase";
+/// Annotation on an `IPAMAllocation`: its addresses in a short form for people
+/// (`192.168.1.0, .2-.4`), read by the `ADDRESSES` column; derived from `spec`.
+pub const ANNOTATION_ADDRESSES: &str = "ipam.kipam.dev/addresses";
 /// Annotation on an `IPAMAllocation`: the pool's `reclaimPolicy` when it was last planned, so a
 /// pool that disappears without a controller watching (offline mode) is still honoured.
 pub const ANNOTATION_RECLAIM_POLICY: &str = "ipam.kipam.dev/reclaim-policy";

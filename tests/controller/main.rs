@@ -4,8 +4,10 @@
 mod support;
 
 mod addons;
+mod addons_off;
 mod api;
 mod crashes;
+mod get_ipa;
 mod lifecycle;
 mod metrics;
 mod preconditions;

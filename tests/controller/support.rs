@@ -1,7 +1,7 @@
 //! A seed: one API stand-in with kipam's CRDs, and `kipam controller` processes against it.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -115,18 +115,34 @@ impl Seed {
 
     /// [`Seed::controller`] with more command-line arguments.
     pub fn controller_with(&self, identity: &str, extra: &[&str]) -> Controller {
-        self.controller_full(identity, free_port(), extra)
+        self.controller_full(identity, free_port(), extra, None)
+    }
+
+    /// [`Seed::controller_with`] started in the working directory `cwd` (tests otherwise run
+    /// it in the repository, where the default `addons/` and `templates/` are).
+    pub fn controller_in(&self, identity: &str, cwd: &Path, extra: &[&str]) -> Controller {
+        self.controller_full(identity, free_port(), extra, Some(cwd))
     }
 
     /// A controller with its REST API on `api_port`.
     pub fn controller_on(&self, identity: &str, api_port: u16) -> Controller {
-        self.controller_full(identity, api_port, &[])
+        self.controller_full(identity, api_port, &[], None)
     }
 
-    fn controller_full(&self, identity: &str, api_port: u16, extra: &[&str]) -> Controller {
+    fn controller_full(
+        &self,
+        identity: &str,
+        api_port: u16,
+        extra: &[&str],
+        cwd: Option<&Path>,
+    ) -> Controller {
         let port = free_port();
         let log = std::fs::File::create(self.dir.join(format!("{identity}.log"))).ok();
-        let child = Command::new(env!("CARGO_BIN_EXE_kipam"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_kipam"));
+        if let Some(cwd) = cwd {
+            command.current_dir(cwd);
+        }
+        let child = command
             .args(["controller", "--kubeconfig"])
             .arg(&self.kubeconfig)
             .args([
@@ -165,6 +181,11 @@ impl Seed {
     /// The seed's scratch directory (removed with the seed).
     pub fn dir(&self) -> &std::path::Path {
         &self.dir
+    }
+
+    /// The whole log of a controller.
+    pub fn full_log(&self, identity: &str) -> String {
+        std::fs::read_to_string(self.log_path(identity)).unwrap_or_default()
     }
 
     /// The log of a controller, for failure messages.

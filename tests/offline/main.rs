@@ -476,3 +476,58 @@ fn offline_out_renders_every_addon_and_render_prints_one() {
     assert!(err.contains("pool.yaml:1"), "{err}");
     assert_eq!(w.read("state.yaml"), saved);
 }
+
+/// Issue 25: outside the repository, `kipam offline --out` and `kipam render` find no
+/// `addons/`; they stop before writing anything and say which flag and which path.
+#[test]
+fn a_missing_addons_directory_is_named_with_its_flag() {
+    let w = Workdir::new("no-addons");
+    let input = w.write("in.yaml", &format!("{POOL}{}", clusters(&["a"])));
+    let state = w.path("state.yaml");
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_kipam"))
+            .current_dir(&w.0)
+            .args(args)
+            .output()
+            .expect("run kipam")
+    };
+    let state_arg = state.display().to_string();
+    let input_arg = input.display().to_string();
+    let resolved = w.path("addons").display().to_string();
+
+    // The default, relative to the working directory.
+    let offline = run(&[
+        "offline", "-f", &input_arg, "--state", &state_arg, "--out", "out",
+    ]);
+    assert_eq!(offline.status.code(), Some(2), "{}", text(&offline.stderr));
+    assert_eq!(
+        text(&offline.stderr),
+        format!("error: --addons-dir addons: no such directory (looked in {resolved})\n")
+    );
+    assert!(!state.exists() && !w.path("out").exists());
+
+    // Given, and absolute.
+    let offline = run(&[
+        "offline",
+        "-f",
+        &input_arg,
+        "--state",
+        &state_arg,
+        "--out",
+        "out",
+        "--addons-dir",
+        "/nonexistent/kipam-addons",
+    ]);
+    assert_eq!(offline.status.code(), Some(2), "{}", text(&offline.stderr));
+    assert_eq!(
+        text(&offline.stderr),
+        "error: --addons-dir /nonexistent/kipam-addons: no such directory\n"
+    );
+
+    let render = run(&["render", "--addon", "metallb", "--cluster", &input_arg]);
+    assert_eq!(render.status.code(), Some(1), "{}", text(&render.stderr));
+    assert_eq!(
+        text(&render.stderr),
+        format!("error: --addons-dir addons: no such directory (looked in {resolved})\n")
+    );
+}

@@ -137,7 +137,11 @@ fn the_state_file_is_read_as_strictly_and_left_byte_identical() {
             "spec.cidrs: unknown field, did you mean `cidr`?",
         ),
         (
-            good.replacen("phase: Allocated", "phase: allocated", 1),
+            good.replacen(
+                "status:\n  phase: Allocated",
+                "status:\n  phase: allocated",
+                1,
+            ),
             "status.phase \"allocated\": must be one of Pending, Allocated, Failed, Released, Conflict (did you mean Allocated?)",
         ),
         (

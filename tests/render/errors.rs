@@ -229,7 +229,13 @@ fn layout_problems_are_reported() {
             Ok(_) => panic!("loaded"),
             Err(err) => err.to_string(),
         },
-        "no-such-dir: the addons directory does not exist or is not a directory"
+        format!(
+            "--addons-dir no-such-dir: no such directory (looked in {})",
+            std::env::current_dir()
+                .unwrap_or_default()
+                .join("no-such-dir")
+                .display()
+        )
     );
     assert_eq!(
         match Renderer::load(Path::new("tests/render/fixtures"), Path::new("templates")) {

@@ -6,7 +6,8 @@ use kube::{Api, ResourceExt};
 use super::*;
 use crate::planner::{Change, Decision};
 use crate::resources::{
-    AllocationPhase, Cluster, IPAMAllocation, IPAMAllocationStatus, cluster_namespace,
+    ANNOTATION_ADDRESSES, AllocationPhase, Cluster, IPAMAllocation, IPAMAllocationStatus,
+    LABEL_PHASE, cluster_namespace,
 };
 use crate::seed::Context;
 use crate::seed::ledger::Key;
@@ -23,6 +24,17 @@ pub(super) async fn refresh(ctx: &Context, key: &Key) {
         Ok(None) => ctx.ledger.lock().await.forget(key),
         Err(e) => tracing::warn!(error = %e, "re-read failed"),
     }
+}
+
+/// `map` less `key` (an empty map is no map, as the API server stores it).
+fn without<'a>(
+    map: &'a Option<std::collections::BTreeMap<String, String>>,
+    key: &str,
+) -> Vec<(&'a String, &'a String)> {
+    map.iter()
+        .flatten()
+        .filter(|(k, _)| k.as_str() != key)
+        .collect()
 }
 
 /// One allocation to create, update or delete.
@@ -114,13 +126,16 @@ impl AllocationWrite {
         }
     }
 
-    /// Only the status changes (nothing is reserved or released by it).
+    /// Only the status, the phase label or the address annotation change: nothing is
+    /// reserved or released by it, so it needs no record commit.
     pub(super) fn is_status_only(&self) -> bool {
         match (&self.existing, &self.desired) {
             (Some(e), Some(d)) => {
                 e.spec == d.spec
-                    && e.metadata.labels == d.metadata.labels
-                    && e.metadata.annotations == d.metadata.annotations
+                    && without(&e.metadata.labels, LABEL_PHASE)
+                        == without(&d.metadata.labels, LABEL_PHASE)
+                    && without(&e.metadata.annotations, ANNOTATION_ADDRESSES)
+                        == without(&d.metadata.annotations, ANNOTATION_ADDRESSES)
             }
             _ => false,
         }
@@ -364,6 +379,113 @@ mod tests {
         assert_eq!(status_to_store(None, Some(grown.clone())), Some(grown));
         let failing = status(AllocationPhase::Failed, Some("full"));
         assert_eq!(status_to_store(None, Some(failing.clone())), Some(failing));
+    }
+
+    fn decision(change: Change, held: Option<&str>, message: &str) -> Decision {
+        Decision {
+            cluster: "a".into(),
+            pool: "metallb".into(),
+            datacenter: "dc-1".into(),
+            type_: crate::resources::AllocationType::Range,
+            change,
+            held: held
+                .map(|h| crate::allocator::Allocation::Range(vec![h.parse().expect("a range")])),
+            previous: None,
+            message: message.into(),
+        }
+    }
+
+    /// The job for `d` against `stored`, with the object `allocation_object` asks for.
+    fn job(d: &Decision, stored: Option<&IPAMAllocation>) -> Option<AllocationWrite> {
+        let desired = crate::desired::allocation_object(d, stored, None, "2026-01-01T00:00:00Z");
+        AllocationWrite::new(d, stored.cloned(), desired)
+    }
+
+    /// What the API server stores for a create or an update of `job`'s object.
+    fn stored_after(job: &AllocationWrite) -> IPAMAllocation {
+        let mut o = job.desired.clone().expect("an object");
+        o.metadata.resource_version = Some("7".into());
+        o
+    }
+
+    fn label(o: &IPAMAllocation) -> Option<&str> {
+        o.metadata
+            .labels
+            .as_ref()?
+            .get(LABEL_PHASE)
+            .map(String::as_str)
+    }
+
+    fn addresses(o: &IPAMAllocation) -> Option<&str> {
+        o.metadata
+            .annotations
+            .as_ref()?
+            .get(ANNOTATION_ADDRESSES)
+            .map(String::as_str)
+    }
+
+    /// Issue 25: the create carries the phase and the addresses for `kubectl get ipa`, so a
+    /// healthy allocation still costs one write, and the next passes write nothing.
+    #[test]
+    fn the_create_carries_the_phase_label_and_the_addresses() {
+        let create = decision(Change::Create, Some("10.0.0.0-10.0.0.3"), "");
+        let first = job(&create, None).expect("a create");
+        assert_eq!(first.verb(), "create");
+        let created = stored_after(&first);
+        assert_eq!(label(&created), Some("Allocated"));
+        assert_eq!(addresses(&created), Some("10.0.0.0-.3"));
+        // No status to write after the create: one write.
+        assert_eq!(created.status, None);
+        let keep = decision(Change::Keep, Some("10.0.0.0-10.0.0.3"), "");
+        assert!(job(&keep, Some(&created)).is_none());
+
+        // A failed request: the create says Failed (its status, with the message, follows as
+        // it always did).
+        let fail = decision(Change::Fail, None, "pool metallb/dc-1 is full");
+        let failed = stored_after(&job(&fail, None).expect("a create"));
+        assert_eq!(label(&failed), Some("Failed"));
+        assert_eq!(addresses(&failed), None);
+        assert_eq!(
+            failed.status.as_ref().and_then(|s| s.phase),
+            Some(AllocationPhase::Failed)
+        );
+        assert!(job(&fail, Some(&failed)).is_none());
+    }
+
+    /// A phase change rewrites the label once, with no record commit when the spec stays;
+    /// no phase change writes nothing, also for an allocation stored before the label existed.
+    #[test]
+    fn the_phase_label_changes_with_the_phase_only() {
+        let create = decision(Change::Create, Some("10.0.0.0-10.0.0.3"), "");
+        let created = stored_after(&job(&create, None).expect("a create"));
+        let conflict = decision(Change::Conflict, Some("10.0.0.0-10.0.0.3"), "overlaps b");
+        let to_conflict = job(&conflict, Some(&created)).expect("a write");
+        assert!(to_conflict.is_status_only(), "no record commit");
+        let in_conflict = stored_after(&to_conflict);
+        assert_eq!(label(&in_conflict), Some("Conflict"));
+        assert_eq!(in_conflict.spec, created.spec);
+        assert!(job(&conflict, Some(&in_conflict)).is_none());
+        // Resolved: back to Allocated.
+        let keep = decision(Change::Keep, Some("10.0.0.0-10.0.0.3"), "");
+        let back = job(&keep, Some(&in_conflict)).expect("a write");
+        assert!(back.is_status_only());
+        assert_eq!(label(&stored_after(&back)), Some("Allocated"));
+
+        // Stored by an earlier kipam: neither label nor annotation. Kept as it is while
+        // nothing changes...
+        let mut older = created.clone();
+        older
+            .metadata
+            .labels
+            .as_mut()
+            .map(|l| l.remove(LABEL_PHASE));
+        older.metadata.annotations = None;
+        assert!(job(&keep, Some(&older)).is_none());
+        // ... and given both with its next change.
+        let grow = decision(Change::Grow, Some("10.0.0.0-10.0.0.7"), "");
+        let grown = stored_after(&job(&grow, Some(&older)).expect("a write"));
+        assert_eq!(label(&grown), Some("Allocated"));
+        assert_eq!(addresses(&grown), Some("10.0.0.0-.7"));
     }
 
     #[test]

@@ -136,7 +136,7 @@ pub(super) async fn release_finalizers(
         }
         let name = p.name_any();
         let pending = ledger.of_pool(&name).any(|a| {
-            let retained = a.annotation(ANNOTATION_RECLAIM_POLICY) == Some("Retain");
+            let retained = a.annotation(ANNOTATION_RECLAIM_POLICY).as_deref() == Some("Retain");
             !(retained && p.spec.reclaim_policy == ReclaimPolicy::Retain)
         });
         if !pending {
