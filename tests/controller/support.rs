@@ -273,11 +273,6 @@ impl Seed {
             .cloned()
     }
 
-    /// The whole log of a controller (ANSI colours and all).
-    pub fn full_log(&self, identity: &str) -> String {
-        std::fs::read_to_string(self.log_path(identity)).unwrap_or_default()
-    }
-
     /// Waits until `check` holds, or fails the test with `what` and the controller log.
     pub async fn wait_for(
         &self,
