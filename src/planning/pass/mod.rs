@@ -130,6 +130,11 @@ pub async fn run(
     term: u64,
     state: &mut PassState,
 ) -> Result<PassOutcome, PassError> {
+    // Every write already due is retried by this pass if it is still wanted; one that is not
+    // (its cluster or pool is gone) must not keep asking for another pass.
+    if let Ok(mut backoff) = ctx.backoff.lock() {
+        backoff.start_round();
+    }
     let changed = Changed::take(ctx).await;
     if changed.nothing() && state.can_skip_planning() && !state.status_due.is_empty() {
         // Nothing changed, but pool statuses wait: they are written (when due) without
