@@ -362,9 +362,9 @@ pub async fn sync_tenant(
     }
 
     let ready = summary::addons_ready(&statuses);
-    write_addons_ready(ctx, &cluster, &ready, &now).await;
+    let written = write_addons_ready(ctx, &cluster, &ready, &now).await;
     SyncReport {
-        settled,
+        settled: settled && written,
         addons_ready: Some(ready),
     }
 }
@@ -947,9 +947,9 @@ async fn write_addons_ready(
     cluster: &Cluster,
     ready: &(bool, String, String),
     now: &str,
-) {
+) -> bool {
     if !ctx.leader.holds() {
-        return;
+        return true;
     }
     let previous = cluster.status.clone().unwrap_or_default().conditions;
     let mut conditions = previous.clone();
@@ -963,21 +963,35 @@ async fn write_addons_ready(
         now,
     );
     if conditions == previous {
-        return;
+        return true;
     }
     // RBAC: src/rbac.rs (clusters/status patch).
     let api: Api<Cluster> = Api::all(ctx.writer.clone());
     ctx.metrics.wrote("patch", "clusters/status");
-    if let Err(e) = api
+    // The conditions were read at this version: the planning loop writes `IPAMReady` in the
+    // same list, and a patch from an older copy would put its old value back.
+    let patch = json!({
+        "metadata": { "resourceVersion": cluster.resource_version() },
+        "status": { "conditions": conditions },
+    });
+    match api
         .patch_status(
             &cluster.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(json!({ "status": { "conditions": conditions } })),
+            &Patch::Merge(&patch),
         )
         .await
     {
-        ctx.metrics
-            .write_failed("Cluster", preconditions::reason(&e));
-        tracing::warn!(cluster = %cluster.name_any(), error = %e, "cannot write AddonsReady (retrying on the next sync)");
+        Ok(_) => true,
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            tracing::debug!(cluster = %cluster.name_any(), "cluster changed under its AddonsReady update; syncing again");
+            false
+        }
+        Err(e) => {
+            ctx.metrics
+                .write_failed("Cluster", preconditions::reason(&e));
+            tracing::warn!(cluster = %cluster.name_any(), error = %e, "cannot write AddonsReady (retrying with backoff)");
+            false
+        }
     }
 }

@@ -375,16 +375,21 @@ async fn the_readme_walkthrough_serves_the_examples_from_one_apply() {
 
     // The Clusters are allocated; their Addons are accepted, rendered, and say why they are
     // not applied.
-    seed.wait_for("every Addon says why it is not applied", WAIT, "ctl", |s| {
-        s.api
-            .list("addons", None)
-            .iter()
-            .all(|a| condition_status(a, "Applied") == "False")
-            && s.api
-                .list("clusters", None)
+    seed.wait_for(
+        "the Clusters allocated, every Addon saying why it is not applied",
+        WAIT,
+        "ctl",
+        |s| {
+            s.api
+                .list("addons", None)
                 .iter()
-                .all(|c| condition_status(c, "AddonsReady") == "False")
-    })
+                .all(|a| condition_status(a, "Applied") == "False")
+                && s.api.list("clusters", None).iter().all(|c| {
+                    condition_status(c, "IPAMReady") == "True"
+                        && condition_status(c, "AddonsReady") == "False"
+                })
+        },
+    )
     .await;
     let clusters = seed.api.list("clusters", None);
     check_table(
