@@ -178,12 +178,25 @@ pub async fn sync_tenant(
                 message,
             };
             metrics.addon_failed(failure.reason.as_str());
-            tracing::warn!(
-                cluster = %input.cluster_name,
-                reason = failure.reason.as_str(),
-                "{} (retrying with backoff)",
-                failure.message
-            );
+            // Only a change of the Cluster or of its Secret mends this, and either syncs the
+            // cluster again at once (so does the periodic resync). Retrying meanwhile would
+            // only delay that sync behind a grown backoff, and say the same thing again: one
+            // line when the failure is news.
+            if already_reported(&rendered, &failure) {
+                tracing::debug!(
+                    cluster = %input.cluster_name,
+                    reason = failure.reason.as_str(),
+                    "{} (unchanged)",
+                    failure.message
+                );
+            } else {
+                tracing::warn!(
+                    cluster = %input.cluster_name,
+                    reason = failure.reason.as_str(),
+                    "{} (kipam tries again when the Cluster or its kubeconfig Secret changes)",
+                    failure.message
+                );
+            }
             let mut statuses = Vec::new();
             for (addon, result) in &rendered {
                 let cached = addon.status.clone().unwrap_or_default();
@@ -202,9 +215,9 @@ pub async fn sync_tenant(
                 statuses.push((addon.name_any(), next));
             }
             let ready = summary::addons_ready(&statuses);
-            write_addons_ready(ctx, &cluster, &ready, &now).await;
+            let written = write_addons_ready(ctx, &cluster, &ready, &now).await;
             return SyncReport {
-                settled: false,
+                settled: written,
                 addons_ready: Some(ready),
             };
         }
@@ -367,6 +380,17 @@ pub async fn sync_tenant(
         settled: settled && written,
         addons_ready: Some(ready),
     }
+}
+
+/// True when every Addon's `Applied` condition already says `failure`.
+fn already_reported(rendered: &[(Arc<Addon>, Rendered)], failure: &Failure) -> bool {
+    rendered.iter().all(|(addon, _)| {
+        addon
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Applied"))
+            .is_some_and(|c| c.reason == failure.reason.as_str() && c.message == failure.message)
+    })
 }
 
 /// The Cluster is gone or being deleted: nothing is applied or pruned in its user cluster (it

@@ -425,6 +425,18 @@ async fn the_readme_walkthrough_serves_the_examples_from_one_apply() {
         )
     );
 
+    // The controller's terminal says it once per cluster, not on every retry.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let log = std::fs::read_to_string(seed.log_path("ctl")).unwrap_or_default();
+    for cluster in ["alpha", "bravo", "charlie", "delta", "echo"] {
+        let said = format!("Cluster {cluster} has no spec.kubeconfig.secretRef");
+        let warned = log
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains(&said))
+            .count();
+        assert_eq!(warned, 1, "{said}: {warned} warnings\n{}", seed.log("ctl"));
+    }
+
     // Connect alpha's user cluster: a kubeconfig Secret in its namespace, and the Cluster
     // pointing at it.
     let user = ApiServer::start().await.expect("user cluster starts");
