@@ -320,7 +320,7 @@ async fn the_readme_walkthrough_serves_the_examples_from_one_apply() {
         )
         .await
         .expect("namespace kipam-system");
-    let _ctl = seed.controller("ctl");
+    let ctl = seed.controller("ctl");
 
     // kubectl apply -f examples/: every document accepted, in the README's words.
     let applied = kubectl_apply(&client, &root().join("examples")).await;
@@ -531,4 +531,94 @@ async fn the_readme_walkthrough_serves_the_examples_from_one_apply() {
             .is_some_and(|c| c["status"] == "True")
     })
     .await;
+
+    // kubectl delete -f examples/: everything goes, the namespaces kubectl made included (the
+    // addresses with the Clusters, the records with the pools), and the controller is quiet.
+    let deleted = kubectl_delete(&client, &root().join("examples")).await;
+    assert!(deleted.iter().all(Result::is_ok), "{deleted:?}");
+    let gone = |s: &Seed| {
+        [
+            "clusters",
+            "ipampools",
+            "ipamallocations",
+            "ipampoolrecords",
+            "addons",
+        ]
+        .iter()
+        .all(|r| s.api.list(r, None).is_empty())
+            && s.api.list("namespaces", None).iter().all(|n| {
+                !n["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .starts_with("cluster-")
+            })
+    };
+    seed.wait_for("everything of the examples gone", WAIT, "ctl", gone)
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = passes(ctl.metrics_port).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = passes(ctl.metrics_port).await;
+    assert!(
+        after - before < 20,
+        "{} planning passes in 2 s with nothing left to do",
+        after - before
+    );
+}
+
+/// `kubectl delete -f PATH`: every document, in the order `kubectl apply` takes them.
+async fn kubectl_delete(client: &kube::Client, path: &Path) -> Vec<Result<String, String>> {
+    let mut files: Vec<_> = std::fs::read_dir(path)
+        .expect("directory")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    files.sort();
+    let discovery = Discovery::new(client.clone())
+        .run()
+        .await
+        .expect("discovery");
+    let mut out = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("file");
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("YAML");
+        for doc in docs.into_iter().filter(|d| !d.is_null()) {
+            let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+            let kind = doc["kind"].as_str().unwrap_or_default();
+            let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+            let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+            let Some((resource, caps)) =
+                discovery.resolve_gvk(&GroupVersionKind::gvk(group, version, kind))
+            else {
+                out.push(Err(format!("{kind} {name}: not served")));
+                continue;
+            };
+            let api: kube::Api<DynamicObject> = match caps.scope {
+                Scope::Namespaced => kube::Api::namespaced_with(
+                    client.clone(),
+                    doc["metadata"]["namespace"].as_str().unwrap_or("default"),
+                    &resource,
+                ),
+                Scope::Cluster => kube::Api::all_with(client.clone(), &resource),
+            };
+            out.push(match api.delete(name, &Default::default()).await {
+                Ok(_) => Ok(format!("{kind} {name} deleted")),
+                // Gone already with its namespace, as kubectl reports it.
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(format!("{kind} {name} not found")),
+                Err(e) => Err(format!("{kind} {name}: {e}")),
+            });
+        }
+    }
+    out
+}
+
+/// The planning passes the controller has run.
+async fn passes(port: u16) -> u64 {
+    let (_, metrics) = Seed::http_get(port, "/metrics").await;
+    metrics
+        .lines()
+        .find(|l| l.starts_with("kipam_reconcile_passes_total"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
