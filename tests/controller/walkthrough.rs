@@ -622,3 +622,90 @@ async fn passes(port: u16) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
+
+/// Who creates a cluster's namespace deletes it (docs/multicluster.md): one applied
+/// beforehand is used as it is and outlives its Cluster; one kipam made is owned by the Cluster
+/// and goes with it, even after a Namespace manifest was applied over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clusters_namespace_is_deleted_by_whoever_created_it() {
+    let seed = Seed::start("namespace-owner").await;
+    let client = client_of(&seed.api).await;
+    let _ctl = seed.controller("ctl");
+    seed.apply(super::support::POOLS);
+    let manifest = |cluster: &str| {
+        format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: cluster-{cluster}\n  labels:\n    ipam.kipam.dev/cluster: {cluster}\n---\napiVersion: ipam.kipam.dev/v1alpha1\nkind: Addon\nmetadata:\n  name: metallb\n  namespace: cluster-{cluster}\nspec:\n  name: metallb\n"
+        )
+    };
+    let file = seed.dir().join("a.yaml");
+    std::fs::write(&file, manifest("a")).expect("manifest");
+    let applied = kubectl_apply(&client, &file).await;
+    assert!(applied.iter().all(Result::is_ok), "{applied:?}");
+    seed.cluster("a", "dc-1");
+    seed.wait_for("a allocated", WAIT, "ctl", |s| {
+        s.phase("a", "metallb") == "Allocated"
+    })
+    .await;
+    let namespace = seed
+        .get("namespaces", None, "cluster-a")
+        .expect("cluster-a");
+    assert!(
+        namespace["metadata"]["ownerReferences"].is_null(),
+        "kipam does not take a namespace it did not make: {namespace}"
+    );
+
+    // The Cluster goes: its addresses are released, the namespace and the Addon stay.
+    seed.delete("clusters", None, "a");
+    seed.wait_for("a gone, its allocations released", WAIT, "ctl", |s| {
+        s.get("clusters", None, "a").is_none() && s.allocations().is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let namespace = seed
+        .get("namespaces", None, "cluster-a")
+        .expect("cluster-a stays");
+    assert!(
+        namespace["metadata"]["deletionTimestamp"].is_null(),
+        "{namespace}"
+    );
+    assert!(seed.get("addons", Some("cluster-a"), "metallb").is_some());
+
+    // The same Cluster again uses it again.
+    seed.cluster("a", "dc-1");
+    seed.wait_for("a allocated again, its Addon looked at", WAIT, "ctl", |s| {
+        s.phase("a", "metallb") == "Allocated"
+            && s.condition("clusters", "a", "AddonsReady")
+                .is_some_and(|c| c["reason"] == "KubeconfigInvalid")
+    })
+    .await;
+
+    // A namespace kipam made is the Cluster's, also once a manifest was applied over it.
+    seed.cluster("b", "dc-1");
+    seed.wait_for("b allocated", WAIT, "ctl", |s| {
+        s.phase("b", "metallb") == "Allocated"
+    })
+    .await;
+    let file = seed.dir().join("b.yaml");
+    std::fs::write(&file, manifest("b")).expect("manifest");
+    let applied = kubectl_apply(&client, &file).await;
+    assert_eq!(
+        applied,
+        [
+            Ok("namespace/cluster-b configured".to_string()),
+            Ok("addon.ipam.kipam.dev/metallb created".to_string())
+        ]
+    );
+    let namespace = seed
+        .get("namespaces", None, "cluster-b")
+        .expect("cluster-b");
+    assert_eq!(
+        namespace["metadata"]["ownerReferences"][0]["name"], "b",
+        "{namespace}"
+    );
+    seed.delete("clusters", None, "b");
+    seed.wait_for("b and its namespace gone", WAIT, "ctl", |s| {
+        s.get("clusters", None, "b").is_none() && s.get("namespaces", None, "cluster-b").is_none()
+    })
+    .await;
+    assert!(seed.get("namespaces", None, "cluster-a").is_some());
+}
