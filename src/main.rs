@@ -97,7 +97,8 @@ struct ControllerArgs {
     /// collectors.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
-    /// Kubeconfig of the seed; else $KUBECONFIG, else the in-cluster service account.
+    /// Kubeconfig of the seed; else $KUBECONFIG or ~/.kube/config, else the in-cluster service
+    /// account.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// Name of this seed (names the leader Lease `kipam-<seed>`).

@@ -251,6 +251,9 @@ async fn schedule(
                 .map(|ns| (ns.clone(), ledger.in_namespace(ns)))
                 .collect()
         };
+        // A cluster due for a retry is synced in this round if it still has Addons; one that
+        // has none any more must not keep waking the loop.
+        backoff.start_round();
         next_wait = round(
             &ctx,
             &metrics,

@@ -178,12 +178,25 @@ pub async fn sync_tenant(
                 message,
             };
             metrics.addon_failed(failure.reason.as_str());
-            tracing::warn!(
-                cluster = %input.cluster_name,
-                reason = failure.reason.as_str(),
-                "{} (retrying with backoff)",
-                failure.message
-            );
+            // Only a change of the Cluster or of its Secret mends this, and either syncs the
+            // cluster again at once (so does the periodic resync). Retrying meanwhile would
+            // only delay that sync behind a grown backoff, and say the same thing again: one
+            // line when the failure is news.
+            if every_addon_reports(&rendered, &failure) {
+                tracing::debug!(
+                    cluster = %input.cluster_name,
+                    reason = failure.reason.as_str(),
+                    "{} (unchanged)",
+                    failure.message
+                );
+            } else {
+                tracing::warn!(
+                    cluster = %input.cluster_name,
+                    reason = failure.reason.as_str(),
+                    "{} (kipam tries again when the Cluster or its kubeconfig Secret changes)",
+                    failure.message
+                );
+            }
             let mut statuses = Vec::new();
             for (addon, result) in &rendered {
                 let cached = addon.status.clone().unwrap_or_default();
@@ -202,9 +215,9 @@ pub async fn sync_tenant(
                 statuses.push((addon.name_any(), next));
             }
             let ready = summary::addons_ready(&statuses);
-            write_addons_ready(ctx, &cluster, &ready, &now).await;
+            let written = write_addons_ready(ctx, &cluster, &ready, &now).await;
             return SyncReport {
-                settled: false,
+                settled: written,
                 addons_ready: Some(ready),
             };
         }
@@ -371,11 +384,22 @@ pub async fn sync_tenant(
     }
 
     let ready = summary::addons_ready(&statuses);
-    write_addons_ready(ctx, &cluster, &ready, &now).await;
+    let written = write_addons_ready(ctx, &cluster, &ready, &now).await;
     SyncReport {
-        settled,
+        settled: settled && written,
         addons_ready: Some(ready),
     }
+}
+
+/// True when every Addon's `Applied` condition already says `failure`.
+fn every_addon_reports(rendered: &[(Arc<Addon>, Rendered)], failure: &Failure) -> bool {
+    rendered.iter().all(|(addon, _)| {
+        addon
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Applied"))
+            .is_some_and(|c| c.reason == failure.reason.as_str() && c.message == failure.message)
+    })
 }
 
 /// The Cluster is gone or being deleted: nothing is applied or pruned in its user cluster (it
@@ -983,9 +1007,9 @@ async fn write_addons_ready(
     cluster: &Cluster,
     ready: &(bool, String, String),
     now: &str,
-) {
+) -> bool {
     if !ctx.leader.holds() {
-        return;
+        return true;
     }
     let previous = cluster.status.clone().unwrap_or_default().conditions;
     let mut conditions = previous.clone();
@@ -999,21 +1023,35 @@ async fn write_addons_ready(
         now,
     );
     if conditions == previous {
-        return;
+        return true;
     }
     // RBAC: src/rbac.rs (clusters/status patch).
     let api: Api<Cluster> = Api::all(ctx.writer.clone());
     ctx.metrics.wrote("patch", "clusters/status");
-    if let Err(e) = api
+    // The conditions were read at this version: the planning loop writes `IPAMReady` in the
+    // same list, and a patch from an older copy would put its old value back.
+    let patch = json!({
+        "metadata": { "resourceVersion": cluster.resource_version() },
+        "status": { "conditions": conditions },
+    });
+    match api
         .patch_status(
             &cluster.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(json!({ "status": { "conditions": conditions } })),
+            &Patch::Merge(&patch),
         )
         .await
     {
-        ctx.metrics
-            .write_failed("Cluster", preconditions::reason(&e));
-        tracing::warn!(cluster = %cluster.name_any(), error = %e, "cannot write AddonsReady (retrying on the next sync)");
+        Ok(_) => true,
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            tracing::debug!(cluster = %cluster.name_any(), "cluster changed under its AddonsReady update; syncing again");
+            false
+        }
+        Err(e) => {
+            ctx.metrics
+                .write_failed("Cluster", preconditions::reason(&e));
+            tracing::warn!(cluster = %cluster.name_any(), error = %e, "cannot write AddonsReady (retrying with backoff)");
+            false
+        }
     }
 }

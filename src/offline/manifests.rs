@@ -1,4 +1,5 @@
-//! Reading IPAMPool, Cluster, Addon and IPAMAllocation manifests from files and directories.
+//! Reading IPAMPool, Cluster, Addon and IPAMAllocation manifests from files and directories,
+//! and the Namespaces of clusters that may come with them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -6,8 +7,13 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::resources::{API_VERSION, Addon, Cluster, IPAMAllocation, IPAMPool};
-use crate::validation::strict::{self, Kind, RawNode};
+use crate::resources::{
+    API_VERSION, Addon, Cluster, IPAMAllocation, IPAMPool, cluster_of_namespace,
+};
+use crate::validation::{
+    self,
+    strict::{self, Kind, RawNode},
+};
 
 use super::yaml;
 
@@ -18,7 +24,12 @@ pub struct Manifests {
     pub clusters: Vec<Cluster>,
     pub addons: Vec<Addon>,
     pub allocations: Vec<IPAMAllocation>,
-    /// Documents of other kinds, skipped (`file: kind name`).
+    /// The clusters' namespaces (`cluster-<name>`) given as `v1` Namespace documents, so that
+    /// `kubectl apply` of the same files can create them before the Addons in them. Checked
+    /// strictly like kipam's kinds; there is nothing to plan or render for them.
+    pub namespaces: Vec<String>,
+    /// Documents of other kinds, and Namespaces other than a cluster's, skipped
+    /// (`file: kind name`).
     pub ignored: Vec<String>,
 }
 
@@ -97,6 +108,7 @@ pub fn load(paths: &[PathBuf]) -> Result<Manifests, ManifestError> {
                         Typed::Cluster(o) => out.clusters.push(o),
                         Typed::Addon(o) => out.addons.push(o),
                         Typed::Allocation(o) => out.allocations.push(o),
+                        Typed::Namespace(name) => out.namespaces.push(name),
                     }
                 }
             }
@@ -139,6 +151,8 @@ enum Typed {
     Cluster(Cluster),
     Addon(Addon),
     Allocation(IPAMAllocation),
+    /// A cluster's namespace, by name.
+    Namespace(String),
 }
 
 impl yaml::DocumentSink for FileDocs {
@@ -160,13 +174,16 @@ fn read_document(doc: &RawNode) -> Read {
     let metadata = doc.get("metadata");
     let name = metadata.and_then(|m| m.get_str("name")).unwrap_or("");
     // KKP's Cluster kind shares the name: a Cluster of another API group is not ours. One
-    // without any apiVersion is a mistake in a kipam manifest.
-    let Some(kipam_kind) = Kind::from_name(kind)
-        .filter(|_| kind != "Cluster" || api_version == API_VERSION || api_version.is_empty())
-    else {
+    // without any apiVersion is a mistake in a kipam manifest. Likewise only the core
+    // Namespace is read.
+    let Some(kipam_kind) = Kind::from_name(kind).filter(|k| match k {
+        Kind::Cluster | Kind::Namespace => api_version == k.api_version() || api_version.is_empty(),
+        _ => true,
+    }) else {
         return Read::Ignored(format!("{api_version} {kind} {name}"));
     };
-    if !api_version.is_empty() && api_version != API_VERSION {
+    let expected = kipam_kind.api_version();
+    if !api_version.is_empty() && api_version != expected {
         return at_doc(format!(
             "{kind} {name}: apiVersion {api_version:?} is not {API_VERSION} \
              (a KKP manifest works once its apiVersion is changed)"
@@ -183,7 +200,7 @@ fn read_document(doc: &RawNode) -> Read {
     if api_version.is_empty() {
         found.push((
             doc.line,
-            format!("{object}: apiVersion: is required ({API_VERSION})"),
+            format!("{object}: apiVersion: is required ({expected})"),
         ));
     }
     found.extend(
@@ -191,6 +208,9 @@ fn read_document(doc: &RawNode) -> Read {
             .into_iter()
             .map(|p| (p.line.or(doc.line), p.error.to_string())),
     );
+    if kipam_kind == Kind::Namespace && metadata.is_some() && name.is_empty() {
+        found.push((doc.line, format!("{kind}: metadata.name: is required")));
+    }
     if !found.is_empty() {
         return Read::Refused(found);
     }
@@ -200,6 +220,13 @@ fn read_document(doc: &RawNode) -> Read {
         Kind::Cluster => typed(json).map(Typed::Cluster),
         Kind::Addon => typed(json).map(Typed::Addon),
         Kind::IPAMAllocation => typed(json).map(Typed::Allocation),
+        // A cluster's namespace is expected here; any other is not kipam's business.
+        Kind::Namespace => match cluster_of_namespace(name) {
+            Some(cluster) if validation::names::cluster_name("metadata.name", cluster).is_ok() => {
+                Ok(Typed::Namespace(name.to_string()))
+            }
+            _ => return Read::Ignored(format!("{api_version} {kind} {name}")),
+        },
     };
     match typed {
         Ok(object) => Read::Object {

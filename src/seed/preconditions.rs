@@ -51,6 +51,14 @@ pub fn explain(e: &Error, verb: &str, resource: &str, name: &str) -> String {
              with an existing one ({})",
             s.message
         ),
+        // The API server's NamespaceLifecycle admission, not RBAC: the namespace is going.
+        Error::Api(s) if s.code == 403 && s.message.contains("because it is being terminated") => {
+            format!(
+                "{verb} {resource} {name}: its namespace is being deleted, and nothing can be \
+                 created in it until it is gone ({})",
+                s.message
+            )
+        }
         Error::Api(s) if s.code == 403 => format!(
             "RBAC forbids `{verb}` on {resource}: grant kipam's service account that verb ({})",
             s.message
@@ -94,5 +102,27 @@ mod tests {
             explain(&api(403), "list", "clusters.ipam.kipam.dev", "")
                 .contains("RBAC forbids `list`")
         );
+    }
+
+    #[test]
+    fn a_terminating_namespace_is_not_blamed_on_rbac() {
+        let e = Error::Api(
+            kube::core::Status::failure(
+                "ipamallocations.ipam.kipam.dev \"metallb\" is forbidden: unable to create new \
+                 content in namespace cluster-alpha because it is being terminated",
+                "Forbidden",
+            )
+            .with_code(403)
+            .boxed(),
+        );
+        let message = explain(&e, "create", "IPAMAllocation", "cluster-alpha/metallb");
+        assert!(!message.contains("RBAC"), "{message}");
+        assert!(
+            message.starts_with(
+                "create IPAMAllocation cluster-alpha/metallb: its namespace is being deleted"
+            ),
+            "{message}"
+        );
+        assert_eq!(reason(&e), "Forbidden");
     }
 }

@@ -9,8 +9,9 @@
 //! a missing required field, a value outside an enum.
 //!
 //! The schema is the one the API server uses: the CRD's `openAPIV3Schema` generated from the
-//! Rust types (`kipam crds`), plus Kubernetes' `ObjectMeta` for `metadata`. There is no second
-//! list of fields to keep in sync.
+//! Rust types (`kipam crds`), plus Kubernetes' `ObjectMeta` for `metadata`; for a `Namespace`
+//! (a cluster's namespace, `cluster-<name>`, may sit beside its Addons), Kubernetes' own
+//! schema of the kind. There is no second list of fields to keep in sync.
 //!
 //! The input is a [`RawNode`] tree that keeps each scalar as it was written, so a message can
 //! quote `8.5` or `18446744073709551616` exactly, and the line it came from.
@@ -169,13 +170,15 @@ pub struct Problem {
     pub error: FieldError,
 }
 
-/// The kinds kipam reads.
+/// The kinds kipam reads: its own four, and the core `Namespace` (the namespace of a cluster,
+/// which a manifest directory may hold so that the cluster's Addons can be applied with it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     IPAMPool,
     Cluster,
     Addon,
     IPAMAllocation,
+    Namespace,
 }
 
 impl Kind {
@@ -185,6 +188,7 @@ impl Kind {
             "Cluster" => Some(Kind::Cluster),
             "Addon" => Some(Kind::Addon),
             "IPAMAllocation" => Some(Kind::IPAMAllocation),
+            "Namespace" => Some(Kind::Namespace),
             _ => None,
         }
     }
@@ -195,6 +199,15 @@ impl Kind {
             Kind::Cluster => "Cluster",
             Kind::Addon => "Addon",
             Kind::IPAMAllocation => "IPAMAllocation",
+            Kind::Namespace => "Namespace",
+        }
+    }
+
+    /// The `apiVersion` a manifest of this kind must carry.
+    pub fn api_version(&self) -> &'static str {
+        match self {
+            Kind::Namespace => "v1",
+            _ => crate::resources::API_VERSION,
         }
     }
 }
@@ -202,26 +215,29 @@ impl Kind {
 /// The schema of a whole object of `kind`: the CRD's schema with `apiVersion`, `kind` and
 /// `metadata` (Kubernetes' `ObjectMeta`) added, as the API server sees it.
 pub fn object_schema(kind: Kind) -> &'static Value {
-    static SCHEMAS: OnceLock<[Value; 4]> = OnceLock::new();
+    static SCHEMAS: OnceLock<[Value; 5]> = OnceLock::new();
     let all = SCHEMAS.get_or_init(|| {
-        let metadata = metadata_schema();
+        use k8s_openapi::api::core::v1::Namespace;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+        let metadata = builtin_schema::<ObjectMeta>();
         [
             with_envelope(IPAMPool::crd(), &metadata),
             with_envelope(Cluster::crd(), &metadata),
             with_envelope(Addon::crd(), &metadata),
             with_envelope(IPAMAllocation::crd(), &metadata),
+            builtin_schema::<Namespace>(),
         ]
     });
     &all[kind as usize]
 }
 
-fn metadata_schema() -> Value {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+/// The OpenAPI schema of a Kubernetes type, every reference inlined.
+fn builtin_schema<T: schemars::JsonSchema>() -> Value {
     let generator = schemars::generate::SchemaSettings::openapi3()
         .with(|s| s.inline_subschemas = true)
         .into_generator();
     let mut schema =
-        serde_json::to_value(generator.into_root_schema_for::<ObjectMeta>()).unwrap_or(Value::Null);
+        serde_json::to_value(generator.into_root_schema_for::<T>()).unwrap_or(Value::Null);
     if let Some(map) = schema.as_object_mut() {
         map.remove("$schema");
     }

@@ -766,3 +766,55 @@ async fn a_user_cluster_without_metallb_is_named_once_and_retried_ever_less_ofte
         "the retries never slowed down: {times:?}"
     );
 }
+
+/// The planning loop writes a Cluster's `IPAMReady` and the applier its `AddonsReady`, both in
+/// `status.conditions`. Each used to patch the whole list from its cached copy: with a lagging
+/// cache, the applier's patch put back a list without `IPAMReady`, and `kubectl get clusters`
+/// showed an empty IPAM column for good although every allocation was made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipam_ready_and_addons_ready_are_both_kept_with_a_lagging_cache() {
+    let seed = Seed::start("both-conditions").await;
+    seed.api.set_watch_delay(Duration::from_millis(500));
+    let _ctl = seed.controller("ctl");
+    seed.apply(POOLS);
+    for name in ["a", "b", "c"] {
+        let ns = format!("cluster-{name}");
+        seed.api
+            .create(&json!({"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": ns, "labels": {"ipam.kipam.dev/cluster": name}}}))
+            .expect("namespace");
+        seed.api
+            .create(
+                &json!({"apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Addon",
+                "metadata": {"name": "metallb", "namespace": ns},
+                "spec": {"name": "metallb"}}),
+            )
+            .expect("addon");
+        seed.cluster(name, "dc-1");
+    }
+    let both = |s: &Seed| {
+        ["a", "b", "c"].iter().all(|name| {
+            s.condition("clusters", name, "IPAMReady")
+                .is_some_and(|c| c["status"] == "True")
+                && s.condition("clusters", name, "AddonsReady")
+                    .is_some_and(|c| c["reason"] == "KubeconfigInvalid")
+        })
+    };
+    seed.wait_for(
+        "IPAMReady and AddonsReady on every Cluster",
+        WAIT,
+        "ctl",
+        both,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        both(&seed),
+        "a condition was lost: {:?}",
+        seed.api
+            .list("clusters", None)
+            .iter()
+            .map(|c| c["status"].clone())
+            .collect::<Vec<_>>()
+    );
+}

@@ -1,5 +1,6 @@
 //! End-to-end tests of the real `kipam controller` binary against the in-process API stand-in
-//! (`tests/standin`): ordering, exhaustion and recovery, lifecycle, crashes and two replicas.
+//! (`tests/standin`): ordering, exhaustion and recovery, lifecycle, crashes and two replicas,
+//! and the README's walkthrough.
 
 mod support;
 
@@ -16,4 +17,5 @@ mod quiet;
 mod records;
 mod selfsigned;
 mod serving;
+mod walkthrough;
 mod webhook;

@@ -1,4 +1,5 @@
-//! A controller with nothing to do stays idle, also after a write failed once.
+//! A controller with nothing to do stays idle, also after a write failed once, and after the
+//! object a failed write was for is gone.
 
 use std::time::Duration;
 
@@ -44,6 +45,46 @@ async fn a_failed_pool_status_write_does_not_keep_the_planner_spinning() {
         "{} passes in 3 s with nothing to do",
         after - before
     );
+}
+
+/// An allocation write that failed for a cluster deleted since used to leave its backoff
+/// entry behind: nothing retried it any more, and due at once on every pass it made the
+/// planning loop run hundreds of passes a second for good (as after `kubectl delete -f
+/// examples/`, whose namespace deletions refuse kipam's writes for a moment).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_write_for_a_cluster_deleted_since_does_not_keep_the_planner_spinning() {
+    let seed = Seed::start("quiet-gone").await;
+    let ctl = seed.controller("ctl");
+    seed.apply(POOLS);
+    seed.cluster("a", "dc-1");
+    seed.wait_for("a allocated", WAIT, "ctl", |s| {
+        s.phase("a", "metallb") == "Allocated"
+    })
+    .await;
+    // Every create of b's allocations fails until b is gone.
+    seed.api
+        .inject_failures("create", "ipamallocations", 1000, 500);
+    seed.cluster("b", "dc-1");
+    seed.wait_for("b's allocation refused", WAIT, "ctl", |s| {
+        s.api.pending_failures() < 1000
+    })
+    .await;
+    seed.delete("clusters", None, "b");
+    seed.wait_for("b released and gone", WAIT, "ctl", |s| {
+        s.get("clusters", None, "b").is_none()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = passes(ctl.metrics_port).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = passes(ctl.metrics_port).await;
+    assert!(
+        after - before < 30,
+        "{} passes in 3 s with nothing to do\n{}",
+        after - before,
+        seed.log("ctl")
+    );
+    assert_eq!(seed.phase("a", "metallb"), "Allocated");
 }
 
 /// New clusters one after the other: each is allocated at once, but the pool's status

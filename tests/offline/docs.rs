@@ -114,6 +114,36 @@ fn console_examples_in_the_operator_guides_print_what_they_show() {
     );
 }
 
+/// The README's quick start prints what the README shows, on standard output and standard
+/// error together: `examples/` as a seed would take it (with each cluster's Namespace before
+/// its Addon) is read without a note, and the table is the one the controller walkthrough
+/// checks too (`tests/controller/walkthrough.rs`).
+#[test]
+fn the_readme_quick_start_prints_what_it_shows() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let command = readme
+        .lines()
+        .find(|l| l.starts_with("cargo run --release -- offline "))
+        .expect("the quick start's command")
+        .replace("cargo run --release --", "kipam");
+    let shown: Vec<&str> = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("CLUSTER  POOL"))
+        .take_while(|l| !l.starts_with("```"))
+        .collect();
+    assert!(shown.len() > 10, "the README shows no output");
+    let dir = std::env::temp_dir().join(format!("kipam-readme-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("work dir");
+    for name in ["examples", "addons", "templates"] {
+        std::os::unix::fs::symlink(root.join(name), dir.join(name)).expect("symlink");
+    }
+    let printed = run(&command, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(printed, shown.join("\n").trim_end(), "`{command}`");
+}
+
 /// The example alerts parse, and every `kipam_…` series they query is one kipam exports.
 #[test]
 fn the_example_alerts_query_metrics_kipam_exports() {

@@ -447,3 +447,59 @@ fn validate_checks_pools_against_the_state_and_overrides_against_the_pools() {
         text(&run.stderr)
     );
 }
+
+#[test]
+fn a_clusters_namespace_is_read_strictly_and_without_a_note() {
+    let w = Workdir::new("namespaces");
+    let state = w.path("state.yaml");
+    let namespace = |name: &str, extra: &str| {
+        format!("---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n{extra}")
+    };
+    let addon = "---\napiVersion: ipam.kipam.dev/v1alpha1\nkind: Addon\nmetadata:\n  name: metallb\n  namespace: cluster-a\nspec:\n  name: metallb\n";
+
+    // The cluster's namespace before its Addon: read without a note. Another namespace is
+    // not kipam's: skipped with a note, as any other kind.
+    let files = w.write(
+        "in.yaml",
+        &format!(
+            "{POOL}{}{}{addon}{}",
+            clusters(&["a"]),
+            namespace("cluster-a", "  labels:\n    ipam.kipam.dev/cluster: a\n"),
+            namespace("monitoring", ""),
+        ),
+    );
+    let run = offline(&[files.to_str().unwrap()], &state);
+    let err = text(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{err}");
+    assert_eq!(
+        err.trim(),
+        format!(
+            "note: skipped {}:46: v1 Namespace monitoring",
+            files.display()
+        ),
+    );
+
+    // Checked against Kubernetes' schema of a Namespace, like kipam's own kinds.
+    let files = w.write(
+        "in.yaml",
+        &format!(
+            "{POOL}{}{}{}{addon}",
+            clusters(&["a"]),
+            namespace("cluster-a", "  label:\n    team: x\nspec:\n  finalizer: [kubernetes]\n"),
+            "---\nkind: Namespace\nmetadata:\n  name: cluster-b\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  labels: {}\n",
+        ),
+    );
+    let saved = std::fs::read(&state).unwrap();
+    let run = offline(&[files.to_str().unwrap()], &state);
+    let err = text(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{err}");
+    for expected in [
+        "Namespace cluster-a: metadata.label: unknown field, did you mean `labels`?",
+        "Namespace cluster-a: spec.finalizer: unknown field, did you mean `finalizers`?",
+        "Namespace cluster-b: apiVersion: is required (v1)",
+        "Namespace: metadata.name: is required",
+    ] {
+        assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
+    }
+    assert_eq!(std::fs::read(&state).unwrap(), saved, "state untouched");
+}

@@ -43,7 +43,7 @@ pub(super) async fn run(
 
     let mut outcome = PassOutcome::default();
     let now = crate::resources::now_rfc3339();
-    let committed = commit_newcomers(
+    let (committed, finalized) = commit_newcomers(
         ctx,
         state,
         &named.clusters,
@@ -66,6 +66,7 @@ pub(super) async fn run(
     let unwritten = statuses::write_cluster_status(
         ctx,
         &named.new_clusters,
+        &finalized,
         // The newcomers' decisions are all among those just added.
         &added,
         &HashMap::new(),
@@ -152,7 +153,8 @@ fn serve(state: &mut PassState, new: Vec<ClusterInput>) -> Option<Vec<planner::D
 
 /// Step "records": the newcomers' finalizers, their namespaces and — the fence — their entries
 /// in the pool records, all at once (none needs another; the allocations wait for all three).
-/// Returns the pool datacenters whose commit landed.
+/// Returns the pool datacenters whose commit landed, and the `resourceVersion` of each cluster
+/// whose finalizer was added.
 async fn commit_newcomers(
     ctx: &Arc<Context>,
     state: &mut PassState,
@@ -160,7 +162,7 @@ async fn commit_newcomers(
     new_clusters: &[Arc<Cluster>],
     added: &[planner::Decision],
     outcome: &mut PassOutcome,
-) -> HashSet<RecordKey> {
+) -> (HashSet<RecordKey>, HashMap<String, String>) {
     let limit = state.write_concurrency;
     // Only the newcomers' namespaces matter: looked up, not a set of the whole seed's.
     let namespaces: HashSet<String> = new_clusters
@@ -185,7 +187,7 @@ async fn commit_newcomers(
         .into_iter()
         .map(|(key, entries)| commit_one(ctx, key, entries));
     let (mut finalized, mut spaces) = (PassOutcome::default(), PassOutcome::default());
-    let (_, _, committed) = tokio::join!(
+    let (finalized_versions, _, committed) = tokio::join!(
         lifecycle::add_finalizers(ctx, &[], clusters, limit, &mut finalized),
         lifecycle::ensure_namespaces(ctx, new_clusters, &namespaces, limit, &mut spaces),
         futures::stream::iter(commits)
@@ -206,7 +208,7 @@ async fn commit_newcomers(
             state.retry_pools.insert(key.0);
         }
     }
-    current
+    (current, finalized_versions)
 }
 
 /// Commits new entries to one pool datacenter's record; the writes sent, or `None` when it

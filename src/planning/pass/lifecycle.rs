@@ -1,6 +1,6 @@
 //! Finalizers on clusters and pools, and the clusters' namespaces.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -17,14 +17,16 @@ use crate::resources::{
 use crate::seed::Context;
 use crate::validation::{self};
 
-/// Adds our finalizers to clusters and pools that lack them.
+/// Adds our finalizers to clusters and pools that lack them. Returns the `resourceVersion`
+/// each cluster it patched has now, by name: the cluster's status is written later in the same
+/// pass from the copy read before, and that version says nothing else changed since.
 pub(super) async fn add_finalizers(
     ctx: &Context,
     pools: &[Arc<IPAMPool>],
     clusters: &[Arc<Cluster>],
     limit: usize,
     outcome: &mut PassOutcome,
-) {
+) -> HashMap<String, String> {
     let cluster_api: Api<Cluster> = Api::all(ctx.writer.clone());
     let pool_api: Api<IPAMPool> = Api::all(ctx.writer.clone());
     let mut jobs = Vec::new();
@@ -32,13 +34,11 @@ pub(super) async fn add_finalizers(
         if c.metadata.deletion_timestamp.is_none()
             && !c.finalizers().iter().any(|f| f == CLUSTER_FINALIZER)
         {
-            jobs.push(patch_finalizers(
-                &cluster_api,
-                c.as_ref(),
-                CLUSTER_FINALIZER,
-                true,
-                ctx,
-            ));
+            let api = cluster_api.clone();
+            jobs.push(async move {
+                let r = patch_finalizers(&api, c.as_ref(), CLUSTER_FINALIZER, true, ctx).await;
+                (Some(c.name_any()), r)
+            });
         }
     }
     let mut pool_jobs = Vec::new();
@@ -46,23 +46,29 @@ pub(super) async fn add_finalizers(
         if p.metadata.deletion_timestamp.is_none()
             && !p.finalizers().iter().any(|f| f == POOL_FINALIZER)
         {
-            pool_jobs.push(patch_finalizers(
-                &pool_api,
-                p.as_ref(),
-                POOL_FINALIZER,
-                true,
-                ctx,
-            ));
+            let api = pool_api.clone();
+            pool_jobs.push(async move {
+                let r = patch_finalizers(&api, p.as_ref(), POOL_FINALIZER, true, ctx).await;
+                (None, r)
+            });
         }
     }
-    let results: Vec<Result<(), kube::Error>> = futures::stream::iter(jobs)
+    // (the cluster patched, or none for a pool; the version after the patch)
+    type Finalized = (Option<String>, Result<Option<String>, kube::Error>);
+    let results: Vec<Finalized> = futures::stream::iter(jobs)
         .buffer_unordered(limit)
         .chain(futures::stream::iter(pool_jobs).buffer_unordered(limit))
         .collect()
         .await;
-    for r in results {
+    let mut versions = HashMap::new();
+    for (cluster, r) in results {
         match r {
-            Ok(()) => outcome.writes += 1,
+            Ok(version) => {
+                outcome.writes += 1;
+                if let (Some(cluster), Some(version)) = (cluster, version) {
+                    versions.insert(cluster, version);
+                }
+            }
             Err(e) if is_conflict(&e) => outcome.again = true,
             Err(e) => {
                 write_failed(ctx, "finalizer", "", "patch", &e);
@@ -70,10 +76,12 @@ pub(super) async fn add_finalizers(
             }
         }
     }
+    versions
 }
 
 /// Adds or removes one finalizer. The patch carries the `resourceVersion` it was computed
 /// from, so a concurrent change to the object fails (409) instead of being overwritten.
+/// Returns the object's `resourceVersion` after the patch.
 // RBAC: src/rbac.rs (patch of ipampools and clusters).
 pub(super) async fn patch_finalizers<K>(
     api: &Api<K>,
@@ -81,7 +89,7 @@ pub(super) async fn patch_finalizers<K>(
     finalizer: &str,
     add: bool,
     ctx: &Context,
-) -> Result<(), kube::Error>
+) -> Result<Option<String>, kube::Error>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -107,7 +115,7 @@ where
         &Patch::Merge(&patch),
     )
     .await
-    .map(|_| ())
+    .map(|o| o.resource_version())
 }
 
 /// Removes our finalizers once the object's allocations are handled.
@@ -147,14 +155,14 @@ pub(super) async fn release_finalizers(
     let cluster_api: Api<Cluster> = Api::all(ctx.writer.clone());
     for c in cluster_done {
         match patch_finalizers(&cluster_api, c.as_ref(), CLUSTER_FINALIZER, false, ctx).await {
-            Ok(()) => outcome.writes += 1,
+            Ok(_) => outcome.writes += 1,
             Err(_) => outcome.again = true,
         }
     }
     let pool_api: Api<IPAMPool> = Api::all(ctx.writer.clone());
     for p in pool_done {
         match patch_finalizers(&pool_api, p.as_ref(), POOL_FINALIZER, false, ctx).await {
-            Ok(()) => outcome.writes += 1,
+            Ok(_) => outcome.writes += 1,
             Err(_) => outcome.again = true,
         }
     }

@@ -130,6 +130,11 @@ pub async fn run(
     term: u64,
     state: &mut PassState,
 ) -> Result<PassOutcome, PassError> {
+    // Every write already due is retried by this pass if it is still wanted; one that is not
+    // (its cluster or pool is gone) must not keep asking for another pass.
+    if let Ok(mut backoff) = ctx.backoff.lock() {
+        backoff.start_round();
+    }
     let changed = Changed::take(ctx).await;
     if changed.nothing() && state.can_skip_planning() && !state.status_due.is_empty() {
         // Nothing changed, but pool statuses wait: they are written (when due) without
@@ -158,7 +163,8 @@ async fn full(
 
     let mut view = View::read(ctx, state).await;
     steps.done("snapshot");
-    lifecycle::add_finalizers(ctx, &view.pools, &view.clusters, limit, &mut outcome).await;
+    let finalized =
+        lifecycle::add_finalizers(ctx, &view.pools, &view.clusters, limit, &mut outcome).await;
     steps.done("finalizers");
 
     let gathered = gather(ctx, state, &mut view).await?;
@@ -221,6 +227,7 @@ async fn full(
         ctx,
         state,
         &view,
+        &finalized,
         &planned,
         &gathered.cluster_errors,
         &written.failures,
@@ -630,10 +637,12 @@ async fn write_allocations(
 
 /// Step "cluster status": the statuses of the clusters the plan covered, and of those whose
 /// writes failed.
+#[allow(clippy::too_many_arguments)]
 async fn write_cluster_statuses(
     ctx: &Arc<Context>,
     state: &mut PassState,
     view: &View,
+    finalized: &HashMap<String, String>,
     planned: &Planned,
     cluster_errors: &HashMap<String, Vec<crate::validation::FieldError>>,
     write_failures: &HashMap<String, Vec<String>>,
@@ -651,6 +660,7 @@ async fn write_cluster_statuses(
     let unwritten = statuses::write_cluster_status(
         ctx,
         &checked,
+        finalized,
         &planned.plan.decisions,
         cluster_errors,
         write_failures,

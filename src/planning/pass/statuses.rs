@@ -16,11 +16,14 @@ use crate::status::{self, Overlap};
 use crate::validation::FieldError;
 
 /// `status.namespace` and the `IPAMReady` condition of the `clusters` given, written when
-/// changed. Returns the clusters whose status is still to be written (failed or held back).
+/// changed. `since` holds the `resourceVersion` of clusters this pass changed itself (their
+/// finalizer) after reading them. Returns the clusters whose status is still to be written
+/// (failed, changed under the update, or held back).
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn write_cluster_status(
     ctx: &Context,
     clusters: &[Arc<Cluster>],
+    since: &HashMap<String, String>,
     decisions: &[Decision],
     errors: &HashMap<String, Vec<FieldError>>,
     write_failures: &HashMap<String, Vec<String>>,
@@ -89,6 +92,10 @@ pub(super) async fn write_cluster_status(
             return None;
         }
         let api = api.clone();
+        // The conditions were read at this version: the addon applier writes `AddonsReady`
+        // in the same list, and a patch from an older copy would put its old value back. A
+        // conflict is planned again from the fresher copy the watch brings.
+        let read_at = since.get(&name).cloned().or_else(|| c.resource_version());
         Some(async move {
             ctx.metrics.wrote("patch", "clusters/status");
             // The answer (the whole Cluster) is not needed: the watch brings it.
@@ -96,7 +103,10 @@ pub(super) async fn write_cluster_status(
                 .patch_status(
                     &name,
                     &PatchParams::default(),
-                    &Patch::Merge(json!({ "status": next })),
+                    &Patch::Merge(json!({
+                        "metadata": { "resourceVersion": read_at },
+                        "status": next,
+                    })),
                 )
                 .await
                 .map(drop);
@@ -110,6 +120,11 @@ pub(super) async fn write_cluster_status(
             Ok(_) => {
                 outcome.writes += 1;
                 write_succeeded(ctx, "Cluster", &name);
+            }
+            Err(e) if is_conflict(&e) => {
+                tracing::debug!(cluster = %name, "cluster changed under its status update; planning again");
+                outcome.again = true;
+                unwritten.push(name);
             }
             Err(e) => {
                 write_failed(ctx, "Cluster", &name, "patch status of", &e);

@@ -1062,6 +1062,54 @@ fn owned_by(name: &str, owner: &ConfigMap, extra_owner: Option<&ConfigMap>) -> C
     serde_json::from_value(json!({"metadata": {"name": name, "ownerReferences": refs}})).unwrap()
 }
 
+/// As a real server's `NamespaceLifecycle` admission, which runs before any validation: an
+/// object put in a namespace that does not exist is refused with the namespace's 404, whatever
+/// else is wrong with it, by a create and by a server-side apply alike.
+#[tokio::test]
+async fn a_missing_namespace_refuses_what_is_put_in_it() -> TestResult {
+    let (_server, client) = start().await;
+    let ar = install_widgets(&client).await;
+    let nowhere: Api<DynamicObject> = Api::namespaced_with(client.clone(), "cluster-alpha", &ar);
+    let missing = |e: &kube::Error| match e {
+        kube::Error::Api(s) => (s.code, s.reason.clone(), s.message.clone()),
+        other => (0, String::new(), other.to_string()),
+    };
+    let expected = (
+        404,
+        "NotFound".to_string(),
+        "namespaces \"cluster-alpha\" not found".to_string(),
+    );
+    let pp = PostParams::default();
+    let err = nowhere
+        .create(&pp, &widget("w", json!({"size": 1})))
+        .await
+        .unwrap_err();
+    assert_eq!(missing(&err), expected);
+    // Invalid too (size below its minimum): the namespace is what the server names.
+    let err = nowhere
+        .create(&pp, &widget("w", json!({"size": 0})))
+        .await
+        .unwrap_err();
+    assert_eq!(missing(&err), expected);
+    let err = nowhere
+        .patch(
+            "w",
+            &PatchParams::apply("kubectl").force(),
+            &Patch::Apply(widget("w", json!({"size": 1}))),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(missing(&err), expected);
+    // A name that is not valid either: still the namespace first.
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "cluster-alpha");
+    let err = cms
+        .create(&pp, &configmap("Not_A_Name", &[], &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(missing(&err), expected);
+    Ok(())
+}
+
 #[tokio::test]
 async fn garbage_collection_and_namespace_cascade() -> TestResult {
     let (server, client) = start().await;

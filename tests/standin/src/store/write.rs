@@ -162,6 +162,20 @@ impl Store {
         let key = rt.storage_key();
         let ns = meta_str(&obj, "namespace").to_string();
         let mut name = meta_str(&obj, "name").to_string();
+        // The real server's `NamespaceLifecycle` admission runs before any validation: a
+        // missing or terminating namespace is what it answers, whatever else is wrong.
+        if rt.namespaced {
+            match self.namespace_terminating(&ns) {
+                None => return Err(ApiError::not_found("", "namespaces", &ns)),
+                Some(true) => {
+                    return Err(ApiError::forbidden(format!(
+                        "{} \"{name}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
+                        crate::error::qualified(&rt.group, &rt.plural)
+                    )));
+                }
+                Some(false) => {}
+            }
+        }
         if name.is_empty() {
             let prefix = meta_str(&obj, "generateName").to_string();
             if prefix.is_empty() {
@@ -216,18 +230,6 @@ impl Store {
         self.warnings.extend(warnings);
         if self.find(&key, &ns, &name).is_some() {
             return Err(ApiError::already_exists(&rt.group, &rt.plural, &name));
-        }
-        if rt.namespaced {
-            match self.namespace_terminating(&ns) {
-                None => return Err(ApiError::not_found("", "namespaces", &ns)),
-                Some(true) => {
-                    return Err(ApiError::forbidden(format!(
-                        "{} \"{name}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
-                        crate::error::qualified(&rt.group, &rt.plural)
-                    )));
-                }
-                Some(false) => {}
-            }
         }
         if opts.dry_run {
             return Ok(Arc::new(obj));
