@@ -722,3 +722,220 @@ async fn a_template_that_would_exhaust_memory_fails_its_addon_and_nothing_else()
     let health = Seed::http_get(ctl.metrics_port, "/healthz").await;
     assert_eq!(health.0, 200, "{}", health.1);
 }
+
+/// A merge patch of the user cluster's `kipam-managed-pool`, as `kubectl edit` or
+/// `kubectl label` sends it, by a client of the test (not kipam).
+async fn hand_patch(user: &ApiServer, patch: Value) {
+    let kc = kube::config::Kubeconfig::from_yaml(&user.kubeconfig_yaml()).expect("kubeconfig");
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("config");
+    let client = kube::Client::try_from(cfg).expect("client");
+    let resource = kube::discovery::ApiResource {
+        group: "metallb.io".into(),
+        version: "v1beta1".into(),
+        api_version: "metallb.io/v1beta1".into(),
+        kind: "IPAddressPool".into(),
+        plural: "ipaddresspools".into(),
+    };
+    let api: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(client, "metallb-system", &resource);
+    api.patch(
+        "kipam-managed-pool",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(patch),
+    )
+    .await
+    .expect("hand patch");
+}
+
+/// Server-side applies of IPAddressPools the user cluster has served (kipam's; the test's own
+/// edits are merge patches, counted separately by the caller).
+fn pool_patches(user: &ApiServer) -> u64 {
+    user.stats().count("patch", "ipaddresspools")
+}
+
+/// A value of the controller's metrics, by the metric's name with its labels.
+async fn metric(port: u16, name: &str) -> Option<f64> {
+    let (_, text) = Seed::http_get(port, "/metrics").await;
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Drift is repaired within seconds, not at the next resync (here 300 s): kipam watches what
+/// it applied in each user cluster. What others add next to kipam's fields stays, and kipam does
+/// not keep re-applying over it. A user cluster that forbids the watch is still served, says so
+/// once, and holds up no other cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drift_is_repaired_within_seconds_without_waiting_for_the_resync() {
+    const REPAIR: Duration = Duration::from_secs(5);
+    let seed = Seed::start("addons-drift").await;
+    let user = user_cluster(true).await;
+    // RBAC without list and watch, as the docs asked for before kipam watched anything.
+    let nowatch = user_cluster(true).await;
+    nowatch.set_require_auth(true);
+    nowatch.set_access_review(|r| {
+        r.resource
+            .as_ref()
+            .is_none_or(|a| a.verb != "list" && a.verb != "watch")
+    });
+    let ctl = seed.controller_with("ctl", &["--addon-resync", "300"]);
+    seed.apply(POOLS);
+    register(&seed, "drift", "dc-1", &user.kubeconfig_yaml()).await;
+    register(&seed, "nowatch", "dc-1", &nowatch.kubeconfig_yaml()).await;
+    seed.wait_for("both clusters in sync", WAIT, "ctl", |s| {
+        in_sync(s, "drift") && in_sync(s, "nowatch")
+    })
+    .await;
+    let held = held_entries(&seed, "drift", "metallb");
+    assert_eq!(
+        pool_addresses(&user, "kipam-managed-pool"),
+        Some(held.clone())
+    );
+
+    // A hand edit of kipam's addresses is taken back within seconds.
+    let started = Instant::now();
+    hand_patch(
+        &user,
+        json!({"spec": {"addresses": ["192.0.2.0-192.0.2.255"]}}),
+    )
+    .await;
+    seed.wait_for("the hand edit repaired", REPAIR, "ctl", |_| {
+        pool_addresses(&user, "kipam-managed-pool") == Some(held.clone())
+    })
+    .await;
+    eprintln!("hand edit repaired after {:?}", started.elapsed());
+
+    // Someone else's label is not drift: it stays, and kipam sends nothing.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    hand_patch(&user, json!({"metadata": {"labels": {"team": "network"}}})).await;
+    let applies = pool_patches(&user);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        pool_patches(&user),
+        applies,
+        "kipam re-applied over someone else's label"
+    );
+    let pool = user
+        .get(
+            "ipaddresspools",
+            Some("metallb-system"),
+            "kipam-managed-pool",
+        )
+        .expect("pool");
+    assert_eq!(pool["metadata"]["labels"]["team"], "network");
+
+    // A field kipam does not render, set by someone else, stays; kipam applies at most once.
+    hand_patch(&user, json!({"spec": {"avoidBuggyIPs": true}})).await;
+    let applies = pool_patches(&user);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        pool_patches(&user) - applies <= 1,
+        "kipam keeps re-applying over someone else's field: {} applies in 3 s",
+        pool_patches(&user) - applies
+    );
+    let pool = user
+        .get(
+            "ipaddresspools",
+            Some("metallb-system"),
+            "kipam-managed-pool",
+        )
+        .expect("pool");
+    assert_eq!(pool["spec"]["avoidBuggyIPs"], true);
+    assert_eq!(
+        pool_addresses(&user, "kipam-managed-pool"),
+        Some(held.clone())
+    );
+
+    // kipam's own label removed by hand, and the whole pool deleted by hand: both back.
+    hand_patch(
+        &user,
+        json!({"metadata": {"labels": {"ipam.kipam.dev/addon": null}}}),
+    )
+    .await;
+    seed.wait_for("kipam's label restored", REPAIR, "ctl", |_| {
+        user.get(
+            "ipaddresspools",
+            Some("metallb-system"),
+            "kipam-managed-pool",
+        )
+        .is_some_and(|p| p["metadata"]["labels"]["ipam.kipam.dev/addon"] == "metallb")
+    })
+    .await;
+    user.delete(
+        "ipaddresspools",
+        Some("metallb-system"),
+        "kipam-managed-pool",
+    )
+    .expect("hand delete");
+    seed.wait_for("the hand delete restored", REPAIR, "ctl", |_| {
+        pool_addresses(&user, "kipam-managed-pool") == Some(held.clone())
+    })
+    .await;
+    assert!(
+        metric(ctl.metrics_port, "kipam_addon_drift_repairs_total")
+            .await
+            .is_some_and(|n| n >= 3.0)
+    );
+
+    // Another writer that sets the addresses back each time: kipam repairs a few times at once,
+    // then with growing delays, and says so once; no tight loop.
+    let theirs = json!({"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+        "metadata": {"name": "kipam-managed-pool", "namespace": "metallb-system"},
+        "spec": {"addresses": ["192.0.2.0-192.0.2.255"]}});
+    let applies = pool_patches(&user);
+    let fight = Instant::now();
+    while fight.elapsed() < Duration::from_secs(5) {
+        if pool_addresses(&user, "kipam-managed-pool") != Some(vec!["192.0.2.0-192.0.2.255".into()])
+        {
+            user.apply(&theirs).expect("the other writer");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let fought = pool_patches(&user) - applies;
+    assert!(
+        (3..=15).contains(&fought),
+        "{fought} applies in 5 s against another writer"
+    );
+    seed.wait_for("repaired once the other writer stops", WAIT, "ctl", |_| {
+        pool_addresses(&user, "kipam-managed-pool") == Some(held.clone())
+    })
+    .await;
+
+    // The cluster that forbids watching: still in sync, its watches failing, said once each
+    // (one per kind kipam applied there), retried with backoff rather than hammered.
+    assert!(in_sync(&seed, "nowatch"));
+    let lists = nowatch.stats().verb("list");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        nowatch.stats().verb("list") - lists <= 8,
+        "{} lists in 4 s from failing watches",
+        nowatch.stats().verb("list") - lists
+    );
+    assert_eq!(
+        metric(
+            ctl.metrics_port,
+            "kipam_addon_drift_watches{state=\"failing\"}"
+        )
+        .await,
+        Some(2.0)
+    );
+    let log = std::fs::read_to_string(seed.log_path("ctl")).expect("log");
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("drift watch failed") && l.contains("nowatch"))
+        .collect();
+    assert_eq!(warnings.len(), 2, "{warnings:#?}");
+    assert!(
+        warnings.iter().all(|l| l.contains("Forbidden")),
+        "{warnings:#?}"
+    );
+    assert_eq!(
+        log.matches("keeps being changed").count(),
+        1,
+        "the fight is said once"
+    );
+    assert!(!log.contains("Status {"), "a Debug dump in the log:\n{log}");
+}
