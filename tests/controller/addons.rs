@@ -939,3 +939,57 @@ async fn drift_is_repaired_within_seconds_without_waiting_for_the_resync() {
     );
     assert!(!log.contains("Status {"), "a Debug dump in the log:\n{log}");
 }
+
+/// The soft open-file limit of `/proc/<pid>/limits`, and the hard one.
+fn open_file_limits(pid: u32) -> Option<(String, String)> {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    let mut fields = line["Max open files".len()..].split_whitespace();
+    Some((fields.next()?.to_string(), fields.next()?.to_string()))
+}
+
+/// Started with the soft open-file limit of 1,024 some container runtimes give, the controller
+/// raises it to the hard limit: the drift watches hold two connections per user cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_raises_its_open_file_limit_to_the_hard_limit() {
+    use std::os::unix::process::CommandExt;
+    let seed = Seed::start("nofile").await;
+    let kubeconfig = seed.dir().join("nofile.kubeconfig");
+    seed.api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_kipam"));
+    command
+        .args(["controller", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .args(["--metrics-addr", "127.0.0.1:0", "--api-addr", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: between fork and exec the child only lowers its own soft limit.
+    unsafe {
+        command.pre_exec(|| {
+            let mut limit = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_max > 1024 {
+                limit.rlim_cur = 1024;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().expect("controller starts");
+    let pid = child.id();
+    let deadline = Instant::now() + WAIT;
+    let mut limits = open_file_limits(pid);
+    while limits.as_ref().is_none_or(|(soft, hard)| soft != hard) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        limits = open_file_limits(pid);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let (soft, hard) = limits.expect("limits readable");
+    assert_eq!(
+        soft, hard,
+        "the soft open-file limit stayed below the hard one"
+    );
+}
