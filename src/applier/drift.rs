@@ -388,11 +388,8 @@ impl Drift {
         let Some(w) = clusters.get_mut(cluster) else {
             return;
         };
-        if !w.stamps.contains_key(&object) {
-            // Not applied by this process (or not yet): nothing to compare with.
-            return;
-        }
         if w.syncing {
+            // Kept even before this process applied it: the running sync may be creating it.
             w.seen_while_syncing.insert(object, seen);
             return;
         }
