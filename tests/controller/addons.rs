@@ -253,7 +253,8 @@ async fn addons_reach_user_clusters_and_stay_there() {
         started.elapsed()
     );
 
-    // A hand edit is reverted on resync, a hand delete restored.
+    // A hand edit is reverted, a hand delete restored (by the drift watches here; the 2 s
+    // resync would too).
     single
         .apply(
             &json!({"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
