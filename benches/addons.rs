@@ -7,8 +7,17 @@
 //! holds its `IPAddressPool` with exactly its allocation. For N ≤ 100 it then grows the
 //! allocation of each cluster in turn and measures, per cluster, the time from the grown
 //! `IPAMAllocation` appearing on the seed to the grown `IPAddressPool` in the user cluster
-//! (median and worst). Prints the controller's peak resident memory and the requests the user
-//! clusters served. Exits non-zero when a user cluster does not get its objects.
+//! (median and worst).
+//!
+//! Then the **drift** phase: once every user cluster has kipam's drift watches open, it states
+//! their cost (watches and sockets the controller holds, its resident memory over what it held
+//! before any Cluster existed), edits the `IPAddressPool` of up to 100 clusters by hand, one at
+//! a time, and measures each edit-to-repair time (median, p99, worst), then edits every
+//! cluster's pool at once and measures how long until all are repaired. The controller runs
+//! with the default `--addon-resync` (300 s), so every repair comes from the watches.
+//!
+//! Prints the controller's peak resident memory and the requests the user clusters served.
+//! Exits non-zero when a user cluster does not get its objects or a hand edit is not repaired.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -53,13 +62,154 @@ fn kubeconfig_with_ca(user: &ApiServer) -> String {
     with_ca
 }
 
-fn peak_rss_kib(pid: u32) -> Option<u64> {
+/// A figure of `/proc/<pid>/status` in KiB: `VmHWM` (peak resident) or `VmRSS` (resident).
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
-        .find(|l| l.starts_with("VmHWM:"))
+        .find(|l| l.starts_with(field))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
+}
+
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmHWM:")
+}
+
+/// Sockets the process holds open (its connections and listeners).
+fn sockets(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|dir| {
+            dir.flatten()
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// The `n`-th percentile of sorted durations, in ms.
+fn percentile_ms(sorted: &[Duration], n: usize) -> f64 {
+    let i = (sorted.len() * n).div_ceil(100).saturating_sub(1);
+    sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1e3
+}
+
+/// A hand edit of the user cluster's pool: addresses kipam never hands out.
+const HAND_EDIT: &str = "192.0.2.0-192.0.2.255";
+
+fn hand_edit(user: &ApiServer) {
+    user.apply(
+        &json!({"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+        "metadata": {"name": "kipam-managed-pool", "namespace": "metallb-system"},
+        "spec": {"addresses": [HAND_EDIT]}}),
+    )
+    .expect("hand edit");
+}
+
+/// The drift phase (see the module's documentation); false when a hand edit is not repaired.
+fn drift(size: usize, pid: u32, users: &[ApiServer], before: (usize, u64)) -> bool {
+    // The watches open once a cluster's first sync has applied: wait until each user cluster
+    // has served a watch of both kinds kipam applied there.
+    let start = Instant::now();
+    let watching = |u: &ApiServer| {
+        let stats = u.stats();
+        stats.count("watch", "ipaddresspools") > 0 && stats.count("watch", "l2advertisements") > 0
+    };
+    while !users.iter().all(watching) && start.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let open = users.iter().filter(|u| watching(u)).count();
+    if open < size {
+        println!("  drift watches open in only {open} of {size} user clusters (FAILED)");
+        return false;
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let (sockets_before, rss_before) = before;
+    let sockets_now = sockets(pid);
+    let rss_now = status_kib(pid, "VmRSS:").unwrap_or(0);
+    println!(
+        "drift watches: 2 per user cluster (IPAddressPool, L2Advertisement in metallb-system), \
+         {} open; the controller holds {sockets_now} sockets ({:.2} per user cluster over the \
+         {sockets_before} it held before), resident memory {:.1} MiB ({:.0} KiB per user \
+         cluster over the {:.1} MiB before any Cluster, everything kipam keeps per cluster \
+         included)",
+        2 * size,
+        (sockets_now.saturating_sub(sockets_before)) as f64 / size as f64,
+        rss_now as f64 / 1024.0,
+        rss_now.saturating_sub(rss_before) as f64 / size as f64,
+        rss_before as f64 / 1024.0,
+    );
+
+    // One hand edit at a time, spread over the clusters.
+    let sample: Vec<usize> = (0..size.min(100))
+        .map(|k| k * size / size.min(100))
+        .collect();
+    let mut repairs = Vec::with_capacity(sample.len());
+    for &i in &sample {
+        let want = in_user_cluster(&users[i]);
+        hand_edit(&users[i]);
+        let t0 = Instant::now();
+        while in_user_cluster(&users[i]) != want && t0.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if in_user_cluster(&users[i]) != want {
+            println!(
+                "  {}: the hand edit was not repaired in 30 s (FAILED)",
+                name(i)
+            );
+            return false;
+        }
+        repairs.push(t0.elapsed());
+    }
+    repairs.sort();
+    println!(
+        "hand edit of an IPAddressPool -> repaired, {} clusters one at a time: median {:.0} ms, \
+         p99 {:.0} ms, worst {:.0} ms",
+        repairs.len(),
+        percentile_ms(&repairs, 50),
+        percentile_ms(&repairs, 99),
+        percentile_ms(&repairs, 100),
+    );
+
+    // Every cluster's pool edited at once.
+    let wants: Vec<Option<Vec<Value>>> = users.iter().map(in_user_cluster).collect();
+    let t0 = Instant::now();
+    for u in users {
+        hand_edit(u);
+    }
+    let edited = t0.elapsed();
+    let mut pending: Vec<usize> = (0..size).collect();
+    let mut repairs = Vec::with_capacity(size);
+    while !pending.is_empty() && t0.elapsed() < Duration::from_secs(120) {
+        pending.retain(|&i| {
+            if in_user_cluster(&users[i]) == wants[i] {
+                repairs.push(t0.elapsed());
+                false
+            } else {
+                true
+            }
+        });
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if !pending.is_empty() {
+        println!(
+            "  {} hand edits not repaired in 120 s (FAILED)",
+            pending.len()
+        );
+        return false;
+    }
+    repairs.sort();
+    println!(
+        "hand edits of all {size} IPAddressPools at once (made in {:.0} ms) -> repaired: \
+         median {:.0} ms, p99 {:.0} ms, all after {:.0} ms",
+        edited.as_secs_f64() * 1e3,
+        percentile_ms(&repairs, 50),
+        percentile_ms(&repairs, 99),
+        percentile_ms(&repairs, 100),
+    );
+    true
 }
 
 fn held(seed: &ApiServer, cluster: &str) -> Option<Vec<Value>> {
@@ -118,6 +268,9 @@ fn run(size: usize) -> bool {
         let user = rt
             .block_on(ApiServer::start())
             .expect("user cluster starts");
+        // As often as a real API server sends them (the stand-in's default is every 5 s, which
+        // over 2,000 drift watches would be 400 bookmarks a second).
+        user.set_bookmark_interval(Duration::from_secs(60));
         user.apply(&json!({"apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": "metallb-system"}}))
             .expect("namespace");
@@ -147,7 +300,19 @@ fn run(size: usize) -> bool {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let kubeconfig = dir.join("kubeconfig");
     seed.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kipam"))
+    // `KIPAM_BENCH_WRAP="heaptrack -o /tmp/kipam"` runs the controller under a profiler (the
+    // memory and socket figures are then the profiler's process, not the controller's).
+    let wrap = std::env::var("KIPAM_BENCH_WRAP").unwrap_or_default();
+    let mut wrap = wrap.split_whitespace();
+    let mut command = match wrap.next() {
+        Some(program) => {
+            let mut c = Command::new(program);
+            c.args(wrap).arg(env!("CARGO_BIN_EXE_kipam"));
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_kipam")),
+    };
+    let mut child = command
         .args(["controller", "--kubeconfig"])
         .arg(&kubeconfig)
         .args(["--metrics-addr", "127.0.0.1:0", "--identity", "bench"])
@@ -169,6 +334,7 @@ fn run(size: usize) -> bool {
     for u in &users {
         u.reset_stats();
     }
+    let before = (sockets(pid), status_kib(pid, "VmRSS:").unwrap_or(0));
 
     // First apply: N clusters created at once.
     let start = Instant::now();
@@ -204,9 +370,15 @@ fn run(size: usize) -> bool {
         }
     );
     let requests: u64 = users.iter().map(|u| u.stats().total).sum();
+    let watching: u64 = users
+        .iter()
+        .map(|u| u.stats().verb("list") + u.stats().verb("watch"))
+        .sum();
     println!(
-        "  requests served by the user clusters: {requests} ({:.1} per cluster)",
-        requests as f64 / size as f64
+        "  requests served by the user clusters: {requests} ({:.1} per cluster, of which {:.1} \
+         the drift watches' lists and watches opened so far)",
+        requests as f64 / size as f64,
+        watching as f64 / size as f64
     );
 
     // Allocation to object, one cluster at a time.
@@ -260,6 +432,10 @@ fn run(size: usize) -> bool {
                 worst.as_secs_f64() * 1e3
             );
         }
+    }
+
+    if ok {
+        ok = drift(size, pid, &users, before);
     }
 
     match peak_rss_kib(pid) {

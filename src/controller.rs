@@ -66,6 +66,7 @@ pub enum ControllerError {
 
 /// Runs the controller until SIGTERM / SIGINT.
 pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
+    raise_open_file_limit();
     let (client, writer) = seed::clients(options.kubeconfig.as_ref()).await?;
     let metrics = Metrics::new();
     let listener_metrics = metrics.clone();
@@ -229,5 +230,33 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Lets the process open as many descriptors as its hard limit allows, as Go programs do at
+/// start. The leader holds a connection per drift watch, two per user cluster for `metallb`:
+/// past about 500 user clusters that is more than the soft limit of 1,024 some container
+/// runtimes give, and running out would fail syncs and seed requests too, not only watches.
+fn raise_open_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read or write the one struct passed, nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return;
+    }
+    if limit.rlim_cur >= limit.rlim_max {
+        return;
+    }
+    let before = limit.rlim_cur;
+    limit.rlim_cur = limit.rlim_max;
+    // SAFETY: as above.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } == 0 {
+        tracing::info!(
+            from = before,
+            to = limit.rlim_max,
+            "open-file limit raised to its hard limit"
+        );
     }
 }

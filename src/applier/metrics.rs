@@ -35,6 +35,12 @@ pub struct VerbLabels {
     pub verb: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    /// `watching` or `failing`.
+    pub state: String,
+}
+
 fn tenant_request_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 13))
 }
@@ -53,6 +59,11 @@ pub struct Metrics {
     pub addon_objects_applied: Counter,
     pub addon_objects_pruned: Counter,
     pub addon_syncs_in_flight: Gauge,
+    /// Syncs started because an object kipam applied was changed or deleted in its user
+    /// cluster.
+    pub addon_drift_repairs: Counter,
+    /// Drift watches in user clusters, by state.
+    pub addon_drift_watches: Family<StateLabels, Gauge>,
 }
 
 impl Metrics {
@@ -67,6 +78,8 @@ impl Metrics {
             addon_objects_applied: Counter::default(),
             addon_objects_pruned: Counter::default(),
             addon_syncs_in_flight: Gauge::default(),
+            addon_drift_repairs: Counter::default(),
+            addon_drift_watches: Family::default(),
         };
         seed.register(|registry| {
             registry.register(
@@ -110,6 +123,17 @@ impl Metrics {
                 "User clusters being synced right now (at most --tenant-concurrency)",
                 m.addon_syncs_in_flight.clone(),
             );
+            registry.register(
+                "addon_drift_repairs",
+                "User-cluster syncs started because an object kipam applied there was changed or \
+             deleted by someone else",
+                m.addon_drift_repairs.clone(),
+            );
+            registry.register(
+                "addon_drift_watches",
+                "Watches of the objects kipam applied in user clusters, by state (watching, failing)",
+                m.addon_drift_watches.clone(),
+            );
         });
         Arc::new(m)
     }
@@ -132,6 +156,15 @@ impl Metrics {
                 reason: reason.into(),
             })
             .inc();
+    }
+
+    /// The gauge of drift watches in `state` (`watching` or `failing`).
+    pub fn drift_watches(&self, state: &str) -> Gauge {
+        self.addon_drift_watches
+            .get_or_create(&StateLabels {
+                state: state.into(),
+            })
+            .clone()
     }
 
     /// Records one request to a user cluster (`apply` or `delete`).

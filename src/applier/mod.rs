@@ -9,10 +9,13 @@
 //!   its last successful sync, its resync is due, or a failed sync's backoff has passed, and
 //!   starts at most `--tenant-concurrency` syncs at once, one at a time per cluster;
 //! - [`sync`] does one user cluster; [`summary`] computes statuses (pure); [`kubeconfig`] turns
-//!   a Secret into a client configuration.
+//!   a Secret into a client configuration;
+//! - [`drift`] watches, on the leader, the objects kipam applied in each user cluster and asks
+//!   for a full sync of a cluster where one was changed or deleted by someone else.
 //!
 //! See `docs/multicluster.md`.
 
+pub mod drift;
 pub mod kubeconfig;
 pub mod metrics;
 pub mod summary;
@@ -213,6 +216,7 @@ async fn schedule(
     let mut leadership = ctx.leader.subscribe();
     let mut was_leader = false;
     let mut next_wait = options.resync;
+    let drift = drift::Drift::new(metrics.clone(), wake.clone());
     loop {
         tokio::select! {
             _ = wake.notified() => {
@@ -222,12 +226,12 @@ async fn schedule(
             Ok(()) = ledger_updates.changed() => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Some(done) = done_rx.recv() => finish(&mut tenants, &mut backoff, done, ctx.leader.holds()),
+            Some(done) = done_rx.recv() => finish(&mut tenants, &mut backoff, &drift, done, ctx.leader.holds()),
             _ = leadership.changed() => {}
             _ = tokio::time::sleep(next_wait) => {}
         }
         while let Ok(done) = done_rx.try_recv() {
-            finish(&mut tenants, &mut backoff, done, ctx.leader.holds());
+            finish(&mut tenants, &mut backoff, &drift, done, ctx.leader.holds());
         }
         let leading = ctx.leader.holds();
         if !leading {
@@ -236,6 +240,7 @@ async fn schedule(
                 for t in tenants.values_mut() {
                     forget(t);
                 }
+                drift.stop_all();
             }
             was_leader = false;
             next_wait = Duration::from_secs(1);
@@ -265,6 +270,7 @@ async fn schedule(
             &backoff,
             &permits,
             &done_tx,
+            &drift,
         );
     }
 }
@@ -278,8 +284,26 @@ fn forget(tenant: &mut Tenant) {
     tenant.addons_ready = None;
 }
 
-fn finish(tenants: &mut HashMap<String, Tenant>, backoff: &mut Backoff, done: Done, leading: bool) {
+fn finish(
+    tenants: &mut HashMap<String, Tenant>,
+    backoff: &mut Backoff,
+    drift: &drift::Drift,
+    done: Done,
+    leading: bool,
+) {
     let (name, fingerprint, report, slot) = done;
+    match (&slot, leading) {
+        (Some(t), true) => drift.sync_ended(
+            &name,
+            drift::Applied {
+                source: &t.source,
+                config: &t.config,
+                kinds: &t.kinds,
+                stamps: &t.stamps,
+            },
+        ),
+        _ => drift.stop(&name),
+    }
     let tenant = tenants.entry(name.clone()).or_default();
     tenant.running = false;
     tenant.slot = Some(slot);
@@ -329,6 +353,7 @@ fn round(
     backoff: &Backoff,
     permits: &Arc<Semaphore>,
     done_tx: &mpsc::UnboundedSender<Done>,
+    drift: &drift::Drift,
 ) -> Duration {
     let clusters: HashMap<String, Arc<Cluster>> = caches
         .clusters
@@ -341,6 +366,7 @@ fn round(
     tenants.retain(|name, t| {
         t.running || by_namespace.contains_key(&crate::resources::cluster_namespace(name))
     });
+    drift.retain(|name| tenants.contains_key(name));
     for (namespace, mut addons) in by_namespace {
         let Some(cluster_name) = cluster_of_namespace(&namespace).map(str::to_string) else {
             continue;
@@ -369,14 +395,16 @@ fn round(
             .synced_at
             .is_none_or(|at| at.elapsed() >= options.resync);
         let changed = tenant.fingerprint != Some(fingerprint);
-        if tenant.retry || changed || resync_due {
+        let drifted = drift.drifted(&cluster_name);
+        if tenant.retry || changed || resync_due || drifted {
             if !backoff.due(&cluster_name) {
                 continue;
             }
-            // Re-apply everything on a resync, a retry and the first sync of a term; on a
-            // change, only Addons whose rendered output changed.
-            let force = tenant.retry || resync_due;
+            // Re-apply everything on a resync, a retry, drift and the first sync of a term; on
+            // a change, only Addons whose rendered output changed.
+            let force = tenant.retry || resync_due || drifted;
             tenant.running = true;
+            drift.sync_started(&cluster_name);
             let slot = tenant.slot.take().flatten();
             let written = tenant.addons_ready.clone();
             let ctx = ctx.clone();
@@ -417,7 +445,7 @@ fn round(
             next = next.min(options.resync.saturating_sub(at.elapsed()));
         }
     }
-    if let Some(due) = backoff.next_due() {
+    for due in [backoff.next_due(), drift.next_due()].into_iter().flatten() {
         next = next.min(due);
     }
     next.max(Duration::from_millis(50))

@@ -1,7 +1,7 @@
 //! One user cluster's sync: render its Addons, apply every object with server-side apply, prune
 //! what is no longer rendered, write the statuses.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Secret;
@@ -11,6 +11,7 @@ use kube::discovery::{ApiCapabilities, ApiResource, Scope};
 use kube::{Api, Client, Config, ResourceExt};
 use serde_json::{Value, json};
 
+use super::drift::Stamp;
 use super::metrics::Metrics;
 use super::summary::{self, Failure, Outcome, Reason};
 use super::{FIELD_MANAGER, FINALIZER, kubeconfig};
@@ -43,6 +44,8 @@ pub struct TenantClient {
     pub kinds: HashMap<String, Vec<(ApiResource, ApiCapabilities)>>,
     /// Addon name -> what this process last applied there.
     pub applied: HashMap<String, Memory>,
+    /// Per object, what this process's last apply of it returned (for the drift watches).
+    pub stamps: BTreeMap<AppliedObject, Stamp>,
 }
 
 /// What this process knows it applied for one Addon. The Addon's status says the same once
@@ -93,7 +96,13 @@ pub async fn sync_tenant(
     let now = crate::resources::now_rfc3339();
     let cluster = match &input.cluster {
         Some(c) if c.metadata.deletion_timestamp.is_none() => c.clone(),
-        _ => return release_addons(ctx, &input).await,
+        _ => {
+            // Nothing more is applied there, so nothing is watched there either.
+            if let Some(t) = slot.as_mut() {
+                t.stamps.clear();
+            }
+            return release_addons(ctx, &input).await;
+        }
     };
 
     // Finalizers first: an Addon deleted after this point still gets its objects pruned.
@@ -691,12 +700,16 @@ async fn client_for(
         let parsed = kubeconfig::parse(&text, &where_)?;
         let config = kubeconfig::config(parsed, &where_, timeout).await?;
         tracing::info!(cluster = %cluster.name_any(), secret = %format!("{namespace}/{name}"), "user cluster client (re)built from its kubeconfig Secret");
-        let applied = slot.take().map(|t| t.applied).unwrap_or_default();
+        let (applied, stamps) = slot
+            .take()
+            .map(|t| (t.applied, t.stamps))
+            .unwrap_or_default();
         *slot = Some(TenantClient {
             source: source.clone(),
             config,
             kinds: HashMap::new(),
             applied,
+            stamps,
         });
     }
     let Some(tenant) = slot.as_ref().filter(|t| t.source == source) else {
@@ -886,10 +899,13 @@ async fn apply_addon(
         }
         let api = api_for(client, &resource, &caps, &namespace);
         // Recorded before the request: an apply that times out may still have created it.
-        applied.push(record);
+        applied.push(record.clone());
         let started = std::time::Instant::now();
         let result = api.patch(&name, &params, &Patch::Apply(&object)).await;
         metrics.addon_request("apply", result.is_ok(), started.elapsed());
+        if let Ok(answer) = &result {
+            tenant.stamps.insert(record, Stamp::of(answer, &object));
+        }
         if let Err(e) = result {
             let what = if namespace.is_empty() {
                 format!("apply {kind} {name}")
@@ -950,6 +966,8 @@ async fn delete_object(
         });
     }
     let api = api_for(client, &resource, &caps, &object.namespace);
+    // Forgotten before the request: kipam's own delete is not drift.
+    tenant.stamps.remove(object);
     let started = std::time::Instant::now();
     let result = api.delete(&object.name, &DeleteParams::default()).await;
     let gone = match &result {

@@ -253,7 +253,8 @@ async fn addons_reach_user_clusters_and_stay_there() {
         started.elapsed()
     );
 
-    // A hand edit is reverted on resync, a hand delete restored.
+    // A hand edit is reverted, a hand delete restored (by the drift watches here; the 2 s
+    // resync would too).
     single
         .apply(
             &json!({"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
@@ -816,5 +817,276 @@ async fn ipam_ready_and_addons_ready_are_both_kept_with_a_lagging_cache() {
             .iter()
             .map(|c| c["status"].clone())
             .collect::<Vec<_>>()
+    );
+}
+
+/// A merge patch of the user cluster's `kipam-managed-pool`, as `kubectl edit` or
+/// `kubectl label` sends it, by a client of the test (not kipam).
+async fn hand_patch(user: &ApiServer, patch: Value) {
+    let kc = kube::config::Kubeconfig::from_yaml(&user.kubeconfig_yaml()).expect("kubeconfig");
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("config");
+    let client = kube::Client::try_from(cfg).expect("client");
+    let resource = kube::discovery::ApiResource {
+        group: "metallb.io".into(),
+        version: "v1beta1".into(),
+        api_version: "metallb.io/v1beta1".into(),
+        kind: "IPAddressPool".into(),
+        plural: "ipaddresspools".into(),
+    };
+    let api: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(client, "metallb-system", &resource);
+    api.patch(
+        "kipam-managed-pool",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(patch),
+    )
+    .await
+    .expect("hand patch");
+}
+
+/// Server-side applies of IPAddressPools the user cluster has served (kipam's; the test's own
+/// edits are merge patches, counted separately by the caller).
+fn pool_patches(user: &ApiServer) -> u64 {
+    user.stats().count("patch", "ipaddresspools")
+}
+
+/// A value of the controller's metrics, by the metric's name with its labels.
+async fn metric(port: u16, name: &str) -> Option<f64> {
+    let (_, text) = Seed::http_get(port, "/metrics").await;
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Drift is repaired within seconds, not at the next resync (here 300 s): kipam watches what
+/// it applied in each user cluster. What others add next to kipam's fields stays, and kipam does
+/// not keep re-applying over it. A user cluster that forbids the watch is still served, says so
+/// once, and holds up no other cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drift_is_repaired_within_seconds_without_waiting_for_the_resync() {
+    const REPAIR: Duration = Duration::from_secs(5);
+    let seed = Seed::start("addons-drift").await;
+    let user = user_cluster(true).await;
+    // RBAC without list and watch, as the docs asked for before kipam watched anything.
+    let nowatch = user_cluster(true).await;
+    nowatch.set_require_auth(true);
+    nowatch.set_access_review(|r| {
+        r.resource
+            .as_ref()
+            .is_none_or(|a| a.verb != "list" && a.verb != "watch")
+    });
+    let ctl = seed.controller_with("ctl", &["--addon-resync", "300"]);
+    seed.apply(POOLS);
+    register(&seed, "drift", "dc-1", &user.kubeconfig_yaml()).await;
+    register(&seed, "nowatch", "dc-1", &nowatch.kubeconfig_yaml()).await;
+    seed.wait_for("both clusters in sync", WAIT, "ctl", |s| {
+        in_sync(s, "drift") && in_sync(s, "nowatch")
+    })
+    .await;
+    let held = held_entries(&seed, "drift", "metallb");
+    assert_eq!(
+        pool_addresses(&user, "kipam-managed-pool"),
+        Some(held.clone())
+    );
+
+    // A hand edit of kipam's addresses is taken back within seconds.
+    let started = Instant::now();
+    hand_patch(
+        &user,
+        json!({"spec": {"addresses": ["192.0.2.0-192.0.2.255"]}}),
+    )
+    .await;
+    seed.wait_for("the hand edit repaired", REPAIR, "ctl", |_| {
+        pool_addresses(&user, "kipam-managed-pool") == Some(held.clone())
+    })
+    .await;
+    eprintln!("hand edit repaired after {:?}", started.elapsed());
+
+    // Someone else's label is not drift: it stays, and kipam sends nothing.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    hand_patch(&user, json!({"metadata": {"labels": {"team": "network"}}})).await;
+    let applies = pool_patches(&user);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        pool_patches(&user),
+        applies,
+        "kipam re-applied over someone else's label"
+    );
+    let pool = user
+        .get(
+            "ipaddresspools",
+            Some("metallb-system"),
+            "kipam-managed-pool",
+        )
+        .expect("pool");
+    assert_eq!(pool["metadata"]["labels"]["team"], "network");
+
+    // A field kipam does not render, set by someone else, stays; kipam applies at most once.
+    hand_patch(&user, json!({"spec": {"avoidBuggyIPs": true}})).await;
+    let applies = pool_patches(&user);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        pool_patches(&user) - applies <= 1,
+        "kipam keeps re-applying over someone else's field: {} applies in 3 s",
+        pool_patches(&user) - applies
+    );
+    let pool = user
+        .get(
+            "ipaddresspools",
+            Some("metallb-system"),
+            "kipam-managed-pool",
+        )
+        .expect("pool");
+    assert_eq!(pool["spec"]["avoidBuggyIPs"], true);
+    assert_eq!(
+        pool_addresses(&user, "kipam-managed-pool"),
+        Some(held.clone())
+    );
+
+    // kipam's own label removed by hand, and the whole pool deleted by hand: both back.
+    hand_patch(
+        &user,
+        json!({"metadata": {"labels": {"ipam.kipam.dev/addon": null}}}),
+    )
+    .await;
+    seed.wait_for("kipam's label restored", REPAIR, "ctl", |_| {
+        user.get(
+            "ipaddresspools",
+            Some("metallb-system"),
+            "kipam-managed-pool",
+        )
+        .is_some_and(|p| p["metadata"]["labels"]["ipam.kipam.dev/addon"] == "metallb")
+    })
+    .await;
+    user.delete(
+        "ipaddresspools",
+        Some("metallb-system"),
+        "kipam-managed-pool",
+    )
+    .expect("hand delete");
+    seed.wait_for("the hand delete restored", REPAIR, "ctl", |_| {
+        pool_addresses(&user, "kipam-managed-pool") == Some(held.clone())
+    })
+    .await;
+    assert!(
+        metric(ctl.metrics_port, "kipam_addon_drift_repairs_total")
+            .await
+            .is_some_and(|n| n >= 3.0)
+    );
+
+    // Another writer that sets the addresses back each time: kipam repairs a few times at once,
+    // then with growing delays, and says so once; no tight loop.
+    let theirs = json!({"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+        "metadata": {"name": "kipam-managed-pool", "namespace": "metallb-system"},
+        "spec": {"addresses": ["192.0.2.0-192.0.2.255"]}});
+    let applies = pool_patches(&user);
+    let fight = Instant::now();
+    while fight.elapsed() < Duration::from_secs(5) {
+        if pool_addresses(&user, "kipam-managed-pool") != Some(vec!["192.0.2.0-192.0.2.255".into()])
+        {
+            user.apply(&theirs).expect("the other writer");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let fought = pool_patches(&user) - applies;
+    assert!(
+        (3..=15).contains(&fought),
+        "{fought} applies in 5 s against another writer"
+    );
+    seed.wait_for("repaired once the other writer stops", WAIT, "ctl", |_| {
+        pool_addresses(&user, "kipam-managed-pool") == Some(held.clone())
+    })
+    .await;
+
+    // The cluster that forbids watching: still in sync, its watches failing, said once each
+    // (one per kind kipam applied there), retried with backoff rather than hammered.
+    assert!(in_sync(&seed, "nowatch"));
+    let lists = nowatch.stats().verb("list");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        nowatch.stats().verb("list") - lists <= 8,
+        "{} lists in 4 s from failing watches",
+        nowatch.stats().verb("list") - lists
+    );
+    assert_eq!(
+        metric(
+            ctl.metrics_port,
+            "kipam_addon_drift_watches{state=\"failing\"}"
+        )
+        .await,
+        Some(2.0)
+    );
+    let log = std::fs::read_to_string(seed.log_path("ctl")).expect("log");
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("drift watch failed") && l.contains("nowatch"))
+        .collect();
+    assert_eq!(warnings.len(), 2, "{warnings:#?}");
+    assert!(
+        warnings.iter().all(|l| l.contains("Forbidden")),
+        "{warnings:#?}"
+    );
+    assert_eq!(
+        log.matches("keeps being changed").count(),
+        1,
+        "the fight is said once"
+    );
+    assert!(!log.contains("Status {"), "a Debug dump in the log:\n{log}");
+}
+
+/// The soft open-file limit of `/proc/<pid>/limits`, and the hard one.
+fn open_file_limits(pid: u32) -> Option<(String, String)> {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    let mut fields = line["Max open files".len()..].split_whitespace();
+    Some((fields.next()?.to_string(), fields.next()?.to_string()))
+}
+
+/// Started with the soft open-file limit of 1,024 some container runtimes give, the controller
+/// raises it to the hard limit: the drift watches hold two connections per user cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_raises_its_open_file_limit_to_the_hard_limit() {
+    use std::os::unix::process::CommandExt;
+    let seed = Seed::start("nofile").await;
+    let kubeconfig = seed.dir().join("nofile.kubeconfig");
+    seed.api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_kipam"));
+    command
+        .args(["controller", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .args(["--metrics-addr", "127.0.0.1:0", "--api-addr", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: between fork and exec the child only lowers its own soft limit.
+    unsafe {
+        command.pre_exec(|| {
+            let mut limit = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_max > 1024 {
+                limit.rlim_cur = 1024;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().expect("controller starts");
+    let pid = child.id();
+    let deadline = Instant::now() + WAIT;
+    let mut limits = open_file_limits(pid);
+    while limits.as_ref().is_none_or(|(soft, hard)| soft != hard) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        limits = open_file_limits(pid);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let (soft, hard) = limits.expect("limits readable");
+    assert_eq!(
+        soft, hard,
+        "the soft open-file limit stayed below the hard one"
     );
 }

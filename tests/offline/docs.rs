@@ -206,6 +206,7 @@ fn every_metric() -> std::sync::Arc<kipam::seed::metrics::Metrics> {
     applier.addon_sync(true, std::time::Duration::ZERO);
     applier.addon_failed("Unreachable");
     applier.addon_request("apply", true, std::time::Duration::ZERO);
+    applier.drift_watches("failing");
     for http in [&api, &webhook] {
         let (route, method) = ("/".to_string(), "GET".to_string());
         http.requests
