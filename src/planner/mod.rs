@@ -153,6 +153,15 @@ impl<'a> Planner<'a> {
                 format!("cluster {} no longer exists", s.cluster),
             ));
         };
+        // Before the pool's reclaim policy: `Retain` keeps addresses for clusters that stay,
+        // and a cluster being deleted waits for every allocation it holds to go.
+        if cluster.deleting {
+            return Some(decide(
+                Change::Release,
+                None,
+                format!("cluster {} is being deleted", s.cluster),
+            ));
+        }
         let Some(pool) = self.pools.get(s.pool.as_str()).copied() else {
             let retain = s.reclaim_policy == Some(ReclaimPolicy::Retain) && s.held.is_some();
             return Some(if retain {
@@ -187,13 +196,6 @@ impl<'a> Planner<'a> {
             } else {
                 decide(Change::Release, None, why)
             });
-        }
-        if cluster.deleting {
-            return Some(decide(
-                Change::Release,
-                None,
-                format!("cluster {} is being deleted", s.cluster),
-            ));
         }
         if !cluster.frozen() {
             if cluster.datacenter != s.datacenter {

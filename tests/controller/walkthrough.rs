@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::core::{DynamicObject, GroupVersionKind, Resource};
@@ -553,8 +553,43 @@ async fn the_readme_walkthrough_serves_the_examples_from_one_apply() {
                     .starts_with("cluster-")
             })
     };
-    seed.wait_for("everything of the examples gone", WAIT, "ctl", gone)
-        .await;
+    let left = |s: &Seed| -> Vec<String> {
+        let mut left = Vec::new();
+        for r in [
+            "clusters",
+            "ipampools",
+            "ipamallocations",
+            "ipampoolrecords",
+            "addons",
+            "namespaces",
+        ] {
+            for o in s.api.list(r, None) {
+                let name = o["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                if r != "namespaces" || name.starts_with("cluster-") {
+                    left.push(format!(
+                        "{r} {}/{name} finalizers={} deleting={}",
+                        o["metadata"]["namespace"].as_str().unwrap_or_default(),
+                        o["metadata"]["finalizers"],
+                        o["metadata"]["deletionTimestamp"].is_string()
+                    ));
+                }
+            }
+        }
+        left
+    };
+    let deadline = Instant::now() + WAIT;
+    while !gone(&seed) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        gone(&seed),
+        "left after kubectl delete -f examples/: {:#?}\n--- controller log ---\n{}",
+        left(&seed),
+        seed.log("ctl")
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
     let before = passes(ctl.metrics_port).await;
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -477,3 +477,28 @@ fn an_allocation_never_needs_more_pieces_than_its_object_can_hold() {
     let usage = &p.usage[&("metallb".to_string(), "dc-1".to_string())].usage;
     assert_eq!(usage.allocations, 8192);
 }
+
+/// A cluster being deleted gives up everything it holds, a `Retain` pool's allocations
+/// included: `Retain` keeps addresses for clusters that stay when their pool goes, and a
+/// retained allocation of a cluster being deleted would keep its release finalizer forever.
+/// (Seen when `kubectl delete -f examples/` removed the pools and the clusters at once.)
+#[test]
+fn a_cluster_being_deleted_releases_what_a_retain_pool_kept() {
+    let pools = pools();
+    let mut clusters = vec![cluster_in("a", "dc-1", 1)];
+    let first = plan(&pools, &clusters, &[]);
+    let stored = stored_after(&first, &pools);
+    clusters[0].deleting = true;
+    // The pools go in the same moment: neither is in the planner's view any more.
+    let p = plan(&[], &clusters, &stored);
+    assert_eq!(change(&p, "a", "extra"), Some(Change::Release));
+    assert_eq!(change(&p, "a", "metallb"), Some(Change::Release));
+    assert_eq!(
+        p.decision("a", "extra").unwrap().message,
+        "cluster a is being deleted"
+    );
+    // A datacenter removed from a Retain pool: the same.
+    let extra_elsewhere = pool_input(&EXTRA.replace("dc-1:", "dc-9:"));
+    let p = plan(&[extra_elsewhere], &clusters, &stored);
+    assert_eq!(change(&p, "a", "extra"), Some(Change::Release));
+}
