@@ -119,7 +119,7 @@ pub async fn sync_tenant(
         if !has_finalizer(addon)
             && let Err(e) = add_finalizer(ctx, addon).await
         {
-            tracing::warn!(cluster = %cluster_of(addon), addon = %key(addon), error = %e, "cannot add the addon finalizer (retrying)");
+            tracing::warn!(cluster = %cluster_of(addon), addon = %key(addon), error = %preconditions::short(&e), "cannot add the addon finalizer (retrying)");
             settled = false;
             continue;
         }
@@ -138,7 +138,7 @@ pub async fn sync_tenant(
             .is_some_and(|m| !m.objects.is_empty());
         if cached.applied_objects.is_empty() && !remembered {
             if let Err(e) = remove_finalizer(ctx, &addon).await {
-                tracing::warn!(cluster = %cluster_of(&addon), addon = %key(&addon), error = %e, "cannot remove the addon finalizer (retrying)");
+                tracing::warn!(cluster = %cluster_of(&addon), addon = %key(&addon), error = %preconditions::short(&e), "cannot remove the addon finalizer (retrying)");
                 settled = false;
             }
         } else {
@@ -350,7 +350,7 @@ pub async fn sync_tenant(
             None => {
                 tenant.applied.remove(&name);
                 if let Err(e) = remove_finalizer(ctx, &addon).await {
-                    tracing::warn!(cluster = %cluster_of(&addon), addon = %key(&addon), error = %e, "cannot remove the addon finalizer (retrying)");
+                    tracing::warn!(cluster = %cluster_of(&addon), addon = %key(&addon), error = %preconditions::short(&e), "cannot remove the addon finalizer (retrying)");
                     settled = false;
                 }
             }
@@ -450,7 +450,7 @@ async fn release_addons(ctx: &Context, input: &TenantInput) -> SyncReport {
     }
     for addon in deleting {
         if let Err(e) = remove_finalizer(ctx, addon).await {
-            tracing::warn!(cluster = %cluster_of(addon), addon = %key(addon), error = %e, "cannot remove the addon finalizer (retrying)");
+            tracing::warn!(cluster = %cluster_of(addon), addon = %key(addon), error = %preconditions::short(&e), "cannot remove the addon finalizer (retrying)");
             settled = false;
         }
     }
@@ -1015,7 +1015,7 @@ async fn write_status(
         .await
     {
         ctx.metrics.write_failed("Addon", preconditions::reason(&e));
-        tracing::warn!(cluster = %cluster_of(addon), addon = %key(addon), error = %e, "cannot write the addon status (retrying on the next sync)");
+        tracing::warn!(cluster = %cluster_of(addon), addon = %key(addon), error = %preconditions::short(&e), "cannot write the addon status (retrying on the next sync)");
     }
 }
 
@@ -1068,7 +1068,7 @@ async fn write_addons_ready(
         Err(e) => {
             ctx.metrics
                 .write_failed("Cluster", preconditions::reason(&e));
-            tracing::warn!(cluster = %cluster.name_any(), error = %e, "cannot write AddonsReady (retrying with backoff)");
+            tracing::warn!(cluster = %cluster.name_any(), error = %preconditions::short(&e), "cannot write AddonsReady (retrying with backoff)");
             false
         }
     }

@@ -583,7 +583,7 @@ async fn refresh(ctx: &Context, key: &RecordKey, name: &str) {
         }
         Ok(None) => ctx.records.lock().await.forget(key, name),
         Err(e) => {
-            tracing::warn!(error = %e, pool = %key.0, datacenter = %key.1, shard = %name, "cannot re-read the pool record")
+            tracing::warn!(error = %crate::seed::preconditions::short(&e), pool = %key.0, datacenter = %key.1, shard = %name, "cannot re-read the pool record")
         }
     }
 }

@@ -39,6 +39,15 @@ pub fn is_transient(e: &Error) -> bool {
     )
 }
 
+/// An error in one line for a log field: the API server's message, code and reason, never
+/// kube's rendering of the whole `Status` (a `Debug` dump of a struct).
+pub fn short(e: &Error) -> String {
+    match e {
+        Error::Api(s) => format!("{} ({} {})", s.message, s.code, s.reason),
+        other => other.to_string(),
+    }
+}
+
 /// What to do about a failed `verb` on `resource` (`name` for messages), in one line.
 pub fn explain(e: &Error, verb: &str, resource: &str, name: &str) -> String {
     match e {
@@ -86,6 +95,14 @@ mod tests {
                 .with_code(code)
                 .boxed(),
         )
+    }
+
+    #[test]
+    fn a_short_error_is_one_line_without_the_status_struct() {
+        let e = api(404);
+        assert!(e.to_string().contains("Status {"), "{e}");
+        let line = short(&e);
+        assert_eq!(line, "boom (404 Reason)");
     }
 
     #[test]

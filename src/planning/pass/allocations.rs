@@ -22,7 +22,7 @@ pub(super) async fn refresh(ctx: &Context, key: &Key) {
             ctx.ledger.lock().await.apply(obj);
         }
         Ok(None) => ctx.ledger.lock().await.forget(key),
-        Err(e) => tracing::warn!(error = %e, "re-read failed"),
+        Err(e) => tracing::warn!(error = %crate::seed::preconditions::short(&e), "re-read failed"),
     }
 }
 

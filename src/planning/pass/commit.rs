@@ -148,7 +148,7 @@ pub(super) async fn commit_records(
             }
             Err(Some(records::CommitError::Api(e))) if is_conflict(&e) || is_not_found(&e) => {
                 // Somebody else wrote a shard (a newer leader, or a human): re-read, replan.
-                tracing::info!(record = %name, error = %e, "pool record changed under us; planning again");
+                tracing::info!(record = %name, error = %crate::seed::preconditions::short(&e), "pool record changed under us; planning again");
                 ctx.metrics
                     .write_failed("IPAMPoolRecord", preconditions::reason(&e));
                 outcome.again = true;

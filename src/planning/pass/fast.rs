@@ -232,7 +232,7 @@ async fn commit_one(
             Some(n)
         }
         Err(records::CommitError::Api(e)) if is_conflict(&e) || is_not_found(&e) => {
-            tracing::info!(record = %name, error = %e, "pool record changed under us; planning again");
+            tracing::info!(record = %name, error = %crate::seed::preconditions::short(&e), "pool record changed under us; planning again");
             ctx.metrics
                 .write_failed("IPAMPoolRecord", preconditions::reason(&e));
             None

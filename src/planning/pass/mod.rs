@@ -69,7 +69,10 @@ pub const POOL_STATUS_EVERY: Duration = Duration::from_secs(1);
 /// The pass's error: the view could not be completed, so nothing was planned.
 #[derive(Debug, thiserror::Error)]
 pub enum PassError {
-    #[error("cannot confirm whether cluster {cluster} still exists: {source}")]
+    #[error(
+        "cannot confirm whether cluster {cluster} still exists: {}",
+        preconditions::short(source)
+    )]
     ConfirmCluster {
         cluster: String,
         source: kube::Error,
@@ -600,7 +603,7 @@ async fn write_allocations(
                 }
             }
             Err(e) if is_conflict(&e) || is_not_found(&e) => {
-                tracing::info!(cluster = %job.cluster, pool = %job.pool, datacenter = %job.datacenter, error = %e, "stale view of an allocation; re-reading");
+                tracing::info!(cluster = %job.cluster, pool = %job.pool, datacenter = %job.datacenter, error = %crate::seed::preconditions::short(&e), "stale view of an allocation; re-reading");
                 ctx.metrics
                     .write_failed("IPAMAllocation", preconditions::reason(&e));
                 stale.push(job.key);

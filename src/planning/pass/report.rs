@@ -100,6 +100,6 @@ pub(super) async fn publish(
     };
     ctx.metrics.wrote("create", "events");
     if let Err(e) = ctx.recorder.publish(&event, reference).await {
-        tracing::debug!(error = %e, "event not published");
+        tracing::debug!(error = %crate::seed::preconditions::short(&e), "event not published");
     }
 }
