@@ -852,15 +852,6 @@ fn pool_patches(user: &ApiServer) -> u64 {
     user.stats().count("patch", "ipaddresspools")
 }
 
-/// A value of the controller's metrics, by the metric's name with its labels.
-async fn metric(port: u16, name: &str) -> Option<f64> {
-    let (_, text) = Seed::http_get(port, "/metrics").await;
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|v| v.parse().ok())
-}
-
 /// Drift is repaired within seconds, not at the next resync (here 300 s): kipam watches what
 /// it applied in each user cluster. What others add next to kipam's fields stays, and kipam does
 /// not keep re-applying over it. A user cluster that forbids the watch is still served, says so
@@ -972,7 +963,7 @@ async fn drift_is_repaired_within_seconds_without_waiting_for_the_resync() {
     })
     .await;
     assert!(
-        metric(ctl.metrics_port, "kipam_addon_drift_repairs_total")
+        Seed::metric(ctl.metrics_port, "kipam_addon_drift_repairs_total")
             .await
             .is_some_and(|n| n >= 3.0)
     );
@@ -1012,7 +1003,7 @@ async fn drift_is_repaired_within_seconds_without_waiting_for_the_resync() {
         nowatch.stats().verb("list") - lists
     );
     assert_eq!(
-        metric(
+        Seed::metric(
             ctl.metrics_port,
             "kipam_addon_drift_watches{state=\"failing\"}"
         )

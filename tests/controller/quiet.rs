@@ -7,16 +7,6 @@ use super::support::{POOLS, Seed};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-async fn passes(port: u16) -> u64 {
-    let (_, metrics) = Seed::http_get(port, "/metrics").await;
-    metrics
-        .lines()
-        .find(|l| l.starts_with("kipam_reconcile_passes_total"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 /// A pool status write that failed once used to leave its backoff entry behind for good: due
 /// at once on every pass, it made the planning loop run hundreds of passes a second forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -37,9 +27,9 @@ async fn a_failed_pool_status_write_does_not_keep_the_planner_spinning() {
     })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = passes(ctl.metrics_port).await;
+    let before = Seed::passes(ctl.metrics_port).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let after = passes(ctl.metrics_port).await;
+    let after = Seed::passes(ctl.metrics_port).await;
     assert!(
         after - before < 30,
         "{} passes in 3 s with nothing to do",
@@ -75,9 +65,9 @@ async fn a_failed_write_for_a_cluster_deleted_since_does_not_keep_the_planner_sp
     })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = passes(ctl.metrics_port).await;
+    let before = Seed::passes(ctl.metrics_port).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let after = passes(ctl.metrics_port).await;
+    let after = Seed::passes(ctl.metrics_port).await;
     assert!(
         after - before < 30,
         "{} passes in 3 s with nothing to do\n{}",

@@ -380,6 +380,22 @@ impl Seed {
             .unwrap_or_default()
     }
 
+    /// A value of a controller's metrics, by the metric's name with its labels.
+    pub async fn metric(port: u16, name: &str) -> Option<f64> {
+        let (_, text) = Seed::http_get(port, "/metrics").await;
+        text.lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse().ok())
+    }
+
+    /// The planning passes a controller has run.
+    pub async fn passes(port: u16) -> u64 {
+        Seed::metric(port, "kipam_reconcile_passes_total")
+            .await
+            .map_or(0, |v| v as u64)
+    }
+
     /// GET on the controller's metrics port (a tiny blocking HTTP/1.1 client).
     pub async fn http_get(port: u16, path: &str) -> (u16, String) {
         let path = path.to_string();

@@ -591,9 +591,9 @@ async fn the_readme_walkthrough_serves_the_examples_from_one_apply() {
         seed.log("ctl")
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let before = passes(ctl.metrics_port).await;
+    let before = Seed::passes(ctl.metrics_port).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = passes(ctl.metrics_port).await;
+    let after = Seed::passes(ctl.metrics_port).await;
     assert!(
         after - before < 20,
         "{} planning passes in 2 s with nothing left to do",
@@ -645,17 +645,6 @@ async fn kubectl_delete(client: &kube::Client, path: &Path) -> Vec<Result<String
         }
     }
     out
-}
-
-/// The planning passes the controller has run.
-async fn passes(port: u16) -> u64 {
-    let (_, metrics) = Seed::http_get(port, "/metrics").await;
-    metrics
-        .lines()
-        .find(|l| l.starts_with("kipam_reconcile_passes_total"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 /// Who creates a cluster's namespace deletes it (docs/multicluster.md): one applied
