@@ -569,9 +569,9 @@ async fn snapshot(
     )
 }
 
-/// The pools the allocations come from, and a digest of what templates see of their networks
-/// (so that editing a pool's `network` re-renders the clusters it serves, and editing anything
-/// else of the pool does not).
+/// The pools the allocations come from, and a digest of what templates may see of their
+/// networks, so that editing a pool's `network` re-renders the clusters it serves. Pools
+/// without a network in the allocation's datacenter add nothing: their edits sync nothing.
 fn networks_of(pools: &Store<IPAMPool>, allocations: &[Arc<Entry>]) -> (Vec<Arc<IPAMPool>>, u64) {
     let mut found: BTreeMap<String, Arc<IPAMPool>> = BTreeMap::new();
     let mut seen: Vec<(String, String)> = Vec::new();
@@ -591,8 +591,25 @@ fn networks_of(pools: &Store<IPAMPool>, allocations: &[Arc<Entry>]) -> (Vec<Arc<
     (found.into_values().collect(), h.finish())
 }
 
-/// What templates see of the network of the allocation's pool datacenter, as text.
+/// Which version of the pool the network of the allocation's datacenter comes from: its uid
+/// and `generation` when that datacenter names a network (whether the network validates
+/// depends on the rest of the pool's spec too), else nothing. Cheap on purpose: it runs for
+/// every allocation in every scheduling round, and a sync whose render comes out the same
+/// sends nothing to the user cluster.
 fn network_digest(pool: Option<&IPAMPool>, spec: &IPAMAllocationSpec) -> String {
-    pool.map(|p| format!("{:?}", crate::desired::allocation_network(p, &spec.dc)))
-        .unwrap_or_default()
+    match pool {
+        Some(p)
+            if p.spec
+                .datacenters
+                .get(&spec.dc)
+                .is_some_and(|d| d.network.is_some()) =>
+        {
+            format!(
+                "{}/{}",
+                p.metadata.uid.as_deref().unwrap_or_default(),
+                p.metadata.generation.unwrap_or_default()
+            )
+        }
+        _ => String::new(),
+    }
 }
