@@ -3,9 +3,9 @@
 //! `kipam`, forced), objects no longer rendered pruned, drift repaired on every resync.
 //!
 //! - watches (Addons, Clusters, Secrets, and IPAMPools for their networks) feed caches and
-//!   wake the scheduler; allocations are
-//!   read from the controller's [`Ledger`](crate::seed::ledger::Ledger), whose updates
-//!   ([`Context::ledger_updates`]) wake it too;
+//!   wake the scheduler; allocations are read from the controller's
+//!   [`Ledger`](crate::seed::ledger::Ledger), whose updates ([`Context::ledger_updates`]) wake
+//!   it too;
 //! - the scheduler (leader only) works out, per user cluster, whether its inputs changed since
 //!   its last successful sync, its resync is due, or a failed sync's backoff has passed, and
 //!   starts at most `--tenant-concurrency` syncs at once, one at a time per cluster;

@@ -2,9 +2,11 @@
 //!
 //! Field names are serialised as KKP spells them (`Cluster.Network.IPAMAllocations`,
 //! `Type`, `CIDR`, `Addresses`, `DC`), so an addon written for KKP needs only its Go-template
-//! syntax translated, not its data paths. Every field is always present (an empty string or an
-//! empty list when it does not apply), so under strict undefined a template can read
-//! `allocation.CIDR` of a range allocation without tripping an error.
+//! syntax translated, not its data paths; kipam adds the pool datacenter's network (`Gateway`,
+//! `PrefixLength`, `VLAN`, `DNS`, `MTU`). Every field is always present (an empty string, an
+//! empty list or none when it does not apply), so under strict undefined a template can read
+//! `allocation.CIDR` of a range allocation or `allocation.Gateway` of a pool without a network
+//! without tripping an error.
 //!
 //! The types also deserialise from the same shape (missing fields default to empty), so the
 //! data of one render can be written down, e.g. as a test fixture, and read back.
