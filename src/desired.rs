@@ -217,6 +217,49 @@ pub fn template_data<'a>(
     out
 }
 
+/// What an addon template sees of pool datacenter `dc` of `pool`: its `network`, checked.
+/// Empty (every value `none`) when the pool has no such datacenter, names no network, or names
+/// one that does not validate (the pool's `Ready` condition says why; nothing half-checked
+/// reaches a user cluster).
+pub fn allocation_network(
+    pool: &crate::resources::IPAMPool,
+    dc: &str,
+) -> crate::render::AllocationNetwork {
+    let checked = pool
+        .spec
+        .datacenters
+        .get(dc)
+        .and_then(|settings| crate::validation::datacenter_network(dc, settings).ok())
+        .flatten();
+    match checked {
+        Some(n) => crate::render::AllocationNetwork {
+            gateway: n.gateway,
+            prefix_length: Some(n.prefix_length),
+            vlan: n.vlan_id,
+            dns: n.dns_servers,
+            mtu: n.mtu,
+        },
+        None => crate::render::AllocationNetwork::default(),
+    }
+}
+
+/// Adds to every allocation in `data` the network of its pool datacenter, from `pools` (by
+/// name; an allocation whose pool is not among them keeps empty values).
+pub fn add_networks<'a>(
+    data: &mut crate::render::TemplateData,
+    pools: impl IntoIterator<Item = &'a crate::resources::IPAMPool>,
+) {
+    let by_name: BTreeMap<&str, &crate::resources::IPAMPool> = pools
+        .into_iter()
+        .filter_map(|p| Some((p.metadata.name.as_deref()?, p)))
+        .collect();
+    for (name, allocation) in data.cluster.network.ipam_allocations.iter_mut() {
+        if let Some(pool) = by_name.get(name.as_str()) {
+            allocation.network = allocation_network(pool, &allocation.dc);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -317,7 +317,8 @@ struct RenderArgs {
     /// The addon to render (a directory under --addons-dir).
     #[arg(long)]
     addon: String,
-    /// A file with the Cluster (and optionally its Addon, whose variables are used).
+    /// A file with the Cluster (and optionally its Addon, whose variables are used, and its
+    /// pools, whose networks the templates see).
     #[arg(long)]
     cluster: PathBuf,
     /// Which Cluster, when the file holds several.
@@ -732,8 +733,9 @@ fn render(args: &RenderArgs) -> Result<(String, kipam::render::RenderedAddon), S
         Some(p) => read_state(p)?,
         None => Vec::new(),
     };
-    let data =
+    let mut data =
         kipam::desired::template_data(&name, &cluster.spec.datacenter, &allocations, variables);
+    kipam::desired::add_networks(&mut data, &manifests.pools);
     let rendered = renderer
         .render(&args.addon, &data)
         .map_err(|e| e.to_string())?;

@@ -81,7 +81,7 @@ pub const PERMISSIONS: &[Permission] = &[
         &[
             "get", "list", "watch", "create", "update", "patch", "delete",
         ],
-        "controller caches (list/watch); pass/lifecycle.rs finalizers (patch); \
+        "controller caches and the addon applier's (list/watch); pass/lifecycle.rs finalizers (patch); \
          api/mod.rs REST create, get, replace (update), delete",
     ),
     rule(

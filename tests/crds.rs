@@ -660,3 +660,42 @@ mod on_a_server {
         assert!(kipam::validation::cluster_input(&ok).is_ok());
     }
 }
+
+/// The network of a pool datacenter carries its bounds in the schema, so a real API server
+/// refuses an out-of-range VLAN or MTU, a long list of DNS servers or an overlong address even
+/// without the webhook; and it is not immutable (no CEL rule compares it with `oldSelf`).
+#[test]
+fn the_pool_network_schema_has_its_bounds() {
+    let crds = kipam::resources::crds();
+    let crd = crds
+        .iter()
+        .find(|c| c.spec.names.kind == "IPAMPool")
+        .expect("IPAMPool CRD");
+    let json = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+    let network = json
+        .pointer(
+            "/openAPIV3Schema/properties/spec/properties/datacenters/additionalProperties/properties/network",
+        )
+        .expect("network in the pool datacenter");
+    let field = |name: &str| &network["properties"][name];
+    assert_eq!(network["type"], "object");
+    assert!(network["description"].as_str().unwrap().contains("Gateway"));
+    assert_eq!(field("gateway")["type"], "string");
+    assert_eq!(field("gateway")["maxLength"], 45);
+    assert!(field("gateway")["pattern"].is_string());
+    assert_eq!(field("dnsServers")["maxItems"], 8);
+    assert_eq!(field("dnsServers")["items"]["maxLength"], 45);
+    for (name, min, max) in [
+        ("prefixLength", 0.0, 128.0),
+        ("vlanId", 0.0, 4094.0),
+        ("mtu", 576.0, 9216.0),
+    ] {
+        assert_eq!(field(name)["type"], "integer", "{name}");
+        assert_eq!(field(name)["minimum"].as_f64(), Some(min), "{name}");
+        assert_eq!(field(name)["maximum"].as_f64(), Some(max), "{name}");
+    }
+    assert!(
+        !network.to_string().contains("oldSelf"),
+        "network is mutable: {network}"
+    );
+}

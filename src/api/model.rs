@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::resources::PoolNetwork;
 use crate::resources::{
     AllocationPhase, AllocationType, IPAMAllocation, IPAMPool, IPAMPoolDatacenter, IPAMPoolSpec,
     LABEL_CLUSTER, PoolStrategy, ReclaimPolicy, cluster_of_namespace,
@@ -53,6 +54,54 @@ pub struct DatacenterBody {
     #[serde(default, skip_serializing)]
     #[schemars(with = "Option<UsageView>")]
     pub usage: Option<serde::de::IgnoredAny>,
+    /// The network the pool lies in (gateway, prefix length, DNS, VLAN, MTU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
+}
+
+/// The network a pool datacenter lies in, as written and as answered. Every field is optional;
+/// the rules are the CRD's (`spec.datacenters.<dc>.network`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Network {
+    /// The default gateway: a host address of the pool's family inside the network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
+    /// The network's prefix length, at most `poolCidr`'s (unset: the network is `poolCidr`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_length: Option<i32>,
+    /// DNS servers, IPv4 or IPv6, in order of preference.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dns_servers: Vec<String>,
+    /// The 802.1Q VLAN ID, 0 to 4094.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlan_id: Option<i32>,
+    /// The MTU in bytes, 576 to 9216.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<i32>,
+}
+
+impl Network {
+    pub fn of(n: &PoolNetwork) -> Network {
+        Network {
+            gateway: n.gateway.clone(),
+            prefix_length: n.prefix_length,
+            dns_servers: n.dns_servers.clone(),
+            vlan_id: n.vlan_id,
+            mtu: n.mtu,
+        }
+    }
+
+    /// The CRD's form of this network.
+    pub fn network(&self) -> PoolNetwork {
+        PoolNetwork {
+            gateway: self.gateway.clone(),
+            prefix_length: self.prefix_length,
+            dns_servers: self.dns_servers.clone(),
+            vlan_id: self.vlan_id,
+            mtu: self.mtu,
+        }
+    }
 }
 
 /// A pool as the API answers it.
@@ -86,6 +135,9 @@ pub struct DatacenterView {
     /// Read-only, as last computed by the controller; absent until it has looked at the pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<UsageView>,
+    /// The network the pool lies in; absent when the pool names none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
 }
 
 /// Usage of a pool in one datacenter. Address counts are exact decimal strings (an IPv6
@@ -150,6 +202,7 @@ impl PoolView {
                     exclude_prefixes: s.exclude_prefixes.clone(),
                     strategy: s.strategy.unwrap_or_default(),
                     usage,
+                    network: s.network.as_ref().map(Network::of),
                 };
                 (dc.clone(), view)
             })
@@ -212,7 +265,7 @@ impl Serialize for DatacenterRef<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let s = self.settings;
-        let mut out = serializer.serialize_struct("DatacenterView", 8)?;
+        let mut out = serializer.serialize_struct("DatacenterView", 9)?;
         out.serialize_field("type", &s.type_)?;
         out.serialize_field("poolCidr", &s.pool_cidr)?;
         if let Some(r) = s.allocation_range {
@@ -230,6 +283,10 @@ impl Serialize for DatacenterRef<'_> {
         out.serialize_field("strategy", &s.strategy.unwrap_or_default())?;
         if let Some(u) = self.usage {
             out.serialize_field("usage", &UsageRef(u))?;
+        }
+        // `PoolNetwork` serialises exactly as the model's `Network`.
+        if let Some(n) = &s.network {
+            out.serialize_field("network", n)?;
         }
         out.end()
     }
@@ -271,6 +328,7 @@ impl PoolBody {
                         .then(|| s.exclude_prefixes.clone()),
                     strategy: s.strategy,
                     usage: None,
+                    network: s.network.as_ref().map(Network::of),
                 };
                 (dc.clone(), body)
             })
@@ -298,6 +356,7 @@ impl PoolBody {
                         exclude_ranges: b.exclude_ranges.clone().unwrap_or_default(),
                         exclude_prefixes: b.exclude_prefixes.clone().unwrap_or_default(),
                         strategy: b.strategy,
+                        network: b.network.as_ref().map(Network::network),
                     };
                     (dc.clone(), settings)
                 })
@@ -463,6 +522,27 @@ mod tests {
         }
     }
 
+    /// The same guard one level down: a network field the model lacks would be dropped by
+    /// every PATCH.
+    #[test]
+    fn the_model_carries_every_field_of_the_network() {
+        let crd = properties::<PoolNetwork>();
+        assert!(
+            crd.contains("dnsServers") && crd.contains("vlanId"),
+            "{crd:?}"
+        );
+        assert_eq!(properties::<Network>(), crd);
+        let unknown = serde_json::from_str::<PoolBody>(
+            r#"{"name": "p", "datacenters": {"dc": {"type": "range", "poolCidr": "10.0.0.0/24", "allocationRange": 4, "network": {"vlan": 7}}}}"#,
+        );
+        assert!(
+            unknown
+                .unwrap_err()
+                .to_string()
+                .contains("unknown field `vlan`")
+        );
+    }
+
     #[test]
     fn the_borrowed_view_serialises_exactly_as_the_view() {
         let mut pools = Vec::new();
@@ -480,7 +560,9 @@ mod tests {
                 "a": {"type": "range", "poolCidr": "10.0.0.0/24", "allocationRange": 4,
                       "excludeRanges": ["10.0.0.1"], "strategy": "BestFit"},
                 "b": {"type": "prefix", "poolCidr": "2001:db8::/48", "allocationPrefix": 64,
-                      "excludePrefixes": ["2001:db8::/64"]}
+                      "excludePrefixes": ["2001:db8::/64"],
+                      "network": {"gateway": "2001:db8::1", "prefixLength": 32,
+                                  "dnsServers": ["2001:db8::53", "192.0.2.53"], "vlanId": 7, "mtu": 9000}}
             }},
             "status": {"datacenters": {"a": {
                 "total": "256", "allocated": "4", "excluded": "1", "available": "251",
@@ -505,7 +587,9 @@ mod tests {
             "datacenters": {"dc": {
                 "type": "range", "poolCidr": "10.0.0.0/24", "allocationRange": 4,
                 "excludeRanges": ["10.0.0.1"], "strategy": "BestFit",
-                "usage": {"total": "256"}
+                "usage": {"total": "256"},
+                "network": {"gateway": "10.0.0.1", "prefixLength": 16, "dnsServers": ["10.0.0.53"],
+                            "vlanId": 0, "mtu": 1500}
             }}
         }))
         .unwrap();

@@ -2,9 +2,10 @@
 //! the user cluster through the kubeconfig its `Cluster` names (server-side apply, field manager
 //! `kipam`, forced), objects no longer rendered pruned, drift repaired on every resync.
 //!
-//! - watches (Addons, Clusters, Secrets) feed caches and wake the scheduler; allocations are
-//!   read from the controller's [`Ledger`](crate::seed::ledger::Ledger), whose updates
-//!   ([`Context::ledger_updates`]) wake it too;
+//! - watches (Addons, Clusters, Secrets, and IPAMPools for their networks) feed caches and
+//!   wake the scheduler; allocations are read from the controller's
+//!   [`Ledger`](crate::seed::ledger::Ledger), whose updates ([`Context::ledger_updates`]) wake
+//!   it too;
 //! - the scheduler (leader only) works out, per user cluster, whether its inputs changed since
 //!   its last successful sync, its resync is due, or a failed sync's backoff has passed, and
 //!   starts at most `--tenant-concurrency` syncs at once, one at a time per cluster;
@@ -36,6 +37,7 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 
 use crate::render::Renderer;
 use crate::resources::{Addon, Cluster, cluster_of_namespace};
+use crate::resources::{IPAMAllocationSpec, IPAMPool};
 use crate::seed::backoff::Backoff;
 use crate::seed::ledger::Entry;
 use crate::seed::{Context, watches};
@@ -83,6 +85,8 @@ struct Caches {
     addons: Store<Addon>,
     clusters: Store<Cluster>,
     secrets: Store<Secret>,
+    /// Read for the `network` of each pool datacenter, which templates see.
+    pools: Store<IPAMPool>,
 }
 
 /// Feeds a watch into a cache, waking the scheduler on every change and saying (once per
@@ -167,11 +171,20 @@ pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
         "secrets",
         false,
     );
+    // RBAC: src/rbac.rs (list/watch of ipampools, as the planning loop's).
+    let (pools, pool_events) = cached(
+        Api::<IPAMPool>::all(ctx.client.clone()),
+        watcher::Config::default(),
+        wake.clone(),
+        "ipampools.ipam.kipam.dev",
+        true,
+    );
     let watches = tokio::spawn(async move {
         let mut all = futures::stream::select_all(vec![
             addon_events.boxed(),
             cluster_events.boxed(),
             secret_events.boxed(),
+            pool_events.boxed(),
         ]);
         while all.next().await.is_some() {}
     });
@@ -179,6 +192,7 @@ pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
         addons,
         clusters,
         secrets,
+        pools,
     });
     // The ledger is ready once it has held a complete list: before, a cluster would be
     // rendered without allocations it holds.
@@ -186,6 +200,7 @@ pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
         caches.addons.wait_until_ready(),
         caches.clusters.wait_until_ready(),
         caches.secrets.wait_until_ready(),
+        caches.pools.wait_until_ready(),
         // (the guard wait_for returns must not be held across the other waits)
         async { ledger_updates.wait_for(|complete| *complete).await.is_ok() },
     );
@@ -381,13 +396,14 @@ fn round(
         });
         let mine = allocations.remove(&namespace).unwrap_or_default();
         let tenant = tenants.entry(cluster_name.clone()).or_default();
+        let networks = networks_of(&caches.pools, &mine);
         let fingerprint = fingerprint(
             cluster.as_deref(),
             &addons,
             &mine,
             secret.as_deref(),
             tenant.addons_ready.as_ref(),
-        );
+        ) ^ networks.1;
         if tenant.running {
             continue;
         }
@@ -531,13 +547,14 @@ async fn snapshot(
             .secrets
             .get(&reflector::ObjectRef::new(&name).within(&ns))
     });
+    let (pools, networks) = networks_of(&caches.pools, &allocations);
     let fingerprint = fingerprint(
         cluster.as_deref(),
         &addons,
         &allocations,
         secret.as_deref(),
         written,
-    );
+    ) ^ networks;
     (
         TenantInput {
             cluster_name: cluster_name.to_string(),
@@ -546,7 +563,53 @@ async fn snapshot(
             addons,
             allocations,
             secret,
+            pools,
         },
         fingerprint,
     )
+}
+
+/// The pools the allocations come from, and a digest of what templates may see of their
+/// networks, so that editing a pool's `network` re-renders the clusters it serves. Pools
+/// without a network in the allocation's datacenter add nothing: their edits sync nothing.
+fn networks_of(pools: &Store<IPAMPool>, allocations: &[Arc<Entry>]) -> (Vec<Arc<IPAMPool>>, u64) {
+    let mut found: BTreeMap<String, Arc<IPAMPool>> = BTreeMap::new();
+    let mut seen: Vec<(String, String)> = Vec::new();
+    for a in allocations {
+        let pool = pools.get(&reflector::ObjectRef::new(a.name()));
+        seen.push((
+            a.name().to_string(),
+            network_digest(pool.as_deref(), a.spec()),
+        ));
+        if let Some(pool) = pool {
+            found.insert(a.name().to_string(), pool);
+        }
+    }
+    seen.sort();
+    let mut h = DefaultHasher::new();
+    seen.hash(&mut h);
+    (found.into_values().collect(), h.finish())
+}
+
+/// Which version of the pool the network of the allocation's datacenter comes from: its uid
+/// and `generation` when that datacenter names a network (whether the network validates
+/// depends on the rest of the pool's spec too), else nothing. Cheap on purpose: it runs for
+/// every allocation in every scheduling round, and a sync whose render comes out the same
+/// sends nothing to the user cluster.
+fn network_digest(pool: Option<&IPAMPool>, spec: &IPAMAllocationSpec) -> String {
+    match pool {
+        Some(p)
+            if p.spec
+                .datacenters
+                .get(&spec.dc)
+                .is_some_and(|d| d.network.is_some()) =>
+        {
+            format!(
+                "{}/{}",
+                p.metadata.uid.as_deref().unwrap_or_default(),
+                p.metadata.generation.unwrap_or_default()
+            )
+        }
+        _ => String::new(),
+    }
 }

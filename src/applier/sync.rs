@@ -32,6 +32,8 @@ pub struct TenantInput {
     pub allocations: Vec<Arc<Entry>>,
     /// The kubeconfig Secret, when the Cluster names one and it exists.
     pub secret: Option<Arc<Secret>>,
+    /// The pools of those allocations, for their networks.
+    pub pools: Vec<Arc<crate::resources::IPAMPool>>,
 }
 
 /// A user cluster's parsed configuration and what discovery found there, kept between syncs
@@ -153,13 +155,14 @@ pub async fn sync_tenant(
         let (renderer, cluster, addons) = (renderer.clone(), cluster.clone(), live.clone());
         let allocations: Vec<IPAMAllocation> =
             input.allocations.iter().map(|a| a.to_object()).collect();
+        let pools = input.pools.clone();
         let job = tokio::task::spawn_blocking(move || {
             addons
                 .iter()
                 .map(|addon| {
                     (
                         addon.clone(),
-                        render(&renderer, &cluster, addon, &allocations),
+                        render(&renderer, &cluster, addon, &allocations, &pools),
                     )
                 })
                 .collect()
@@ -632,20 +635,22 @@ impl Claims {
 /// An Addon's rendered objects and their hash, or why it does not render.
 type Rendered = Result<(Vec<Value>, String), Failure>;
 
-/// Renders one Addon with its cluster's allocations: the objects and the hash of their
-/// canonical YAML.
+/// Renders one Addon with its cluster's allocations and their pools' networks: the objects and
+/// the hash of their canonical YAML.
 fn render(
     renderer: &Renderer,
     cluster: &Cluster,
     addon: &Addon,
     allocations: &[IPAMAllocation],
+    pools: &[Arc<crate::resources::IPAMPool>],
 ) -> Rendered {
-    let data = template_data(
+    let mut data = template_data(
         &cluster.name_any(),
         &cluster.spec.datacenter,
         allocations.iter(),
         addon.spec.variables.clone(),
     );
+    crate::desired::add_networks(&mut data, pools.iter().map(|p| p.as_ref()));
     let rendered = renderer
         .render(&addon.spec.name, &data)
         .map_err(|e| Failure {

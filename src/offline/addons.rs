@@ -6,9 +6,9 @@
 
 use std::path::PathBuf;
 
-use crate::desired::template_data;
+use crate::desired::{add_networks, template_data};
 use crate::render::Renderer;
-use crate::resources::{Addon, Cluster, IPAMAllocation, cluster_of_namespace};
+use crate::resources::{Addon, Cluster, IPAMAllocation, IPAMPool, cluster_of_namespace};
 use crate::validation::FieldError;
 
 /// The longest name a path component written under `--out` may have (a DNS-1123 label).
@@ -80,13 +80,15 @@ pub fn check_addon(addon: &Addon) -> Vec<FieldError> {
     errors
 }
 
-/// Renders every Addon with its cluster's allocations, in memory. Addons are expected to have
-/// passed [`check_addon`]; one that did not is reported as an error here all the same.
+/// Renders every Addon with its cluster's allocations (and their pools' networks), in memory.
+/// Addons are expected to have passed [`check_addon`]; one that did not is reported as an
+/// error here all the same.
 pub fn render_all(
     renderer: &Renderer,
     addons: &[Addon],
     clusters: &[Cluster],
     allocations: &[IPAMAllocation],
+    pools: &[IPAMPool],
 ) -> Rendering {
     let mut out = Rendering::default();
     for addon in addons {
@@ -108,12 +110,13 @@ pub fn render_all(
             ));
             continue;
         };
-        let data = template_data(
+        let mut data = template_data(
             &cluster_name,
             &cluster.spec.datacenter,
             allocations,
             addon.spec.variables.clone(),
         );
+        add_networks(&mut data, pools);
         match renderer.render(&addon.spec.name, &data) {
             Ok(rendered) => out.files.push(RenderedFile {
                 relative: PathBuf::from(&cluster_name).join(format!("{name}.yaml")),

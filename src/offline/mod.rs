@@ -235,6 +235,7 @@ pub fn run_with_out(
             &manifests.addons,
             &manifests.clusters,
             &allocations,
+            &manifests.pools,
         )
     });
     let mut report = OfflineReport {

@@ -2,9 +2,11 @@
 //!
 //! Field names are serialised as KKP spells them (`Cluster.Network.IPAMAllocations`,
 //! `Type`, `CIDR`, `Addresses`, `DC`), so an addon written for KKP needs only its Go-template
-//! syntax translated, not its data paths. Every field is always present (an empty string or an
-//! empty list when it does not apply), so under strict undefined a template can read
-//! `allocation.CIDR` of a range allocation without tripping an error.
+//! syntax translated, not its data paths; kipam adds the pool datacenter's network (`Gateway`,
+//! `PrefixLength`, `VLAN`, `DNS`, `MTU`). Every field is always present (an empty string, an
+//! empty list or none when it does not apply), so under strict undefined a template can read
+//! `allocation.CIDR` of a range allocation or `allocation.Gateway` of a pool without a network
+//! without tripping an error.
 //!
 //! The types also deserialise from the same shape (missing fields default to empty), so the
 //! data of one render can be written down, e.g. as a test fixture, and read back.
@@ -69,6 +71,33 @@ pub struct AllocationData {
     /// `DC`: the datacenter the allocation was made in.
     #[serde(rename = "DC")]
     pub dc: String,
+    /// `Gateway`, `PrefixLength`, `VLAN`, `DNS`, `MTU`: the network of the pool datacenter.
+    #[serde(flatten)]
+    pub network: AllocationNetwork,
+}
+
+/// The network of the pool datacenter an allocation comes from (its `network`). The keys are
+/// always there: a value the pool does not give is `none` (`DNS`: an empty list), so a
+/// template can test `{% if a.Gateway %}` under strict undefined.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AllocationNetwork {
+    /// `Gateway`: the default gateway.
+    #[serde(rename = "Gateway")]
+    pub gateway: Option<String>,
+    /// `PrefixLength`: the prefix length of the network (the pool's own when the pool names a
+    /// network without one).
+    #[serde(rename = "PrefixLength")]
+    pub prefix_length: Option<u8>,
+    /// `VLAN`: the 802.1Q VLAN ID.
+    #[serde(rename = "VLAN")]
+    pub vlan: Option<u16>,
+    /// `DNS`: the DNS servers, in order of preference.
+    #[serde(rename = "DNS")]
+    pub dns: Vec<String>,
+    /// `MTU`: the MTU in bytes.
+    #[serde(rename = "MTU")]
+    pub mtu: Option<u16>,
 }
 
 impl AllocationData {
@@ -83,6 +112,7 @@ impl AllocationData {
             cidr: String::new(),
             addresses: addresses.into_iter().map(Into::into).collect(),
             dc: dc.into(),
+            network: AllocationNetwork::default(),
         }
     }
 
@@ -93,7 +123,16 @@ impl AllocationData {
             cidr: cidr.into(),
             addresses: Vec::new(),
             dc: dc.into(),
+            network: AllocationNetwork::default(),
         }
+    }
+}
+
+impl AllocationData {
+    /// The same allocation with its pool datacenter's network.
+    pub fn with_network(mut self, network: AllocationNetwork) -> Self {
+        self.network = network;
+        self
     }
 }
 
@@ -146,7 +185,16 @@ mod tests {
                     "metallb",
                     AllocationData::range("dc-1", ["10.0.0.0-10.0.0.7"]),
                 )
-                .with_allocation("other", AllocationData::prefix("dc-1", "10.1.0.0/30")),
+                .with_allocation(
+                    "other",
+                    AllocationData::prefix("dc-1", "10.1.0.0/30").with_network(AllocationNetwork {
+                        gateway: Some("10.1.0.1".into()),
+                        prefix_length: Some(24),
+                        vlan: Some(7),
+                        dns: vec!["10.1.0.53".into()],
+                        mtu: Some(9000),
+                    }),
+                ),
         )
         .with_variable("flag", serde_json::Value::Bool(true));
         let json = serde_json::to_value(&data).unwrap_or_default();
@@ -160,8 +208,10 @@ mod tests {
                     "Datacenter": "dc-1",
                     "Namespace": "cluster-alpha",
                     "Network": {"IPAMAllocations": {
-                        "metallb": {"Type": "range", "CIDR": "", "Addresses": ["10.0.0.0-10.0.0.7"], "DC": "dc-1"},
-                        "other": {"Type": "prefix", "CIDR": "10.1.0.0/30", "Addresses": [], "DC": "dc-1"},
+                        "metallb": {"Type": "range", "CIDR": "", "Addresses": ["10.0.0.0-10.0.0.7"], "DC": "dc-1",
+                                    "Gateway": null, "PrefixLength": null, "VLAN": null, "DNS": [], "MTU": null},
+                        "other": {"Type": "prefix", "CIDR": "10.1.0.0/30", "Addresses": [], "DC": "dc-1",
+                                  "Gateway": "10.1.0.1", "PrefixLength": 24, "VLAN": 7, "DNS": ["10.1.0.53"], "MTU": 9000},
                     }},
                 },
                 "Variables": {"flag": true},

@@ -23,6 +23,7 @@ mod loader;
 mod output;
 pub mod sandbox;
 
+pub use data::AllocationNetwork;
 pub use data::{
     ALLOCATION_PREFIX, ALLOCATION_RANGE, AllocationData, ClusterData, NetworkData, TemplateData,
 };

@@ -84,3 +84,17 @@ pub const PATTERN_ADDRESS_RANGE: &str = "^ *[0-9A-Fa-f:.]+ *(- *[0-9A-Fa-f:.]+ *
 pub const PATTERN_CONDITION_REASON: &str = "^([A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?)?$";
 /// An exact address count.
 pub const PATTERN_COUNT: &str = "^[0-9]+$";
+
+/// One IP address: the longest text form of an IPv6 address (an IPv4-mapped one written in
+/// full, `0000:0000:0000:0000:0000:ffff:255.255.255.255`) has 45 characters.
+pub const MAX_ADDRESS: u32 = 45;
+/// DNS servers of one pool datacenter's network (resolvers read at most 3; 8 leaves room).
+pub const MAX_DNS_SERVERS: u32 = 8;
+/// The highest 802.1Q VLAN ID (4095 is reserved).
+pub const MAX_VLAN_ID: i32 = 4094;
+/// The smallest MTU kipam accepts: the datagram size every IPv4 host must accept (RFC 791).
+pub const MIN_MTU: i32 = 576;
+/// The largest MTU kipam accepts: common jumbo frames.
+pub const MAX_MTU: i32 = 9216;
+/// The shape of one address (spaces around allowed); validation parses it.
+pub const PATTERN_ADDRESS: &str = "^ *[0-9A-Fa-f:.]+ *$";

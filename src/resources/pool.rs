@@ -94,6 +94,47 @@ pub struct IPAMPoolDatacenter {
     /// or `BestFit` (Butler's: the smallest free block that fits).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strategy: Option<PoolStrategy>,
+    /// What a machine or a VIP needs besides its address: the gateway, prefix length, VLAN,
+    /// DNS servers and MTU of the network the pool lies in. Optional; it changes no
+    /// allocation, so it may be edited at any time. Addon templates see it as
+    /// `Cluster.Network.IPAMAllocations.<pool>.Gateway`, `.PrefixLength`, `.VLAN`, `.DNS` and
+    /// `.MTU`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<PoolNetwork>,
+}
+
+/// The network a pool datacenter lies in. Every field is optional.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolNetwork {
+    /// The default gateway, of the pool's family: a host address inside the network (not its
+    /// network address, nor an IPv4 network's broadcast address). When it lies inside
+    /// `poolCidr` it must be excluded (`excludeRanges` / `excludePrefixes`), so that it is
+    /// never handed to a cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_ADDRESS), pattern(PATTERN_ADDRESS))]
+    pub gateway: Option<String>,
+    /// The prefix length of the network (`24` for a pool that is a slice of a /24). The pool
+    /// lies inside the network, so it is at most the prefix length of `poolCidr`; unset, the
+    /// network is `poolCidr` itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = MAX_PREFIX_LENGTH))]
+    pub prefix_length: Option<i32>,
+    /// DNS servers, IPv4 or IPv6 addresses, in order of preference.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = MAX_DNS_SERVERS),
+        inner(length(max = MAX_ADDRESS), pattern(PATTERN_ADDRESS))
+    )]
+    pub dns_servers: Vec<String>,
+    /// The 802.1Q VLAN ID, 0 to 4094 (0: untagged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = MAX_VLAN_ID))]
+    pub vlan_id: Option<i32>,
+    /// The MTU in bytes, 576 to 9216 (jumbo frames).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = MIN_MTU, max = MAX_MTU))]
+    pub mtu: Option<i32>,
 }
 
 /// The allocation type of a pool datacenter.

@@ -7,6 +7,7 @@
 mod allocation;
 mod cluster;
 pub mod names;
+mod network;
 mod pool;
 mod references;
 mod schema;
@@ -14,6 +15,7 @@ pub mod strict;
 
 pub use allocation::{AllocationParts, stored_allocation, stored_allocation_of};
 pub use cluster::cluster_input;
+pub use network::{DatacenterNetwork, datacenter_network};
 pub use pool::{pool_input, validate_pool, validate_pool_with_clusters};
 pub use references::override_pools;
 

@@ -26,6 +26,11 @@ pub fn pool_input(pool: &IPAMPool) -> Result<PoolInput, Vec<FieldError>> {
             datacenters.insert(dc.clone(), input);
         }
     }
+    for (dc, settings) in &pool.spec.datacenters {
+        if let Err(list) = super::datacenter_network(dc, settings) {
+            list.into_iter().for_each(|e| errors.check(Err(e)));
+        }
+    }
     errors.check_schema("IPAMPool", &pool.spec);
     errors.into_result(PoolInput {
         name,

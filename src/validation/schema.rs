@@ -11,6 +11,7 @@ use regex::Regex;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::resources::bounds::PATTERN_ADDRESS;
 use crate::resources::bounds::{PATTERN_ADDRESS_RANGE, PATTERN_CIDR, PATTERN_DNS_LABEL};
 
 use super::FieldError;
@@ -94,6 +95,7 @@ fn pattern_meaning(pattern: &str) -> String {
         PATTERN_ADDRESS_RANGE => {
             "is not shaped like an address, a range first-last or a CIDR".to_string()
         }
+        PATTERN_ADDRESS => "is not shaped like an IP address".to_string(),
         other => format!("must match '{other}'"),
     }
 }

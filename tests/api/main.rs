@@ -6,5 +6,6 @@ mod harness;
 
 mod auth;
 mod limits;
+mod network;
 mod openapi;
 mod routes;

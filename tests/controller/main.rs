@@ -11,6 +11,7 @@ mod crashes;
 mod get_ipa;
 mod lifecycle;
 mod metrics;
+mod network;
 mod preconditions;
 mod promise;
 mod quiet;

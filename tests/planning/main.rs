@@ -1,6 +1,7 @@
 //! Validation and planning over plain manifests (no files, no API server).
 
 mod incremental;
+mod network;
 mod planner;
 mod validation;
 

@@ -9,6 +9,7 @@ mod example;
 mod filters;
 mod limits;
 mod metallb;
+mod network;
 mod schema;
 mod yaml;
 

@@ -530,3 +530,63 @@ fn other_resources_and_subresources_are_not_judged() {
     r.sub_resource = Some("status".into());
     allowed(&seed().decide(&r));
 }
+
+/// `network` is checked like the rest of the pool, and may change on update: it changes no
+/// holding.
+#[test]
+fn a_pool_network_is_checked_and_may_change() {
+    let mut with = range_pool();
+    with["spec"]["datacenters"]["dc-1"]["network"] =
+        json!({"gateway": "10.0.0.250", "vlanId": 10, "dnsServers": ["10.0.0.53"]});
+    let v = seed().decide(&request(
+        "ipampools",
+        "UPDATE",
+        HUMAN,
+        Some(with.clone()),
+        Some(range_pool()),
+    ));
+    allowed(&v);
+
+    let mut changed = with.clone();
+    changed["spec"]["datacenters"]["dc-1"]["network"] =
+        json!({"gateway": "10.0.255.254", "prefixLength": 16, "mtu": 9000});
+    let v = seed().decide(&request(
+        "ipampools",
+        "UPDATE",
+        HUMAN,
+        Some(changed),
+        Some(with.clone()),
+    ));
+    allowed(&v);
+
+    // c1 holds 10.0.0.5: naming it as the gateway is refused.
+    let mut taken = with.clone();
+    taken["spec"]["datacenters"]["dc-1"]["network"] = json!({"gateway": "10.0.0.5"});
+    let v = seed().decide(&request(
+        "ipampools",
+        "UPDATE",
+        HUMAN,
+        Some(taken),
+        Some(with.clone()),
+    ));
+    refused(
+        &v,
+        422,
+        &[
+            "IPAMPool metallb",
+            "spec.datacenters[dc-1].network.gateway \"10.0.0.5\": lies inside poolCidr 10.0.0.0/24 and is not excluded",
+        ],
+    );
+
+    let mut bad = range_pool();
+    bad["spec"]["datacenters"]["dc-1"]["network"] = json!({"vlanId": 4095, "mtu": 9217});
+    let v = seed().decide(&request("ipampools", "CREATE", HUMAN, Some(bad), None));
+    refused(
+        &v,
+        422,
+        &[
+            "spec.datacenters[dc-1].network.vlanId \"4095\": must be between 0 and 4094",
+            "spec.datacenters[dc-1].network.mtu \"9217\": must be between 576 and 9216",
+        ],
+    );
+}
