@@ -7,4 +7,5 @@ mod harness;
 mod auth;
 mod limits;
 mod openapi;
+mod page;
 mod routes;

@@ -1,5 +1,5 @@
 // kipam pool page. Plain JavaScript, no framework, nothing fetched from elsewhere.
-// Every name shown goes through text nodes (textContent), never through innerHTML.
+// Every name shown goes through text nodes (textContent), never parsed as markup.
 (function () {
   'use strict';
 
