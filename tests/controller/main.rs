@@ -17,5 +17,7 @@ mod quiet;
 mod records;
 mod selfsigned;
 mod serving;
+mod ui;
 mod walkthrough;
 mod webhook;
+mod webdriver;

@@ -29,14 +29,33 @@
   function count(s) {
     s = String(s);
     if (s.length <= 12) return s.replace(/\B(?=(\d{3})+(?!\d))/g, ',');
-    return s[0] + '.' + s.slice(1, 3) + ' × 10^' + (s.length - 1);
+    var sup = '⁰¹²³⁴⁵⁶⁷⁸⁹';
+    var exp = String(s.length - 1).split('').map(function (d) { return sup[Number(d)]; }).join('');
+    return s[0] + '.' + s.slice(1, 3) + ' × 10' + exp;
   }
 
-  function countEl(s) {
-    var e = el('span', 'count', count(s));
-    e.title = String(s);
+  function countEl(s, unit) {
+    var e = el('span', 'count', unit ? inUnits(s, unit) : count(s));
+    e.title = String(s) + ' addresses';
     return e;
   }
+
+  // The subnet size of a prefix pool ("/64"), when its counts read better in subnets.
+  function unitOf(type, request) {
+    return type === 'prefix' && /^\/\d+$/.test(request || '') ? request : null;
+  }
+
+  // A count in subnets of the pool's prefix length ("4 /64s") when it is a whole number of
+  // them; in addresses otherwise.
+  function inUnits(s, unit, cidr) {
+    var bits = (cidr || unitCidr).indexOf(':') >= 0 ? 128 : 32;
+    var size = 1n << BigInt(bits - Number(unit.slice(1)));
+    var n = BigInt(s);
+    if (size === 1n || n % size !== 0n) return count(s);
+    var k = n / size;
+    return count(String(k)) + ' ' + unit + (k === 1n ? '' : 's');
+  }
+  var unitCidr = '';
 
   function parse4(t) {
     var m = /^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})$/.exec(t);
@@ -117,11 +136,17 @@
       h ^= name.charCodeAt(i);
       h = Math.imul(h, 16777619);
     }
+    h ^= h >>> 15;
+    h = Math.imul(h, 2246822507);
+    h ^= h >>> 13;
     return ((h >>> 0) % 360);
   }
 
+  // A colour per cluster: hue and lightness from a hash of its name.
   function holderColour(name, light) {
-    return 'hsl(' + hue(name) + ', ' + (light ? '55%, 82%' : '52%, 50%') + ')';
+    var h = hue(name);
+    var l = [40, 52, 63][Math.floor(h / 7) % 3];
+    return 'hsl(' + h + ', ' + (light ? '55%, 84%' : '58%, ' + l + '%') + ')';
   }
 
   // ---- data sources: the served API, or the data inlined in the offline report -----------
@@ -346,7 +371,7 @@
     table.appendChild(el('thead', null, el('tr', null, el('th', null, 'What'), el('th', null, 'Cluster'), el('th', null, 'Pool'), el('th', null, 'Datacenter'), el('th', null, 'Addresses'), el('th', null, 'Message'))));
     var body = el('tbody');
     s.attentionPools.forEach(function (p) {
-      p.conditions.forEach(function (c) {
+      shownConditions(p.conditions).forEach(function (c) {
         body.appendChild(el('tr', null, el('td', null, chip(c.type, 'bad')), el('td', 'muted', '—'), el('td', null, p.pool), el('td', 'muted', '—'), el('td', 'muted', '—'), el('td', 'msg', c.message)));
       });
     });
@@ -355,6 +380,22 @@
     });
     table.appendChild(body);
     box.appendChild(table);
+  }
+
+  function unitCount(s, type, request, cidr) {
+    unitCidr = cidr;
+    return countEl(s, unitOf(type, request));
+  }
+
+  // A pool's conditions for the list: capacity only at its highest level.
+  function shownConditions(list) {
+    var levels = ['CapacityWarning', 'CapacityCritical', 'CapacityExhausted'];
+    var top = -1;
+    list.forEach(function (c) { top = Math.max(top, levels.indexOf(c.type)); });
+    return list.filter(function (c) {
+      var l = levels.indexOf(c.type);
+      return l < 0 || l === top;
+    });
   }
 
   function renderPools(s) {
@@ -369,9 +410,7 @@
       p.datacenters.forEach(function (d, i) {
         var u = d.usage;
         var nameCell = el('td', 'pool-name' + (i > 0 ? ' again' : ''), p.name);
-        if (i === 0 && p.conditions.length) {
-          p.conditions.forEach(function (c) { nameCell.appendChild(chip(c.type, 'bad')); });
-        }
+        if (i === 0) shownConditions(p.conditions).forEach(function (c) { nameCell.appendChild(chip(c.type, 'bad')); });
         var usage = el('td', 'usage-col');
         if (u) {
           usage.appendChild(usageBar(u));
@@ -380,11 +419,11 @@
           usage.appendChild(el('span', 'error', (d.problems || []).join('; ')));
         }
         var holders = el('td', 'num', u ? count(u.holders) : '—');
-        if (d.attention > 0) holders.appendChild(chip(d.attention + ' !', 'bad'));
+        if (d.attention > 0) holders.appendChild(chip('! ' + d.attention, 'bad'));
         var row = el('tr', 'row', nameCell, el('td', null, d.name), el('td', null, d.type),
           el('td', 'mono', d.cidr), usage,
-          el('td', 'num', u ? countEl(u.free) : '—'),
-          el('td', 'num', u ? countEl(u.largestFreeBlock) : '—'),
+          el('td', 'num', u ? unitCount(u.free, d.type, d.request, d.cidr) : '—'),
+          el('td', 'num', u ? unitCount(u.largestFreeBlock, d.type, d.request, d.cidr) : '—'),
           el('td', 'num', u ? u.fragmentationPercent + '%' : '—'), holders);
         row.dataset.pool = p.name;
         row.dataset.dc = d.name;
@@ -413,6 +452,19 @@
     return el('div', 'figure', el('div', 'label', label), el('div', 'value', value));
   }
 
+  // "1 address per cell", "a /64 per cell (1.84 × 10¹⁹ addresses)".
+  function cellLabel(cidr, size) {
+    if (size === '1') return '1 address per cell';
+    var n = BigInt(size);
+    var words = count(size) + ' addresses';
+    if ((n & (n - 1n)) === 0n) {
+      var bits = cidr.indexOf(':') >= 0 ? 128 : 32;
+      var prefix = bits - (n.toString(2).length - 1);
+      return 'a /' + prefix + ' per cell (' + words + ')';
+    }
+    return words + ' per cell';
+  }
+
   function renderDetail(d) {
     var box = $('detail');
     clear(box);
@@ -422,13 +474,21 @@
     close.addEventListener('click', function () { state.selected = null; state.zoom = []; box.hidden = true; refreshPools(); });
     box.appendChild(el('div', 'panel-head', el('h2', null, d.pool + ' · ' + d.datacenter), close));
     box.appendChild(el('div', 'sub mono', d.type + ' ' + d.cidr + (d.request ? ' · ' + d.request + ' per cluster' : '')));
+    var page = el('div', 'detail-body');
+    var mainCol = el('div', 'detail-main');
+    var side = el('div', 'detail-side');
+    page.appendChild(mainCol);
+    page.appendChild(side);
+    box.appendChild(page);
+    box = mainCol;
     (d.problems || []).forEach(function (p) { box.appendChild(el('div', 'error', p)); });
     d.conditions.forEach(function (c) { box.appendChild(el('div', 'cond', chip(c.type, 'bad'), ' ', c.message)); });
     var u = d.usage;
+    var uc = function (v) { return unitCount(v, d.type, d.request, d.cidr); };
     box.appendChild(el('div', 'figures',
-      figure('Allocated', countEl(u.allocated)), figure('Excluded', countEl(u.excluded)),
-      figure('Quarantined', countEl(u.quarantined)), figure('Free', countEl(u.free)),
-      figure('Largest free', countEl(u.largestFreeBlock)), figure('Fragmentation', u.fragmentationPercent + '%')));
+      figure('Allocated', uc(u.allocated)), figure('Excluded', uc(u.excluded)),
+      figure('Quarantined', uc(u.quarantined)), figure('Free', uc(u.free)),
+      figure('Largest free', uc(u.largestFreeBlock)), figure('Fragmentation', u.fragmentationPercent + '%')));
     box.appendChild(usageBar(u));
 
     // The map.
@@ -444,7 +504,7 @@
       crumbs.appendChild(b);
     });
     box.appendChild(el('div', 'map-head', el('h3', null, 'Address map'), crumbs,
-      el('span', 'muted', count(m.cellSize) + (m.cellSize === '1' ? ' address' : ' addresses') + ' per cell')));
+      el('span', 'muted', cellLabel(d.cidr, m.cellSize))));
     var grid = el('div', 'map');
     grid.id = 'map';
     m.cells.forEach(function (c) {
@@ -464,7 +524,7 @@
     });
     box.appendChild(grid);
     var legend = el('div', 'legend');
-    [['allocated', 'Allocated (colour per cluster)'], ['partial', 'Partly used'], ['excluded', 'Excluded'],
+    [['allocated', 'Allocated (a colour per cluster)'], ['partial', 'Partly used'], ['excluded', 'Excluded'],
      ['quarantined', 'Quarantined'], ['free', 'Free']].forEach(function (l) {
       legend.appendChild(el('span', 'key', el('span', 'swatch ' + l[0]), l[1]));
     });
@@ -472,6 +532,7 @@
     if (d.exclusions.length) box.appendChild(el('div', 'sub', 'Excluded: ', el('span', 'mono', d.exclusions.join(', '))));
 
     // The holders.
+    box = side;
     box.appendChild(el('h3', null, 'Holders (' + d.holdersTotal + ')'));
     if (d.holders.length === 0) {
       box.appendChild(el('div', 'empty', 'No cluster holds addresses here yet.'));
@@ -484,7 +545,7 @@
       var sw = el('span', 'swatch');
       sw.style.backgroundColor = holderColour(h.cluster, false);
       var phase = el('td', null, h.attention ? chip(h.attention, 'bad') : chip(h.phase, h.phase === 'Allocated' ? 'ok' : ''));
-      var row = el('tr', null, el('td', null, sw, h.cluster), el('td', 'mono', h.addresses || '—'), el('td', 'num', countEl(h.size)), phase, el('td', 'msg', h.message || ''));
+      var row = el('tr', null, el('td', null, sw, h.cluster), el('td', 'mono', h.addresses || '—'), el('td', 'num', unitCount(h.size, d.type, d.request, d.cidr)), phase, el('td', 'msg', h.message || ''));
       row.dataset.cluster = h.cluster;
       body.appendChild(row);
     });
@@ -531,7 +592,7 @@
   function refreshPools() {
     return source.summary(state.offset, state.filter).then(function (s) {
       state.seed = s.seed;
-      $('seed').textContent = 'seed ' + s.seed;
+      $('seed').textContent = offline ? s.seed : 'seed ' + s.seed;
       renderTotals(s);
       renderAttention(s);
       renderPools(s);
