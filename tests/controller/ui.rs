@@ -249,3 +249,70 @@ async fn an_admin_signs_in_sees_the_pools_finds_an_address_and_watches_a_new_clu
     drop(browser);
     drop(ctl);
 }
+
+/// The offline report in the same browser, opened from a file: the pools, a lookup and a
+/// zoom work from the inlined data alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_offline_report_works_from_the_file_alone() {
+    if let Err(why) = webdriver::available() {
+        if std::env::var("KIPAM_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1") {
+            panic!("KIPAM_REQUIRE_CHROMIUM=1 but {why}");
+        }
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("kipam-report-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let report = dir.join("pools.html");
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kipam"))
+        .args(["offline", "-f", examples, "--state"])
+        .arg(dir.join("state.yaml"))
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .expect("kipam offline runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let browser = ok("browser", tokio::task::block_in_place(|| Browser::start(1440, 1400)));
+    ok("open", browser.goto(&format!("file://{}", report.display())));
+    browser
+        .wait_for("the pools", |b| {
+            let t = b.text("#pools");
+            t.contains("metallb-ipv6") && t.contains("192.168.1.0/26")
+        })
+        .await;
+    assert!(browser.text("#live").contains("Report of"));
+    ok("search", browser.type_into("#q", "192.168.1.13"));
+    ok("find", browser.click("#search button"));
+    browser
+        .wait_for("the answer", |b| {
+            b.text("#lookup")
+                .contains("192.168.1.13 is held by bravo (pool metallb in azure-westeurope)")
+        })
+        .await;
+    ok("search", browser.type_into("#q", "192.168.1.1"));
+    ok("find", browser.click("#search button"));
+    browser
+        .wait_for("excluded", |b| b.text("#lookup").contains("192.168.1.1 is excluded"))
+        .await;
+    ok(
+        "open the v6 range pool",
+        browser.click("#pools tr[data-pool='metallb-ipv6'][data-dc='azure-westeurope']"),
+    );
+    browser
+        .wait_for("its map", |b| b.text("#detail").contains("a /72 per cell"))
+        .await;
+    ok("zoom", browser.click("#map .cell"));
+    browser
+        .wait_for("zoomed", |b| b.text("#detail").contains("a /80 per cell"))
+        .await;
+    shot(&browser, "offline-zoom");
+    let held = ok(
+        "eval",
+        browser.eval("return document.querySelectorAll('#map .cell.partial, #map .cell.allocated').length;"),
+    );
+    assert_eq!(held.as_u64(), Some(1), "both clusters' addresses are in the first /80: {}", browser.text("#detail"));
+    drop(browser);
+    let _ = std::fs::remove_dir_all(&dir);
+}
