@@ -12,8 +12,8 @@
 
 pub mod auth;
 pub mod error;
-pub mod model;
 pub mod lookup;
+pub mod model;
 pub mod openapi;
 pub mod ui;
 

@@ -75,7 +75,10 @@ fn build() -> Value {
         "address",
         "an IP address (10.1.2.3, 2001:db8::1) or a CIDR with its slash encoded (10.1.2.0%2F24)",
     );
-    let prefix_length = param("prefix_length", "the CIDR's prefix length (10.1.2.0/24 → 24)");
+    let prefix_length = param(
+        "prefix_length",
+        "the CIDR's prefix length (10.1.2.0/24 → 24)",
+    );
     let lookup_responses = || {
         responses(json!({
             "200": ok("the pool datacenters whose CIDR meets the query, with who holds it (no match: an empty list)", &lookup),

@@ -220,8 +220,7 @@ async fn summary(
     for e in &attention_entries {
         if matches!(
             e.phase(),
-            crate::resources::AllocationPhase::Failed
-                | crate::resources::AllocationPhase::Conflict
+            crate::resources::AllocationPhase::Failed | crate::resources::AllocationPhase::Conflict
         ) {
             attention_count += 1;
             if attention.len() < view::MAX_ATTENTION {
@@ -287,9 +286,9 @@ async fn detail(
     let refs: Vec<&Holding> = holdings.iter().collect();
     let slice = match (&params.from, &params.to, pool_dc.cidr) {
         (None, None, _) => None,
-        (Some(from), Some(to), Some(cidr)) => Some(
-            view::parse_slice(cidr.family(), from, to).map_err(ApiError::bad_request)?,
-        ),
+        (Some(from), Some(to), Some(cidr)) => {
+            Some(view::parse_slice(cidr.family(), from, to).map_err(ApiError::bad_request)?)
+        }
         (Some(_), Some(_), None) => None,
         _ => {
             return Err(ApiError::bad_request(
@@ -305,10 +304,7 @@ async fn detail(
     Ok(axum::Json(detail).into_response())
 }
 
-async fn version(
-    State(state): State<Shared>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
+async fn version(State(state): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
     admit_page(&state, &headers).await?;
     let ticks = state.live.tick();
     // Any change of a pool (spec or status) moves its resourceVersion. The cache has no

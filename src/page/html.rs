@@ -43,7 +43,9 @@ pub fn offline<T: Serialize>(data: &T) -> Result<String, serde_json::Error> {
         "<script type=\"application/json\" id=\"kipam-data\">{json}</script>\n<script>\n{}\n</script>",
         APP_JS.replace("</script", "<\\/script")
     );
-    Ok(SHELL.replace("<!--HEAD-->", &head).replace("<!--DATA-->", &data))
+    Ok(SHELL
+        .replace("<!--HEAD-->", &head)
+        .replace("<!--DATA-->", &data))
 }
 
 /// JSON that can sit inside an HTML `<script>` element: `<`, `>` and `&` (which only occur

@@ -94,9 +94,7 @@ impl Holding {
             ranges,
             addresses,
             phase,
-            message: status
-                .and_then(|s| s.message.clone())
-                .unwrap_or_default(),
+            message: status.and_then(|s| s.message.clone()).unwrap_or_default(),
             unreadable,
         }
     }

@@ -77,7 +77,10 @@ fn overlapping_holders_are_both_marked_and_never_counted_twice() {
     let d = holding("d", "lb", &["10.0.0.8-10.0.0.9"]);
     let hs = [&d];
     let u = Layout::build(dc, &hs).unwrap().usage(&hs);
-    assert_eq!((u.allocated.to_string(), u.excluded.to_string()), ("2".into(), "6".into()));
+    assert_eq!(
+        (u.allocated.to_string(), u.excluded.to_string()),
+        ("2".into(), "6".into())
+    );
 }
 
 #[test]
@@ -123,7 +126,11 @@ fn a_v6_48_maps_into_256_cells_and_zooms() {
     assert_eq!(z.cells[2].state, CellState::Free);
     // A slice outside the pool is refused with the pool named.
     let e = address_map(&layout, 0, 5).unwrap_err();
-    assert!(e.to_string().contains("2001:db8::-2001:db8:0:ffff:ffff:ffff:ffff:ffff"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("2001:db8::-2001:db8:0:ffff:ffff:ffff:ffff:ffff"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -209,11 +216,24 @@ fn holding_reads_what_the_allocation_stores() {
 #[test]
 fn json_in_html_cannot_close_the_script_element() {
     let text = html::json_for_html(&serde_json::json!({"name": "</script><b>&"})).unwrap();
-    assert!(!text.contains('<') && !text.contains('>') && !text.contains('&'), "{text}");
+    assert!(
+        !text.contains('<') && !text.contains('>') && !text.contains('&'),
+        "{text}"
+    );
     let back: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(back["name"], "</script><b>&");
     let page = html::offline(&serde_json::json!({"x": "</script>"})).unwrap();
-    assert_eq!(page.matches("</script>").count(), 2, "the data block and the app only");
-    assert!(!html::served().contains("<script>"), "no inline script when served");
-    assert!(!html::served().contains("<style"), "no inline style when served");
+    assert_eq!(
+        page.matches("</script>").count(),
+        2,
+        "the data block and the app only"
+    );
+    assert!(
+        !html::served().contains("<script>"),
+        "no inline script when served"
+    );
+    assert!(
+        !html::served().contains("<style"),
+        "no inline style when served"
+    );
 }

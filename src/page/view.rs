@@ -247,7 +247,12 @@ pub struct PoolAttention {
 pub const MAX_ATTENTION: usize = 50;
 
 /// Holdings needing a look go first: Failed, Conflict, Overlap, Unreadable; then by address.
-fn holder_order(a: &HolderView, ra: Option<u128>, b: &HolderView, rb: Option<u128>) -> std::cmp::Ordering {
+fn holder_order(
+    a: &HolderView,
+    ra: Option<u128>,
+    b: &HolderView,
+    rb: Option<u128>,
+) -> std::cmp::Ordering {
     let rank = |v: &HolderView| match v.attention.as_deref() {
         Some("Failed") => 0,
         Some("Conflict") => 1,
@@ -351,8 +356,8 @@ pub fn detail(
     slice: Option<(u128, u128)>,
     conditions: Vec<ConditionView>,
 ) -> Result<(Detail, Layout), DetailError> {
-    let layout = Layout::build(dc, holdings)
-        .ok_or_else(|| DetailError::NoCidr(dc.problems.join("; ")))?;
+    let layout =
+        Layout::build(dc, holdings).ok_or_else(|| DetailError::NoCidr(dc.problems.join("; ")))?;
     let (first, last) = slice.unwrap_or((layout.first, layout.last));
     let map = address_map(&layout, first, last)?;
     let mut holders: Vec<(HolderView, Option<u128>)> = holdings
@@ -389,7 +394,11 @@ pub fn detail(
             })
             .collect(),
         map: MapView::of(&map, holdings),
-        holders: holders.into_iter().take(MAX_HOLDERS).map(|(v, _)| v).collect(),
+        holders: holders
+            .into_iter()
+            .take(MAX_HOLDERS)
+            .map(|(v, _)| v)
+            .collect(),
         holders_total: total,
     };
     Ok((detail, layout))
@@ -542,29 +551,45 @@ pub fn report(seed: &str, now: &str, pools: &[IPAMPool], holdings: &[Holding]) -
         for dc in pool_dcs(pool) {
             dc_count += 1;
             let here = of_dc(mine, &dc.datacenter);
-            let Ok((detail, layout)) = detail(&dc, &here, None, conditions.clone()) else {
+            let Ok((mut detail, layout)) = detail(&dc, &here, None, conditions.clone()) else {
                 continue;
             };
-            attention.extend(detail.holders.iter().filter(|h| h.attention.is_some()).cloned());
+            // The page draws the map from the segments: 256 cells per datacenter would make
+            // the file grow with the number of datacenters rather than with what they hold.
+            detail.map.cells = Vec::new();
+            attention.extend(
+                detail
+                    .holders
+                    .iter()
+                    .filter(|h| h.attention.is_some())
+                    .cloned(),
+            );
             let show = |v| layout.family.display(v).to_string();
             let segments = layout
                 .segments
                 .iter()
                 .map(|s| {
                     let owner = match s.owner {
-                        Owner::Held(i) => here.get(i).map(|h| h.cluster.clone()).unwrap_or_default(),
+                        Owner::Held(i) => {
+                            here.get(i).map(|h| h.cluster.clone()).unwrap_or_default()
+                        }
                         Owner::Excluded => String::new(),
                     };
                     [show(s.first), show(s.last), owner]
                 })
                 .collect();
-            datacenters.insert(format!("{}/{}", dc.pool, dc.datacenter), ReportDc { detail, segments });
+            datacenters.insert(
+                format!("{}/{}", dc.pool, dc.datacenter),
+                ReportDc { detail, segments },
+            );
         }
     }
     // Holdings of pools that are not in the input (kept in the state): still shown as
     // needing a look, since no pool explains them.
-    let known: std::collections::BTreeSet<&str> =
-        sorted.iter().filter_map(|p| p.metadata.name.as_deref()).collect();
+    let known: std::collections::BTreeSet<&str> = sorted
+        .iter()
+        .filter_map(|p| p.metadata.name.as_deref())
+        .collect();
     for h in holdings.iter().filter(|h| !known.contains(h.pool.as_str())) {
         let mut v = HolderView::of(h, false);
         v.attention.get_or_insert_with(|| "NoPool".to_string());

@@ -19,5 +19,5 @@ mod selfsigned;
 mod serving;
 mod ui;
 mod walkthrough;
-mod webhook;
 mod webdriver;
+mod webhook;

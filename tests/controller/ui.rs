@@ -105,12 +105,17 @@ async fn an_admin_signs_in_sees_the_pools_finds_an_address_and_watches_a_new_clu
     })
     .await;
     let base = format!("http://127.0.0.1:{}/ui/", ctl.api_port);
-    let browser = ok("browser", tokio::task::block_in_place(|| Browser::start(1440, 1400)));
+    let browser = ok(
+        "browser",
+        tokio::task::block_in_place(|| Browser::start(1440, 1400)),
+    );
 
     // Not signed in: the sign-in form, and nothing else.
     ok("open", browser.goto(&base));
     browser
-        .wait_for("the sign-in form", |b| b.text("#login h1").contains("Sign in"))
+        .wait_for("the sign-in form", |b| {
+            b.text("#login h1").contains("Sign in")
+        })
         .await;
 
     // A token the API server does not accept: a clear message, still signed out.
@@ -118,7 +123,8 @@ async fn an_admin_signs_in_sees_the_pools_finds_an_address_and_watches_a_new_clu
     ok("submit", browser.click("#login-form button"));
     browser
         .wait_for("the refusal", |b| {
-            b.text("#login-error").contains("The token was not accepted")
+            b.text("#login-error")
+                .contains("The token was not accepted")
         })
         .await;
     shot(&browser, "refused");
@@ -131,7 +137,10 @@ async fn an_admin_signs_in_sees_the_pools_finds_an_address_and_watches_a_new_clu
             t.contains("not allowed") && t.contains("nobody@example.com")
         })
         .await;
-    let stored = ok("eval", browser.eval("return sessionStorage.getItem('kipam.token');"));
+    let stored = ok(
+        "eval",
+        browser.eval("return sessionStorage.getItem('kipam.token');"),
+    );
     assert!(stored.is_null(), "a refused token is not kept: {stored}");
 
     // The reader signs in: the pools of the seed, with their usage.
@@ -144,7 +153,11 @@ async fn an_admin_signs_in_sees_the_pools_finds_an_address_and_watches_a_new_clu
         })
         .await;
     let url = ok("eval", browser.eval("return location.href;"));
-    assert_eq!(url.as_str(), Some(base.as_str()), "the token is never in the URL");
+    assert_eq!(
+        url.as_str(),
+        Some(base.as_str()),
+        "the token is never in the URL"
+    );
     assert!(browser.text("#pools").contains("10.0.0.0/24"));
     assert!(browser.text("#pools").contains("2001:db8::/48"));
     browser
@@ -179,7 +192,10 @@ async fn an_admin_signs_in_sees_the_pools_finds_an_address_and_watches_a_new_clu
     );
     assert_eq!(excluded.as_u64(), Some(4));
     // Marks the page: a reload would lose it.
-    ok("mark", browser.eval("window.kipamNoReload = true; window.scrollTo(0, 0); return null;"));
+    ok(
+        "mark",
+        browser.eval("window.kipamNoReload = true; window.scrollTo(0, 0); return null;"),
+    );
     shot(&browser, "pools");
 
     // Who holds 10.0.0.13?
@@ -195,7 +211,9 @@ async fn an_admin_signs_in_sees_the_pools_finds_an_address_and_watches_a_new_clu
     ok("search", browser.type_into("#q", "10.0.0.2"));
     ok("find", browser.click("#search button"));
     browser
-        .wait_for("excluded", |b| b.text("#lookup").contains("10.0.0.2 is excluded"))
+        .wait_for("excluded", |b| {
+            b.text("#lookup").contains("10.0.0.2 is excluded")
+        })
         .await;
 
     // A new cluster appears without a reload: in the pool's holders and in the map.
@@ -213,7 +231,10 @@ async fn an_admin_signs_in_sees_the_pools_finds_an_address_and_watches_a_new_clu
                     == Some(32)
         })
         .await;
-    let marked = ok("eval", browser.eval("return window.kipamNoReload === true;"));
+    let marked = ok(
+        "eval",
+        browser.eval("return window.kipamNoReload === true;"),
+    );
     assert_eq!(marked.as_bool(), Some(true), "the page was not reloaded");
 
     // The IPv6 /48: 256 cells of 2^72 addresses; a click zooms into the first.
@@ -229,7 +250,8 @@ async fn an_admin_signs_in_sees_the_pools_finds_an_address_and_watches_a_new_clu
     ok("zoom", browser.click("#map .cell"));
     browser
         .wait_for("zoomed to /56", |b| {
-            b.text("#detail .crumbs").contains("2001:db8::") && b.text("#detail").contains("a /64 per cell")
+            b.text("#detail .crumbs").contains("2001:db8::")
+                && b.text("#detail").contains("a /64 per cell")
         })
         .await;
     shot(&browser, "zoom-v6");
@@ -237,14 +259,22 @@ async fn an_admin_signs_in_sees_the_pools_finds_an_address_and_watches_a_new_clu
         "eval",
         browser.eval("return document.querySelectorAll('#map .cell.allocated').length;"),
     );
-    assert_eq!(held.as_u64(), Some(4), "four clusters hold a /64 each: {}", browser.text("#detail"));
+    assert_eq!(
+        held.as_u64(),
+        Some(4),
+        "four clusters hold a /64 each: {}",
+        browser.text("#detail")
+    );
 
     // Signing out forgets the token.
     ok("sign out", browser.click("#signout"));
     browser
         .wait_for("signed out", |b| b.text("#login h1").contains("Sign in"))
         .await;
-    let stored = ok("eval", browser.eval("return sessionStorage.getItem('kipam.token');"));
+    let stored = ok(
+        "eval",
+        browser.eval("return sessionStorage.getItem('kipam.token');"),
+    );
     assert!(stored.is_null());
     drop(browser);
     drop(ctl);
@@ -273,9 +303,19 @@ async fn the_offline_report_works_from_the_file_alone() {
         .arg(&report)
         .output()
         .expect("kipam offline runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let browser = ok("browser", tokio::task::block_in_place(|| Browser::start(1440, 1400)));
-    ok("open", browser.goto(&format!("file://{}", report.display())));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let browser = ok(
+        "browser",
+        tokio::task::block_in_place(|| Browser::start(1440, 1400)),
+    );
+    ok(
+        "open",
+        browser.goto(&format!("file://{}", report.display())),
+    );
     browser
         .wait_for("the pools", |b| {
             let t = b.text("#pools");
@@ -294,7 +334,9 @@ async fn the_offline_report_works_from_the_file_alone() {
     ok("search", browser.type_into("#q", "192.168.1.1"));
     ok("find", browser.click("#search button"));
     browser
-        .wait_for("excluded", |b| b.text("#lookup").contains("192.168.1.1 is excluded"))
+        .wait_for("excluded", |b| {
+            b.text("#lookup").contains("192.168.1.1 is excluded")
+        })
         .await;
     ok(
         "open the v6 range pool",
@@ -310,9 +352,16 @@ async fn the_offline_report_works_from_the_file_alone() {
     shot(&browser, "offline-zoom");
     let held = ok(
         "eval",
-        browser.eval("return document.querySelectorAll('#map .cell.partial, #map .cell.allocated').length;"),
+        browser.eval(
+            "return document.querySelectorAll('#map .cell.partial, #map .cell.allocated').length;",
+        ),
     );
-    assert_eq!(held.as_u64(), Some(1), "both clusters' addresses are in the first /80: {}", browser.text("#detail"));
+    assert_eq!(
+        held.as_u64(),
+        Some(1),
+        "both clusters' addresses are in the first /80: {}",
+        browser.text("#detail")
+    );
     drop(browser);
     let _ = std::fs::remove_dir_all(&dir);
 }

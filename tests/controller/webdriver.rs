@@ -36,7 +36,12 @@ pub struct Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        let _ = request(self.port, "DELETE", &format!("/session/{}", self.session), None);
+        let _ = request(
+            self.port,
+            "DELETE",
+            &format!("/session/{}", self.session),
+            None,
+        );
         let _ = self.driver.kill();
         let _ = self.driver.wait();
         let _ = std::fs::remove_dir_all(&self.profile);

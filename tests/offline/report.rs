@@ -10,7 +10,10 @@ fn data_of(html: &str) -> Value {
         .find("<script type=\"application/json\" id=\"kipam-data\">")
         .expect("a data block")
         + "<script type=\"application/json\" id=\"kipam-data\">".len();
-    let end = start + html[start..].find("</script>").expect("the data block ends");
+    let end = start
+        + html[start..]
+            .find("</script>")
+            .expect("the data block ends");
     serde_json::from_str(&html[start..end]).expect("the data block is JSON")
 }
 
@@ -24,7 +27,11 @@ fn the_embedded_default_writes_the_pool_page_without_a_cluster() {
         "offline", "-f", &examples, "--state", &state, "--report", &report,
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("report"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("report"),
+        "{}",
+        text(&out.stderr)
+    );
     let html = w.read("pools.html");
     // One file, nothing fetched: no external script, style or address.
     for outside in ["src=", "href=", "http://", "https://", "@import", "url("] {
@@ -50,8 +57,18 @@ fn the_embedded_default_writes_the_pool_page_without_a_cluster() {
     assert_eq!(dc["usage"]["excluded"], "4");
     assert_eq!(dc["usage"]["quarantined"], "0");
     let detail = &data["datacenters"]["metallb/azure-westeurope"];
-    assert_eq!(detail["detail"]["map"]["cells"].as_array().unwrap().len(), 64);
-    assert!(!detail["segments"].as_array().unwrap().is_empty());
+    // The map is drawn in the page from the segments (what is held and excluded).
+    assert_eq!(detail["detail"]["map"]["first"], "192.168.1.0");
+    assert_eq!(detail["detail"]["map"]["last"], "192.168.1.63");
+    let segments = detail["segments"].as_array().unwrap();
+    assert_eq!(
+        segments[0],
+        serde_json::json!(["192.168.1.0", "192.168.1.0", "alpha"])
+    );
+    assert_eq!(
+        segments[1],
+        serde_json::json!(["192.168.1.1", "192.168.1.1", ""])
+    );
 
     // Running again changes nothing in the state and writes the same page.
     let again = kipam(&[
@@ -67,7 +84,13 @@ fn a_report_that_cannot_be_written_is_an_error_and_leaves_the_state_written() {
     let state = w.path("state.yaml").display().to_string();
     let report = w.path("missing-dir/pools.html").display().to_string();
     let out = kipam(&[
-        "offline", "-f", &examples(), "--state", &state, "--report", &report,
+        "offline",
+        "-f",
+        &examples(),
+        "--state",
+        &state,
+        "--report",
+        &report,
     ]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     assert!(

@@ -202,9 +202,8 @@
     detail: function (pool, dc, slice) {
       var d = offline.datacenters[pool + '/' + dc];
       if (!d) return Promise.reject(new ApiError(404, 'no such pool datacenter'));
-      if (!slice) return Promise.resolve(d.detail);
       var copy = Object.assign({}, d.detail);
-      copy.map = mapOf(d, slice);
+      copy.map = mapOf(d, slice || [d.detail.map.first, d.detail.map.last]);
       return Promise.resolve(copy);
     },
     lookup: function (seed, text) { return Promise.resolve(lookupInFile(text)); },
