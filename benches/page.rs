@@ -43,7 +43,7 @@ fn pool(i: usize) -> IPAMPool {
     let mut dcs = serde_json::Map::new();
     for j in 0..DATACENTERS {
         let k = i / 2 * DATACENTERS + j;
-        let dc = if i % 2 == 0 {
+        let dc = if i.is_multiple_of(2) {
             json!({"type": "range", "poolCidr": v4_cidr(k), "allocationRange": 8,
                    "excludeRanges": [v4_cidr(k).replace(".0/24", ".255")]})
         } else {
@@ -68,7 +68,7 @@ fn allocation(c: usize, t: usize) -> IPAMAllocation {
     let j = c % DATACENTERS;
     let k = i / 2 * DATACENTERS + j;
     let n = c / (DATACENTERS * POOLS / POOLS_PER_CLUSTER);
-    let spec = if i % 2 == 0 {
+    let spec = if i.is_multiple_of(2) {
         let base = v4_cidr(k).replace(".0/24", "");
         json!({"type": "range", "dc": format!("dc-{j}"),
                "addresses": [format!("{base}.{}-{base}.{}", 8 * n, 8 * n + 7)]})
