@@ -142,11 +142,13 @@
     return ((h >>> 0) % 360);
   }
 
-  // A colour per cluster: hue and lightness from a hash of its name.
+  // A colour per cluster, from a palette of well-separated colours by a hash of its name; a
+  // light shade of it for a cell partly free.
+  var PALETTE = ['#4e79a7', '#f28e2b', '#59a14f', '#e15759', '#76b7b2', '#edc948', '#b07aa1',
+    '#ff9da7', '#9c755f', '#17becf', '#bcbd22', '#8c564b', '#1f77b4', '#d62728', '#2ca02c', '#9467bd'];
   function holderColour(name, light) {
-    var h = hue(name);
-    var l = [40, 52, 63][Math.floor(h / 7) % 3];
-    return 'hsl(' + h + ', ' + (light ? '55%, 84%' : '58%, ' + l + '%') + ')';
+    var c = PALETTE[hue(name) % PALETTE.length];
+    return light ? 'color-mix(in srgb, ' + c + ' 35%, white)' : c;
   }
 
   // ---- data sources: the served API, or the data inlined in the offline report -----------
@@ -523,7 +525,7 @@
     });
     box.appendChild(grid);
     var legend = el('div', 'legend');
-    [['allocated', 'Allocated (a colour per cluster)'], ['partial', 'Partly used'], ['excluded', 'Excluded'],
+    [['allocated', 'Allocated (by cluster)'], ['partial', 'Partly used'], ['excluded', 'Excluded'],
      ['quarantined', 'Quarantined'], ['free', 'Free']].forEach(function (l) {
       legend.appendChild(el('span', 'key', el('span', 'swatch ' + l[0]), l[1]));
     });
@@ -591,7 +593,9 @@
   function refreshPools() {
     return source.summary(state.offset, state.filter).then(function (s) {
       state.seed = s.seed;
-      $('seed').textContent = offline ? s.seed : 'seed ' + s.seed;
+      clear($('seed'));
+      if (offline) $('seed').textContent = s.seed;
+      else $('seed').append('seed ', el('strong', null, s.seed));
       renderTotals(s);
       renderAttention(s);
       renderPools(s);
