@@ -656,6 +656,12 @@ fn run_offline(args: OfflineArgs) -> ExitCode {
             Ok(()) => eprintln!("report {}: written", path.display()),
             Err(e) => {
                 eprintln!("error: {e}");
+                if let Some(format) = machine {
+                    print!(
+                        "{}",
+                        offline::report::to_text(&offline::report::error_json(1, &e), format)
+                    );
+                }
                 return ExitCode::from(1);
             }
         }
