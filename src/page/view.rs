@@ -212,8 +212,8 @@ pub struct Totals {
     pub datacenters: usize,
     /// Allocations stored.
     pub allocations: usize,
-    /// Allocations that are `Failed`, `Conflict` or unreadable, and pools with a notable
-    /// condition.
+    /// Allocations that are `Failed` or `Conflict` (the served summary; the offline report
+    /// also counts overlapping and unreadable ones), and pools with a notable condition.
     pub attention: usize,
 }
 
