@@ -17,6 +17,7 @@ pub mod applier;
 pub mod controller;
 pub mod desired;
 pub mod offline;
+pub mod page;
 pub mod planner;
 pub mod planning;
 pub mod rbac;

@@ -244,6 +244,10 @@ struct OfflineArgs {
     /// datacenter no pool serves.
     #[arg(long)]
     allow_release: bool,
+    /// Also write the pool page (usage, address maps, holders, search) as one
+    /// self-contained HTML file that needs no network.
+    #[arg(long, value_name = "FILE.html")]
+    report: Option<PathBuf>,
     /// Output format: a table (text), or the full result as json or yaml.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
     output: OutputFormat,
@@ -642,6 +646,27 @@ fn run_offline(args: OfflineArgs) -> ExitCode {
     let failed = offline::report_failed(&report);
     let code: u8 = if failed { 1 } else { 0 };
     let state = options.state.display().to_string();
+    // The page shows what the state holds now: not written when nothing was.
+    if let Some(path) = &args.report
+        && report.render_errors.is_empty()
+    {
+        let label = format!("offline · {state}");
+        let written = offline::page::page(&report, &label, &options.now)
+            .and_then(|page| offline::page::write(path, &page).map_err(|e| e.to_string()));
+        match written {
+            Ok(()) => eprintln!("report {}: written", path.display()),
+            Err(e) => {
+                eprintln!("error: {e}");
+                if let Some(format) = machine {
+                    print!(
+                        "{}",
+                        offline::report::to_text(&offline::report::error_json(1, &e), format)
+                    );
+                }
+                return ExitCode::from(1);
+            }
+        }
+    }
     if let Some(format) = machine {
         let out = args.out.as_ref().map(|p| p.display().to_string());
         let value = offline::report::offline_json(&report, &state, out.as_deref(), code);

@@ -19,8 +19,9 @@ const LAYERS: &[&[&str]] = &[
     &["validation"],
     &["reservations", "status"],
     &["desired"],
-    // The shared core of the running seed: clients, caches, ledger, records, leader, metrics.
-    &["seed"],
+    // The shared core of the running seed: clients, caches, ledger, records, leader, metrics;
+    // and beside it, the pure pool page that the API and the offline report both draw.
+    &["seed", "page"],
     // Adapters: each a room of its own over the pure core (and, when it runs in the
     // controller, over the seed's core).
     &["planning", "applier", "api", "webhook", "offline"],

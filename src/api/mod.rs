@@ -12,8 +12,10 @@
 
 pub mod auth;
 pub mod error;
+pub mod lookup;
 pub mod model;
 pub mod openapi;
+pub mod ui;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -79,6 +81,8 @@ pub struct ApiState {
     in_flight: Semaphore,
     /// `kipam_api_requests_total` and `kipam_api_request_duration_seconds`.
     metrics: HttpMetrics,
+    /// What the web page polls to follow changes.
+    live: ui::Live,
 }
 
 impl ApiState {
@@ -87,6 +91,7 @@ impl ApiState {
             gate: Gate::new(ctx.writer.clone(), options.auth_cache_ttl),
             in_flight: Semaphore::new(options.max_concurrent.max(1)),
             metrics: HttpMetrics::register(&ctx.metrics, "api", "REST API"),
+            live: ui::Live::new(&ctx),
             ctx,
             seed_name,
             options,
@@ -98,6 +103,8 @@ pub const POOLS: &str = "/api/v2/seeds/{seed_name}/ipampools";
 pub const POOL: &str = "/api/v2/seeds/{seed_name}/ipampools/{ipampool_name}";
 pub const ALLOCATIONS: &str = "/api/v2/seeds/{seed_name}/ipampools/{ipampool_name}/allocations";
 pub const OPENAPI: &str = "/api/v2/openapi.json";
+pub const ADDRESS: &str = "/api/v2/seeds/{seed_name}/addresses/{address}";
+pub const ADDRESS_CIDR: &str = "/api/v2/seeds/{seed_name}/addresses/{address}/{prefix_length}";
 
 type Shared = Arc<ApiState>;
 
@@ -111,6 +118,8 @@ pub fn routes() -> Vec<(Method, &'static str, MethodRouter<Shared>)> {
         (Method::DELETE, POOL, delete(delete_pool)),
         (Method::GET, ALLOCATIONS, get(list_allocations)),
         (Method::GET, OPENAPI, get(openapi_document)),
+        (Method::GET, ADDRESS, get(lookup::by_address)),
+        (Method::GET, ADDRESS_CIDR, get(lookup::by_cidr)),
     ]
 }
 
@@ -123,6 +132,7 @@ pub fn router(state: Shared) -> Router {
         router = router.route(path, method_router);
     }
     let router = router
+        .merge(ui::router())
         .fallback(|req: Request| async move {
             ApiError::not_found(format!("no such route: {}", req.uri().path()))
         })
@@ -134,7 +144,11 @@ pub fn router(state: Shared) -> Router {
         })
         .layer(middleware::from_fn_with_state(state.clone(), limits))
         .with_state(state);
-    let paths = routes().into_iter().map(|(_, path, _)| path).collect();
+    let paths = routes()
+        .into_iter()
+        .map(|(_, path, _)| path)
+        .chain(ui::routes().into_iter().map(|(path, _)| path))
+        .collect();
     instrument(router, metrics, paths)
 }
 

@@ -60,6 +60,9 @@ fn build() -> Value {
     let pool = generator.subschema_for::<PoolView>().to_value();
     let body = generator.subschema_for::<PoolBody>().to_value();
     let allocation = generator.subschema_for::<AllocationView>().to_value();
+    let lookup = generator
+        .subschema_for::<crate::page::view::LookupView>()
+        .to_value();
     generator.subschema_for::<ErrorBody>();
     let schemas = generator.take_definitions(true);
 
@@ -68,6 +71,19 @@ fn build() -> Value {
         "the seed's name (kipam controller --seed-name)",
     );
     let name = param("ipampool_name", "the pool's name");
+    let address = param(
+        "address",
+        "an IP address (10.1.2.3, 2001:db8::1) or a CIDR with its slash encoded (10.1.2.0%2F24)",
+    );
+    let prefix_length = param(
+        "prefix_length",
+        "the CIDR's prefix length (10.1.2.0/24 → 24)",
+    );
+    let lookup_responses = || {
+        responses(json!({
+            "200": ok("the pool datacenters whose CIDR meets the query, with who holds it (no match: an empty list)", &lookup),
+        }))
+    };
     let pool_body = json!({"required": true, "content": {"application/json": {"schema": body}}});
     let patch_body = json!({"required": true, "content": {
         "application/merge-patch+json": {"schema": {"type": "object"}},
@@ -144,6 +160,22 @@ fn build() -> Value {
                     })),
                 },
             },
+            super::ADDRESS: {
+                "parameters": [seed, address],
+                "get": {
+                    "operationId": "lookupAddress",
+                    "summary": "Who holds an address or a CIDR, in which pool and datacenter, or that it is free or excluded (from the controller's caches)",
+                    "responses": lookup_responses(),
+                },
+            },
+            super::ADDRESS_CIDR: {
+                "parameters": [seed, address, prefix_length],
+                "get": {
+                    "operationId": "lookupCIDR",
+                    "summary": "The same lookup for a CIDR written with its slash (10.1.2.0/24)",
+                    "responses": lookup_responses(),
+                },
+            },
             super::OPENAPI: {
                 "get": {
                     "operationId": "getOpenAPIDocument",
@@ -161,7 +193,7 @@ fn build() -> Value {
                 "bearer": {
                     "type": "http",
                     "scheme": "bearer",
-                    "description": "A Kubernetes token of the seed, checked with a TokenReview; access by RBAC on ipampools.ipam.kipam.dev (and ipamallocations for the allocations route)."
+                    "description": "A Kubernetes token of the seed, checked with a TokenReview; access by RBAC on ipampools.ipam.kipam.dev (and list ipamallocations for the allocations and address routes)."
                 }
             }
         }

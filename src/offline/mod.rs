@@ -11,6 +11,7 @@ pub mod guard;
 pub mod manifests;
 pub mod out_dir;
 pub mod overlaps;
+pub mod page;
 pub mod report;
 pub mod state_file;
 pub mod yaml;

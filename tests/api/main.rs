@@ -8,4 +8,5 @@ mod auth;
 mod limits;
 mod network;
 mod openapi;
+mod page;
 mod routes;

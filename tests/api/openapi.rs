@@ -165,7 +165,9 @@ async fn every_documented_operation_reaches_its_route() {
     for (path, item) in doc["paths"].as_object().unwrap() {
         let concrete = path
             .replace("{seed_name}", SEED)
-            .replace("{ipampool_name}", "metallb");
+            .replace("{ipampool_name}", "metallb")
+            .replace("{address}", "10.0.0.3")
+            .replace("{prefix_length}", "24");
         for method in item
             .as_object()
             .unwrap()

@@ -18,5 +18,7 @@ mod quiet;
 mod records;
 mod selfsigned;
 mod serving;
+mod ui;
 mod walkthrough;
+mod webdriver;
 mod webhook;

@@ -5,6 +5,7 @@ mod docs;
 mod files;
 mod mutations;
 mod network;
+mod report;
 mod strict;
 
 use std::path::{Path, PathBuf};

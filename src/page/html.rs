@@ -1,0 +1,67 @@
+//! The page itself: one HTML shell, one script and one style sheet, all compiled into the
+//! binary (no CDN, no framework, nothing fetched from elsewhere).
+//!
+//! Served by the controller, the shell loads `/ui/app.js` and `/ui/app.css` from the same
+//! origin, so the strict `Content-Security-Policy` the API sends (`default-src 'self'`, no
+//! inline script or style) holds. The offline report is one file: there the script and the
+//! style are inlined, with the data in a `<script type="application/json">` block, under a
+//! `<meta>` policy that allows no network access at all.
+
+use serde::Serialize;
+
+pub const APP_JS: &str = include_str!("assets/app.js");
+pub const APP_CSS: &str = include_str!("assets/app.css");
+const SHELL: &str = include_str!("assets/index.html");
+
+/// The policy the served page is sent with.
+pub const SERVED_CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
+     img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; \
+     form-action 'none'; frame-ancestors 'none'";
+
+/// The policy inside the offline report: inline script and style (the file is all there
+/// is), and no network access.
+const OFFLINE_CSP: &str = "default-src 'none'; script-src 'unsafe-inline'; \
+     style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'";
+
+/// The served shell.
+pub fn served() -> String {
+    SHELL
+        .replace(
+            "<!--HEAD-->",
+            "<link rel=\"stylesheet\" href=\"/ui/app.css\">\n<script src=\"/ui/app.js\" defer></script>",
+        )
+        .replace("<!--DATA-->", "")
+}
+
+/// The self-contained report with `data` inlined.
+pub fn offline<T: Serialize>(data: &T) -> Result<String, serde_json::Error> {
+    let json = json_for_html(data)?;
+    let head = format!(
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"{OFFLINE_CSP}\">\n<style>\n{APP_CSS}\n</style>"
+    );
+    let data = format!(
+        "<script type=\"application/json\" id=\"kipam-data\">{json}</script>\n<script>\n{}\n</script>",
+        APP_JS.replace("</script", "<\\/script")
+    );
+    Ok(SHELL
+        .replace("<!--HEAD-->", &head)
+        .replace("<!--DATA-->", &data))
+}
+
+/// JSON that can sit inside an HTML `<script>` element: `<`, `>` and `&` (which only occur
+/// inside JSON strings) are written as `\u003c` etc., so no name can close the element.
+pub fn json_for_html<T: Serialize>(data: &T) -> Result<String, serde_json::Error> {
+    let text = serde_json::to_string(data)?;
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        match c {
+            '<' => out.push_str("\\u003c"),
+            '>' => out.push_str("\\u003e"),
+            '&' => out.push_str("\\u0026"),
+            '\u{2028}' => out.push_str("\\u2028"),
+            '\u{2029}' => out.push_str("\\u2029"),
+            c => out.push(c),
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,618 @@
+//! The page's JSON model: what the served page fetches and what the offline report inlines.
+//! Counts are decimal strings (exact for IPv6); addresses are written in their usual form.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use crate::address::{AddressCount, Family};
+use crate::resources::IPAMPool;
+
+use super::lookup::{Match, Query};
+use super::map::{AddressMap, SliceError, address_map};
+use super::{Holding, Layout, Owner, PoolDc, Usage, pool_dcs};
+
+/// A pool datacenter's figures.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageView {
+    pub total: String,
+    pub allocated: String,
+    pub excluded: String,
+    /// Released addresses waiting before reuse; kipam keeps no quarantine yet, so `0`.
+    pub quarantined: String,
+    pub free: String,
+    pub largest_free_block: String,
+    pub fragmentation_percent: u8,
+    /// Allocated share of the addresses that are not excluded.
+    pub utilisation_percent: u8,
+    /// Shares of the whole pool, floored, for the usage bar.
+    pub allocated_percent: u8,
+    pub excluded_percent: u8,
+    pub quarantined_percent: u8,
+    /// Allocations holding addresses here.
+    pub holders: usize,
+}
+
+impl UsageView {
+    pub fn of(u: &Usage) -> UsageView {
+        UsageView {
+            total: u.total.to_string(),
+            allocated: u.allocated.to_string(),
+            excluded: u.excluded.to_string(),
+            quarantined: u.quarantined.to_string(),
+            free: u.free.to_string(),
+            largest_free_block: u.largest_free_block.to_string(),
+            fragmentation_percent: u.fragmentation_percent,
+            utilisation_percent: u.utilisation_percent,
+            allocated_percent: u.allocated.percent_of(u.total),
+            excluded_percent: u.excluded.percent_of(u.total),
+            quarantined_percent: u.quarantined.percent_of(u.total),
+            holders: u.holders,
+        }
+    }
+}
+
+/// One allocation.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HolderView {
+    pub cluster: String,
+    pub namespace: String,
+    pub pool: String,
+    pub datacenter: String,
+    /// `spec.cidr` or `spec.addresses`, as stored.
+    pub addresses: String,
+    /// Addresses held.
+    pub size: String,
+    /// `Pending`, `Allocated`, `Failed`, `Released` or `Conflict`.
+    pub phase: String,
+    /// Why it needs a look: `Failed`, `Conflict`, `Overlap` (shares addresses with another
+    /// allocation of the pool) or `Unreadable`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attention: Option<String>,
+    /// `status.message`, or what does not parse.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+impl HolderView {
+    pub fn of(h: &Holding, overlapping: bool) -> HolderView {
+        let attention = h
+            .attention()
+            .or(overlapping.then_some("Overlap"))
+            .map(str::to_string);
+        let message = match (&h.unreadable, h.message.is_empty()) {
+            (Some(why), _) => why.clone(),
+            (None, _) => h.message.clone(),
+        };
+        HolderView {
+            cluster: h.cluster.clone(),
+            namespace: h.namespace.clone(),
+            pool: h.pool.clone(),
+            datacenter: h.datacenter.clone(),
+            addresses: h.addresses.clone(),
+            size: h.size().to_string(),
+            phase: h.phase.as_str().to_string(),
+            attention,
+            message,
+        }
+    }
+}
+
+/// A pool condition worth showing (not Ready, overlapping, over a capacity threshold).
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConditionView {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub reason: String,
+    pub message: String,
+}
+
+/// The notable conditions of a pool's status.
+pub fn notable_conditions(pool: &IPAMPool) -> Vec<ConditionView> {
+    let Some(status) = &pool.status else {
+        return Vec::new();
+    };
+    status
+        .conditions
+        .iter()
+        .filter(|c| match c.type_.as_str() {
+            "Ready" => c.status == "False",
+            "Overlap" | "CapacityWarning" | "CapacityCritical" | "CapacityExhausted" => {
+                c.status == "True"
+            }
+            _ => false,
+        })
+        .map(|c| ConditionView {
+            type_: c.type_.clone(),
+            reason: c.reason.clone(),
+            message: c.message.clone(),
+        })
+        .collect()
+}
+
+/// One pool datacenter in the list.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DatacenterSummary {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub cidr: String,
+    /// What a cluster gets by default (`8 addresses`, `/30`).
+    pub request: String,
+    /// `None` when the pool's CIDR does not parse (see `problems`).
+    pub usage: Option<UsageView>,
+    /// Allocations here that need a look.
+    pub attention: usize,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+}
+
+/// One pool in the list.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolSummary {
+    pub name: String,
+    pub reclaim_policy: String,
+    pub conditions: Vec<ConditionView>,
+    pub datacenters: Vec<DatacenterSummary>,
+}
+
+/// The holdings of `holdings` in datacenter `dc`.
+fn of_dc<'a>(holdings: &'a [Holding], dc: &str) -> Vec<&'a Holding> {
+    holdings.iter().filter(|h| h.datacenter == dc).collect()
+}
+
+/// Attention marks of a pool datacenter's holdings: their own, and overlaps.
+fn attention_count(layout: Option<&Layout>, holdings: &[&Holding]) -> usize {
+    holdings
+        .iter()
+        .enumerate()
+        .filter(|(i, h)| {
+            h.attention().is_some() || layout.is_some_and(|l| l.overlapping.contains(i))
+        })
+        .count()
+}
+
+/// A pool with its usage per datacenter; `holdings` are the pool's (any datacenter).
+pub fn pool_summary(pool: &IPAMPool, holdings: &[Holding]) -> PoolSummary {
+    let datacenters = pool_dcs(pool)
+        .iter()
+        .map(|dc| {
+            let mine = of_dc(holdings, &dc.datacenter);
+            let layout = Layout::build(dc, &mine);
+            DatacenterSummary {
+                name: dc.datacenter.clone(),
+                type_: dc.type_.to_string(),
+                cidr: dc.cidr_text.clone(),
+                request: dc.request.clone(),
+                usage: layout.as_ref().map(|l| UsageView::of(&l.usage(&mine))),
+                attention: attention_count(layout.as_ref(), &mine),
+                problems: dc.problems.clone(),
+            }
+        })
+        .collect();
+    PoolSummary {
+        name: pool.metadata.name.clone().unwrap_or_default(),
+        reclaim_policy: format!("{:?}", pool.spec.reclaim_policy),
+        conditions: notable_conditions(pool),
+        datacenters,
+    }
+}
+
+/// Seed-wide figures.
+#[derive(Clone, Debug, Default, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Totals {
+    pub pools: usize,
+    pub datacenters: usize,
+    /// Allocations stored.
+    pub allocations: usize,
+    /// Allocations that are `Failed` or `Conflict` (the served summary; the offline report
+    /// also counts overlapping and unreadable ones), and pools with a notable condition.
+    pub attention: usize,
+}
+
+/// The first screen: seed-wide figures, what needs a look, and one page of pools.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    pub seed: String,
+    pub totals: Totals,
+    /// Allocations needing a look, the first [`MAX_ATTENTION`] of them.
+    pub attention: Vec<HolderView>,
+    /// Pools with a notable condition (by name).
+    pub attention_pools: Vec<PoolAttention>,
+    /// Pools on this page, by name.
+    pub pools: Vec<PoolSummary>,
+    /// Pools matching the filter (all pages).
+    pub matched: usize,
+    pub offset: usize,
+    pub limit: usize,
+}
+
+/// A pool with a notable condition.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolAttention {
+    pub pool: String,
+    pub conditions: Vec<ConditionView>,
+}
+
+/// Allocations needing a look listed in a summary at most.
+pub const MAX_ATTENTION: usize = 50;
+
+/// Holdings needing a look go first: Failed, Conflict, Overlap, Unreadable; then by address.
+fn holder_order(
+    a: &HolderView,
+    ra: Option<u128>,
+    b: &HolderView,
+    rb: Option<u128>,
+) -> std::cmp::Ordering {
+    let rank = |v: &HolderView| match v.attention.as_deref() {
+        Some("Failed") => 0,
+        Some("Conflict") => 1,
+        Some("Overlap") => 2,
+        Some(_) => 3,
+        None => 4,
+    };
+    (rank(a), ra.is_none(), ra, &a.cluster).cmp(&(rank(b), rb.is_none(), rb, &b.cluster))
+}
+
+/// One cell of the address map.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CellView {
+    pub first: String,
+    pub last: String,
+    /// `free`, `allocated`, `excluded` or `partial` (some used, some free).
+    pub state: String,
+    /// Used (allocated or excluded) share, floored.
+    pub used_percent: u8,
+    /// The cluster holding most of the cell.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// Distinct holders in the cell.
+    pub holders: usize,
+}
+
+/// The address map of a slice of a pool.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MapView {
+    pub first: String,
+    pub last: String,
+    /// Addresses per cell (the last cell may hold fewer).
+    pub cell_size: String,
+    pub cells: Vec<CellView>,
+}
+
+impl MapView {
+    pub fn of(map: &AddressMap, holdings: &[&Holding]) -> MapView {
+        let show = |v| map.family.display(v).to_string();
+        MapView {
+            first: show(map.first),
+            last: show(map.last),
+            cell_size: AddressCount::from_u128(map.step).to_string(),
+            cells: map
+                .cells
+                .iter()
+                .map(|c| CellView {
+                    first: show(c.first),
+                    last: show(c.last),
+                    state: c.state.as_str().to_string(),
+                    used_percent: c.used_percent(),
+                    holder: c
+                        .holder
+                        .and_then(|i| holdings.get(i))
+                        .map(|h| h.cluster.clone()),
+                    holders: c.holders,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// One pool datacenter in full.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Detail {
+    pub pool: String,
+    pub datacenter: String,
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub cidr: String,
+    pub request: String,
+    pub problems: Vec<String>,
+    pub conditions: Vec<ConditionView>,
+    pub usage: UsageView,
+    pub exclusions: Vec<String>,
+    pub map: MapView,
+    /// Needing a look first, then by address; the first [`MAX_HOLDERS`].
+    pub holders: Vec<HolderView>,
+    pub holders_total: usize,
+}
+
+/// Holders listed in a detail at most (the search finds any other).
+pub const MAX_HOLDERS: usize = 2_000;
+
+/// Why a detail cannot be made.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DetailError {
+    #[error("the pool's CIDR cannot be read: {0}")]
+    NoCidr(String),
+    #[error(transparent)]
+    Slice(#[from] SliceError),
+}
+
+/// A pool datacenter with its map of `slice` (the whole pool when `None`).
+pub fn detail(
+    dc: &PoolDc,
+    holdings: &[&Holding],
+    slice: Option<(u128, u128)>,
+    conditions: Vec<ConditionView>,
+) -> Result<(Detail, Layout), DetailError> {
+    let layout =
+        Layout::build(dc, holdings).ok_or_else(|| DetailError::NoCidr(dc.problems.join("; ")))?;
+    let (first, last) = slice.unwrap_or((layout.first, layout.last));
+    let map = address_map(&layout, first, last)?;
+    let mut holders: Vec<(HolderView, Option<u128>)> = holdings
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            (
+                HolderView::of(h, layout.overlapping.contains(&i)),
+                h.ranges.first().map(|r| r.first()),
+            )
+        })
+        .collect();
+    holders.sort_by(|(a, ra), (b, rb)| holder_order(a, *ra, b, *rb));
+    let total = holders.len();
+    let show = |v| layout.family.display(v).to_string();
+    let detail = Detail {
+        pool: dc.pool.clone(),
+        datacenter: dc.datacenter.clone(),
+        type_: dc.type_.to_string(),
+        cidr: dc.cidr_text.clone(),
+        request: dc.request.clone(),
+        problems: dc.problems.clone(),
+        conditions,
+        usage: UsageView::of(&layout.usage(holdings)),
+        exclusions: dc
+            .exclusions
+            .iter()
+            .map(|r| {
+                if r.first() == r.last() {
+                    show(r.first())
+                } else {
+                    format!("{}-{}", show(r.first()), show(r.last()))
+                }
+            })
+            .collect(),
+        map: MapView::of(&map, holdings),
+        holders: holders
+            .into_iter()
+            .take(MAX_HOLDERS)
+            .map(|(v, _)| v)
+            .collect(),
+        holders_total: total,
+    };
+    Ok((detail, layout))
+}
+
+/// A slice of a pool, parsed from its two addresses (`from`, `to`).
+pub fn parse_slice(family: Family, from: &str, to: &str) -> Result<(u128, u128), String> {
+    let parse = |field: &str, text: &str| match crate::address::parse_address(text) {
+        Ok((f, v)) if f == family => Ok(v),
+        Ok(_) => Err(format!("{field}: {text:?} is not an {family} address")),
+        Err(_) => Err(format!("{field}: {text:?} is not an IP address")),
+    };
+    Ok((parse("from", from)?, parse("to", to)?))
+}
+
+/// One pool datacenter's answer to a lookup.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MatchView {
+    pub pool: String,
+    pub datacenter: String,
+    pub pool_cidr: String,
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// The part of the query inside this pool (`first-last`).
+    pub range: String,
+    /// `allocated`, `excluded`, `free`, or `partial` for a CIDR partly used.
+    pub state: String,
+    pub allocated: String,
+    pub excluded: String,
+    pub free: String,
+    /// Allocations holding any of it (all of them when they overlap).
+    pub holders: Vec<HolderView>,
+    /// Holders not listed.
+    pub more: usize,
+}
+
+/// The answer to "who holds this address or CIDR?".
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LookupView {
+    pub query: String,
+    /// One entry per pool datacenter whose CIDR meets the query, by pool and datacenter;
+    /// empty when no pool covers it.
+    pub matches: Vec<MatchView>,
+    /// One line for a person.
+    pub message: String,
+}
+
+/// The view of a lookup's matches.
+pub fn lookup_view(query: &Query, matches: &[Match<'_>]) -> LookupView {
+    let text = query.text();
+    let views: Vec<MatchView> = matches
+        .iter()
+        .map(|m| {
+            let family = m.dc.cidr.map(|c| c.family()).unwrap_or(Family::V4);
+            let show = |v| family.display(v).to_string();
+            MatchView {
+                pool: m.dc.pool.clone(),
+                datacenter: m.dc.datacenter.clone(),
+                pool_cidr: m.dc.cidr_text.clone(),
+                type_: m.dc.type_.to_string(),
+                range: format!("{}-{}", show(m.first), show(m.last)),
+                state: m.state.to_string(),
+                allocated: m.allocated.to_string(),
+                excluded: m.excluded.to_string(),
+                free: m.free.to_string(),
+                holders: m.holders.iter().map(|h| HolderView::of(h, false)).collect(),
+                more: m.more,
+            }
+        })
+        .collect();
+    let message = match views.as_slice() {
+        [] => format!("no pool covers {text}"),
+        [m] => describe(&text, m),
+        many => many
+            .iter()
+            .map(|m| describe(&text, m))
+            .collect::<Vec<_>>()
+            .join("; "),
+    };
+    LookupView {
+        query: text,
+        matches: views,
+        message,
+    }
+}
+
+fn describe(text: &str, m: &MatchView) -> String {
+    let at = format!("pool {} in {}", m.pool, m.datacenter);
+    let who = m
+        .holders
+        .iter()
+        .map(|h| h.cluster.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    match m.state.as_str() {
+        "allocated" => format!("{text} is held by {who} ({at})"),
+        "excluded" => format!("{text} is excluded ({at})"),
+        "free" => format!("{text} is free ({at})"),
+        _ if who.is_empty() => format!("{text} is partly excluded, partly free ({at})"),
+        _ => format!("{text} is partly held by {who} ({at})"),
+    }
+}
+
+/// A pool datacenter in the offline report: its detail, and its segments for zooming and
+/// searching in the file (`[first, last, cluster]`, the cluster empty for an exclusion).
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReportDc {
+    pub detail: Detail,
+    pub segments: Vec<[String; 3]>,
+}
+
+/// Everything the offline report shows, for every pool.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    /// When the report was written (RFC 3339), as the caller says.
+    pub generated_at: String,
+    pub summary: Summary,
+    /// `pool/datacenter` → its detail.
+    pub datacenters: BTreeMap<String, ReportDc>,
+}
+
+/// The whole report of a seed (`pools` with every holding): no paging, every detail.
+pub fn report(seed: &str, now: &str, pools: &[IPAMPool], holdings: &[Holding]) -> Report {
+    let mut by_pool: BTreeMap<&str, Vec<Holding>> = BTreeMap::new();
+    for h in holdings {
+        by_pool.entry(h.pool.as_str()).or_default().push(h.clone());
+    }
+    let mut sorted: Vec<&IPAMPool> = pools.iter().collect();
+    sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let mut datacenters = BTreeMap::new();
+    let mut summaries = Vec::new();
+    let mut attention = Vec::new();
+    let mut attention_pools = Vec::new();
+    let mut dc_count = 0;
+    for pool in &sorted {
+        let name = pool.metadata.name.clone().unwrap_or_default();
+        let mine = by_pool.get(name.as_str()).map(Vec::as_slice).unwrap_or(&[]);
+        summaries.push(pool_summary(pool, mine));
+        let conditions = notable_conditions(pool);
+        if !conditions.is_empty() {
+            attention_pools.push(PoolAttention {
+                pool: name.clone(),
+                conditions: conditions.clone(),
+            });
+        }
+        for dc in pool_dcs(pool) {
+            dc_count += 1;
+            let here = of_dc(mine, &dc.datacenter);
+            let Ok((mut detail, layout)) = detail(&dc, &here, None, conditions.clone()) else {
+                continue;
+            };
+            // The page draws the map from the segments: 256 cells per datacenter would make
+            // the file grow with the number of datacenters rather than with what they hold.
+            detail.map.cells = Vec::new();
+            attention.extend(
+                detail
+                    .holders
+                    .iter()
+                    .filter(|h| h.attention.is_some())
+                    .cloned(),
+            );
+            let show = |v| layout.family.display(v).to_string();
+            let segments = layout
+                .segments
+                .iter()
+                .map(|s| {
+                    let owner = match s.owner {
+                        Owner::Held(i) => {
+                            here.get(i).map(|h| h.cluster.clone()).unwrap_or_default()
+                        }
+                        Owner::Excluded => String::new(),
+                    };
+                    [show(s.first), show(s.last), owner]
+                })
+                .collect();
+            datacenters.insert(
+                format!("{}/{}", dc.pool, dc.datacenter),
+                ReportDc { detail, segments },
+            );
+        }
+    }
+    // Holdings of pools that are not in the input (kept in the state): still shown as
+    // needing a look, since no pool explains them.
+    let known: std::collections::BTreeSet<&str> = sorted
+        .iter()
+        .filter_map(|p| p.metadata.name.as_deref())
+        .collect();
+    for h in holdings.iter().filter(|h| !known.contains(h.pool.as_str())) {
+        let mut v = HolderView::of(h, false);
+        v.attention.get_or_insert_with(|| "NoPool".to_string());
+        attention.push(v);
+    }
+    let matched = summaries.len();
+    Report {
+        generated_at: now.to_string(),
+        summary: Summary {
+            seed: seed.to_string(),
+            totals: Totals {
+                pools: matched,
+                datacenters: dc_count,
+                allocations: holdings.len(),
+                attention: attention.len() + attention_pools.len(),
+            },
+            attention,
+            attention_pools,
+            pools: summaries,
+            matched,
+            offset: 0,
+            limit: matched,
+        },
+        datacenters,
+    }
+}

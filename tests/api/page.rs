@@ -1,0 +1,295 @@
+//! The address lookup route and the web page's routes (`/ui/`), in process.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use serde_json::Value;
+use tower::ServiceExt;
+
+use super::harness::*;
+
+const LOOKUP: &str = "/api/v2/seeds/seed-1/addresses";
+
+async fn with_allocations() -> Harness {
+    let h = Harness::start().await;
+    h.pool(METALLB).await;
+    for (ns, spec, phase) in [
+        (
+            "cluster-a",
+            r#"{type: range, dc: dc-1, addresses: ["10.0.0.8-10.0.0.15"]}"#,
+            "Allocated",
+        ),
+        (
+            "cluster-b",
+            r#"{type: range, dc: dc-1, addresses: ["10.0.0.16-10.0.0.23"]}"#,
+            "Allocated",
+        ),
+        (
+            "cluster-c",
+            r#"{type: prefix, dc: dc-2, cidr: 10.1.0.16/28}"#,
+            "Allocated",
+        ),
+        ("cluster-d", r#"{type: range, dc: dc-1}"#, "Failed"),
+    ] {
+        h.allocation(&format!(
+            "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMAllocation\nmetadata: {{name: metallb, namespace: {ns}, resourceVersion: \"5\"}}\nspec: {spec}\nstatus: {{phase: {phase}, message: \"pool metallb in dc-1 is exhausted\"}}\n"
+        ))
+        .await;
+    }
+    h
+}
+
+#[tokio::test]
+async fn lookup_names_the_holder_or_says_free_or_excluded() {
+    let h = with_allocations().await;
+    let (status, body) = h.get(&format!("{LOOKUP}/10.0.0.9"), "reader").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["query"], "10.0.0.9");
+    let m = &body["matches"][0];
+    assert_eq!(
+        (
+            m["pool"].as_str(),
+            m["datacenter"].as_str(),
+            m["state"].as_str()
+        ),
+        (Some("metallb"), Some("dc-1"), Some("allocated"))
+    );
+    assert_eq!(m["holders"][0]["cluster"], "a");
+    assert_eq!(m["holders"][0]["addresses"], "10.0.0.8-10.0.0.15");
+    assert_eq!(
+        body["message"],
+        "10.0.0.9 is held by a (pool metallb in dc-1)"
+    );
+
+    let (_, body) = h.get(&format!("{LOOKUP}/10.0.0.6"), "reader").await;
+    assert_eq!(body["matches"][0]["state"], "excluded");
+    let (_, body) = h.get(&format!("{LOOKUP}/10.0.0.200"), "reader").await;
+    assert_eq!(body["matches"][0]["state"], "free");
+    let (_, body) = h.get(&format!("{LOOKUP}/192.168.7.7"), "reader").await;
+    assert_eq!(body["matches"], Value::Array(vec![]));
+    assert_eq!(body["message"], "no pool covers 192.168.7.7");
+
+    // A CIDR, with its slash as is or encoded.
+    for path in ["10.1.0.0/27", "10.1.0.0%2F27"] {
+        let (status, body) = h.get(&format!("{LOOKUP}/{path}"), "reader").await;
+        assert_eq!(status, StatusCode::OK, "{path}: {body}");
+        let m = &body["matches"][0];
+        assert_eq!(m["datacenter"], "dc-2", "{path}");
+        assert_eq!(m["holders"][0]["cluster"], "c");
+        assert_eq!(
+            (
+                m["allocated"].as_str(),
+                m["excluded"].as_str(),
+                m["free"].as_str()
+            ),
+            (Some("16"), Some("16"), Some("0"))
+        );
+    }
+    // A CIDR over both datacenters' pools (10.0.0.0/24 and 10.1.0.0/24).
+    let (_, body) = h.get(&format!("{LOOKUP}/10.0.0.0/15"), "reader").await;
+    assert_eq!(body["matches"].as_array().unwrap().len(), 2, "{body}");
+}
+
+#[tokio::test]
+async fn lookup_refuses_bad_input_and_unauthorised_callers() {
+    let h = with_allocations().await;
+    for bad in ["10.0.0.300", "cluster-a", "10.0.0.1/24", "10.0.0.0/40"] {
+        let (status, body) = h.get(&format!("{LOOKUP}/{bad}"), "reader").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+        let message = error_of(status, &body);
+        assert!(message.starts_with("address:"), "{bad}: {message}");
+    }
+    let (status, _) = h
+        .call("GET", &format!("{LOOKUP}/10.0.0.9"), None, None)
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) = h.get(&format!("{LOOKUP}/10.0.0.9"), "nonsense").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, body) = h
+        .get("/api/v2/seeds/other/addresses/10.0.0.9", "reader")
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+}
+
+/// A raw GET: status, headers, body text.
+async fn raw(
+    h: &Harness,
+    path: &str,
+    token: Option<&str>,
+) -> (StatusCode, axum::http::HeaderMap, String) {
+    let mut req = Request::builder().uri(path);
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let response = h
+        .router
+        .clone()
+        .oneshot(req.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (
+        status,
+        headers,
+        String::from_utf8_lossy(&bytes).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_page_is_served_with_a_strict_policy_and_no_inline_code() {
+    let h = Harness::start().await;
+    let (status, headers, body) = raw(&h, "/ui/", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let csp = headers["content-security-policy"].to_str().unwrap();
+    assert!(csp.starts_with("default-src 'self'"), "{csp}");
+    assert!(
+        !csp.contains("unsafe-inline") && !csp.contains("unsafe-eval"),
+        "{csp}"
+    );
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    assert!(
+        headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    assert!(body.contains("src=\"/ui/app.js\"") && body.contains("href=\"/ui/app.css\""));
+    assert!(!body.contains("<script>") && !body.contains("<style") && !body.contains("style=\""));
+    for (path, kind) in [
+        ("/ui/app.js", "text/javascript"),
+        ("/ui/app.css", "text/css"),
+    ] {
+        let (status, headers, body) = raw(&h, path, None).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert!(
+            headers["content-type"].to_str().unwrap().starts_with(kind),
+            "{path}"
+        );
+        assert!(
+            !body.contains("http://") && !body.contains("https://"),
+            "{path} fetches nothing from elsewhere"
+        );
+    }
+    assert!(
+        !kipam::page::html::APP_JS.contains("innerHTML"),
+        "names are set as text only"
+    );
+    let (status, headers, _) = raw(&h, "/ui", None).await;
+    assert_eq!(status, StatusCode::PERMANENT_REDIRECT);
+    assert_eq!(headers["location"], "/ui/");
+}
+
+#[tokio::test]
+async fn page_data_needs_a_token_and_rbac_and_is_never_cached() {
+    let h = with_allocations().await;
+    for path in [
+        "/ui/api/summary",
+        "/ui/api/version",
+        "/ui/api/pools/metallb/datacenters/dc-1",
+    ] {
+        let (status, headers, body) = raw(&h, path, None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{path}: {body}");
+        assert_eq!(headers["cache-control"], "no-store", "{path}");
+        let (status, _, _) = raw(&h, path, Some("nonsense")).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{path}");
+        let (status, headers, _) = raw(&h, path, Some("reader")).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert_eq!(headers["cache-control"], "no-store", "{path}");
+        assert_eq!(headers["x-content-type-options"], "nosniff");
+    }
+}
+
+#[tokio::test]
+async fn summary_detail_and_zoom_show_the_pools_usage_and_holders() {
+    let h = with_allocations().await;
+    let (status, body) = h.get("/ui/api/summary", "reader").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["seed"], "seed-1");
+    assert_eq!(body["totals"]["pools"], 1);
+    assert_eq!(body["totals"]["datacenters"], 2);
+    assert_eq!(body["totals"]["allocations"], 4);
+    assert_eq!(body["attention"][0]["cluster"], "d");
+    assert_eq!(body["attention"][0]["attention"], "Failed");
+    let dc1 = &body["pools"][0]["datacenters"][0];
+    assert_eq!(dc1["name"], "dc-1");
+    let u = &dc1["usage"];
+    assert_eq!(
+        (
+            u["total"].as_str(),
+            u["allocated"].as_str(),
+            u["excluded"].as_str(),
+            u["quarantined"].as_str(),
+            u["free"].as_str()
+        ),
+        (Some("256"), Some("16"), Some("4"), Some("0"), Some("236"))
+    );
+    assert_eq!(u["largestFreeBlock"], "232");
+    assert_eq!(dc1["attention"], 1);
+
+    let (_, filtered) = h.get("/ui/api/summary?filter=nothing", "reader").await;
+    assert_eq!(filtered["matched"], 0);
+
+    let (status, d) = h
+        .get("/ui/api/pools/metallb/datacenters/dc-1", "reader")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{d}");
+    assert_eq!(d["holders"][0]["cluster"], "d", "Failed first");
+    assert_eq!(d["holders"][1]["cluster"], "a");
+    let cells = d["map"]["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 256);
+    assert_eq!(d["map"]["cellSize"], "1");
+    assert_eq!(cells[9]["state"], "allocated");
+    assert_eq!(cells[9]["holder"], "a");
+    assert_eq!(cells[6]["state"], "excluded");
+    assert_eq!(cells[100]["state"], "free");
+
+    let (status, z) = h
+        .get(
+            "/ui/api/pools/metallb/datacenters/dc-1?from=10.0.0.16&to=10.0.0.31",
+            "reader",
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{z}");
+    assert_eq!(z["map"]["cells"].as_array().unwrap().len(), 16);
+    assert_eq!(z["map"]["cells"][0]["holder"], "b");
+    for (query, why) in [
+        ("?from=10.0.0.16", "both ends"),
+        ("?from=10.0.0.16&to=10.2.0.0", "not inside the pool"),
+        ("?from=2001:db8::&to=2001:db8::1", "not an IPv4 address"),
+    ] {
+        let (status, body) = h
+            .get(
+                &format!("/ui/api/pools/metallb/datacenters/dc-1{query}"),
+                "reader",
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}");
+        assert!(error_of(status, &body).contains(why), "{query}: {body}");
+    }
+    let (status, _) = h
+        .get("/ui/api/pools/metallb/datacenters/dc-9", "reader")
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = h.get("/ui/api/pools/nope/datacenters/dc-1", "reader").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn the_version_moves_when_an_allocation_or_a_pool_changes() {
+    let h = with_allocations().await;
+    async fn version(h: &Harness) -> String {
+        h.get("/ui/api/version", "reader").await.1["version"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+    let first = version(&h).await;
+    assert_eq!(version(&h).await, first, "nothing changed");
+    h.allocation("apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMAllocation\nmetadata: {name: metallb, namespace: cluster-e, resourceVersion: \"9\"}\nspec: {type: range, dc: dc-1, addresses: [\"10.0.0.24-10.0.0.31\"]}\n").await;
+    h.ctx.ledger_updates.send_modify(|_| {});
+    let second = version(&h).await;
+    assert_ne!(second, first, "a new allocation moves it");
+}

@@ -1,0 +1,102 @@
+//! `kipam offline --report FILE.html`: the pool page as one self-contained file.
+
+use serde_json::Value;
+
+use super::{Workdir, examples, kipam, text};
+
+/// The JSON inlined in the report.
+fn data_of(html: &str) -> Value {
+    let start = html
+        .find("<script type=\"application/json\" id=\"kipam-data\">")
+        .expect("a data block")
+        + "<script type=\"application/json\" id=\"kipam-data\">".len();
+    let end = start
+        + html[start..]
+            .find("</script>")
+            .expect("the data block ends");
+    serde_json::from_str(&html[start..end]).expect("the data block is JSON")
+}
+
+#[test]
+fn the_embedded_default_writes_the_pool_page_without_a_cluster() {
+    let w = Workdir::new("report");
+    let state = w.path("state.yaml").display().to_string();
+    let report = w.path("pools.html").display().to_string();
+    let examples = examples();
+    let out = kipam(&[
+        "offline", "-f", &examples, "--state", &state, "--report", &report,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("report"),
+        "{}",
+        text(&out.stderr)
+    );
+    let html = w.read("pools.html");
+    // One file, nothing fetched: no external script, style or address.
+    for outside in ["src=", "href=", "http://", "https://", "@import", "url("] {
+        assert!(!html.contains(outside), "the report refers to {outside}");
+    }
+    assert!(html.contains("Content-Security-Policy") && html.contains("default-src 'none'"));
+    let data = data_of(&html);
+    let summary = &data["summary"];
+    assert_eq!(summary["totals"]["pools"], 3, "{summary}");
+    assert_eq!(summary["totals"]["datacenters"], 6);
+    // Every allocation of the state is on the page, with the figures of the table.
+    let stored = w.read("state.yaml").matches("kind: IPAMAllocation").count();
+    assert_eq!(summary["totals"]["allocations"], stored);
+    let metallb = &summary["pools"][0];
+    assert_eq!(metallb["name"], "metallb");
+    let dc = metallb["datacenters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "azure-westeurope")
+        .unwrap();
+    assert_eq!(dc["usage"]["allocated"], "28", "{dc}");
+    assert_eq!(dc["usage"]["excluded"], "4");
+    assert_eq!(dc["usage"]["quarantined"], "0");
+    let detail = &data["datacenters"]["metallb/azure-westeurope"];
+    // The map is drawn in the page from the segments (what is held and excluded).
+    assert_eq!(detail["detail"]["map"]["first"], "192.168.1.0");
+    assert_eq!(detail["detail"]["map"]["last"], "192.168.1.63");
+    let segments = detail["segments"].as_array().unwrap();
+    assert_eq!(
+        segments[0],
+        serde_json::json!(["192.168.1.0", "192.168.1.0", "alpha"])
+    );
+    assert_eq!(
+        segments[1],
+        serde_json::json!(["192.168.1.1", "192.168.1.1", ""])
+    );
+
+    // Running again changes nothing in the state and writes the same page.
+    let again = kipam(&[
+        "offline", "-f", &examples, "--state", &state, "--report", &report,
+    ]);
+    assert!(again.status.success());
+    assert_eq!(data_of(&w.read("pools.html"))["summary"], data["summary"]);
+}
+
+#[test]
+fn a_report_that_cannot_be_written_is_an_error_and_leaves_the_state_written() {
+    let w = Workdir::new("report-bad");
+    let state = w.path("state.yaml").display().to_string();
+    let report = w.path("missing-dir/pools.html").display().to_string();
+    let out = kipam(&[
+        "offline",
+        "-f",
+        &examples(),
+        "--state",
+        &state,
+        "--report",
+        &report,
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("missing-dir"),
+        "names the path: {}",
+        text(&out.stderr)
+    );
+    assert!(w.read("state.yaml").contains("kind: IPAMAllocation"));
+}
