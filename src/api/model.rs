@@ -1,6 +1,6 @@
 //! The JSON model of the REST API: KKP's `IPAMPool` (`name`, `datacenters` with `type`,
 //! `poolCidr`, `allocationRange`, `allocationPrefix`, `excludeRanges`, `excludePrefixes`) plus
-//! kipam's `strategy` and `reclaimPolicy`, and read-only usage. Separate from the CRD types:
+//! kipam's `strategy`, `reclaimPolicy` and `additionalCidrs`, and read-only usage. Separate from the CRD types:
 //! bodies refuse unknown fields here without changing how the CRDs decode.
 
 use std::collections::BTreeMap;
@@ -53,6 +53,9 @@ pub struct DatacenterBody {
     #[serde(default, skip_serializing)]
     #[schemars(with = "Option<UsageView>")]
     pub usage: Option<serde::de::IgnoredAny>,
+    /// Further CIDRs after `poolCidr`, used in this order (at most 15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub additional_cidrs: Option<Vec<String>>,
 }
 
 /// A pool as the API answers it.
@@ -86,6 +89,9 @@ pub struct DatacenterView {
     /// Read-only, as last computed by the controller; absent until it has looked at the pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<UsageView>,
+    /// Further CIDRs after `poolCidr`, used in this order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub additional_cidrs: Vec<String>,
 }
 
 /// Usage of a pool in one datacenter. Address counts are exact decimal strings (an IPv6
@@ -101,6 +107,36 @@ pub struct UsageView {
     pub utilisation_percent: i32,
     pub fragmentation_percent: i32,
     pub allocations: i64,
+    /// The same figures per CIDR (`poolCidr`, then `additionalCidrs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cidrs: Vec<CidrUsageView>,
+}
+
+/// Usage of one CIDR of a pool datacenter.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CidrUsageView {
+    pub cidr: String,
+    pub total: String,
+    pub allocated: String,
+    pub excluded: String,
+    pub available: String,
+    pub largest_free_block: String,
+    pub fragmentation_percent: i32,
+}
+
+impl CidrUsageView {
+    fn of(c: &crate::resources::PoolCidrUsage) -> CidrUsageView {
+        CidrUsageView {
+            cidr: c.cidr.clone(),
+            total: c.total.clone(),
+            allocated: c.allocated.clone(),
+            excluded: c.excluded.clone(),
+            available: c.available.clone(),
+            largest_free_block: c.largest_free_block.clone(),
+            fragmentation_percent: c.fragmentation_percent,
+        }
+    }
 }
 
 /// One cluster's allocation from a pool.
@@ -140,6 +176,7 @@ impl PoolView {
                     utilisation_percent: u.utilisation_percent,
                     fragmentation_percent: u.fragmentation_percent,
                     allocations: u.allocations,
+                    cidrs: u.cidrs.iter().map(CidrUsageView::of).collect(),
                 });
                 let view = DatacenterView {
                     type_: s.type_,
@@ -150,6 +187,7 @@ impl PoolView {
                     exclude_prefixes: s.exclude_prefixes.clone(),
                     strategy: s.strategy.unwrap_or_default(),
                     usage,
+                    additional_cidrs: s.additional_cidrs.clone(),
                 };
                 (dc.clone(), view)
             })
@@ -231,6 +269,9 @@ impl Serialize for DatacenterRef<'_> {
         if let Some(u) = self.usage {
             out.serialize_field("usage", &UsageRef(u))?;
         }
+        if !s.additional_cidrs.is_empty() {
+            out.serialize_field("additionalCidrs", &s.additional_cidrs)?;
+        }
         out.end()
     }
 }
@@ -248,6 +289,10 @@ impl Serialize for UsageRef<'_> {
         out.serialize_field("utilisationPercent", &u.utilisation_percent)?;
         out.serialize_field("fragmentationPercent", &u.fragmentation_percent)?;
         out.serialize_field("allocations", &u.allocations)?;
+        if !u.cidrs.is_empty() {
+            let cidrs: Vec<CidrUsageView> = u.cidrs.iter().map(CidrUsageView::of).collect();
+            out.serialize_field("cidrs", &cidrs)?;
+        }
         out.end()
     }
 }
@@ -271,6 +316,8 @@ impl PoolBody {
                         .then(|| s.exclude_prefixes.clone()),
                     strategy: s.strategy,
                     usage: None,
+                    additional_cidrs: (!s.additional_cidrs.is_empty())
+                        .then(|| s.additional_cidrs.clone()),
                 };
                 (dc.clone(), body)
             })
@@ -298,6 +345,7 @@ impl PoolBody {
                         exclude_ranges: b.exclude_ranges.clone().unwrap_or_default(),
                         exclude_prefixes: b.exclude_prefixes.clone().unwrap_or_default(),
                         strategy: b.strategy,
+                        additional_cidrs: b.additional_cidrs.clone().unwrap_or_default(),
                     };
                     (dc.clone(), settings)
                 })

@@ -21,6 +21,7 @@ pub use cluster::{
     Cluster, ClusterPoolOverride, ClusterSpec, ClusterStatus, KubeconfigReference, SecretKeyRef,
 };
 pub use condition::Condition;
+pub use pool::PoolCidrUsage;
 pub use pool::{
     AllocationType, DatacenterUsage, IPAMPool, IPAMPoolDatacenter, IPAMPoolSpec, IPAMPoolStatus,
     PoolStrategy, ReclaimPolicy,

@@ -159,7 +159,7 @@ fn update_rules_keep_cidr_type_and_prefix() {
     let changes = [
         (
             "type: prefix\npoolCidr: 10.0.1.0/24\nallocationPrefix: 28",
-            "IPAMPool metallb: spec.datacenters[dc-1].poolCidr \"10.0.1.0/24\": is immutable (was 10.0.0.0/24)",
+            "IPAMPool metallb: spec.datacenters[dc-1].poolCidr \"10.0.1.0/24\": may only be widened to a network that contains the old one (was 10.0.0.0/24)",
         ),
         (
             "type: prefix\npoolCidr: 10.0.0.0/24\nallocationPrefix: 29",

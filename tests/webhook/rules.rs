@@ -137,7 +137,7 @@ fn narrowing_pool_cidr_past_a_live_allocation_is_refused_naming_it() {
         &v,
         422,
         &[
-            "poolCidr \"10.0.0.0/25\": is immutable (was 10.0.0.0/24)",
+            "poolCidr \"10.0.0.0/25\": may only be widened to a network that contains the old one (was 10.0.0.0/24)",
             "allocations affected: c2 (10.0.0.200-10.0.0.207)",
         ],
     );
