@@ -96,8 +96,12 @@ pub fn find_overlaps(pools: &[PoolInput]) -> Vec<Overlap> {
     out
 }
 
-/// The status figures of each CIDR of a pool datacenter.
+/// The status figures of each CIDR of a pool datacenter of several CIDRs (none for one CIDR:
+/// the datacenter's own figures are that CIDR's).
 fn cidr_usage(cidrs: &[CidrUsage]) -> Vec<PoolCidrUsage> {
+    if cidrs.len() < 2 {
+        return Vec::new();
+    }
     cidrs
         .iter()
         .map(|c| PoolCidrUsage {

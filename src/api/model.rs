@@ -53,7 +53,8 @@ pub struct DatacenterBody {
     #[serde(default, skip_serializing)]
     #[schemars(with = "Option<UsageView>")]
     pub usage: Option<serde::de::IgnoredAny>,
-    /// Further CIDRs after `poolCidr`, used in this order (at most 15).
+    /// Further CIDRs after `poolCidr`, used in this order (at most 15). On `PATCH`, absent
+    /// keeps them as they are; a CIDR that holds something may not be removed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub additional_cidrs: Option<Vec<String>>,
 }
@@ -107,7 +108,8 @@ pub struct UsageView {
     pub utilisation_percent: i32,
     pub fragmentation_percent: i32,
     pub allocations: i64,
-    /// The same figures per CIDR (`poolCidr`, then `additionalCidrs`).
+    /// For a datacenter of several CIDRs, the same figures per CIDR (`poolCidr`, then
+    /// `additionalCidrs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cidrs: Vec<CidrUsageView>,
 }

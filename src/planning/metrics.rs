@@ -738,6 +738,34 @@ mod tests {
     }
 
     #[test]
+    fn each_cidr_of_a_pool_has_its_figures_and_a_cidr_removed_loses_them() {
+        const TWO: &str = "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata:\n  name: grown\nspec:\n  datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.0.0.0/30\n      allocationRange: 6\n      additionalCidrs: [10.0.1.0/29]\n";
+        let m = Metrics::new(&SeedMetrics::new());
+        m.observe_plan(&plan_of(TWO, &[("a", "dc-1")]));
+        let text = m.seed.encode();
+        for line in [
+            "kipam_pool_cidr_addresses{pool=\"grown\",datacenter=\"dc-1\",cidr=\"10.0.0.0/30\",state=\"available\"} 0.0",
+            "kipam_pool_cidr_addresses{pool=\"grown\",datacenter=\"dc-1\",cidr=\"10.0.1.0/29\",state=\"allocated\"} 2.0",
+            "kipam_pool_cidr_largest_free_block{pool=\"grown\",datacenter=\"dc-1\",cidr=\"10.0.1.0/29\"} 6.0",
+            "kipam_pool_cidr_fragmentation_ratio{pool=\"grown\",datacenter=\"dc-1\",cidr=\"10.0.1.0/29\"} 0.0",
+            "kipam_pool_fragmentation_ratio{pool=\"grown\",datacenter=\"dc-1\"} 0.0",
+            "kipam_pool_addresses{pool=\"grown\",datacenter=\"dc-1\",state=\"total\"} 12.0",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        let one = TWO.replace("      additionalCidrs: [10.0.1.0/29]\n", "");
+        m.observe_plan(&plan_of(
+            &one.replace("allocationRange: 6", "allocationRange: 4"),
+            &[],
+        ));
+        let text = m.seed.encode();
+        assert!(!text.contains("10.0.1.0/29"), "{text}");
+        assert!(text.contains("cidr=\"10.0.0.0/30\""), "{text}");
+        m.set_leader(false);
+        assert!(!m.seed.encode().contains("cidr="));
+    }
+
+    #[test]
     fn allocation_duration_runs_from_the_first_unmet_pass_to_the_write() {
         let m = Metrics::new(&SeedMetrics::new());
         let plan = plan_of(EDGE, &[("a", "dc-1")]);

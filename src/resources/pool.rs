@@ -214,8 +214,9 @@ pub struct DatacenterUsage {
     /// `100 * allocated / (total - excluded)`, floored.
     #[schemars(range(min = 0, max = 100))]
     pub utilisation_percent: i32,
-    /// The same figures for each CIDR of the datacenter (`poolCidr`, then `additionalCidrs`),
-    /// in the order they are used. The datacenter's figures above are their sums, except
+    /// For a datacenter of several CIDRs, the same figures for each CIDR (`poolCidr`, then
+    /// `additionalCidrs`), in the order they are used. The datacenter's figures above are
+    /// their sums, except
     /// `largestFreeBlock` (the largest of theirs: a free run is never counted across the edge
     /// of two CIDRs) and the percentages.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
