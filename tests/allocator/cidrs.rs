@@ -324,12 +324,13 @@ fn check(pool: &PoolAllocator, model: &Model) -> Result<(), TestCaseError> {
         }
         for piece in allocation.ranges() {
             // A piece never crosses a gap: each of its addresses lies in some CIDR.
-            prop_assert!((piece.first()..=piece.last()).all(|a| {
+            let inside = (piece.first()..=piece.last()).all(|a| {
                 model
                     .cidrs
                     .iter()
                     .any(|(c, _)| a >= c.first() && a <= c.last())
-            }));
+            });
+            prop_assert!(inside, "{} crosses a gap", piece);
         }
     }
     let usage = pool.usage();
