@@ -100,6 +100,21 @@ fn main() {
         );
         loaded_ns.push((strategy, mean(&ns)));
     }
+    println!(
+        "\n== the same load in a pool datacenter of 16 CIDRs (16 x /16, none adjacent, fill order \
+         not address order) =="
+    );
+    for strategy in [Strategy::FirstFit, Strategy::BestFit] {
+        let mut pool = loaded_range_pool_16_cidrs(strategy);
+        describe_pool(&pool);
+        let ns = time_one_more(&mut pool, Request::Addresses(8));
+        report_single(&format!("range 8 in 16 CIDRs, {strategy}"), &ns);
+        check(
+            &mut failures,
+            "single loaded allocation in 16 CIDRs under 5 us",
+            mean(&ns) < 5_000.0,
+        );
+    }
     {
         let mut pool = loaded_prefix_pool_v6();
         describe_pool(&pool);
@@ -218,8 +233,12 @@ fn report_single(what: &str, ns: &[u64]) {
 
 fn describe_pool(pool: &PoolAllocator) {
     let u = pool.usage();
+    let more = match pool.config().additional.len() {
+        0 => String::new(),
+        n => format!(" and {n} more CIDRs"),
+    };
     println!(
-        "  pool {}: {} allocations, allocated {} + excluded {} of {} ({}% used), {} free in blocks of at most {}",
+        "  pool {}{more}: {} allocations, allocated {} + excluded {} of {} ({}% used), {} free in blocks of at most {}",
         pool.config().cidr,
         u.allocations,
         u.allocated,
@@ -348,6 +367,48 @@ fn loaded_range_pool(strategy: Strategy) -> PoolAllocator {
     .expect("exclusion");
     for (i, off) in layout.allocated.iter().enumerate() {
         let first = base + *off as u128;
+        let piece = AddrRange::new(family, first, first + 7).expect("range");
+        p.load(
+            &format!("cluster-{i:06}"),
+            kipam::allocator::Allocation::Range(vec![piece]),
+        )
+        .expect("load");
+    }
+    p
+}
+
+/// The loaded layout of [`loaded_range_pool`] in 16 CIDRs of 2^16 addresses: slot offsets
+/// `k * 2^16 ..` lie in the k-th CIDR of the fill order, which is `10.(2 * ORDER[k]).0.0/16`.
+fn loaded_range_pool_16_cidrs(strategy: Strategy) -> PoolAllocator {
+    const ORDER: [u32; 16] = [5, 12, 0, 9, 3, 14, 7, 1, 10, 15, 2, 8, 13, 4, 11, 6];
+    let layout = LoadedLayout::new();
+    let cidrs: Vec<Cidr> = ORDER
+        .iter()
+        .map(|k| format!("10.{}.0.0/16", 2 * k).parse().expect("bench CIDR"))
+        .collect();
+    let mut p = PoolAllocator::new(
+        PoolConfig::new(
+            cidrs[0],
+            PoolKind::Range {
+                allocation_range: 8,
+            },
+            strategy,
+        )
+        .with_additional(cidrs[1..].to_vec()),
+    )
+    .expect("bench pool");
+    let at = |offset: u64| cidrs[(offset >> 16) as usize].first() + (offset & 0xffff) as u128;
+    let family = cidrs[0].family();
+    // The exclusion of the top of the layout, one piece per CIDR it covers.
+    let mut from = layout.excluded_from;
+    while from < layout.size {
+        let end = ((from >> 16) + 1) << 16;
+        p.exclude(AddrRange::new(family, at(from), at(end - 1)).expect("range"))
+            .expect("exclusion");
+        from = end;
+    }
+    for (i, off) in layout.allocated.iter().enumerate() {
+        let first = at(*off);
         let piece = AddrRange::new(family, first, first + 7).expect("range");
         p.load(
             &format!("cluster-{i:06}"),

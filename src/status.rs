@@ -8,8 +8,9 @@
 use std::collections::BTreeMap;
 
 use crate::address::AddrRange;
+use crate::allocator::CidrUsage;
 use crate::planner::{Change, DatacenterReport, Decision, PoolInput};
-use crate::resources::{Condition, DatacenterUsage, IPAMPoolStatus};
+use crate::resources::{Condition, DatacenterUsage, IPAMPoolStatus, PoolCidrUsage};
 use crate::validation::FieldError;
 
 /// `(condition type, utilisation threshold in percent)`, lowest first.
@@ -59,7 +60,9 @@ pub fn find_overlaps(pools: &[PoolInput]) -> Vec<Overlap> {
     let mut all: Vec<(&str, &str, AddrRange)> = Vec::new();
     for pool in pools {
         for (dc, input) in &pool.datacenters {
-            all.push((&pool.name, dc, input.config.cidr.range()));
+            for cidr in input.config.cidrs() {
+                all.push((&pool.name, dc, cidr.range()));
+            }
         }
     }
     let mut out = Vec::new();
@@ -67,6 +70,10 @@ pub fn find_overlaps(pools: &[PoolInput]) -> Vec<Overlap> {
         for b in all.iter().skip(i + 1) {
             let same_pool = a.0 == b.0;
             let same_dc = a.1 == b.1;
+            // Two CIDRs of one pool datacenter never overlap (validation refuses it).
+            if same_pool && same_dc {
+                continue;
+            }
             if (same_pool || same_dc) && a.2.overlaps(&b.2) {
                 out.push(Overlap {
                     pool: a.0.into(),
@@ -84,7 +91,29 @@ pub fn find_overlaps(pools: &[PoolInput]) -> Vec<Overlap> {
         }
     }
     out.sort();
+    // Pools of several CIDRs may overlap through more than one pair of them: once each.
+    out.dedup();
     out
+}
+
+/// The status figures of each CIDR of a pool datacenter of several CIDRs (none for one CIDR:
+/// the datacenter's own figures are that CIDR's).
+fn cidr_usage(cidrs: &[CidrUsage]) -> Vec<PoolCidrUsage> {
+    if cidrs.len() < 2 {
+        return Vec::new();
+    }
+    cidrs
+        .iter()
+        .map(|c| PoolCidrUsage {
+            cidr: c.cidr.to_string(),
+            total: c.total.to_string(),
+            allocated: c.allocated.to_string(),
+            excluded: c.excluded.to_string(),
+            available: c.available.to_string(),
+            largest_free_block: c.largest_free_block.to_string(),
+            fragmentation_percent: i32::from(c.fragmentation_percent),
+        })
+        .collect()
 }
 
 /// Sets one condition, keeping `lastTransitionTime` when the status does not change.
@@ -191,6 +220,7 @@ pub fn pool_status(
                 largest_free_block: u.largest_free_block.to_string(),
                 fragmentation_percent: u.fragmentation_percent as i32,
                 utilisation_percent: percent as i32,
+                cidrs: cidr_usage(&r.cidrs),
             },
         );
     }
@@ -359,6 +389,7 @@ mod tests {
                 largest_free_block: (total - allocated).into(),
                 fragmentation_percent: 0,
             },
+            cidrs: Vec::new(),
         }
     }
 

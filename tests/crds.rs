@@ -198,8 +198,9 @@ fn the_bounds_guard_finds_unbounded_nodes() {
     );
 }
 
-/// The CEL rules of every CRD: immutability of a pool datacenter's `type`, `poolCidr` and
-/// `allocationPrefix`, and the name rules a schema cannot say with a pattern.
+/// The CEL rules of every CRD: immutability of a pool datacenter's `type` and
+/// `allocationPrefix` (`poolCidr` may be widened: the webhook judges it), and the name rules a
+/// schema cannot say with a pattern.
 #[test]
 fn cel_rules_are_where_they_belong() {
     let crds = kipam::resources::crds();
@@ -225,8 +226,11 @@ fn cel_rules_are_where_they_belong() {
         out
     };
     let pool = rules("IPAMPool");
+    assert!(
+        !pool.iter().any(|r| r.contains("oldSelf.poolCidr")),
+        "poolCidr may be widened: {pool:?}"
+    );
     for needle in [
-        "self.poolCidr == oldSelf.poolCidr",
         "self.type == oldSelf.type",
         "self.allocationPrefix == oldSelf.allocationPrefix",
         "size(self.metadata.name) <= 63",
@@ -416,7 +420,9 @@ mod on_a_server {
         .expect("a valid pool is created");
 
         type Edit = fn(&mut IPAMPool);
-        let refused: [(&str, Edit, &str, &str); 5] = [
+        // `poolCidr` has no CEL rule: it may be widened, which only the webhook (and `kipam
+        // validate`) can tell from another change, naming the allocations affected.
+        let refused: [(&str, Edit, &str, &str); 3] = [
             (
                 "type",
                 |p| {
@@ -425,12 +431,6 @@ mod on_a_server {
                 },
                 "spec.datacenters[dc-2]",
                 "type is immutable",
-            ),
-            (
-                "poolCidr",
-                |p| p.spec.datacenters.get_mut("dc-1").unwrap().pool_cidr = "10.0.1.0/24".into(),
-                "spec.datacenters[dc-1]",
-                "poolCidr is immutable",
             ),
             (
                 "allocationPrefix",
@@ -456,12 +456,6 @@ mod on_a_server {
                 "spec.datacenters[dc-1]",
                 "allocationPrefix is immutable",
             ),
-            (
-                "IPv6 poolCidr",
-                |p| p.spec.datacenters.get_mut("dc-2").unwrap().pool_cidr = "2001:db8::/64".into(),
-                "spec.datacenters[dc-2]",
-                "poolCidr is immutable",
-            ),
         ];
         for (what, edit, field, message) in refused {
             let mut p = api.get("metallb").await.expect("get");
@@ -480,7 +474,14 @@ mod on_a_server {
             );
         }
 
-        let accepted: [(&str, Edit); 6] = [
+        let accepted: [(&str, Edit); 8] = [
+            ("widen poolCidr", |p| {
+                p.spec.datacenters.get_mut("dc-2").unwrap().pool_cidr = "192.168.1.0/25".into()
+            }),
+            ("add additionalCidrs", |p| {
+                p.spec.datacenters.get_mut("dc-2").unwrap().additional_cidrs =
+                    vec!["192.168.7.0/26".into(), "192.168.9.0/28".into()]
+            }),
             ("add a datacenter", |p| {
                 p.spec.datacenters.insert(
                     "dc-3".into(),

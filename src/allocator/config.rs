@@ -61,6 +61,10 @@ pub struct PoolConfig {
     pub cidr: Cidr,
     pub kind: PoolKind,
     pub strategy: Strategy,
+    /// Further CIDRs of the same family after `cidr`, in the order they are used: the free
+    /// space of one is taken only once no earlier one can serve the request (see
+    /// [`PoolConfig::cidrs`]). Empty for a pool of one CIDR.
+    pub additional: Vec<Cidr>,
 }
 
 impl PoolConfig {
@@ -71,7 +75,19 @@ impl PoolConfig {
             cidr,
             kind,
             strategy,
+            additional: Vec::new(),
         }
+    }
+
+    /// The same pool with further CIDRs, used after `cidr` in this order.
+    pub fn with_additional(mut self, additional: Vec<Cidr>) -> Self {
+        self.additional = additional;
+        self
+    }
+
+    /// Every CIDR of the pool in fill order: `cidr`, then `additional`.
+    pub fn cidrs(&self) -> impl Iterator<Item = Cidr> + '_ {
+        std::iter::once(self.cidr).chain(self.additional.iter().copied())
     }
 
     /// The same pool, named differently in error messages.

@@ -8,24 +8,27 @@ mod allocation;
 mod config;
 mod error;
 mod interval_set;
+mod space;
 mod usage;
 
 pub use allocation::Allocation;
 pub use config::{PoolConfig, PoolKind, Request, Strategy};
 pub use error::{AllocError, ClaimOrigin};
-pub use usage::PoolUsage;
+pub use usage::{CidrUsage, PoolUsage};
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use crate::address::{AddrRange, AddressCount, Cidr, Family};
 use interval_set::IntervalSet;
+use space::Space;
 
 /// The state of one pool: free space, exclusions and who holds what.
 #[derive(Clone, Debug)]
 pub struct PoolAllocator {
     config: PoolConfig,
-    free: IntervalSet,
+    /// Free addresses, per CIDR of the pool.
+    free: Space,
     excluded: IntervalSet,
     /// Exclusions as they were given, to name them in messages.
     exclusions: Vec<AddrRange>,
@@ -49,14 +52,16 @@ impl PoolAllocator {
     /// An empty pool; refuses a default request the pool can never satisfy.
     pub fn new(config: PoolConfig) -> Result<Self, AllocError> {
         let cidr = config.cidr;
+        check_cidrs(&config)?;
+        let size = pool_size(&config);
         match config.kind {
             PoolKind::Range { allocation_range } => {
-                if allocation_range == 0 || AddressCount::from(allocation_range) > cidr.size() {
+                if allocation_range == 0 || AddressCount::from(allocation_range) > size {
                     return Err(AllocError::InvalidConfig {
                         pool: config.label.clone(),
                         field: "allocationRange",
                         value: allocation_range.to_string(),
-                        reason: format!("must be between 1 and the pool size {}", cidr.size()),
+                        reason: format!("must be between 1 and the pool size {size}"),
                     });
                 }
             }
@@ -76,8 +81,8 @@ impl PoolAllocator {
                 }
             }
         }
-        let mut free = IntervalSet::default();
-        free.insert(cidr.first(), cidr.last());
+        let cidrs: Vec<Cidr> = config.cidrs().collect();
+        let free = Space::new(&cidrs);
         Ok(PoolAllocator {
             config,
             free,
@@ -131,7 +136,7 @@ impl PoolAllocator {
             available.saturating_sub(largest).percent_of(available)
         };
         PoolUsage {
-            total: self.config.cidr.size(),
+            total: pool_size(&self.config),
             allocated: self.allocated,
             excluded: self.excluded.total(),
             available,
@@ -141,11 +146,43 @@ impl PoolAllocator {
         }
     }
 
+    /// The figures of each CIDR of the pool, in fill order.
+    pub fn cidr_usage(&self) -> Vec<CidrUsage> {
+        self.free
+            .per_cidr()
+            .map(|f| {
+                let total = f.cidr.size();
+                let excluded = self
+                    .excluded
+                    .iter_from(f.cidr.first())
+                    .take_while(|(s, _)| *s <= f.cidr.last())
+                    .fold(AddressCount::ZERO, |sum, (s, l)| {
+                        let span = AddressCount::span(s.max(f.cidr.first()), l.min(f.cidr.last()));
+                        sum.saturating_add(span)
+                    });
+                let fragmentation_percent = if f.free.is_zero() {
+                    0
+                } else {
+                    f.free.saturating_sub(f.largest).percent_of(f.free)
+                };
+                CidrUsage {
+                    cidr: f.cidr,
+                    total,
+                    allocated: total.saturating_sub(excluded).saturating_sub(f.free),
+                    excluded,
+                    available: f.free,
+                    largest_free_block: f.largest,
+                    fragmentation_percent,
+                }
+            })
+            .collect()
+    }
+
     /// Removes `range` from the free space. Parts already excluded are fine; a part held by an
     /// allocation is refused (and nothing changes).
     pub fn exclude(&mut self, range: AddrRange) -> Result<(), AllocError> {
         self.check_family(range.family(), &range.to_string(), "exclusion")?;
-        if !self.config.cidr.contains(&range) {
+        if !self.free.covers(range.first(), range.last()) {
             return Err(AllocError::ExclusionOutsidePool {
                 pool: self.config.label.clone(),
                 exclusion: range.to_string(),
@@ -182,10 +219,16 @@ impl PoolAllocator {
             }
             (PoolKind::Prefix { .. }, Request::Prefix(length)) => {
                 let cidr = self.config.cidr;
-                if length < cidr.prefix_len() || length > cidr.family().bits() {
+                let shortest = self
+                    .config
+                    .cidrs()
+                    .map(|c| c.prefix_len())
+                    .min()
+                    .unwrap_or(cidr.prefix_len());
+                if length < shortest || length > cidr.family().bits() {
                     let reason = format!(
                         "the length must be between {} and {}",
-                        cidr.prefix_len(),
+                        shortest,
                         cidr.family().bits()
                     );
                     return Err(self.invalid_request(owner, &request, &reason));
@@ -224,18 +267,13 @@ impl PoolAllocator {
             return Vec::new();
         }
         let family = self.config.cidr.family();
-        let (pool_first, pool_last) = (self.config.cidr.first(), self.config.cidr.last());
         let mut reserved = Vec::new();
         for piece in allocation.ranges() {
             if piece.family() != family {
                 continue;
             }
-            let first = piece.first().max(pool_first);
-            let last = piece.last().min(pool_last);
-            if first > last {
-                continue;
-            }
-            for (s, l) in self.free.take_overlap(first, last) {
+            // Only free addresses are taken, and only the pool's CIDRs hold free addresses.
+            for (s, l) in self.free.take_overlap(piece.first(), piece.last()) {
                 reserved.push(AddrRange::from_bounds(family, s, l));
             }
         }
@@ -351,7 +389,7 @@ impl PoolAllocator {
     ) -> Result<(), AllocError> {
         let value = piece.to_string();
         self.check_family(piece.family(), &value, &format!("{origin} by {owner}"))?;
-        if !self.config.cidr.contains(piece) {
+        if !self.free.covers(piece.first(), piece.last()) {
             return Err(AllocError::OutsidePool {
                 pool: self.config.label.clone(),
                 owner: owner.to_string(),
@@ -408,8 +446,8 @@ impl PoolAllocator {
             self.free.take(start, last);
             return Ok(vec![AddrRange::from_bounds(family, start, last)]);
         }
-        // Lowest free addresses first, as many pieces as it takes.
-        let mut pieces = Vec::new();
+        // Lowest free addresses first (CIDR by CIDR in fill order), as many pieces as it takes.
+        let mut pieces: Vec<AddrRange> = Vec::new();
         let mut missing = count;
         for (start, last) in self.free.iter() {
             let room = last - start;
@@ -418,7 +456,13 @@ impl PoolAllocator {
             } else {
                 last
             };
-            pieces.push(AddrRange::from_bounds(family, start, piece_last));
+            match pieces.last_mut() {
+                // The end of one CIDR and the start of the next, adjacent one: one piece.
+                Some(prev) if prev.last().checked_add(1) == Some(start) => {
+                    *prev = AddrRange::from_bounds(family, prev.first(), piece_last);
+                }
+                _ => pieces.push(AddrRange::from_bounds(family, start, piece_last)),
+            }
             missing -= piece_last - start + 1;
             if missing == 0 {
                 break;
@@ -446,7 +490,11 @@ impl PoolAllocator {
         };
         let found = match self.config.strategy {
             Strategy::FirstFit => self.free.iter().find_map(fit),
-            Strategy::BestFit => self.free.blocks_by_size(mask).find_map(fit),
+            // The smallest fitting block of the first CIDR (in fill order) that has one.
+            Strategy::BestFit => self
+                .free
+                .blocks_by_size_per_cidr(mask)
+                .find_map(|mut blocks| blocks.find_map(fit)),
         };
         let Some(network) = found else {
             let usage = self.usage();
@@ -524,4 +572,34 @@ impl PoolAllocator {
             reason: reason.to_string(),
         }
     }
+}
+
+/// Addresses in all the pool's CIDRs.
+fn pool_size(config: &PoolConfig) -> AddressCount {
+    config
+        .cidrs()
+        .fold(AddressCount::ZERO, |sum, c| sum.saturating_add(c.size()))
+}
+
+/// Refuses further CIDRs of another family, or overlapping the pool's CIDR or each other.
+fn check_cidrs(config: &PoolConfig) -> Result<(), AllocError> {
+    let family = config.cidr.family();
+    let cidrs: Vec<Cidr> = config.cidrs().collect();
+    for (i, c) in cidrs.iter().enumerate().skip(1) {
+        let invalid = |reason: String| AllocError::InvalidConfig {
+            pool: config.label.clone(),
+            field: "additionalCidrs",
+            value: c.to_string(),
+            reason,
+        };
+        if c.family() != family {
+            return Err(invalid(format!("is {}, the pool is {family}", c.family())));
+        }
+        if let Some(other) = cidrs[..i].iter().find(|o| o.range().overlaps(&c.range())) {
+            return Err(invalid(format!(
+                "overlaps {other}, another CIDR of the pool"
+            )));
+        }
+    }
+    Ok(())
 }

@@ -7,7 +7,7 @@ use crate::address::AddressCount;
 /// `allocated + excluded + available == total` always holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolUsage {
-    /// Addresses in the pool CIDR.
+    /// Addresses in the pool's CIDRs (`poolCidr` and every additional one).
     pub total: AddressCount,
     /// Addresses held by allocations.
     pub allocated: AddressCount,
@@ -17,7 +17,8 @@ pub struct PoolUsage {
     pub available: AddressCount,
     /// Number of allocations.
     pub allocations: usize,
-    /// The largest contiguous run of free addresses.
+    /// The largest contiguous run of free addresses inside one CIDR (the largest over the
+    /// CIDRs; a run is never counted across the edge of two CIDRs).
     pub largest_free_block: AddressCount,
     /// `floor(100 * (1 - largest_free_block / available))`; 0 when nothing is free.
     pub fragmentation_percent: u8,
@@ -33,4 +34,25 @@ impl PoolUsage {
         }
         self.allocated.percent_of(usable)
     }
+}
+
+/// What one CIDR of a pool holds ([`crate::allocator::PoolAllocator::cidr_usage`]).
+///
+/// `allocated + excluded + available == total` holds per CIDR too, and the sums over the
+/// CIDRs of a pool are the pool's [`PoolUsage`] figures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CidrUsage {
+    pub cidr: crate::address::Cidr,
+    /// Addresses in the CIDR.
+    pub total: AddressCount,
+    /// Addresses of the CIDR held by allocations.
+    pub allocated: AddressCount,
+    /// Addresses of the CIDR removed by exclusions.
+    pub excluded: AddressCount,
+    /// Addresses of the CIDR free to allocate.
+    pub available: AddressCount,
+    /// The largest contiguous run of free addresses inside the CIDR.
+    pub largest_free_block: AddressCount,
+    /// `floor(100 * (1 - largest_free_block / available))`; 0 when nothing is free.
+    pub fragmentation_percent: u8,
 }

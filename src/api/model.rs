@@ -1,6 +1,6 @@
 //! The JSON model of the REST API: KKP's `IPAMPool` (`name`, `datacenters` with `type`,
 //! `poolCidr`, `allocationRange`, `allocationPrefix`, `excludeRanges`, `excludePrefixes`) plus
-//! kipam's `strategy` and `reclaimPolicy`, and read-only usage. Separate from the CRD types:
+//! kipam's `strategy`, `reclaimPolicy` and `additionalCidrs`, and read-only usage. Separate from the CRD types:
 //! bodies refuse unknown fields here without changing how the CRDs decode.
 
 use std::collections::BTreeMap;
@@ -57,6 +57,10 @@ pub struct DatacenterBody {
     /// The network the pool lies in (gateway, prefix length, DNS, VLAN, MTU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<Network>,
+    /// Further CIDRs after `poolCidr`, used in this order (at most 15). On `PATCH`, absent
+    /// keeps them as they are; a CIDR that holds something may not be removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub additional_cidrs: Option<Vec<String>>,
 }
 
 /// The network a pool datacenter lies in, as written and as answered. Every field is optional;
@@ -138,6 +142,9 @@ pub struct DatacenterView {
     /// The network the pool lies in; absent when the pool names none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<Network>,
+    /// Further CIDRs after `poolCidr`, used in this order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub additional_cidrs: Vec<String>,
 }
 
 /// Usage of a pool in one datacenter. Address counts are exact decimal strings (an IPv6
@@ -153,6 +160,37 @@ pub struct UsageView {
     pub utilisation_percent: i32,
     pub fragmentation_percent: i32,
     pub allocations: i64,
+    /// For a datacenter of several CIDRs, the same figures per CIDR (`poolCidr`, then
+    /// `additionalCidrs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cidrs: Vec<CidrUsageView>,
+}
+
+/// Usage of one CIDR of a pool datacenter.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CidrUsageView {
+    pub cidr: String,
+    pub total: String,
+    pub allocated: String,
+    pub excluded: String,
+    pub available: String,
+    pub largest_free_block: String,
+    pub fragmentation_percent: i32,
+}
+
+impl CidrUsageView {
+    fn of(c: &crate::resources::PoolCidrUsage) -> CidrUsageView {
+        CidrUsageView {
+            cidr: c.cidr.clone(),
+            total: c.total.clone(),
+            allocated: c.allocated.clone(),
+            excluded: c.excluded.clone(),
+            available: c.available.clone(),
+            largest_free_block: c.largest_free_block.clone(),
+            fragmentation_percent: c.fragmentation_percent,
+        }
+    }
 }
 
 /// One cluster's allocation from a pool.
@@ -192,6 +230,7 @@ impl PoolView {
                     utilisation_percent: u.utilisation_percent,
                     fragmentation_percent: u.fragmentation_percent,
                     allocations: u.allocations,
+                    cidrs: u.cidrs.iter().map(CidrUsageView::of).collect(),
                 });
                 let view = DatacenterView {
                     type_: s.type_,
@@ -203,6 +242,7 @@ impl PoolView {
                     strategy: s.strategy.unwrap_or_default(),
                     usage,
                     network: s.network.as_ref().map(Network::of),
+                    additional_cidrs: s.additional_cidrs.clone(),
                 };
                 (dc.clone(), view)
             })
@@ -288,6 +328,9 @@ impl Serialize for DatacenterRef<'_> {
         if let Some(n) = &s.network {
             out.serialize_field("network", n)?;
         }
+        if !s.additional_cidrs.is_empty() {
+            out.serialize_field("additionalCidrs", &s.additional_cidrs)?;
+        }
         out.end()
     }
 }
@@ -305,6 +348,10 @@ impl Serialize for UsageRef<'_> {
         out.serialize_field("utilisationPercent", &u.utilisation_percent)?;
         out.serialize_field("fragmentationPercent", &u.fragmentation_percent)?;
         out.serialize_field("allocations", &u.allocations)?;
+        if !u.cidrs.is_empty() {
+            let cidrs: Vec<CidrUsageView> = u.cidrs.iter().map(CidrUsageView::of).collect();
+            out.serialize_field("cidrs", &cidrs)?;
+        }
         out.end()
     }
 }
@@ -329,6 +376,8 @@ impl PoolBody {
                     strategy: s.strategy,
                     usage: None,
                     network: s.network.as_ref().map(Network::of),
+                    additional_cidrs: (!s.additional_cidrs.is_empty())
+                        .then(|| s.additional_cidrs.clone()),
                 };
                 (dc.clone(), body)
             })
@@ -357,6 +406,7 @@ impl PoolBody {
                         exclude_prefixes: b.exclude_prefixes.clone().unwrap_or_default(),
                         strategy: b.strategy,
                         network: b.network.as_ref().map(Network::network),
+                        additional_cidrs: b.additional_cidrs.clone().unwrap_or_default(),
                     };
                     (dc.clone(), settings)
                 })

@@ -331,7 +331,50 @@ pub fn summary_table(plan: &Plan, pools: &[IPAMPool]) -> String {
         ]);
     }
     out.push_str(&table(&usage));
+    out.push_str(&cidr_table(pools, plan));
     out
+}
+
+/// For pool datacenters of several CIDRs, the figures of each CIDR in fill order (nothing
+/// when every pool datacenter has one CIDR).
+fn cidr_table(pools: &[IPAMPool], plan: &Plan) -> String {
+    let mut rows = vec![[
+        "POOL".to_string(),
+        "DATACENTER".into(),
+        "CIDR".into(),
+        "ALLOCATED".into(),
+        "EXCLUDED".into(),
+        "AVAILABLE".into(),
+        "LARGEST FREE".into(),
+    ]];
+    for r in plan.usage.values().filter(|r| r.cidrs.len() > 1) {
+        for c in &r.cidrs {
+            let as_pool = crate::allocator::PoolUsage {
+                total: c.total,
+                allocated: c.allocated,
+                excluded: c.excluded,
+                available: c.available,
+                allocations: 0,
+                largest_free_block: c.largest_free_block,
+                fragmentation_percent: c.fragmentation_percent,
+            };
+            let [allocated, excluded, available, largest] =
+                report::usage_cells(pools, &r.pool, &r.datacenter, &as_pool);
+            rows.push([
+                r.pool.clone(),
+                r.datacenter.clone(),
+                c.cidr.to_string(),
+                allocated,
+                excluded,
+                available,
+                largest,
+            ]);
+        }
+    }
+    if rows.len() == 1 {
+        return String::new();
+    }
+    format!("\n{}", table(&rows))
 }
 
 fn table<const N: usize>(rows: &[[String; N]]) -> String {

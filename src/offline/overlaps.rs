@@ -24,7 +24,10 @@ pub fn overlap_warnings(pools: &[PoolInput], decisions: &[Decision]) -> Vec<Stri
             .iter()
             .find(|p| p.name == pool)
             .and_then(|p| p.datacenters.get(dc))
-            .map(|d| d.config.cidr.to_string())
+            .map(|d| {
+                let cidrs: Vec<String> = d.config.cidrs().map(|c| c.to_string()).collect();
+                cidrs.join(", ")
+            })
             .unwrap_or_default()
     };
     // Held ranges per (pool, datacenter), sorted by first address.

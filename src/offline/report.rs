@@ -163,7 +163,7 @@ pub fn plan_json(plan: &Plan) -> Value {
         .values()
         .map(|r| {
             let u = &r.usage;
-            json!({
+            let mut v = json!({
                 "pool": r.pool,
                 "datacenter": r.datacenter,
                 "total": u.total.to_string(),
@@ -174,7 +174,26 @@ pub fn plan_json(plan: &Plan) -> Value {
                 "largestFreeBlock": u.largest_free_block.to_string(),
                 "fragmentationPercent": u.fragmentation_percent,
                 "utilisationPercent": u.utilisation_percent(),
-            })
+            });
+            // Pool datacenters of several CIDRs: each CIDR's figures, in fill order.
+            if r.cidrs.len() > 1 {
+                v["cidrs"] = r
+                    .cidrs
+                    .iter()
+                    .map(|c| {
+                        json!({
+                            "cidr": c.cidr.to_string(),
+                            "total": c.total.to_string(),
+                            "allocated": c.allocated.to_string(),
+                            "excluded": c.excluded.to_string(),
+                            "available": c.available.to_string(),
+                            "largestFreeBlock": c.largest_free_block.to_string(),
+                            "fragmentationPercent": c.fragmentation_percent,
+                        })
+                    })
+                    .collect();
+            }
+            v
         })
         .collect();
     json!({

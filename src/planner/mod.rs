@@ -565,6 +565,7 @@ impl<'a> Planner<'a> {
                         pool: pool.clone(),
                         datacenter: dc.clone(),
                         usage: allocator.usage(),
+                        cidrs: allocator.cidr_usage(),
                     },
                 ))
             })

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::allocator::{Allocation, PoolUsage};
+use crate::allocator::{Allocation, CidrUsage, PoolUsage};
 use crate::resources::AllocationType;
 
 /// What happens to one cluster's allocation from one pool.
@@ -80,6 +80,8 @@ pub struct DatacenterReport {
     pub pool: String,
     pub datacenter: String,
     pub usage: PoolUsage,
+    /// The same figures per CIDR of the pool datacenter, in fill order.
+    pub cidrs: Vec<CidrUsage>,
 }
 
 /// Everything the planner decided.

@@ -71,6 +71,8 @@ pub struct Metrics {
     pub allocations: Family<PhaseLabels, Gauge>,
     /// The (pool, datacenter) pairs published by the last pass, to remove those that went.
     published: Mutex<BTreeSet<(String, String)>>,
+    /// Fragmentation per pool datacenter, and the figures of each of its CIDRs.
+    pub cidrs: CidrGauges,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -241,6 +243,7 @@ impl Metrics {
             pool_largest_free_block: Family::default(),
             allocations: Family::default(),
             published: Mutex::new(BTreeSet::new()),
+            cidrs: CidrGauges::default(),
         };
         seed.register(|registry| {
             registry.register("reconcile_passes", "Planning passes run", m.passes.clone());
@@ -296,6 +299,7 @@ impl Metrics {
                 "IPAMAllocations per pool, datacenter and phase",
                 m.allocations.clone(),
             );
+            m.cidrs.register(registry);
         });
         Arc::new(m)
     }
@@ -328,6 +332,7 @@ impl Metrics {
             }
             *published = now;
         }
+        self.cidrs.observe(plan.usage.values(), true);
         let at = Instant::now();
         let mut unmet_since = lock(&self.unmet_since);
         let mut live: std::collections::HashSet<(&str, &str)> = std::collections::HashSet::new();
@@ -365,6 +370,7 @@ impl Metrics {
                 continue;
             };
             let f = usage_figures(report, Vec::new());
+            self.cidrs.observe(std::iter::once(report), false);
             let labels = PoolLabels {
                 pool: key.0.clone(),
                 datacenter: key.1.clone(),
@@ -430,6 +436,7 @@ impl Metrics {
                 self.remove_pool(pool, datacenter);
             }
             published.clear();
+            self.cidrs.clear();
             lock(&self.unmet_since).clear();
         }
     }
@@ -464,6 +471,158 @@ fn phase_labels(pool: &PoolLabels, phase: AllocationPhase) -> PhaseLabels {
         pool: pool.pool.clone(),
         datacenter: pool.datacenter.clone(),
         phase: phase.as_str().to_string(),
+    }
+}
+
+/// The labels of one CIDR of a pool datacenter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct CidrLabels {
+    pub pool: String,
+    pub datacenter: String,
+    pub cidr: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CidrStateLabels {
+    pub pool: String,
+    pub datacenter: String,
+    pub cidr: String,
+    /// `total`, `allocated`, `excluded` or `available`.
+    pub state: String,
+}
+
+/// The fragmentation of each pool datacenter, and the figures of each of its CIDRs
+/// (`poolCidr` and `additionalCidrs`), so that an admin sees which CIDR is full and which
+/// one new allocations come from.
+#[derive(Default)]
+pub struct CidrGauges {
+    pub pool_fragmentation: Family<PoolLabels, FloatGauge>,
+    pub addresses: Family<CidrStateLabels, FloatGauge>,
+    pub largest_free_block: Family<CidrLabels, FloatGauge>,
+    pub fragmentation: Family<CidrLabels, FloatGauge>,
+    /// What the last whole pass published, to remove what went.
+    published: Mutex<(BTreeSet<(String, String)>, BTreeSet<CidrLabels>)>,
+}
+
+const CIDR_STATES: [&str; 4] = ["total", "allocated", "excluded", "available"];
+
+impl CidrGauges {
+    fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "pool_fragmentation_ratio",
+            "Share (0-1) of the free addresses outside the largest free block, per pool and \
+             datacenter",
+            self.pool_fragmentation.clone(),
+        );
+        registry.register(
+            "pool_cidr_addresses",
+            "Addresses per CIDR of a pool datacenter, by state (total, allocated, excluded, \
+             available)",
+            self.addresses.clone(),
+        );
+        registry.register(
+            "pool_cidr_largest_free_block",
+            "Largest run of consecutive free addresses per CIDR of a pool datacenter",
+            self.largest_free_block.clone(),
+        );
+        registry.register(
+            "pool_cidr_fragmentation_ratio",
+            "Share (0-1) of a CIDR's free addresses outside its largest free block",
+            self.fragmentation.clone(),
+        );
+    }
+
+    /// Publishes the figures of `reports`; `whole`: they are every pool datacenter of the
+    /// plan, so what is not among them is removed.
+    fn observe<'a>(
+        &self,
+        reports: impl Iterator<Item = &'a crate::planner::DatacenterReport>,
+        whole: bool,
+    ) {
+        let mut pools = BTreeSet::new();
+        let mut cidrs = BTreeSet::new();
+        for r in reports {
+            let labels = PoolLabels {
+                pool: r.pool.clone(),
+                datacenter: r.datacenter.clone(),
+            };
+            self.pool_fragmentation
+                .get_or_create(&labels)
+                .set(f64::from(r.usage.fragmentation_percent) / 100.0);
+            pools.insert((r.pool.clone(), r.datacenter.clone()));
+            for c in &r.cidrs {
+                let labels = CidrLabels {
+                    pool: r.pool.clone(),
+                    datacenter: r.datacenter.clone(),
+                    cidr: c.cidr.to_string(),
+                };
+                for (state, value) in
+                    CIDR_STATES
+                        .iter()
+                        .zip([c.total, c.allocated, c.excluded, c.available])
+                {
+                    self.addresses
+                        .get_or_create(&cidr_state(&labels, state))
+                        .set(count_to_f64(value));
+                }
+                self.largest_free_block
+                    .get_or_create(&labels)
+                    .set(count_to_f64(c.largest_free_block));
+                self.fragmentation
+                    .get_or_create(&labels)
+                    .set(f64::from(c.fragmentation_percent) / 100.0);
+                cidrs.insert(labels);
+            }
+        }
+        let mut published = lock(&self.published);
+        if whole {
+            for gone in published.0.difference(&pools) {
+                self.pool_fragmentation.remove(&PoolLabels {
+                    pool: gone.0.clone(),
+                    datacenter: gone.1.clone(),
+                });
+            }
+            for gone in published.1.difference(&cidrs) {
+                self.remove_cidr(gone);
+            }
+            *published = (pools, cidrs);
+        } else {
+            // A short pass changes no pool's CIDRs: only adds what it touched.
+            published.0.extend(pools);
+            published.1.extend(cidrs);
+        }
+    }
+
+    fn remove_cidr(&self, labels: &CidrLabels) {
+        for state in CIDR_STATES {
+            self.addresses.remove(&cidr_state(labels, state));
+        }
+        self.largest_free_block.remove(labels);
+        self.fragmentation.remove(labels);
+    }
+
+    /// Removes everything (this replica stopped leading).
+    fn clear(&self) {
+        let mut published = lock(&self.published);
+        for (pool, datacenter) in &published.0 {
+            self.pool_fragmentation.remove(&PoolLabels {
+                pool: pool.clone(),
+                datacenter: datacenter.clone(),
+            });
+        }
+        for labels in &published.1 {
+            self.remove_cidr(labels);
+        }
+        *published = Default::default();
+    }
+}
+
+fn cidr_state(labels: &CidrLabels, state: &str) -> CidrStateLabels {
+    CidrStateLabels {
+        pool: labels.pool.clone(),
+        datacenter: labels.datacenter.clone(),
+        cidr: labels.cidr.clone(),
+        state: state.to_string(),
     }
 }
 
@@ -576,6 +735,34 @@ mod tests {
         assert!(text.contains("kipam_pool_utilization_ratio{pool=\"v6\",datacenter=\"dc-1\"}"));
         m.set_leader(false);
         assert!(!m.seed.encode().contains("pool=\"v6\""));
+    }
+
+    #[test]
+    fn each_cidr_of_a_pool_has_its_figures_and_a_cidr_removed_loses_them() {
+        const TWO: &str = "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata:\n  name: grown\nspec:\n  datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.0.0.0/30\n      allocationRange: 6\n      additionalCidrs: [10.0.1.0/29]\n";
+        let m = Metrics::new(&SeedMetrics::new());
+        m.observe_plan(&plan_of(TWO, &[("a", "dc-1")]));
+        let text = m.seed.encode();
+        for line in [
+            "kipam_pool_cidr_addresses{pool=\"grown\",datacenter=\"dc-1\",cidr=\"10.0.0.0/30\",state=\"available\"} 0.0",
+            "kipam_pool_cidr_addresses{pool=\"grown\",datacenter=\"dc-1\",cidr=\"10.0.1.0/29\",state=\"allocated\"} 2.0",
+            "kipam_pool_cidr_largest_free_block{pool=\"grown\",datacenter=\"dc-1\",cidr=\"10.0.1.0/29\"} 6.0",
+            "kipam_pool_cidr_fragmentation_ratio{pool=\"grown\",datacenter=\"dc-1\",cidr=\"10.0.1.0/29\"} 0.0",
+            "kipam_pool_fragmentation_ratio{pool=\"grown\",datacenter=\"dc-1\"} 0.0",
+            "kipam_pool_addresses{pool=\"grown\",datacenter=\"dc-1\",state=\"total\"} 12.0",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        let one = TWO.replace("      additionalCidrs: [10.0.1.0/29]\n", "");
+        m.observe_plan(&plan_of(
+            &one.replace("allocationRange: 6", "allocationRange: 4"),
+            &[],
+        ));
+        let text = m.seed.encode();
+        assert!(!text.contains("10.0.1.0/29"), "{text}");
+        assert!(text.contains("cidr=\"10.0.0.0/30\""), "{text}");
+        m.set_leader(false);
+        assert!(!m.seed.encode().contains("cidr="));
     }
 
     #[test]

@@ -256,8 +256,18 @@ async fn run(
     key: &RecordKey,
     target: Target,
 ) -> Result<u64, CommitError> {
-    let layout = layout(pool, key)?;
-    let [adds, removes] = plan(&*ctx.records.lock().await, pool, key, &layout, target)?;
+    let [adds, removes] = {
+        let records = ctx.records.lock().await;
+        // The division the shards already use, if any: a widened pool, or one given another
+        // CIDR, keeps dividing its addresses as it did (see `Layout::keeping`).
+        let existing = records
+            .map
+            .get(key)
+            .into_iter()
+            .flat_map(|shards| shards.values().filter_map(|h| h.block));
+        let layout = layout(pool, key)?.keeping(existing);
+        plan(&records, pool, key, &layout, target)?
+    };
     let mut sent = 0;
     for phase in [adds, removes] {
         sent += phase.len() as u64;

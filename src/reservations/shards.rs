@@ -9,9 +9,11 @@
 //! block, so any two commits that could hand it out write the same shard, each conditional on
 //! the version it planned from, and the API server lets only one of them through.
 //!
-//! The block size comes from fields the API server keeps immutable (the pool's network, its
-//! type and, for `prefix` pools, the allocation prefix), so every replica that reads the same
-//! pool datacenter divides it the same way; see `docs/design.md`.
+//! The block size comes from the pool's type, its network and, for `prefix` pools, the
+//! allocation prefix — and once a pool datacenter has shards, from the shards themselves
+//! ([`Layout::keeping`]), so that widening `poolCidr` or adding `additionalCidrs` never changes
+//! the division: every replica divides the same addresses the same way, whichever version of
+//! the pool it read; see `docs/design.md`.
 
 use std::collections::BTreeMap;
 
@@ -25,13 +27,19 @@ use crate::resources::{AllocationType, IPAMPoolDatacenter, Reservation};
 pub const MAX_BLOCKS_PER_ENTRY: usize = 1 << 16;
 
 /// How one pool datacenter's addresses are divided into blocks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
-    /// The pool datacenter's network: nothing outside it can be handed out from the pool, so
-    /// nothing outside it needs fencing (a holding is recorded as far as it lies inside).
+    /// The pool datacenter's network: nothing outside it and `more` can be handed out from
+    /// the pool, so nothing outside them needs fencing (a holding is recorded as far as it
+    /// lies inside).
     pool: Cidr,
+    /// The pool datacenter's `additionalCidrs`.
+    more: Vec<Cidr>,
     /// The prefix length of a block.
     block_len: u8,
+    /// The longest block length that keeps every allocation subnet in one block (`prefix`
+    /// pools: the allocation prefix; `range` pools: the family's width).
+    longest: u8,
 }
 
 impl Layout {
@@ -49,7 +57,7 @@ impl Layout {
             .map_err(|e| format!("poolCidr {:?}: {e}", dc.pool_cidr))?;
         let bits = pool.family().bits();
         let pool_host = bits - pool.prefix_len();
-        let block_host = match dc.type_ {
+        let (block_host, longest) = match dc.type_ {
             AllocationType::Prefix => {
                 let p = dc
                     .allocation_prefix
@@ -63,16 +71,63 @@ impl Layout {
                             pool.prefix_len()
                         )
                     })?;
-                (bits - p)
+                let host = (bits - p)
                     .saturating_add(8)
-                    .max(pool_host.saturating_sub(12))
+                    .max(pool_host.saturating_sub(12));
+                (host, p)
             }
-            AllocationType::Range => 8u8.max(pool_host.saturating_sub(12)),
+            AllocationType::Range => (8u8.max(pool_host.saturating_sub(12)), bits),
         };
+        let more = dc
+            .additional_cidrs
+            .iter()
+            .map(|t| {
+                t.parse::<Cidr>()
+                    .map_err(|e| format!("additionalCidrs {t:?}: {e}"))
+            })
+            .collect::<Result<Vec<Cidr>, String>>()?;
         Ok(Layout {
             pool,
+            more,
             block_len: bits - block_host.min(pool_host),
+            longest,
         })
+    }
+
+    /// The division the pool datacenter's existing shards (their `spec.block`s) already use,
+    /// when they all agree on a block length that suits the pool; else this layout. A
+    /// division once taken stays: a pool widened, or given another CIDR, keeps dividing its
+    /// old addresses exactly as before, so two replicas that read different versions of the
+    /// pool still write the same shard for the same address.
+    pub fn keeping(mut self, existing: impl IntoIterator<Item = Cidr>) -> Layout {
+        let family = self.pool.family();
+        let mut lengths = existing
+            .into_iter()
+            .filter(|b| b.family() == family)
+            .map(|b| b.prefix_len());
+        let Some(first) = lengths.next() else {
+            return self;
+        };
+        if lengths.any(|l| l != first) {
+            return self;
+        }
+        // A `prefix` pool's layout never splits an allocation subnet: a block at most as long
+        // as the allocation prefix (the old layout's was, and allocationPrefix is immutable).
+        if first > self.longest {
+            return self;
+        }
+        self.block_len = first;
+        self
+    }
+
+    /// The block length, for tests and messages.
+    pub fn block_len(&self) -> u8 {
+        self.block_len
+    }
+
+    /// Every CIDR of the pool datacenter.
+    fn cidrs(&self) -> impl Iterator<Item = &Cidr> {
+        std::iter::once(&self.pool).chain(self.more.iter())
     }
 
     /// The block holding `address` (an address of the pool).
@@ -97,7 +152,7 @@ impl Layout {
         let mut out = BTreeMap::new();
         if let (Some(text), true) = (&entry.cidr, entry.addresses.is_empty()) {
             let cidr: Cidr = text.parse().map_err(|e| format!("cidr {text:?}: {e}"))?;
-            if self.pool.contains(&cidr.range()) {
+            if self.cidrs().any(|c| c.contains(&cidr.range())) {
                 let block = self.block_of(cidr.first());
                 if block.prefix_len() <= cidr.prefix_len() {
                     out.insert(block, entry.clone());
@@ -113,31 +168,32 @@ impl Layout {
             if range.family() != family {
                 continue;
             }
-            let (mut first, end) = (
-                range.first().max(self.pool.first()),
-                range.last().min(self.pool.last()),
-            );
-            if first > end {
-                continue;
-            }
-            loop {
-                let block = self.block_of(first);
-                let last = block.last().min(end);
-                pieces
-                    .entry(block)
-                    .or_default()
-                    .push(AddrRange::new(family, first, last).unwrap_or(range));
-                count += 1;
-                if count > MAX_BLOCKS_PER_ENTRY {
-                    return Err(format!(
-                        "it covers more than {MAX_BLOCKS_PER_ENTRY} record blocks of /{}",
-                        self.block_len
-                    ));
+            // The part of the range inside each CIDR of the pool.
+            let inside: Vec<(u128, u128)> = self
+                .cidrs()
+                .map(|c| (range.first().max(c.first()), range.last().min(c.last())))
+                .filter(|(f, e)| f <= e)
+                .collect();
+            for (mut first, end) in inside {
+                loop {
+                    let block = self.block_of(first);
+                    let last = block.last().min(end);
+                    pieces
+                        .entry(block)
+                        .or_default()
+                        .push(AddrRange::new(family, first, last).unwrap_or(range));
+                    count += 1;
+                    if count > MAX_BLOCKS_PER_ENTRY {
+                        return Err(format!(
+                            "it covers more than {MAX_BLOCKS_PER_ENTRY} record blocks of /{}",
+                            self.block_len
+                        ));
+                    }
+                    if last >= end {
+                        break;
+                    }
+                    first = last + 1;
                 }
-                if last >= end {
-                    break;
-                }
-                first = last + 1;
             }
         }
         for (block, ranges) in pieces {
@@ -361,6 +417,71 @@ mod tests {
         ]);
         assert!(allocation_of(&odd).is_err());
         assert!(odd.addresses.contains(&"nonsense".to_string()));
+    }
+
+    #[test]
+    fn a_widened_pool_keeps_the_division_its_shards_use() {
+        let small = dc(AllocationType::Range, "10.0.0.0/26", None);
+        let before = Layout::of(&small).unwrap();
+        assert_eq!(before.block_len(), 26);
+        let mut wide = dc(AllocationType::Range, "10.0.0.0/25", None);
+        wide.additional_cidrs = vec!["10.9.0.0/24".into()];
+        // Without shards, the widened pool would be divided in /25s ...
+        assert_eq!(Layout::of(&wide).unwrap().block_len(), 25);
+        // ... but its shards are /26 blocks: it keeps those, for old and new addresses.
+        let block: Cidr = "10.0.0.0/26".parse().unwrap();
+        let after = Layout::of(&wide).unwrap().keeping([block]);
+        assert_eq!(after.block_len(), 26);
+        let entry = addresses(&["10.0.0.60-10.0.0.67", "10.9.0.1"]);
+        let blocks: Vec<String> = after
+            .split(&entry)
+            .unwrap()
+            .keys()
+            .map(|b| b.to_string())
+            .collect();
+        assert_eq!(blocks, vec!["10.0.0.0/26", "10.0.0.64/26", "10.9.0.0/26"]);
+        // The old pool's view of the same holding writes the same shard for its addresses.
+        let old: Vec<String> = before
+            .split(&entry)
+            .unwrap()
+            .keys()
+            .map(|b| b.to_string())
+            .collect();
+        assert_eq!(old, vec!["10.0.0.0/26"]);
+        // Shards that disagree, or blocks that would cut an allocation subnet: the pool's own.
+        let other: Cidr = "10.0.0.64/27".parse().unwrap();
+        assert_eq!(
+            Layout::of(&wide)
+                .unwrap()
+                .keeping([block, other])
+                .block_len(),
+            25
+        );
+        let prefix = dc(AllocationType::Prefix, "10.0.0.0/24", Some(28));
+        let fine: Cidr = "10.0.0.0/30".parse().unwrap();
+        assert_eq!(Layout::of(&prefix).unwrap().keeping([fine]).block_len(), 24);
+    }
+
+    #[test]
+    fn addresses_in_additional_cidrs_are_recorded_and_gaps_are_not() {
+        let mut settings = dc(AllocationType::Range, "10.0.0.0/24", None);
+        settings.additional_cidrs = vec!["10.0.2.0/24".into()];
+        let layout = Layout::of(&settings).unwrap();
+        let parts = layout.split(&addresses(&["10.0.0.250-10.0.2.3"])).unwrap();
+        let shown: Vec<(String, Vec<String>)> = parts
+            .iter()
+            .map(|(b, r)| (b.to_string(), r.addresses.clone()))
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                ("10.0.0.0/24".into(), vec!["10.0.0.250-10.0.0.255".into()]),
+                ("10.0.2.0/24".into(), vec!["10.0.2.0-10.0.2.3".into()]),
+            ]
+        );
+        let mut bad = settings.clone();
+        bad.additional_cidrs = vec!["10.0.2.1/24".into()];
+        assert!(Layout::of(&bad).is_err());
     }
 
     #[test]

@@ -27,6 +27,8 @@ pub const MAX_ADDRESS_RANGE: u32 = 79;
 pub const MAX_DATACENTERS: u32 = 256;
 /// Entries in `excludeRanges` and in `excludePrefixes`, each.
 pub const MAX_EXCLUSIONS: u32 = 1024;
+/// Entries in a pool datacenter's `additionalCidrs`: with `poolCidr`, at most 16 CIDRs.
+pub const MAX_ADDITIONAL_CIDRS: u32 = 15;
 /// Per-pool overrides in one `Cluster.spec.ipam`.
 pub const MAX_OVERRIDES: u32 = 256;
 /// Pieces in a pinned `addresses` override.

@@ -22,6 +22,7 @@ pub use cluster::{
 };
 pub use condition::Condition;
 pub use pool::PoolNetwork;
+pub use pool::PoolCidrUsage;
 pub use pool::{
     AllocationType, DatacenterUsage, IPAMPool, IPAMPoolDatacenter, IPAMPoolSpec, IPAMPoolStatus,
     PoolStrategy, ReclaimPolicy,

@@ -49,7 +49,6 @@ pub struct IPAMPoolSpec {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
-    {"rule": "self.poolCidr == oldSelf.poolCidr", "message": "poolCidr is immutable"},
     {"rule": "self.type == oldSelf.type", "message": "type is immutable"},
     {
         "rule": "has(self.allocationPrefix) == has(oldSelf.allocationPrefix) && (!has(self.allocationPrefix) || self.allocationPrefix == oldSelf.allocationPrefix)",
@@ -62,7 +61,8 @@ pub struct IPAMPoolDatacenter {
     #[serde(rename = "type")]
     pub type_: AllocationType,
     /// The pool's network in CIDR notation, IPv4 or IPv6 (`192.168.1.0/26`, `2001:db8::/64`).
-    /// Host bits must be zero. Immutable.
+    /// Host bits must be zero. On update it may only be widened to a network that contains it
+    /// (`10.0.0.0/24` to `10.0.0.0/23`); every address held stays where it is.
     #[schemars(length(max = MAX_CIDR), pattern(PATTERN_CIDR))]
     pub pool_cidr: String,
     /// `range` pools: addresses per cluster, at least 1 and at most the pool size. Raising it
@@ -101,6 +101,19 @@ pub struct IPAMPoolDatacenter {
     /// `.MTU`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<PoolNetwork>,
+    /// Further CIDRs of the pool in this datacenter, of `poolCidr`'s family, used in order
+    /// after it: new allocations come from `poolCidr` while it can serve them, then from the
+    /// first CIDR here that can, and so on. No two CIDRs of a pool datacenter may overlap;
+    /// exclusions may lie in any of them. A `range` allocation may take pieces from several
+    /// CIDRs (one piece never spans a gap between them); a `prefix` subnet always lies inside
+    /// one. A CIDR may be added at any time; one may be removed only while it holds no
+    /// allocation. At most 15.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = MAX_ADDITIONAL_CIDRS),
+        inner(length(max = MAX_CIDR), pattern(PATTERN_CIDR))
+    )]
+    pub additional_cidrs: Vec<String>,
 }
 
 /// The network a pool datacenter lies in. Every field is optional.
@@ -218,7 +231,7 @@ pub struct IPAMPoolStatus {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DatacenterUsage {
-    /// Addresses in `poolCidr`.
+    /// Addresses in `poolCidr` and the `additionalCidrs`.
     #[schemars(length(max = MAX_COUNT_DIGITS), pattern(PATTERN_COUNT))]
     pub total: String,
     /// Addresses held by allocations.
@@ -242,4 +255,39 @@ pub struct DatacenterUsage {
     /// `100 * allocated / (total - excluded)`, floored.
     #[schemars(range(min = 0, max = 100))]
     pub utilisation_percent: i32,
+    /// For a datacenter of several CIDRs, the same figures for each CIDR (`poolCidr`, then
+    /// `additionalCidrs`), in the order they are used. The datacenter's figures above are
+    /// their sums, except
+    /// `largestFreeBlock` (the largest of theirs: a free run is never counted across the edge
+    /// of two CIDRs) and the percentages.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_ADDITIONAL_CIDRS + 1))]
+    pub cidrs: Vec<PoolCidrUsage>,
+}
+
+/// Usage of one CIDR of a pool datacenter. Counts are exact decimal strings.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolCidrUsage {
+    /// The CIDR, as the pool names it.
+    #[schemars(length(max = MAX_CIDR), pattern(PATTERN_CIDR))]
+    pub cidr: String,
+    /// Addresses in the CIDR.
+    #[schemars(length(max = MAX_COUNT_DIGITS), pattern(PATTERN_COUNT))]
+    pub total: String,
+    /// Addresses of the CIDR held by allocations.
+    #[schemars(length(max = MAX_COUNT_DIGITS), pattern(PATTERN_COUNT))]
+    pub allocated: String,
+    /// Addresses of the CIDR removed by exclusions.
+    #[schemars(length(max = MAX_COUNT_DIGITS), pattern(PATTERN_COUNT))]
+    pub excluded: String,
+    /// Addresses of the CIDR free to allocate.
+    #[schemars(length(max = MAX_COUNT_DIGITS), pattern(PATTERN_COUNT))]
+    pub available: String,
+    /// The largest contiguous run of free addresses inside the CIDR.
+    #[schemars(length(max = MAX_COUNT_DIGITS), pattern(PATTERN_COUNT))]
+    pub largest_free_block: String,
+    /// `100 * (1 - largestFreeBlock / available)`, floored; 0 when nothing is free.
+    #[schemars(range(min = 0, max = 100))]
+    pub fragmentation_percent: i32,
 }

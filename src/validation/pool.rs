@@ -115,6 +115,12 @@ fn datacenter_input(
             None
         }
     };
+    let additional = additional_cidrs(dc, settings, cidr, errors);
+    // Every CIDR of the pool, when all of them parse.
+    let cidrs: Option<Vec<Cidr>> = match (cidr, &additional) {
+        (Some(c), Some(more)) => Some(std::iter::once(c).chain(more.iter().copied()).collect()),
+        _ => None,
+    };
     let strategy = match settings.strategy.unwrap_or_default() {
         PoolStrategy::FirstFit => Strategy::FirstFit,
         PoolStrategy::BestFit => Strategy::BestFit,
@@ -145,13 +151,21 @@ fn datacenter_input(
                     None
                 }
                 Some(n) => {
-                    let size = cidr.map(|c| c.size());
+                    let size = cidrs.as_ref().map(|cs| {
+                        cs.iter()
+                            .fold(AddressCount::ZERO, |sum, c| sum.saturating_add(c.size()))
+                    });
                     match size {
                         Some(size) if AddressCount::from(n as u64) > size => {
+                            let of = if settings.additional_cidrs.is_empty() {
+                                "poolCidr"
+                            } else {
+                                "poolCidr and additionalCidrs"
+                            };
                             errors.add(
                                 field(dc, "allocationRange"),
                                 n,
-                                format!("exceeds the {size} addresses of poolCidr"),
+                                format!("exceeds the {size} addresses of {of}"),
                             );
                             None
                         }
@@ -165,7 +179,7 @@ fn datacenter_input(
                 dc,
                 "excludeRanges",
                 &settings.exclude_ranges,
-                cidr,
+                cidrs.as_deref(),
                 AddrRange::parse_lenient,
                 errors,
             );
@@ -213,7 +227,7 @@ fn datacenter_input(
                 dc,
                 "excludePrefixes",
                 &settings.exclude_prefixes,
-                cidr,
+                cidrs.as_deref(),
                 |t| t.parse::<Cidr>().map(|c| c.range()),
                 errors,
             );
@@ -221,7 +235,9 @@ fn datacenter_input(
         }
     };
     let cidr = cidr?;
-    let config = PoolConfig::new(cidr, kind?, strategy).with_label(format!("{pool}/{dc} ({cidr})"));
+    let config = PoolConfig::new(cidr, kind?, strategy)
+        .with_label(format!("{pool}/{dc} ({cidr})"))
+        .with_additional(additional?);
     Some(DatacenterInput {
         config,
         exclusions: exclusions?,
@@ -233,10 +249,11 @@ fn exclusions(
     dc: &str,
     name: &str,
     texts: &[String],
-    cidr: Option<Cidr>,
+    cidrs: Option<&[Cidr]>,
     parse: impl Fn(&str) -> Result<AddrRange, AddressError>,
     errors: &mut Errors,
 ) -> Option<Vec<AddrRange>> {
+    let cidr = cidrs.and_then(|cs| cs.first().copied());
     let mut out = Vec::new();
     let mut ok = true;
     for (i, text) in texts.iter().enumerate() {
@@ -255,8 +272,14 @@ fn exclusions(
                     );
                     ok = false;
                 }
-                Some(c) if !c.contains(&range) => {
-                    errors.add(path, text, format!("is not inside poolCidr {c}"));
+                Some(c) if !cidrs.is_some_and(|cs| covered(cs, &range)) => {
+                    let reason = match cidrs {
+                        Some([_, more @ ..]) if !more.is_empty() => {
+                            format!("is not inside poolCidr {c} or one of additionalCidrs")
+                        }
+                        _ => format!("is not inside poolCidr {c}"),
+                    };
+                    errors.add(path, text, reason);
                     ok = false;
                 }
                 _ => out.push(range),
@@ -312,31 +335,45 @@ fn immutables(
             );
         }
 
-        // poolCidr
+        // poolCidr and additionalCidrs: every holding must stay inside the pool's CIDRs.
+        let new_cidrs: Option<Vec<Cidr>> = new_cidr.and_then(|c| {
+            let more: Result<Vec<Cidr>, _> = now
+                .additional_cidrs
+                .iter()
+                .map(|t| t.parse::<Cidr>())
+                .collect();
+            more.ok()
+                .map(|more| std::iter::once(c).chain(more).collect::<Vec<Cidr>>())
+        });
         let outside: Vec<(&str, &Allocation)> = held
             .iter()
             .copied()
-            .filter(|(_, h)| new_cidr.is_none_or(|c| h.ranges().any(|r| !c.contains(&r))))
+            .filter(|(_, h)| {
+                new_cidrs
+                    .as_ref()
+                    .is_none_or(|cs| h.ranges().any(|r| !covered(cs, &r)))
+            })
             .collect();
         match before {
             Some(b) => {
-                let same = match (new_cidr, b.pool_cidr.parse::<Cidr>()) {
-                    (Some(a), Ok(b)) => a == b,
+                let old_cidr = b.pool_cidr.parse::<Cidr>();
+                let same = match (new_cidr, &old_cidr) {
+                    (Some(a), Ok(b)) => a == *b,
                     _ => now.pool_cidr == b.pool_cidr,
                 };
-                if !same {
-                    immutable(
-                        errors,
-                        dc,
-                        "poolCidr",
-                        &now.pool_cidr,
-                        Some(&b.pool_cidr),
-                        &outside,
-                    );
+                // Widening: a network that contains the old one.
+                let widened = match (new_cidr, &old_cidr) {
+                    (Some(a), Ok(b)) => a.contains(&b.range()),
+                    _ => false,
+                };
+                if !same && !widened {
+                    widen_only(errors, dc, &now.pool_cidr, &b.pool_cidr, &outside);
+                } else if !outside.is_empty() && new_cidrs.is_some() {
+                    stranded(errors, dc, now, &outside);
                 }
             }
             // An unparsable poolCidr is reported by the creation rules already.
-            None if new_cidr.is_some() && !outside.is_empty() => {
+            None if new_cidrs.is_some() && !outside.is_empty() => {
                 immutable(errors, dc, "poolCidr", &now.pool_cidr, None, &outside);
             }
             None => {}
@@ -512,4 +549,136 @@ fn subtract(range: AddrRange, covered: &[AddrRange]) -> Vec<(u128, u128)> {
         parts = next;
     }
     parts
+}
+
+/// Parses `additionalCidrs`: each a CIDR of `poolCidr`'s family, overlapping neither
+/// `poolCidr` nor an earlier entry, and (prefix pools) large enough for one allocation
+/// subnet. `None` when one is refused.
+fn additional_cidrs(
+    dc: &str,
+    settings: &IPAMPoolDatacenter,
+    pool: Option<Cidr>,
+    errors: &mut Errors,
+) -> Option<Vec<Cidr>> {
+    let mut out: Vec<Cidr> = Vec::new();
+    let mut ok = true;
+    for (i, text) in settings.additional_cidrs.iter().enumerate() {
+        let path = format!("{}[{i}]", field(dc, "additionalCidrs"));
+        let parsed = match text.parse::<Cidr>() {
+            Ok(c) => c,
+            Err(e) => {
+                let reason = match e {
+                    AddressError::HostBitsSet { network, .. } => {
+                        format!("host bits are set; the network is {network}")
+                    }
+                    AddressError::InvalidCidr { reason, .. } => reason,
+                    other => other.to_string(),
+                };
+                errors.add(path, text, format!("is not a valid CIDR: {reason}"));
+                ok = false;
+                continue;
+            }
+        };
+        let Some(pool) = pool else {
+            out.push(parsed);
+            continue;
+        };
+        let earlier = std::iter::once((String::from("poolCidr"), pool)).chain(
+            out.iter()
+                .enumerate()
+                .map(|(j, c)| (format!("additionalCidrs[{j}]"), *c)),
+        );
+        let clash = earlier
+            .filter(|(_, c)| c.family() == parsed.family())
+            .find(|(_, c)| c.range().overlaps(&parsed.range()));
+        if parsed.family() != pool.family() {
+            let reason = format!("is {}, poolCidr is {}", parsed.family(), pool.family());
+            errors.add(path, text, reason);
+            ok = false;
+        } else if let Some((name, c)) = clash {
+            errors.add(path, text, format!("overlaps {name} {c}"));
+            ok = false;
+        } else if let (AllocationType::Prefix, Some(p)) =
+            (settings.type_, settings.allocation_prefix)
+            && i32::from(parsed.prefix_len()) > p
+        {
+            let reason = format!("is smaller than one /{p} subnet (allocationPrefix)");
+            errors.add(path, text, reason);
+            ok = false;
+        }
+        out.push(parsed);
+    }
+    ok.then_some(out)
+}
+
+/// True when every address of `range` lies in one of `cidrs` (adjacent CIDRs together cover a
+/// range across their edge).
+fn covered(cidrs: &[Cidr], range: &AddrRange) -> bool {
+    let mut sorted: Vec<&Cidr> = cidrs
+        .iter()
+        .filter(|c| c.family() == range.family())
+        .collect();
+    sorted.sort_by_key(|c| c.first());
+    let mut next = range.first();
+    for c in sorted {
+        if c.last() < next || c.first() > next {
+            continue;
+        }
+        if c.last() >= range.last() {
+            return true;
+        }
+        next = c.last() + 1;
+    }
+    false
+}
+
+/// The allocations `affected` listed for a message: at most ten, then a count.
+fn holdings(affected: &[(&str, &Allocation)]) -> String {
+    const SHOWN: usize = 10;
+    let mut unique: Vec<String> = affected.iter().map(|(c, h)| format!("{c} ({h})")).collect();
+    unique.dedup();
+    let mut list: String = unique
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if unique.len() > SHOWN {
+        list.push_str(&format!(" and {} more", unique.len() - SHOWN));
+    }
+    list
+}
+
+/// `poolCidr` changed to a network that does not contain the old one.
+fn widen_only(
+    errors: &mut Errors,
+    dc: &str,
+    now: &str,
+    was: &str,
+    affected: &[(&str, &Allocation)],
+) {
+    let mut reason =
+        format!("may only be widened to a network that contains the old one (was {was})");
+    if !affected.is_empty() {
+        reason.push_str("; allocations affected: ");
+        reason.push_str(&holdings(affected));
+    }
+    errors.add(field(dc, "poolCidr"), now, reason);
+}
+
+/// An edit of `additionalCidrs` that leaves held addresses outside every CIDR of the pool
+/// (a CIDR removed, or replaced, while it holds something).
+fn stranded(
+    errors: &mut Errors,
+    dc: &str,
+    now: &IPAMPoolDatacenter,
+    affected: &[(&str, &Allocation)],
+) {
+    let value = format!("[{}]", now.additional_cidrs.join(", "));
+    let reason = format!(
+        "leaves allocations outside every CIDR of the pool (a CIDR that holds something may \
+         not be removed); allocations affected: {}",
+        holdings(affected)
+    );
+    errors.add(field(dc, "additionalCidrs"), value, reason);
 }

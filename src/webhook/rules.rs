@@ -313,9 +313,38 @@ fn allocation_write(
         )));
     }
     let cidr = dc_input.config.cidr;
-    if let Some(r) = held.ranges().find(|r| !cidr.contains(r)) {
+    let inside = |r: &AddrRange| {
+        // Cut at the edges of the pool's CIDRs: what is left must be nothing.
+        let mut left = vec![(r.first(), r.last())];
+        for c in dc_input.config.cidrs() {
+            left = left
+                .into_iter()
+                .flat_map(|(f, l)| {
+                    let mut rest = Vec::new();
+                    if c.family() != r.family() || c.last() < f || c.first() > l {
+                        rest.push((f, l));
+                    } else {
+                        if c.first() > f {
+                            rest.push((f, c.first() - 1));
+                        }
+                        if c.last() < l {
+                            rest.push((c.last() + 1, l));
+                        }
+                    }
+                    rest
+                })
+                .collect();
+        }
+        left.is_empty()
+    };
+    if let Some(r) = held.ranges().find(|r| !inside(r)) {
+        let more = if settings.additional_cidrs.is_empty() {
+            String::new()
+        } else {
+            format!(" and {}", settings.additional_cidrs.join(", "))
+        };
         return Err(Verdict::invalid(format!(
-            "{label}: {field} {value:?}: {r} leaves the pool: IPAMPool {}/{dc} is {cidr} ({})",
+            "{label}: {field} {value:?}: {r} leaves the pool: IPAMPool {}/{dc} is {cidr} ({}){more}",
             parsed.pool, settings.pool_cidr
         )));
     }

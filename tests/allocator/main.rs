@@ -2,6 +2,7 @@
 //! and randomised invariants.
 
 mod behaviour;
+mod cidrs;
 mod properties;
 
 use kipam::address::{AddrRange, Cidr};

@@ -298,3 +298,21 @@ async fn served_answers_match_their_schemas() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(served, doc);
 }
+
+#[test]
+fn the_document_describes_additional_cidrs_and_the_usage_of_each_cidr() {
+    let doc = kipam::api::openapi::document();
+    let schemas = &doc["components"]["schemas"];
+    for (schema, field) in [
+        ("DatacenterBody", "additionalCidrs"),
+        ("DatacenterView", "additionalCidrs"),
+        ("UsageView", "cidrs"),
+        ("CidrUsageView", "largestFreeBlock"),
+    ] {
+        assert!(
+            schemas[schema]["properties"][field].is_object(),
+            "{schema}.{field} in {}",
+            schemas[schema]
+        );
+    }
+}

@@ -477,3 +477,60 @@ async fn a_pool_being_deleted_shows_it_and_reads_back_as_a_body() {
     let (status, body) = h.send("PATCH", &path, "admin", current).await;
     assert_eq!(status, StatusCode::OK, "{body}");
 }
+
+/// The REST model takes and shows `additionalCidrs` beside KKP's fields; a widened `poolCidr`
+/// and a new CIDR are accepted, a PATCH removing a CIDR that holds something is refused naming
+/// the holding, and nothing changes.
+#[tokio::test]
+async fn a_pool_grows_through_the_api_and_a_stranding_patch_is_refused() {
+    let h = Harness::start().await;
+    h.pool(METALLB).await;
+    let path = format!("{POOLS}/metallb");
+    let (status, body) = h
+        .send(
+            "PATCH",
+            &path,
+            "admin",
+            json!({"datacenters": {"dc-1": {"poolCidr": "10.0.0.0/23",
+                                             "additionalCidrs": ["10.7.0.0/28"]}}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["datacenters"]["dc-1"]["poolCidr"], "10.0.0.0/23");
+    assert_eq!(
+        body["datacenters"]["dc-1"]["additionalCidrs"],
+        json!(["10.7.0.0/28"])
+    );
+    h.wait_cached("metallb", true).await;
+    let (_, got) = h.get(&path, "reader").await;
+    assert_eq!(
+        got["datacenters"]["dc-1"]["additionalCidrs"],
+        json!(["10.7.0.0/28"])
+    );
+    // A cluster holds addresses of the new CIDR: removing it is refused, naming the holding.
+    h.allocation(
+        r#"
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMAllocation
+metadata: {name: metallb, namespace: cluster-c7, resourceVersion: "1"}
+spec: {type: range, dc: dc-1, addresses: ["10.7.0.2-10.7.0.9"]}
+"#,
+    )
+    .await;
+    let before = h.api.get("ipampools", None, "metallb").unwrap();
+    let (status, body) = h
+        .send(
+            "PATCH",
+            &path,
+            "admin",
+            json!({"datacenters": {"dc-1": {"additionalCidrs": null}}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let message = error_of(status, &body);
+    assert!(
+        message.contains("additionalCidrs") && message.contains("c7 (10.7.0.2-10.7.0.9)"),
+        "{message}"
+    );
+    assert_eq!(h.api.get("ipampools", None, "metallb").unwrap(), before);
+}

@@ -468,3 +468,127 @@ async fn unusable_certificate_files_stop_the_controller_with_the_file_named() {
         "{log}"
     );
 }
+
+/// A full pool grown in place: the clusters waiting on it are served, oldest first, by the one
+/// apply that adds a CIDR; the clusters already holding addresses keep them byte for byte. An
+/// edit that would strand a holding is refused, naming it, already in a server-side dry run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_pool_grows_in_place_and_its_waiting_clusters_are_served() {
+    let (seed, _controller, human) = seed_with_webhook("growth").await;
+    let pools: Api<IPAMPool> = Api::all(human.clone());
+    let manifest = |extra: &str| {
+        let yaml = format!(
+            "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata:\n  name: metallb\nspec:\n  datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.0.0.0/29\n      allocationRange: 4\n{extra}"
+        );
+        serde_saphyr::from_str::<IPAMPool>(&yaml).unwrap()
+    };
+    let apply = PatchParams::apply("kubectl");
+    pools
+        .patch("metallb", &apply, &Patch::Apply(manifest("")))
+        .await
+        .unwrap();
+    // Four clusters, two of which fit.
+    for name in ["a", "b", "c", "d"] {
+        seed.cluster(name, "dc-1");
+    }
+    seed.wait_for(
+        "a, b allocated; c, d waiting",
+        Duration::from_secs(20),
+        "w1",
+        |s| {
+            s.phase("a", "metallb") == "Allocated"
+                && s.phase("b", "metallb") == "Allocated"
+                && s.phase("c", "metallb") == "Failed"
+                && s.phase("d", "metallb") == "Failed"
+        },
+    )
+    .await;
+    assert_eq!(seed.held("a", "metallb"), "10.0.0.0-10.0.0.3");
+    assert_eq!(seed.held("b", "metallb"), "10.0.0.4-10.0.0.7");
+    let before_a = seed.allocation("a", "metallb").unwrap();
+    let before_b = seed.allocation("b", "metallb").unwrap();
+
+    // A narrower poolCidr would strand b: refused in a dry run, naming it, nothing changed.
+    let mut narrowed = manifest("");
+    narrowed.spec.datacenters.get_mut("dc-1").unwrap().pool_cidr = "10.0.0.0/30".into();
+    let dry = PatchParams {
+        dry_run: true,
+        ..PatchParams::apply("kubectl")
+    };
+    denied(
+        refusal(pools.patch("metallb", &dry, &Patch::Apply(narrowed)).await),
+        422,
+        &[
+            "spec.datacenters[dc-1].poolCidr \"10.0.0.0/30\"",
+            "allocations affected: b (10.0.0.4-10.0.0.7)",
+        ],
+    );
+    let stored = seed.get("ipampools", None, "metallb").unwrap();
+    assert_eq!(
+        stored["spec"]["datacenters"]["dc-1"]["poolCidr"],
+        "10.0.0.0/29"
+    );
+
+    // One apply adds a CIDR: c (older) and d are served from it, in that order.
+    pools
+        .patch(
+            "metallb",
+            &apply,
+            &Patch::Apply(manifest("      additionalCidrs: [10.0.9.0/29]\n")),
+        )
+        .await
+        .unwrap();
+    seed.wait_for("c and d allocated", Duration::from_secs(20), "w1", |s| {
+        s.phase("c", "metallb") == "Allocated" && s.phase("d", "metallb") == "Allocated"
+    })
+    .await;
+    assert_eq!(seed.held("c", "metallb"), "10.0.9.0-10.0.9.3");
+    assert_eq!(seed.held("d", "metallb"), "10.0.9.4-10.0.9.7");
+    // The old holders are untouched: the same spec, not even rewritten.
+    let after_a = seed.allocation("a", "metallb").unwrap();
+    let after_b = seed.allocation("b", "metallb").unwrap();
+    assert_eq!(after_a.spec, before_a.spec);
+    assert_eq!(after_b.spec, before_b.spec);
+    assert_eq!(
+        after_a.metadata.resource_version, before_a.metadata.resource_version,
+        "a's allocation was written again"
+    );
+    // The pool's status counts both CIDRs, each on its own line.
+    seed.wait_for(
+        "the status shows both CIDRs",
+        Duration::from_secs(20),
+        "w1",
+        |s| {
+            s.get("ipampools", None, "metallb")
+                .and_then(|p| p.pointer("/status/datacenters/dc-1/cidrs").cloned())
+                .and_then(|c| c.as_array().map(|a| a.len()))
+                == Some(2)
+                && s.get("ipampools", None, "metallb")
+                    .and_then(|p| p.pointer("/status/datacenters/dc-1/allocated").cloned())
+                    == Some(json!("16"))
+        },
+    )
+    .await;
+    let status =
+        seed.get("ipampools", None, "metallb").unwrap()["status"]["datacenters"]["dc-1"].clone();
+    assert_eq!(status["total"], "16");
+    assert_eq!(status["cidrs"][0]["cidr"], "10.0.0.0/29");
+    assert_eq!(status["cidrs"][0]["allocated"], "8");
+    assert_eq!(status["cidrs"][1]["cidr"], "10.0.9.0/29");
+    assert_eq!(status["cidrs"][1]["available"], "0");
+    // Removing the CIDR that now holds c and d is refused, naming them.
+    denied(
+        refusal(
+            pools
+                .patch("metallb", &dry, &Patch::Apply(manifest("")))
+                .await,
+        ),
+        422,
+        &[
+            "additionalCidrs",
+            "c (10.0.9.0-10.0.9.3)",
+            "d (10.0.9.4-10.0.9.7)",
+        ],
+    );
+    seed.assert_no_overlap_no_leak();
+}

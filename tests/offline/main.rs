@@ -302,7 +302,7 @@ fn validate_command() {
     assert_eq!(run.status.code(), Some(1));
     assert_eq!(
         text(&run.stderr),
-        "IPAMPool small: spec.datacenters[dc-1].poolCidr \"10.0.1.0/29\": is immutable (was 10.0.0.0/29)\n"
+        "IPAMPool small: spec.datacenters[dc-1].poolCidr \"10.0.1.0/29\": may only be widened to a network that contains the old one (was 10.0.0.0/29)\n"
     );
 
     // An exclusion over an existing allocation.

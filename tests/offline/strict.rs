@@ -418,7 +418,7 @@ fn validate_checks_pools_against_the_state_and_overrides_against_the_pools() {
     assert_eq!(run.status.code(), Some(1));
     assert_eq!(
         text(&run.stderr),
-        "IPAMPool small: spec.datacenters[dc-1].poolCidr \"10.0.1.0/29\": is immutable (was 10.0.0.0/29); allocations affected: a (10.0.0.0-10.0.0.3)\n"
+        "IPAMPool small: spec.datacenters[dc-1].poolCidr \"10.0.1.0/29\": may only be widened to a network that contains the old one (was 10.0.0.0/29); allocations affected: a (10.0.0.0-10.0.0.3)\n"
     );
     // An override naming a pool that is not among the pools validated.
     let typo = w.write(

@@ -79,7 +79,7 @@ fn event() -> impl Strategy<Value = Event> {
         1 => (c.clone(), pool.clone(), any::<bool>()).prop_map(|(c, pool, on)| Event::OptOut { c, pool, on }),
         1 => (c.clone(), pool.clone(), 1..9u128).prop_map(|(c, pool, addresses)| Event::Ask { c, pool, addresses }),
         1 => (c, any::<bool>()).prop_map(|(c, on)| Event::Invalid { c, on }),
-        2 => (pool.clone(), 0..5usize).prop_map(|(pool, shape)| Event::PutPool { pool, shape }),
+        2 => (pool.clone(), 0..8usize).prop_map(|(pool, shape)| Event::PutPool { pool, shape }),
         1 => pool.prop_map(|pool| Event::RemovePool { pool }),
         5 => Just(Event::WritesLand),
         1 => (0..64usize).prop_map(|index| Event::DropStored { index }),
@@ -87,7 +87,8 @@ fn event() -> impl Strategy<Value = Event> {
 }
 
 /// Pool `i` in one of a few shapes: small ranges that run out, two datacenters, a prefix
-/// pool, a `Retain` pool, an exclusion.
+/// pool, a `Retain` pool, an exclusion, and shape 0 grown: another CIDR, then a wider
+/// `poolCidr` and a third CIDR; shape 2 with another CIDR.
 fn pool(i: usize, shape: usize) -> PoolInput {
     let name = format!("pool-{i}");
     let body = match shape {
@@ -103,8 +104,17 @@ fn pool(i: usize, shape: usize) -> PoolInput {
         3 => format!(
             "reclaimPolicy: Retain\n  datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.{i}.0.0/28\n      allocationRange: 4\n"
         ),
-        _ => format!(
+        4 => format!(
             "datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.{i}.0.0/28\n      allocationRange: 4\n      excludeRanges: [10.{i}.0.4-10.{i}.0.7]\n"
+        ),
+        5 => format!(
+            "datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.{i}.0.0/28\n      allocationRange: 4\n      additionalCidrs: [10.{i}.9.0/29]\n"
+        ),
+        6 => format!(
+            "datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.{i}.0.0/27\n      allocationRange: 4\n      additionalCidrs: [10.{i}.9.0/29, 10.{i}.8.252/30]\n"
+        ),
+        _ => format!(
+            "datacenters:\n    dc-2:\n      type: prefix\n      poolCidr: 10.{i}.2.0/26\n      allocationPrefix: 28\n      additionalCidrs: [10.{i}.7.0/27]\n"
         ),
     };
     pool_input(&format!(

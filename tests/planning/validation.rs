@@ -126,6 +126,34 @@ fn each_datacenter_rule_has_a_clear_message() {
             "IPAMPool metallb: spec.datacenters[dc-1].excludeRanges[0] \"192.168.1.60-192.168.1.70\": is not inside poolCidr 192.168.1.0/26",
         ),
         (
+            "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 8\nadditionalCidrs: [192.168.1.32/27]",
+            "IPAMPool metallb: spec.datacenters[dc-1].additionalCidrs[0] \"192.168.1.32/27\": overlaps poolCidr 192.168.1.0/26",
+        ),
+        (
+            "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 8\nadditionalCidrs: [10.0.0.0/24, 10.0.0.128/25]",
+            "IPAMPool metallb: spec.datacenters[dc-1].additionalCidrs[1] \"10.0.0.128/25\": overlaps additionalCidrs[0] 10.0.0.0/24",
+        ),
+        (
+            "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 8\nadditionalCidrs: [\"2001:db8::/64\"]",
+            "IPAMPool metallb: spec.datacenters[dc-1].additionalCidrs[0] \"2001:db8::/64\": is IPv6, poolCidr is IPv4",
+        ),
+        (
+            "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 8\nadditionalCidrs: [10.0.0.1/24]",
+            "IPAMPool metallb: spec.datacenters[dc-1].additionalCidrs[0] \"10.0.0.1/24\": is not a valid CIDR: host bits are set; the network is 10.0.0.0/24",
+        ),
+        (
+            "type: prefix\npoolCidr: 192.168.1.0/26\nallocationPrefix: 28\nadditionalCidrs: [10.0.0.0/29]",
+            "IPAMPool metallb: spec.datacenters[dc-1].additionalCidrs[0] \"10.0.0.0/29\": is smaller than one /28 subnet (allocationPrefix)",
+        ),
+        (
+            "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 81\nadditionalCidrs: [10.0.0.0/28]",
+            "IPAMPool metallb: spec.datacenters[dc-1].allocationRange \"81\": exceeds the 80 addresses of poolCidr and additionalCidrs",
+        ),
+        (
+            "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 8\nadditionalCidrs: [10.0.0.0/28]\nexcludeRanges: [10.0.0.1, 10.0.0.14-10.0.0.17]",
+            "IPAMPool metallb: spec.datacenters[dc-1].excludeRanges[1] \"10.0.0.14-10.0.0.17\": is not inside poolCidr 192.168.1.0/26 or one of additionalCidrs",
+        ),
+        (
             "type: prefix\npoolCidr: 192.168.1.0/26\nallocationPrefix: 30\nexcludePrefixes: [\"192.168.1.2/30\"]",
             "IPAMPool metallb: spec.datacenters[dc-1].excludePrefixes[0] \"192.168.1.2/30\": is not valid: \"192.168.1.2/30\" has host bits set: the network is 192.168.1.0/30",
         ),
@@ -159,7 +187,7 @@ fn update_rules_keep_cidr_type_and_prefix() {
     let changes = [
         (
             "type: prefix\npoolCidr: 10.0.1.0/24\nallocationPrefix: 28",
-            "IPAMPool metallb: spec.datacenters[dc-1].poolCidr \"10.0.1.0/24\": is immutable (was 10.0.0.0/24)",
+            "IPAMPool metallb: spec.datacenters[dc-1].poolCidr \"10.0.1.0/24\": may only be widened to a network that contains the old one (was 10.0.0.0/24)",
         ),
         (
             "type: prefix\npoolCidr: 10.0.0.0/24\nallocationPrefix: 29",

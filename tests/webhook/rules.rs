@@ -137,7 +137,7 @@ fn narrowing_pool_cidr_past_a_live_allocation_is_refused_naming_it() {
         &v,
         422,
         &[
-            "poolCidr \"10.0.0.0/25\": is immutable (was 10.0.0.0/24)",
+            "poolCidr \"10.0.0.0/25\": may only be widened to a network that contains the old one (was 10.0.0.0/24)",
             "allocations affected: c2 (10.0.0.200-10.0.0.207)",
         ],
     );
@@ -529,6 +529,129 @@ fn other_resources_and_subresources_are_not_judged() {
     );
     r.sub_resource = Some("status".into());
     allowed(&seed().decide(&r));
+}
+
+/// The pool of `seed()` grown: a wider poolCidr and an additional CIDR holding c3.
+fn grown_pool() -> serde_json::Value {
+    pool_json(
+        "metallb",
+        json!({"dc-1": {"type": "range", "poolCidr": "10.0.0.0/23", "allocationRange": 8,
+                        "excludeRanges": ["10.0.0.250", "10.9.0.1"],
+                        "additionalCidrs": ["10.9.0.0/28", "10.8.0.0/28"]}}),
+    )
+}
+
+/// `seed()` after the pool grew.
+fn grown_seed() -> Seed {
+    Seed::default()
+        .pool(grown_pool())
+        .cluster(cluster_json("c1", json!({"datacenter": "dc-1"})))
+        .cluster(cluster_json("c2", json!({"datacenter": "dc-1"})))
+        .allocation(allocation_json(
+            "c1",
+            "metallb",
+            "dc-1",
+            &["10.0.0.0-10.0.0.7"],
+        ))
+}
+
+#[test]
+fn widening_pool_cidr_and_adding_cidrs_is_admitted() {
+    let v = seed().decide(&request(
+        "ipampools",
+        "UPDATE",
+        HUMAN,
+        Some(grown_pool()),
+        Some(range_pool()),
+    ));
+    allowed(&v);
+}
+
+#[test]
+fn removing_a_cidr_that_holds_something_is_refused_naming_the_holdings() {
+    let seed = grown_seed()
+        .allocation(allocation_json(
+            "c3",
+            "metallb",
+            "dc-1",
+            &["10.9.0.2-10.9.0.9"],
+        ))
+        .allocation(allocation_json(
+            "c4",
+            "metallb",
+            "dc-1",
+            &["10.0.1.0-10.0.1.7"],
+        ));
+    // 10.9.0.0/28 holds c3: it may not go. 10.8.0.0/28 holds nothing: it may.
+    let mut new = grown_pool();
+    new["spec"]["datacenters"]["dc-1"]["additionalCidrs"] = json!(["10.8.0.0/28"]);
+    new["spec"]["datacenters"]["dc-1"]["excludeRanges"] = json!(["10.0.0.250"]);
+    let v = seed.decide(&request(
+        "ipampools",
+        "UPDATE",
+        HUMAN,
+        Some(new),
+        Some(grown_pool()),
+    ));
+    refused(
+        &v,
+        422,
+        &[
+            "spec.datacenters[dc-1].additionalCidrs",
+            "leaves allocations outside every CIDR of the pool",
+            "allocations affected: c3 (10.9.0.2-10.9.0.9)",
+        ],
+    );
+    assert!(!v.message.contains("c4"), "{}", v.message);
+    let mut empty_one_gone = grown_pool();
+    empty_one_gone["spec"]["datacenters"]["dc-1"]["additionalCidrs"] = json!(["10.9.0.0/28"]);
+    allowed(&seed.decide(&request(
+        "ipampools",
+        "UPDATE",
+        HUMAN,
+        Some(empty_one_gone),
+        Some(grown_pool()),
+    )));
+    // Narrowing back to the /24 strands c4, in the widened half.
+    let mut narrowed = grown_pool();
+    narrowed["spec"]["datacenters"]["dc-1"]["poolCidr"] = json!("10.0.0.0/24");
+    let v = seed.decide(&request(
+        "ipampools",
+        "UPDATE",
+        HUMAN,
+        Some(narrowed),
+        Some(grown_pool()),
+    ));
+    refused(
+        &v,
+        422,
+        &[
+            "poolCidr \"10.0.0.0/24\": may only be widened to a network that contains the old one (was 10.0.0.0/23)",
+            "allocations affected: c4 (10.0.1.0-10.0.1.7)",
+        ],
+    );
+}
+
+#[test]
+fn an_allocation_in_an_additional_cidr_is_inside_the_pool() {
+    let seed = grown_seed();
+    let inside = allocation_json("c2", "metallb", "dc-1", &["10.8.0.0-10.8.0.7"]);
+    allowed(&seed.decide(&request(
+        "ipamallocations",
+        "CREATE",
+        HUMAN,
+        Some(inside),
+        None,
+    )));
+    let gap = allocation_json("c2", "metallb", "dc-1", &["10.8.0.12-10.8.0.19"]);
+    let v = seed.decide(&request(
+        "ipamallocations",
+        "CREATE",
+        HUMAN,
+        Some(gap),
+        None,
+    ));
+    refused(&v, 422, &["leaves the pool", "10.9.0.0/28, 10.8.0.0/28"]);
 }
 
 /// `network` is checked like the rest of the pool, and may change on update: it changes no
