@@ -91,6 +91,31 @@ pub fn datacenter_network(
         }
     };
 
+    // Every further CIDR of the pool datacenter lies in the same network: a machine given an
+    // address from one of them is also given this network's gateway and prefix length.
+    let mut outside = Vec::new();
+    if let Some(net) = cidr {
+        for (i, text) in settings.additional_cidrs.iter().enumerate() {
+            let Ok(extra) = text.parse::<Cidr>() else {
+                continue; // said by the pool's own rules
+            };
+            if extra.family() == net.family()
+                && (extra.first() < net.first() || extra.last() > net.last())
+            {
+                outside.push(FieldError {
+                    object: String::new(),
+                    field: format!("spec.datacenters[{dc}].additionalCidrs[{i}]"),
+                    value: text.clone(),
+                    reason: format!(
+                        "is not inside {}, whose gateway and prefix length the pool's \
+                         addresses are given",
+                        net_text(&net)
+                    ),
+                });
+            }
+        }
+    }
+
     // gateway
     let mut gateway = None;
     if let Some(text) = &network.gateway {
@@ -104,9 +129,19 @@ pub fn datacenter_network(
                     (Some(pool), Some(net)) => host_problem(net, address)
                         .map(|p| format!("{p} {}", net_text(&net)))
                         .or_else(|| {
-                            (address >= pool.first() && address <= pool.last())
-                                .then(|| not_excluded(settings, pool, family, address))
-                                .flatten()
+                            // Any CIDR of the pool datacenter could hand the gateway out.
+                            std::iter::once(pool)
+                                .chain(
+                                    settings
+                                        .additional_cidrs
+                                        .iter()
+                                        .filter_map(|c| c.parse::<Cidr>().ok()),
+                                )
+                                .find(|c| address >= c.first() && address <= c.last())
+                                .and_then(|c| {
+                                    let field = if c == pool { "poolCidr" } else { "additionalCidrs" };
+                                    not_excluded(settings, field, c, family, address)
+                                })
                         }),
                     // The pool's CIDR or the prefix length is wrong: said elsewhere.
                     _ => None,
@@ -181,6 +216,7 @@ pub fn datacenter_network(
         }
     });
 
+    errors.extend(outside);
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -213,10 +249,12 @@ fn host_problem(net: Cidr, address: u128) -> Option<String> {
     None
 }
 
-/// The complaint about a gateway inside `poolCidr` that no exclusion covers. Exclusions that
+/// The complaint about a gateway inside one of the pool's CIDRs (`field` names which list it
+/// comes from) that no exclusion covers. Exclusions that
 /// do not parse are reported by the pool's own rules.
 fn not_excluded(
     settings: &IPAMPoolDatacenter,
+    field: &str,
     pool: Cidr,
     family: Family,
     address: u128,
@@ -244,7 +282,7 @@ fn not_excluded(
         .any(|r| r.family() == family && r.first() <= address && address <= r.last());
     (!covered).then(|| {
         format!(
-            "lies inside poolCidr {pool} and is not excluded, so kipam could hand it to a \
+            "lies inside {field} {pool} and is not excluded, so kipam could hand it to a \
              cluster: add it to {list}"
         )
     })

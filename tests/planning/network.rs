@@ -278,3 +278,28 @@ fn the_network_may_change_at_any_time() {
         )]
     );
 }
+
+/// With several CIDRs, the gateway may not lie in any of them unexcluded, and every CIDR lies
+/// in the network whose gateway and prefix length the pool's addresses are given.
+#[test]
+fn additional_cidrs_lie_in_the_network_and_do_not_hand_out_the_gateway() {
+    let base = "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 8\nexcludeRanges: [\"192.168.1.1\"]\nadditionalCidrs: [\"192.168.1.64/26\"]\n";
+    // The gateway in the additional CIDR, not excluded.
+    assert_eq!(
+        messages(&format!("{base}network:\n  gateway: 192.168.1.65\n  prefixLength: 24\n")),
+        vec![format!(
+            "{FIELD}.gateway \"192.168.1.65\": lies inside additionalCidrs 192.168.1.64/26 and is not excluded, so kipam could hand it to a cluster: add it to excludeRanges"
+        )]
+    );
+    // The same, excluded: accepted.
+    let excluded = base.replace("[\"192.168.1.1\"]", "[\"192.168.1.1\", \"192.168.1.65\"]");
+    assert_eq!(
+        messages(&format!("{excluded}network:\n  gateway: 192.168.1.65\n  prefixLength: 24\n")),
+        Vec::<String>::new()
+    );
+    // A network as narrow as poolCidr leaves the additional CIDR outside it.
+    assert_eq!(
+        messages(&format!("{base}network:\n  vlanId: 7\n")),
+        vec!["IPAMPool metallb: spec.datacenters[dc-1].additionalCidrs[0] \"192.168.1.64/26\": is not inside the network 192.168.1.0/26 (poolCidr; set prefixLength when the network is wider), whose gateway and prefix length the pool's addresses are given".to_string()]
+    );
+}
