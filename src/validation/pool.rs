@@ -361,10 +361,30 @@ fn immutables(
                     (Some(a), Ok(b)) => a.contains(&b.range()),
                     _ => false,
                 };
+                // Holdings this edit would strand: inside the pool before, outside it after (one
+                // already outside, such as a conflict kept as stored, blocks no other edit).
+                let old_cidrs: Option<Vec<Cidr>> = old_cidr.as_ref().ok().and_then(|c| {
+                    let more: Result<Vec<Cidr>, _> = b
+                        .additional_cidrs
+                        .iter()
+                        .map(|t| t.parse::<Cidr>())
+                        .collect();
+                    more.ok()
+                        .map(|more| std::iter::once(*c).chain(more).collect::<Vec<Cidr>>())
+                });
+                let newly_outside: Vec<(&str, &Allocation)> = outside
+                    .iter()
+                    .copied()
+                    .filter(|(_, h)| {
+                        old_cidrs
+                            .as_ref()
+                            .is_none_or(|cs| h.ranges().all(|r| covered(cs, &r)))
+                    })
+                    .collect();
                 if !same && !widened {
                     widen_only(errors, dc, &now.pool_cidr, &b.pool_cidr, &outside);
-                } else if !outside.is_empty() && new_cidrs.is_some() {
-                    stranded(errors, dc, now, &outside);
+                } else if !newly_outside.is_empty() && new_cidrs.is_some() {
+                    stranded(errors, dc, now, &newly_outside);
                 }
             }
             // An unparsable poolCidr is reported by the creation rules already.
