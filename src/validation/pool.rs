@@ -34,8 +34,9 @@ pub fn pool_input(pool: &IPAMPool) -> Result<PoolInput, Vec<FieldError>> {
     })
 }
 
-/// Every rule: creation rules, and when `old` is given the update rules (`poolCidr`, `type`,
-/// `allocationPrefix` immutable). Exclusions added (compared as address sets with the old
+/// Every rule: creation rules, and when `old` is given the update rules (`type`,
+/// `allocationPrefix` immutable, `poolCidr` only widened, no held address left outside the
+/// pool's CIDRs). Exclusions added (compared as address sets with the old
 /// ones) must not hit an allocation in `stored`.
 ///
 /// The immutable fields are also checked against `stored` itself, so a changed pool is
@@ -284,9 +285,10 @@ fn exclusions(
     ok.then_some(out)
 }
 
-/// The immutable fields of each datacenter (`type`, `poolCidr`, `allocationPrefix`), compared
-/// with the previous pool when there is one, else with what the stored allocations of that
-/// pool and datacenter show. One message per field, naming the clusters whose allocations are
+/// The fields of each datacenter that may not change (`type`, `allocationPrefix`) or only
+/// grow (`poolCidr`, widened; `additionalCidrs`, whose CIDRs may go only while they hold
+/// nothing), compared with the previous pool when there is one, else with what the stored
+/// allocations of that pool and datacenter show. One message per field, naming the clusters whose allocations are
 /// affected.
 fn immutables(
     new: &IPAMPool,
