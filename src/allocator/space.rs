@@ -15,8 +15,10 @@ use super::interval_set::IntervalSet;
 pub(crate) struct Space {
     /// The CIDRs in fill order, each with its free intervals.
     parts: Vec<(Cidr, IntervalSet)>,
-    /// Indexes into `parts`, by first address.
+    /// Indexes into `parts`, by first address (and so by last: the CIDRs do not overlap).
     by_address: Vec<usize>,
+    /// Free addresses over all CIDRs.
+    total: AddressCount,
 }
 
 /// One CIDR's free space, as [`Space::per_cidr`] reports it.
@@ -39,24 +41,46 @@ impl Space {
             .collect();
         let mut by_address: Vec<usize> = (0..parts.len()).collect();
         by_address.sort_by_key(|i| parts[*i].0.first());
-        Space { parts, by_address }
+        let total = parts.iter().fold(AddressCount::ZERO, |sum, (_, set)| {
+            sum.saturating_add(set.total())
+        });
+        Space {
+            parts,
+            by_address,
+            total,
+        }
     }
 
     /// Free addresses over all CIDRs.
     pub fn total(&self) -> AddressCount {
-        self.parts.iter().fold(AddressCount::ZERO, |sum, (_, set)| {
-            sum.saturating_add(set.total())
-        })
+        self.total
     }
 
     /// `first..=last` cut at the CIDR edges: (part index, first, last) for each CIDR it
     /// touches, by address. Addresses outside every CIDR are left out.
     fn cut(&self, first: u128, last: u128) -> impl Iterator<Item = (usize, u128, u128)> + '_ {
-        self.by_address.iter().filter_map(move |&i| {
-            let c = self.parts[i].0;
-            let (s, l) = (first.max(c.first()), last.min(c.last()));
-            (s <= l).then_some((i, s, l))
-        })
+        // The first CIDR that does not end before `first`.
+        let start = self
+            .by_address
+            .partition_point(|&i| self.parts[i].0.last() < first);
+        self.by_address[start..]
+            .iter()
+            .take_while(move |&&i| self.parts[i].0.first() <= last)
+            .map(move |&i| {
+                let c = self.parts[i].0;
+                (i, first.max(c.first()), last.min(c.last()))
+            })
+    }
+
+    /// The one CIDR holding all of `first..=last`, if there is one (the common case: a piece
+    /// this pool handed out), so that its set changes without cutting.
+    fn within_one(&self, first: u128, last: u128) -> Option<usize> {
+        let start = self
+            .by_address
+            .partition_point(|&i| self.parts[i].0.last() < first);
+        let i = *self.by_address.get(start)?;
+        let c = self.parts[i].0;
+        (c.first() <= first && last <= c.last()).then_some(i)
     }
 
     /// True when every address of `first..=last` lies in one of the CIDRs (adjacent CIDRs
@@ -85,17 +109,28 @@ impl Space {
 
     /// Removes `first..=last`, every address of which must be free.
     pub fn take(&mut self, first: u128, last: u128) {
-        let cuts: Vec<(usize, u128, u128)> = self.cut(first, last).collect();
-        for (i, s, l) in cuts {
-            self.parts[i].1.take(s, l);
+        if let Some(i) = self.within_one(first, last) {
+            self.parts[i].1.take(first, last);
+        } else {
+            let cuts: Vec<(usize, u128, u128)> = self.cut(first, last).collect();
+            for (i, s, l) in cuts {
+                self.parts[i].1.take(s, l);
+            }
         }
+        self.total = self.total.saturating_sub(AddressCount::span(first, last));
     }
 
     /// Adds `first..=last` back, which must lie in the CIDRs and not be free.
     pub fn insert(&mut self, first: u128, last: u128) {
+        if let Some(i) = self.within_one(first, last) {
+            self.parts[i].1.insert(first, last);
+            self.total = self.total.saturating_add(AddressCount::span(first, last));
+            return;
+        }
         let cuts: Vec<(usize, u128, u128)> = self.cut(first, last).collect();
         for (i, s, l) in cuts {
             self.parts[i].1.insert(s, l);
+            self.total = self.total.saturating_add(AddressCount::span(s, l));
         }
     }
 
@@ -104,7 +139,10 @@ impl Space {
         let cuts: Vec<(usize, u128, u128)> = self.cut(first, last).collect();
         let mut out = Vec::new();
         for (i, s, l) in cuts {
-            out.extend(self.parts[i].1.take_overlap(s, l));
+            for (ts, tl) in self.parts[i].1.take_overlap(s, l) {
+                self.total = self.total.saturating_sub(AddressCount::span(ts, tl));
+                out.push((ts, tl));
+            }
         }
         out
     }

@@ -501,8 +501,11 @@ pub struct CidrGauges {
     pub largest_free_block: Family<CidrLabels, FloatGauge>,
     pub fragmentation: Family<CidrLabels, FloatGauge>,
     /// What the last whole pass published, to remove what went.
-    published: Mutex<(BTreeSet<(String, String)>, BTreeSet<CidrLabels>)>,
+    published: Mutex<CidrsPublished>,
 }
+
+/// Pool datacenters and CIDRs with published gauges.
+type CidrsPublished = (BTreeSet<(String, String)>, BTreeSet<CidrLabels>);
 
 const CIDR_STATES: [&str; 4] = ["total", "allocated", "excluded", "available"];
 

@@ -39,8 +39,9 @@ pub fn pool_input(pool: &IPAMPool) -> Result<PoolInput, Vec<FieldError>> {
     })
 }
 
-/// Every rule: creation rules, and when `old` is given the update rules (`poolCidr`, `type`,
-/// `allocationPrefix` immutable). Exclusions added (compared as address sets with the old
+/// Every rule: creation rules, and when `old` is given the update rules (`type`,
+/// `allocationPrefix` immutable, `poolCidr` only widened, no held address left outside the
+/// pool's CIDRs). Exclusions added (compared as address sets with the old
 /// ones) must not hit an allocation in `stored`.
 ///
 /// The immutable fields are also checked against `stored` itself, so a changed pool is
@@ -289,9 +290,10 @@ fn exclusions(
     ok.then_some(out)
 }
 
-/// The immutable fields of each datacenter (`type`, `poolCidr`, `allocationPrefix`), compared
-/// with the previous pool when there is one, else with what the stored allocations of that
-/// pool and datacenter show. One message per field, naming the clusters whose allocations are
+/// The fields of each datacenter that may not change (`type`, `allocationPrefix`) or only
+/// grow (`poolCidr`, widened; `additionalCidrs`, whose CIDRs may go only while they hold
+/// nothing), compared with the previous pool when there is one, else with what the stored
+/// allocations of that pool and datacenter show. One message per field, naming the clusters whose allocations are
 /// affected.
 fn immutables(
     new: &IPAMPool,
@@ -366,10 +368,30 @@ fn immutables(
                     (Some(a), Ok(b)) => a.contains(&b.range()),
                     _ => false,
                 };
+                // Holdings this edit would strand: inside the pool before, outside it after (one
+                // already outside, such as a conflict kept as stored, blocks no other edit).
+                let old_cidrs: Option<Vec<Cidr>> = old_cidr.as_ref().ok().and_then(|c| {
+                    let more: Result<Vec<Cidr>, _> = b
+                        .additional_cidrs
+                        .iter()
+                        .map(|t| t.parse::<Cidr>())
+                        .collect();
+                    more.ok()
+                        .map(|more| std::iter::once(*c).chain(more).collect::<Vec<Cidr>>())
+                });
+                let newly_outside: Vec<(&str, &Allocation)> = outside
+                    .iter()
+                    .copied()
+                    .filter(|(_, h)| {
+                        old_cidrs
+                            .as_ref()
+                            .is_none_or(|cs| h.ranges().all(|r| covered(cs, &r)))
+                    })
+                    .collect();
                 if !same && !widened {
                     widen_only(errors, dc, &now.pool_cidr, &b.pool_cidr, &outside);
-                } else if !outside.is_empty() && new_cidrs.is_some() {
-                    stranded(errors, dc, now, &outside);
+                } else if !newly_outside.is_empty() && new_cidrs.is_some() {
+                    stranded(errors, dc, now, &newly_outside);
                 }
             }
             // An unparsable poolCidr is reported by the creation rules already.

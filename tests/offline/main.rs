@@ -533,3 +533,68 @@ fn a_missing_addons_directory_is_named_with_its_flag() {
         format!("error: --addons-dir addons: no such directory (looked in {resolved})\n")
     );
 }
+
+/// Offline, a full pool grows in place: the state file keeps every old allocation as it was,
+/// the waiting cluster gets addresses of the new CIDR, the JSON output has each CIDR's
+/// figures, a re-run changes nothing, and removing the CIDR again is refused with the state
+/// file untouched.
+#[test]
+fn a_full_pool_grows_in_place_in_the_state_file() {
+    let w = Workdir::new("grow");
+    let small = POOL.split("---").next().unwrap_or_default();
+    let pool = w.write("pool.yaml", small);
+    let cl = w.write("clusters.yaml", &clusters(&["a", "b", "c"]));
+    let state = w.path("state.yaml");
+    let first = offline(&[pool.to_str().unwrap(), cl.to_str().unwrap()], &state);
+    assert_eq!(
+        first.status.code(),
+        Some(1),
+        "c waits: {}",
+        text(&first.stdout)
+    );
+    let before = w.read("state.yaml");
+    assert!(before.contains("10.0.0.0-10.0.0.3") && before.contains("10.0.0.4-10.0.0.7"));
+
+    let grown = w.write(
+        "grown.yaml",
+        &small.replace(
+            "      allocationRange: 4\n",
+            "      allocationRange: 4\n      additionalCidrs: [10.5.0.0/30]\n",
+        ),
+    );
+    let files = [grown.to_str().unwrap(), cl.to_str().unwrap()];
+    let second = offline(&files, &state);
+    assert_eq!(second.status.code(), Some(0), "{}", text(&second.stderr));
+    let out = text(&second.stdout);
+    assert!(
+        out.contains("c        small  dc-1        range   10.5.0.0-10.5.0.3")
+            || out.contains("10.5.0.0-10.5.0.3  created"),
+        "{out}"
+    );
+    let after = w.read("state.yaml");
+    // The old allocations are the same documents, byte for byte.
+    let held = before
+        .split("\n---\n")
+        .filter(|d| d.contains("kind: IPAMAllocation") && d.contains("addresses:"));
+    assert_eq!(held.clone().count(), 2, "{before}");
+    for doc in held {
+        assert!(after.contains(doc.trim()), "{doc} changed:\n{after}");
+    }
+    // The same plan as data: each CIDR's figures.
+    let mut args = vec!["offline", "-o", "json", "--state", state.to_str().unwrap()];
+    for f in files {
+        args.extend(["-f", f]);
+    }
+    let json: serde_json::Value = serde_json::from_slice(&kipam(&args).stdout).expect("json");
+    let cidrs = &json["usage"][0]["cidrs"];
+    assert_eq!(cidrs[1]["cidr"], "10.5.0.0/30", "{json}");
+    assert_eq!(cidrs[1]["allocated"], "4", "{json}");
+    assert_eq!(w.read("state.yaml"), after, "a re-run rewrites nothing");
+
+    // The CIDR that now holds c cannot go: refused, nothing written.
+    let third = offline(&[pool.to_str().unwrap(), cl.to_str().unwrap()], &state);
+    assert_ne!(third.status.code(), Some(0));
+    let err = text(&third.stderr);
+    assert!(err.contains("c (10.5.0.0-10.5.0.3)"), "{err}");
+    assert_eq!(w.read("state.yaml"), after);
+}

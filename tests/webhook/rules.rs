@@ -712,4 +712,23 @@ fn a_pool_network_is_checked_and_may_change() {
             "spec.datacenters[dc-1].network.mtu \"9217\": must be between 576 and 9216",
         ],
     );
+#[test]
+fn a_holding_already_outside_the_pool_blocks_no_other_edit() {
+    // c5's allocation lies outside the pool already (made by hand): it is reported elsewhere,
+    // and raising allocationRange is no edit that strands it.
+    let seed = grown_seed().allocation(allocation_json(
+        "c5",
+        "metallb",
+        "dc-1",
+        &["10.77.0.0-10.77.0.3"],
+    ));
+    let mut new = grown_pool();
+    new["spec"]["datacenters"]["dc-1"]["allocationRange"] = json!(12);
+    allowed(&seed.decide(&request(
+        "ipampools",
+        "UPDATE",
+        HUMAN,
+        Some(new),
+        Some(grown_pool()),
+    )));
 }
