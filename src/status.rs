@@ -34,14 +34,29 @@ pub struct Overlap {
     pub datacenter: String,
     pub other_pool: String,
     pub other_datacenter: String,
+    /// Both pools list the same datacenter in the same address space: the addresses they
+    /// share are handed out once for both (the planner enforces it). Otherwise the overlap
+    /// is across datacenters or address spaces, where the same address may be handed out
+    /// once on each side.
+    pub shared: bool,
 }
 
 impl Overlap {
     fn describe(&self) -> String {
         if self.pool == self.other_pool {
             format!(
-                "datacenters {} and {} share addresses",
+                "datacenters {} and {} share addresses (separate address spaces: an address may be handed out in each)",
                 self.datacenter, self.other_datacenter
+            )
+        } else if self.shared {
+            format!(
+                "datacenter {} overlaps pool {} in the same address space: an address held through either is taken for both",
+                self.datacenter, self.other_pool
+            )
+        } else if self.datacenter == self.other_datacenter {
+            format!(
+                "datacenter {} overlaps pool {} in another address space: an address may be handed out in each",
+                self.datacenter, self.other_pool
             )
         } else {
             format!(
@@ -56,10 +71,15 @@ impl Overlap {
 /// across its datacenters (legal, as KKP allows, but worth knowing). Each pair is reported
 /// from both sides.
 pub fn find_overlaps(pools: &[PoolInput]) -> Vec<Overlap> {
-    let mut all: Vec<(&str, &str, AddrRange)> = Vec::new();
+    let mut all: Vec<(&str, &str, AddrRange, &str)> = Vec::new();
     for pool in pools {
         for (dc, input) in &pool.datacenters {
-            all.push((&pool.name, dc, input.config.cidr.range()));
+            all.push((
+                &pool.name,
+                dc,
+                input.config.cidr.range(),
+                &pool.address_space,
+            ));
         }
     }
     let mut out = Vec::new();
@@ -68,17 +88,20 @@ pub fn find_overlaps(pools: &[PoolInput]) -> Vec<Overlap> {
             let same_pool = a.0 == b.0;
             let same_dc = a.1 == b.1;
             if (same_pool || same_dc) && a.2.overlaps(&b.2) {
+                let shared = !same_pool && same_dc && a.3 == b.3;
                 out.push(Overlap {
                     pool: a.0.into(),
                     datacenter: a.1.into(),
                     other_pool: b.0.into(),
                     other_datacenter: b.1.into(),
+                    shared,
                 });
                 out.push(Overlap {
                     pool: b.0.into(),
                     datacenter: b.1.into(),
                     other_pool: a.0.into(),
                     other_datacenter: a.1.into(),
+                    shared,
                 });
             }
         }
@@ -171,6 +194,7 @@ pub fn pool_status(
     let mut datacenters = BTreeMap::new();
     let mut max_percent: Option<u8> = None;
     let mut allocations = 0i64;
+    let mut quarantined = crate::address::AddressCount::ZERO;
     let mut busiest = String::new();
     for r in reports {
         let u = &r.usage;
@@ -180,6 +204,7 @@ pub fn pool_status(
             busiest = r.datacenter.clone();
         }
         allocations += u.allocations as i64;
+        quarantined = quarantined.saturating_add(u.quarantined);
         datacenters.insert(
             r.datacenter.clone(),
             DatacenterUsage {
@@ -191,6 +216,7 @@ pub fn pool_status(
                 largest_free_block: u.largest_free_block.to_string(),
                 fragmentation_percent: u.fragmentation_percent as i32,
                 utilisation_percent: percent as i32,
+                quarantined: Some(u.quarantined.to_string()),
             },
         );
     }
@@ -304,6 +330,7 @@ pub fn pool_status(
         datacenters,
         max_utilisation_percent: max_percent.map(|p| p as i32),
         allocations: Some(allocations),
+        quarantined: Some(quarantined.to_string()),
     };
     (status, events)
 }
@@ -358,6 +385,8 @@ mod tests {
                 allocations: 1,
                 largest_free_block: (total - allocated).into(),
                 fragmentation_percent: 0,
+                quarantined: AddressCount::ZERO,
+                shared: AddressCount::ZERO,
             },
         }
     }
@@ -382,10 +411,12 @@ mod tests {
                         crate::planner::DatacenterInput {
                             config,
                             exclusions: vec![],
+                            reuse_after: 0,
                         },
                     )
                 })
                 .collect(),
+            address_space: String::new(),
         }
     }
 

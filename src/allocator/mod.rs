@@ -5,12 +5,14 @@
 //! the size of the pool: an IPv6 `::/0` range pool is as cheap as a /28.
 
 mod allocation;
+mod aside;
 mod config;
 mod error;
 mod interval_set;
 mod usage;
 
 pub use allocation::Allocation;
+pub use aside::Aside;
 pub use config::{PoolConfig, PoolKind, Request, Strategy};
 pub use error::{AllocError, ClaimOrigin};
 pub use usage::PoolUsage;
@@ -33,6 +35,12 @@ pub struct PoolAllocator {
     taken: BTreeMap<u128, (u128, Arc<str>)>,
     holders: HashMap<Arc<str>, Allocation>,
     allocated: AddressCount,
+    /// Addresses set aside (see `aside`): tag -> (why, pieces).
+    aside: HashMap<Arc<str>, (Aside, Vec<AddrRange>)>,
+    /// Set-aside pieces: start -> (last, tag).
+    aside_taken: BTreeMap<u128, (u128, Arc<str>)>,
+    quarantined: AddressCount,
+    shared: AddressCount,
 }
 
 /// What [`PoolAllocator::grow`] did.
@@ -86,6 +94,10 @@ impl PoolAllocator {
             taken: BTreeMap::new(),
             holders: HashMap::new(),
             allocated: AddressCount::ZERO,
+            aside: HashMap::new(),
+            aside_taken: BTreeMap::new(),
+            quarantined: AddressCount::ZERO,
+            shared: AddressCount::ZERO,
         })
     }
 
@@ -138,6 +150,8 @@ impl PoolAllocator {
             allocations: self.holders.len(),
             largest_free_block: largest,
             fragmentation_percent,
+            quarantined: self.quarantined,
+            shared: self.shared,
         }
     }
 
@@ -379,6 +393,7 @@ impl PoolAllocator {
         }
         let holder = self
             .first_holder_in(piece.first(), piece.last())
+            .or_else(|| self.first_aside_in(piece.first(), piece.last()))
             .unwrap_or_default()
             .to_string();
         Err(AllocError::Taken {

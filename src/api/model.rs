@@ -30,6 +30,10 @@ pub struct PoolBody {
     #[serde(default, skip_serializing)]
     #[schemars(with = "Option<bool>")]
     pub deleting: Option<serde::de::IgnoredAny>,
+    /// The address space (routing domain) the pool's networks live in; absent for the
+    /// default space shared by every pool of a datacenter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_space: Option<String>,
 }
 
 /// The pool's settings in one datacenter, as written.
@@ -53,6 +57,9 @@ pub struct DatacenterBody {
     #[serde(default, skip_serializing)]
     #[schemars(with = "Option<UsageView>")]
     pub usage: Option<serde::de::IgnoredAny>,
+    /// How long a released address stays quarantined (`10m`, `24h`, `7d`; default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reuse_after: Option<String>,
 }
 
 /// A pool as the API answers it.
@@ -65,6 +72,8 @@ pub struct PoolView {
     /// The pool is being deleted (its allocations are being released).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deleting: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_space: Option<String>,
 }
 
 /// One datacenter of a pool, with its usage.
@@ -86,6 +95,8 @@ pub struct DatacenterView {
     /// Read-only, as last computed by the controller; absent until it has looked at the pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<UsageView>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reuse_after: Option<String>,
 }
 
 /// Usage of a pool in one datacenter. Address counts are exact decimal strings (an IPv6
@@ -101,6 +112,9 @@ pub struct UsageView {
     pub utilisation_percent: i32,
     pub fragmentation_percent: i32,
     pub allocations: i64,
+    /// Addresses quarantined for their former holders (`reuseAfter`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantined: Option<String>,
 }
 
 /// One cluster's allocation from a pool.
@@ -140,6 +154,7 @@ impl PoolView {
                     utilisation_percent: u.utilisation_percent,
                     fragmentation_percent: u.fragmentation_percent,
                     allocations: u.allocations,
+                    quarantined: u.quarantined.clone(),
                 });
                 let view = DatacenterView {
                     type_: s.type_,
@@ -150,6 +165,7 @@ impl PoolView {
                     exclude_prefixes: s.exclude_prefixes.clone(),
                     strategy: s.strategy.unwrap_or_default(),
                     usage,
+                    reuse_after: s.reuse_after.clone(),
                 };
                 (dc.clone(), view)
             })
@@ -159,6 +175,7 @@ impl PoolView {
             datacenters,
             reclaim_policy: pool.spec.reclaim_policy,
             deleting: pool.metadata.deletion_timestamp.is_some(),
+            address_space: pool.spec.address_space.clone(),
         }
     }
 }
@@ -181,12 +198,19 @@ impl Serialize for PoolViewRef<'_> {
         use serde::ser::SerializeStruct;
         let pool = self.0;
         let deleting = pool.metadata.deletion_timestamp.is_some();
-        let mut out = serializer.serialize_struct("PoolView", 3 + usize::from(deleting))?;
+        let space = pool.spec.address_space.as_ref();
+        let mut out = serializer.serialize_struct(
+            "PoolView",
+            3 + usize::from(deleting) + usize::from(space.is_some()),
+        )?;
         out.serialize_field("name", pool.metadata.name.as_deref().unwrap_or_default())?;
         out.serialize_field("datacenters", &DatacentersRef(pool))?;
         out.serialize_field("reclaimPolicy", &pool.spec.reclaim_policy)?;
         if deleting {
             out.serialize_field("deleting", &true)?;
+        }
+        if let Some(space) = space {
+            out.serialize_field("addressSpace", space)?;
         }
         out.end()
     }
@@ -231,6 +255,9 @@ impl Serialize for DatacenterRef<'_> {
         if let Some(u) = self.usage {
             out.serialize_field("usage", &UsageRef(u))?;
         }
+        if let Some(r) = &s.reuse_after {
+            out.serialize_field("reuseAfter", r)?;
+        }
         out.end()
     }
 }
@@ -248,6 +275,9 @@ impl Serialize for UsageRef<'_> {
         out.serialize_field("utilisationPercent", &u.utilisation_percent)?;
         out.serialize_field("fragmentationPercent", &u.fragmentation_percent)?;
         out.serialize_field("allocations", &u.allocations)?;
+        if let Some(q) = &u.quarantined {
+            out.serialize_field("quarantined", q)?;
+        }
         out.end()
     }
 }
@@ -271,6 +301,7 @@ impl PoolBody {
                         .then(|| s.exclude_prefixes.clone()),
                     strategy: s.strategy,
                     usage: None,
+                    reuse_after: s.reuse_after.clone(),
                 };
                 (dc.clone(), body)
             })
@@ -280,6 +311,7 @@ impl PoolBody {
             datacenters,
             reclaim_policy: Some(pool.spec.reclaim_policy),
             deleting: None,
+            address_space: pool.spec.address_space.clone(),
         }
     }
 
@@ -298,11 +330,13 @@ impl PoolBody {
                         exclude_ranges: b.exclude_ranges.clone().unwrap_or_default(),
                         exclude_prefixes: b.exclude_prefixes.clone().unwrap_or_default(),
                         strategy: b.strategy,
+                        reuse_after: b.reuse_after.clone(),
                     };
                     (dc.clone(), settings)
                 })
                 .collect(),
             reclaim_policy: self.reclaim_policy.unwrap_or_default(),
+            address_space: self.address_space.clone(),
         }
     }
 }

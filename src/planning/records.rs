@@ -238,6 +238,89 @@ pub async fn commit(
     run(ctx, pool, key, target).await
 }
 
+/// Raises the fence of every shard of `key` — the record of another pool of the same address
+/// space — covering `added` (addresses a commit of this replica is about to hand out in the
+/// overlapping pool), creating the shards that do not exist yet. Each raise is a real write
+/// (it changes `spec.fence`, so the shard gets a new `resourceVersion`) conditional on the
+/// version this replica holds: it fails if anybody wrote the shard since, and any commit of
+/// the other pool planned on the version before it fails in turn. See `docs/design.md`.
+pub async fn raise_fences(
+    ctx: &Context,
+    pool: &IPAMPool,
+    key: &RecordKey,
+    added: &[crate::address::AddrRange],
+) -> Result<u64, CommitError> {
+    let layout = layout(pool, key)?;
+    let blocks = layout
+        .blocks_covering(added.iter().copied())
+        .map_err(|why| {
+            CommitError::Unsplittable(format!("pool record of {}/{}: {why}", key.0, key.1))
+        })?;
+    let mut sent = 0;
+    for block in blocks {
+        let name = shards::shard_name(&key.0, &key.1, &block);
+        let current = {
+            let records = ctx.records.lock().await;
+            records.map.get(key).and_then(|s| s.get(&name)).map(|h| {
+                (
+                    h.record.resource_version(),
+                    h.record.spec.fence.unwrap_or(0),
+                )
+            })
+        };
+        sent += 1;
+        let Some((version, fence)) = current else {
+            let write = prepare(None, pool, key, &name, Some(block), Changes::new())?;
+            let Write::Create(mut record) = write else {
+                return Err(conflict(format!(
+                    "pool record {name}: expected a new shard"
+                )));
+            };
+            record.spec.fence = Some(1);
+            send(ctx, key, Write::Create(record)).await?;
+            continue;
+        };
+        let Some(version) = version.filter(|v| !v.is_empty()) else {
+            return Err(conflict(format!(
+                "pool record {name}: the copy held carries no resourceVersion to commit on"
+            )));
+        };
+        let next = fence.saturating_add(1);
+        let body = json!({"metadata": {"resourceVersion": version}, "spec": {"fence": next}});
+        let pp = PatchParams {
+            field_manager: Some("kipam".into()),
+            ..Default::default()
+        };
+        let api: Api<IPAMPoolRecord> = Api::all(ctx.writer.clone());
+        ctx.metrics.wrote("patch", "ipampoolrecords");
+        let written = match api.patch_metadata(&name, &pp, &Patch::Merge(&body)).await {
+            Ok(w) => w,
+            Err(e) => return Err(failed(ctx, key, &name, e.into()).await),
+        };
+        let outcome = ctx
+            .records
+            .lock()
+            .await
+            .fenced(key, &name, &version, next, written.metadata);
+        match outcome {
+            Patched::Applied => {}
+            Patched::Moved => refresh(ctx, key, &name).await,
+            Patched::Diverged => {
+                return Err(failed(
+                    ctx,
+                    key,
+                    &name,
+                    conflict(format!(
+                        "pool record {name}: the server kept the version of a fence raise"
+                    )),
+                )
+                .await);
+            }
+        }
+    }
+    Ok(sent)
+}
+
 /// Writes the record of `key` with `changes` applied to the copy this replica holds (`None`
 /// removes a cluster's entry), each shard conditional on the version of its copy, like
 /// [`commit`]. For callers that already know what changes: no comparison of the whole record.
@@ -329,6 +412,7 @@ fn prepare(
                     .into_iter()
                     .filter_map(|(k, v)| Some((k, v?)))
                     .collect(),
+                fence: None,
             },
         };
         if json_size(&record) > MAX_RECORD_BYTES {
@@ -654,6 +738,7 @@ mod tests {
                 datacenter: "dc-1".into(),
                 block: None,
                 reservations: entries,
+                fence: None,
             },
         }]);
         records

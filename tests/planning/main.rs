@@ -2,6 +2,7 @@
 
 mod incremental;
 mod planner;
+mod spaces;
 mod validation;
 
 use kipam::planner::{ClusterInput, PoolInput, StoredAllocation};

@@ -396,6 +396,8 @@ async fn gather(
                 pools: i.pool_inputs,
                 clusters: i.cluster_inputs,
                 stored: i.stored,
+                quarantined: i.quarantined,
+                now: inputs::unix_now(),
             },
             pool_errors: i.pool_errors,
             deleting_pools: i.deleting_pools,
