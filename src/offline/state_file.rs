@@ -81,7 +81,7 @@ pub fn read_state(path: &Path) -> Result<(Vec<IPAMAllocation>, Vec<IPAMPoolRecor
         let obj = match read {
             Ok(Doc::Allocation(obj)) => obj,
             Ok(Doc::Record(record)) => {
-                records.push(*record);
+                records.push(record);
                 continue;
             }
             Err(found) => {
@@ -118,10 +118,11 @@ struct StateDocs(Vec<(Option<u64>, DocResult)>);
 type DocResult = Result<Doc, Vec<(Option<u64>, String)>>;
 
 /// One document of the state file.
+#[allow(clippy::large_enum_variant)] // nearly every document is an allocation
 enum Doc {
     Allocation(IPAMAllocation),
     /// The quarantine of one pool datacenter.
-    Record(Box<IPAMPoolRecord>),
+    Record(IPAMPoolRecord),
 }
 
 impl yaml::DocumentSink for StateDocs {
@@ -139,7 +140,7 @@ fn read_document(doc: &RawNode, index: usize) -> DocResult {
     let api_version = doc.get_str("apiVersion").unwrap_or("");
     if kind == "IPAMPoolRecord" && api_version == API_VERSION {
         return serde_json::from_value::<IPAMPoolRecord>(doc.to_json())
-            .map(|r| Doc::Record(Box::new(r)))
+            .map(Doc::Record)
             .or_else(|e| at_doc(format!("IPAMPoolRecord (quarantine): {e}")));
     }
     if kind != "IPAMAllocation" {
