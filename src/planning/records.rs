@@ -321,6 +321,58 @@ pub async fn raise_fences(
     Ok(sent)
 }
 
+/// [`commit`] for a pool datacenter that shares addresses with others of its address space
+/// (`others`: their pools and record keys; none makes it [`commit`]): first the fences of the
+/// other pools' shards covering the addresses this commit adds are raised
+/// ([`raise_fences`]), and only once all of them landed is the record of `key` committed. A
+/// replica planning on a stale view of any of those shards is refused before it has written
+/// anything.
+pub async fn commit_shared(
+    ctx: &Context,
+    pool: &IPAMPool,
+    key: &RecordKey,
+    reservations: BTreeMap<String, Reservation>,
+    check: BTreeSet<String>,
+    others: &[(IPAMPool, RecordKey)],
+) -> Result<u64, CommitError> {
+    let mut raised = 0;
+    if !others.is_empty() {
+        let added = added_addresses(ctx, key, &reservations).await;
+        if !added.is_empty() {
+            for (other_pool, other) in others {
+                raised += raise_fences(ctx, other_pool, other, &added).await?;
+            }
+        }
+    }
+    Ok(commit(ctx, pool, key, reservations, check).await? + raised)
+}
+
+/// The addresses `desired` lists that the record of `key` (as this replica holds it) does not
+/// list for the same entry: what a commit of it hands out.
+async fn added_addresses(
+    ctx: &Context,
+    key: &RecordKey,
+    desired: &BTreeMap<String, Reservation>,
+) -> Vec<crate::address::AddrRange> {
+    let held: BTreeMap<String, Reservation> = ctx.records.lock().await.joined(key).collect();
+    let mut added = Vec::new();
+    for (entry, wanted) in desired {
+        let Ok(wanted) = crate::reservations::allocation_of(wanted) else {
+            continue;
+        };
+        let had: Vec<crate::address::AddrRange> = held
+            .get(entry)
+            .and_then(|r| crate::reservations::allocation_of(r).ok())
+            .map(|a| a.ranges().collect())
+            .unwrap_or_default();
+        added.extend(crate::reservations::subtract_ranges(
+            wanted.ranges().collect(),
+            had,
+        ));
+    }
+    added
+}
+
 /// Writes the record of `key` with `changes` applied to the copy this replica holds (`None`
 /// removes a cluster's entry), each shard conditional on the version of its copy, like
 /// [`commit`]. For callers that already know what changes: no comparison of the whole record.

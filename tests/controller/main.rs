@@ -17,5 +17,6 @@ mod quiet;
 mod records;
 mod selfsigned;
 mod serving;
+mod spaces;
 mod walkthrough;
 mod webhook;

@@ -98,21 +98,7 @@ pub(super) async fn commit_records(
                         .map(|o| (o.namespace(), o.name(), o.spec())),
                 );
                 reservations::add_quarantine(&mut desired, &key.0, &key.1, &plan.quarantined);
-                let mut raised = 0;
-                if !fences.is_empty() {
-                    let added = added_addresses(ctx, &key, &desired).await;
-                    if !added.is_empty() {
-                        for (other_pool, other) in &fences {
-                            match records::raise_fences(ctx, other_pool, other, &added).await {
-                                Ok(n) => raised += n,
-                                Err(e) => return (key, Err(Some(e))),
-                            }
-                        }
-                    }
-                }
-                let r = records::commit(ctx, &pool, &key, desired, check)
-                    .await
-                    .map(|n| n + raised);
+                let r = records::commit_shared(ctx, &pool, &key, desired, check, &fences).await;
                 (key, r.map_err(Some))
             });
         }
@@ -192,31 +178,4 @@ pub(super) async fn commit_records(
         }
     }
     current
-}
-
-/// The addresses `desired` lists that the record of `key` (as this replica holds it) does not
-/// list for the same entry: what the commit is about to hand out.
-async fn added_addresses(
-    ctx: &Context,
-    key: &RecordKey,
-    desired: &BTreeMap<String, crate::resources::Reservation>,
-) -> Vec<crate::address::AddrRange> {
-    let held: BTreeMap<String, crate::resources::Reservation> =
-        ctx.records.lock().await.joined(key).collect();
-    let mut added = Vec::new();
-    for (entry, wanted) in desired {
-        let Ok(wanted) = reservations::allocation_of(wanted) else {
-            continue;
-        };
-        let had: Vec<crate::address::AddrRange> = held
-            .get(entry)
-            .and_then(|r| reservations::allocation_of(r).ok())
-            .map(|a| a.ranges().collect())
-            .unwrap_or_default();
-        added.extend(reservations::subtract_ranges(
-            wanted.ranges().collect(),
-            had,
-        ));
-    }
-    added
 }
