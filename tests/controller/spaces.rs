@@ -341,3 +341,110 @@ async fn two_replicas_and_a_frozen_leader_never_share_an_address_across_pools() 
     check(&seed, "the end");
     assert_eq!(seed.assert_no_overlap_no_leak(), 2 * created);
 }
+
+/// A pool whose released addresses wait an hour, and a pool sharing its network.
+const QUARANTINE_POOLS: &str = "
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: edge}
+spec:
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.0.0.0/28, allocationRange: 4, reuseAfter: 1h}
+---
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: vip}
+spec:
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.0.0.0/28, allocationRange: 1}
+";
+
+/// The quarantine entries of the pool records, as stored: (pool, entry name, addresses).
+fn quarantine_entries(seed: &Seed) -> Vec<(String, String, Vec<String>)> {
+    let mut out = Vec::new();
+    for r in seed.api.list("ipampoolrecords", None) {
+        let r: IPAMPoolRecord = serde_json::from_value(r).unwrap();
+        for (name, entry) in r.spec.reservations {
+            if name.starts_with("quarantined/") {
+                out.push((r.spec.pool.clone(), name, entry.addresses));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Two replicas. A cluster is deleted: its addresses go to quarantine, in the pool record.
+/// The leader is killed in the middle of the quarantine; the new leader, reading the record,
+/// gives a newcomer other addresses (in both pools of the space), and gives the deleted
+/// cluster, created again, exactly its old ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_change_in_the_middle_of_a_quarantine_hands_nothing_out() {
+    let seed = Seed::start("quarantine-failover").await;
+    seed.apply(QUARANTINE_POOLS);
+    let mut ctls = [seed.controller("r0"), seed.controller("r1")];
+    seed.cluster("web", "dc-1");
+    seed.wait_for("web allocated", Duration::from_secs(30), "r0", |s| {
+        s.phase("web", "edge") == "Allocated" && s.phase("web", "vip") == "Allocated"
+    })
+    .await;
+    let held = seed.held("web", "edge");
+    assert_eq!(held, "10.0.0.0-10.0.0.3");
+
+    seed.delete("clusters", None, "web");
+    seed.wait_for(
+        "web's addresses quarantined in the record",
+        Duration::from_secs(30),
+        "r0",
+        |s| {
+            s.get("clusters", None, "web").is_none()
+                && s.allocation("web", "edge").is_none()
+                && quarantine_entries(s).iter().any(|(p, n, a)| {
+                    p == "edge" && n.starts_with("quarantined/web@") && a == &vec![held.clone()]
+                })
+                && !s
+                    .api
+                    .list("ipampoolrecords", None)
+                    .iter()
+                    .any(|r| r["spec"]["reservations"].get("web").is_some())
+        },
+    )
+    .await;
+
+    // The leader dies without handing over; the other replica takes over.
+    let leader = seed.lease_holder();
+    let (dead, survivor) = if leader == "r0" { (0, "r1") } else { (1, "r0") };
+    ctls[dead].kill();
+    seed.cluster("api", "dc-1");
+    seed.wait_for(
+        "the survivor serves the newcomer",
+        Duration::from_secs(60),
+        survivor,
+        |s| s.phase("api", "edge") == "Allocated" && s.phase("api", "vip") == "Allocated",
+    )
+    .await;
+    assert_eq!(seed.lease_holder(), survivor);
+    assert_eq!(seed.held("api", "edge"), "10.0.0.4-10.0.0.7", "not web's");
+    // The other pool of the space does not hand them out either.
+    assert_eq!(seed.held("api", "vip"), "10.0.0.8-10.0.0.8");
+    let status = seed.get("ipampools", None, "edge").unwrap();
+    assert_eq!(status["status"]["datacenters"]["dc-1"]["quarantined"], "4");
+    assert_eq!(status["status"]["quarantined"], "4");
+
+    // web comes back within the hour: exactly its old addresses, and the quarantine is gone.
+    seed.cluster("web", "dc-1");
+    seed.wait_for("web is back", Duration::from_secs(30), survivor, |s| {
+        s.phase("web", "edge") == "Allocated"
+    })
+    .await;
+    assert_eq!(seed.held("web", "edge"), held);
+    seed.wait_for(
+        "the quarantine entry is trimmed",
+        Duration::from_secs(30),
+        survivor,
+        |s| quarantine_entries(s).iter().all(|(p, _, _)| p != "edge"),
+    )
+    .await;
+    assert!(cross_pool_overlaps(&seed).is_empty());
+    assert_eq!(seed.assert_no_overlap_no_leak(), 4);
+}
