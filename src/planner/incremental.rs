@@ -69,14 +69,21 @@ pub fn plan_pools(inputs: &PlanInputs, only: &BTreeSet<String>) -> Plan {
 
 /// [`plan_pools`], also giving the allocators those pools ended with.
 pub fn plan_pools_keeping(inputs: &PlanInputs, only: &BTreeSet<String>) -> (Plan, PoolStates) {
-    let mut widened;
-    let only = if only.is_empty() {
-        only
-    } else {
-        widened = only.clone();
+    let mut widened = only.clone();
+    if !only.is_empty() {
         close_over_spaces(&inputs.pools, &inputs.pools, &mut widened);
-        &widened
-    };
+    }
+    plan_closed_pools_keeping(inputs, &widened)
+}
+
+/// [`plan_pools_keeping`] of a set of pools already closed over the address spaces (every
+/// pool sharing addresses with one of them is in it; see [`close_over_spaces`] and
+/// [`space_groups`](super::space_groups)): nothing is widened, so a caller planning many
+/// pools one group at a time pays nothing per group for finding the groups.
+pub fn plan_closed_pools_keeping(
+    inputs: &PlanInputs,
+    only: &BTreeSet<String>,
+) -> (Plan, PoolStates) {
     // Borrowed, not copied: a burst replans every pool, and a copy of every stored
     // allocation would be held beside the original while the plan is made.
     let pools: Vec<&PoolInput> = inputs

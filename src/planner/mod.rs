@@ -23,12 +23,14 @@ mod output;
 mod spaces;
 
 pub use fast::{PoolStates, serve_new};
-pub use incremental::{PlanInputs, changed_pools, plan_pools, plan_pools_keeping};
+pub use incremental::{
+    PlanInputs, changed_pools, plan_closed_pools_keeping, plan_pools, plan_pools_keeping,
+};
 pub use input::{
     ClusterInput, DatacenterInput, PoolInput, PoolOverride, Quarantined, StoredAllocation,
 };
 pub use output::{Change, DatacenterReport, Decision, Plan};
-pub use spaces::{close_over_spaces, space_siblings};
+pub use spaces::{close_over_spaces, space_groups, space_siblings};
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -84,6 +84,24 @@ pub fn space_siblings(pools: &[PoolInput]) -> HashMap<Key, Vec<Key>> {
     siblings(&refs)
 }
 
+/// Pool -> every pool it shares addresses with, directly or through others, itself included;
+/// pools that share nothing are absent.
+pub fn space_groups(pools: &[PoolInput]) -> HashMap<String, BTreeSet<String>> {
+    let mut out: HashMap<String, BTreeSet<String>> = HashMap::new();
+    let edges = space_siblings(pools);
+    for (pool, _) in edges.keys() {
+        if out.contains_key(pool) {
+            continue;
+        }
+        let mut group = BTreeSet::from([pool.clone()]);
+        close_over_spaces(pools, &[], &mut group);
+        for member in &group {
+            out.insert(member.clone(), group.clone());
+        }
+    }
+    out
+}
+
 /// Widens `set` to every pool that shares addresses, directly or through others, with a pool
 /// in it, under the settings of `before` or of `after`.
 pub fn close_over_spaces(before: &[PoolInput], after: &[PoolInput], set: &mut BTreeSet<String>) {
