@@ -245,20 +245,24 @@ pub fn parse_reuse_after(text: &str) -> Result<u64, String> {
     if trimmed == "0" {
         return Ok(0);
     }
-    let parsed: k8s_openapi::jiff::SignedDuration = trimmed.parse().map_err(|_| {
-        "is not a duration: write it as 30s, 10m, 1h30m or 7d (at most 90d)".to_string()
-    })?;
-    if parsed.is_negative() {
+    use k8s_openapi::jiff::{Span, SpanTotal, Unit};
+    let not_a_duration =
+        || "is not a duration: write it as 30s, 10m, 1h30m or 7d (at most 90d)".to_string();
+    let span: Span = trimmed.parse().map_err(|_| not_a_duration())?;
+    if span.is_negative() {
         return Err("must not be negative".into());
     }
-    if parsed.subsec_nanos() != 0 {
+    // Days (and weeks) of 24 hours; months and years have no fixed length and are refused.
+    let total = span
+        .total(SpanTotal::from(Unit::Second).days_are_24_hours())
+        .map_err(|_| not_a_duration())?;
+    if total.fract() != 0.0 {
         return Err("must be whole seconds".into());
     }
-    let seconds = parsed.as_secs() as u64;
-    if seconds > MAX_REUSE_AFTER_SECONDS {
+    if total > MAX_REUSE_AFTER_SECONDS as f64 {
         return Err("must be at most 90 days (90d)".into());
     }
-    Ok(seconds)
+    Ok(total as u64)
 }
 
 /// Parses exclusions and checks family and containment.

@@ -4,6 +4,7 @@
 mod docs;
 mod files;
 mod mutations;
+mod quarantine;
 mod strict;
 
 use std::path::{Path, PathBuf};

@@ -224,7 +224,12 @@ pub(super) fn plan(
         }
         let only = match groups.get(pool) {
             Some(group) => {
-                planned.extend(group.iter().filter_map(|g| dirty.get(g)).map(String::as_str));
+                planned.extend(
+                    group
+                        .iter()
+                        .filter_map(|g| dirty.get(g))
+                        .map(String::as_str),
+                );
                 group.clone()
             }
             None => BTreeSet::from([pool.clone()]),
