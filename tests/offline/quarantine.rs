@@ -53,6 +53,9 @@ fn time(seconds: i64) -> String {
     kipam::offline::quarantine::time_text(seconds)
 }
 
+/// A removed cluster: its datacenter, when, and pool -> the addresses it held.
+type Gone = (String, i64, BTreeMap<String, BTreeSet<u128>>);
+
 /// (space, dc, address) -> (cluster, pool) of what the state holds.
 type Holdings = BTreeMap<(String, String, u128), (String, String)>;
 
@@ -64,8 +67,7 @@ fn run_events(events: &[Event], w: &Workdir) -> Result<(), TestCaseError> {
     // (space, dc, address) -> (former holder, released at, reuseAfter)
     let mut released: BTreeMap<(String, String, u128), (String, i64, i64)> = BTreeMap::new();
     // cluster -> (dc, removed at, pool -> addresses)
-    let mut gone: BTreeMap<String, (String, i64, BTreeMap<String, BTreeSet<u128>>)> =
-        BTreeMap::new();
+    let mut gone: BTreeMap<String, Gone> = BTreeMap::new();
     let state = w.path("state.yaml");
     for (step, e) in events.iter().enumerate() {
         let name = |c: &usize| format!("c{c}");
