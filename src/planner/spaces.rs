@@ -87,14 +87,28 @@ pub fn space_siblings(pools: &[PoolInput]) -> HashMap<Key, Vec<Key>> {
 /// Pool -> every pool it shares addresses with, directly or through others, itself included;
 /// pools that share nothing are absent.
 pub fn space_groups(pools: &[PoolInput]) -> HashMap<String, BTreeSet<String>> {
-    let mut out: HashMap<String, BTreeSet<String>> = HashMap::new();
     let edges = space_siblings(pools);
-    for (pool, _) in edges.keys() {
-        if out.contains_key(pool) {
+    // Connected components over the sharing edges, each found once.
+    let mut neighbours: HashMap<&str, Vec<&str>> = HashMap::new();
+    for ((pool, _), others) in &edges {
+        let list = neighbours.entry(pool.as_str()).or_default();
+        list.extend(others.iter().map(|(p, _)| p.as_str()));
+    }
+    let mut out: HashMap<String, BTreeSet<String>> = HashMap::new();
+    let starts: Vec<&str> = neighbours.keys().copied().collect();
+    for start in starts {
+        if out.contains_key(start) {
             continue;
         }
-        let mut group = BTreeSet::from([pool.clone()]);
-        close_over_spaces(pools, &[], &mut group);
+        let mut group = BTreeSet::from([start.to_string()]);
+        let mut todo = vec![start];
+        while let Some(pool) = todo.pop() {
+            for other in neighbours.get(pool).into_iter().flatten() {
+                if group.insert(other.to_string()) {
+                    todo.push(other);
+                }
+            }
+        }
         for member in &group {
             out.insert(member.clone(), group.clone());
         }

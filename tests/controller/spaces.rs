@@ -448,3 +448,59 @@ async fn a_leader_change_in_the_middle_of_a_quarantine_hands_nothing_out() {
     assert!(cross_pool_overlaps(&seed).is_empty());
     assert_eq!(seed.assert_no_overlap_no_leak(), 4);
 }
+
+/// A quarantine that ends frees its addresses by itself: a cluster waiting for room gets them
+/// within a second or two of the end, not at the next resync (five minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_waiting_for_room_gets_quarantined_addresses_when_the_quarantine_ends() {
+    let seed = Seed::start("quarantine-ends").await;
+    seed.apply(
+        "
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: tiny}
+spec:
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.0.0.0/30, allocationRange: 4, reuseAfter: 8s}
+",
+    );
+    let _ctl = seed.controller("r0");
+    seed.cluster("web", "dc-1");
+    seed.wait_for("web allocated", Duration::from_secs(30), "r0", |s| {
+        s.phase("web", "tiny") == "Allocated"
+    })
+    .await;
+    seed.delete("clusters", None, "web");
+    seed.wait_for(
+        "web gone, its addresses quarantined",
+        Duration::from_secs(30),
+        "r0",
+        |s| {
+            s.get("clusters", None, "web").is_none()
+                && quarantine_entries(s).iter().any(|(p, _, _)| p == "tiny")
+        },
+    )
+    .await;
+    let released = Instant::now();
+    seed.cluster("api", "dc-1");
+    seed.wait_for(
+        "api waits: the pool is quarantined",
+        Duration::from_secs(10),
+        "r0",
+        |s| s.phase("api", "tiny") == "Failed",
+    )
+    .await;
+    assert!(
+        released.elapsed() < Duration::from_secs(8),
+        "checked within the quarantine"
+    );
+    seed.wait_for(
+        "api gets the addresses once the quarantine ends",
+        Duration::from_secs(15),
+        "r0",
+        |s| s.phase("api", "tiny") == "Allocated",
+    )
+    .await;
+    assert_eq!(seed.held("api", "tiny"), "10.0.0.0-10.0.0.3");
+    assert!(quarantine_entries(&seed).is_empty(), "the entry is trimmed");
+}

@@ -468,3 +468,22 @@ fn quarantine_holds_addresses_for_their_former_holder() {
     );
     assert!(after.quarantined.is_empty());
 }
+
+/// Pools are grouped with every pool they share addresses with, directly or through another;
+/// a pool of another space, or one whose network overlaps nothing, is in no group.
+#[test]
+fn groups_are_the_pools_sharing_addresses() {
+    let pools = vec![pool(0, 0), pool(1, 0), pool(2, 0), pool(3, 0)];
+    let groups = kipam::planner::space_groups(&pools);
+    let abc: BTreeSet<String> = ["pool-a", "pool-b", "pool-c"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for p in &abc {
+        assert_eq!(groups.get(p), Some(&abc), "{p}");
+    }
+    assert!(!groups.contains_key("pool-v"));
+    let mut only_b = BTreeSet::from(["pool-b".to_string()]);
+    kipam::planner::close_over_spaces(&pools, &[], &mut only_b);
+    assert_eq!(only_b, abc, "b shares with c through a");
+}
