@@ -302,6 +302,7 @@ fn planner_alone(scale: Scale) {
         pools,
         clusters,
         stored: Vec::new(),
+        ..Default::default()
     };
     let t = Instant::now();
     let first = inputs.plan();

@@ -248,6 +248,10 @@ struct OfflineArgs {
     /// self-contained HTML file that needs no network.
     #[arg(long, value_name = "FILE.html")]
     report: Option<PathBuf>,
+    /// The time of this run (RFC 3339, `2026-11-25T18:00:00Z`; default: the clock): stamped
+    /// on new allocations and release times, and what quarantines (`reuseAfter`) end by.
+    #[arg(long, value_name = "TIME")]
+    now: Option<String>,
     /// Output format: a table (text), or the full result as json or yaml.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
     output: OutputFormat,
@@ -613,7 +617,7 @@ fn run_offline(args: OfflineArgs) -> ExitCode {
     let options = OfflineOptions {
         files: args.files,
         state: args.state,
-        now: resources::now_rfc3339(),
+        now: args.now.clone().unwrap_or_else(resources::now_rfc3339),
         allow_release: args.allow_release,
     };
     let target = match (&renderer, &args.out) {

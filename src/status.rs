@@ -35,14 +35,29 @@ pub struct Overlap {
     pub datacenter: String,
     pub other_pool: String,
     pub other_datacenter: String,
+    /// Both pools list the same datacenter in the same address space: the addresses they
+    /// share are handed out once for both (the planner enforces it). Otherwise the overlap
+    /// is across datacenters or address spaces, where the same address may be handed out
+    /// once on each side.
+    pub shared: bool,
 }
 
 impl Overlap {
     fn describe(&self) -> String {
         if self.pool == self.other_pool {
             format!(
-                "datacenters {} and {} share addresses",
+                "datacenters {} and {} share addresses (separate address spaces: an address may be handed out in each)",
                 self.datacenter, self.other_datacenter
+            )
+        } else if self.shared {
+            format!(
+                "datacenter {} overlaps pool {} in the same address space: an address held through either is taken for both",
+                self.datacenter, self.other_pool
+            )
+        } else if self.datacenter == self.other_datacenter {
+            format!(
+                "datacenter {} overlaps pool {} in another address space: an address may be handed out in each",
+                self.datacenter, self.other_pool
             )
         } else {
             format!(
@@ -57,11 +72,11 @@ impl Overlap {
 /// across its datacenters (legal, as KKP allows, but worth knowing). Each pair is reported
 /// from both sides.
 pub fn find_overlaps(pools: &[PoolInput]) -> Vec<Overlap> {
-    let mut all: Vec<(&str, &str, AddrRange)> = Vec::new();
+    let mut all: Vec<(&str, &str, AddrRange, &str)> = Vec::new();
     for pool in pools {
         for (dc, input) in &pool.datacenters {
             for cidr in input.config.cidrs() {
-                all.push((&pool.name, dc, cidr.range()));
+                all.push((&pool.name, dc, cidr.range(), &pool.address_space));
             }
         }
     }
@@ -75,17 +90,20 @@ pub fn find_overlaps(pools: &[PoolInput]) -> Vec<Overlap> {
                 continue;
             }
             if (same_pool || same_dc) && a.2.overlaps(&b.2) {
+                let shared = !same_pool && same_dc && a.3 == b.3;
                 out.push(Overlap {
                     pool: a.0.into(),
                     datacenter: a.1.into(),
                     other_pool: b.0.into(),
                     other_datacenter: b.1.into(),
+                    shared,
                 });
                 out.push(Overlap {
                     pool: b.0.into(),
                     datacenter: b.1.into(),
                     other_pool: a.0.into(),
                     other_datacenter: a.1.into(),
+                    shared,
                 });
             }
         }
@@ -200,6 +218,7 @@ pub fn pool_status(
     let mut datacenters = BTreeMap::new();
     let mut max_percent: Option<u8> = None;
     let mut allocations = 0i64;
+    let mut quarantined = crate::address::AddressCount::ZERO;
     let mut busiest = String::new();
     for r in reports {
         let u = &r.usage;
@@ -209,6 +228,7 @@ pub fn pool_status(
             busiest = r.datacenter.clone();
         }
         allocations += u.allocations as i64;
+        quarantined = quarantined.saturating_add(u.quarantined);
         datacenters.insert(
             r.datacenter.clone(),
             DatacenterUsage {
@@ -221,6 +241,7 @@ pub fn pool_status(
                 fragmentation_percent: u.fragmentation_percent as i32,
                 utilisation_percent: percent as i32,
                 cidrs: cidr_usage(&r.cidrs),
+                quarantined: Some(u.quarantined.to_string()),
             },
         );
     }
@@ -334,6 +355,7 @@ pub fn pool_status(
         datacenters,
         max_utilisation_percent: max_percent.map(|p| p as i32),
         allocations: Some(allocations),
+        quarantined: Some(quarantined.to_string()),
     };
     (status, events)
 }
@@ -388,6 +410,8 @@ mod tests {
                 allocations: 1,
                 largest_free_block: (total - allocated).into(),
                 fragmentation_percent: 0,
+                quarantined: AddressCount::ZERO,
+                shared: AddressCount::ZERO,
             },
             cidrs: Vec::new(),
         }
@@ -413,10 +437,12 @@ mod tests {
                         crate::planner::DatacenterInput {
                             config,
                             exclusions: vec![],
+                            reuse_after: 0,
                         },
                     )
                 })
                 .collect(),
+            address_space: String::new(),
         }
     }
 

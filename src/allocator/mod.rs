@@ -5,6 +5,7 @@
 //! the size of the pool: an IPv6 `::/0` range pool is as cheap as a /28.
 
 mod allocation;
+mod aside;
 mod config;
 mod error;
 mod interval_set;
@@ -12,6 +13,7 @@ mod space;
 mod usage;
 
 pub use allocation::Allocation;
+pub use aside::Aside;
 pub use config::{PoolConfig, PoolKind, Request, Strategy};
 pub use error::{AllocError, ClaimOrigin};
 pub use usage::{CidrUsage, PoolUsage};
@@ -36,6 +38,12 @@ pub struct PoolAllocator {
     taken: BTreeMap<u128, (u128, Arc<str>)>,
     holders: HashMap<Arc<str>, Allocation>,
     allocated: AddressCount,
+    /// Addresses set aside (see `aside`): tag -> (why, pieces).
+    aside: HashMap<Arc<str>, (Aside, Vec<AddrRange>)>,
+    /// Set-aside pieces: start -> (last, tag).
+    aside_taken: BTreeMap<u128, (u128, Arc<str>)>,
+    quarantined: AddressCount,
+    shared: AddressCount,
 }
 
 /// What [`PoolAllocator::grow`] did.
@@ -91,6 +99,10 @@ impl PoolAllocator {
             taken: BTreeMap::new(),
             holders: HashMap::new(),
             allocated: AddressCount::ZERO,
+            aside: HashMap::new(),
+            aside_taken: BTreeMap::new(),
+            quarantined: AddressCount::ZERO,
+            shared: AddressCount::ZERO,
         })
     }
 
@@ -143,6 +155,8 @@ impl PoolAllocator {
             allocations: self.holders.len(),
             largest_free_block: largest,
             fragmentation_percent,
+            quarantined: self.quarantined,
+            shared: self.shared,
         }
     }
 
@@ -160,6 +174,14 @@ impl PoolAllocator {
                         let span = AddressCount::span(s.max(f.cidr.first()), l.min(f.cidr.last()));
                         sum.saturating_add(span)
                     });
+                // Set aside (quarantined, or held through another pool of the space): counted
+                // neither as allocated nor as available, as for the whole pool.
+                let aside = self.aside_taken.range(f.cidr.first()..=f.cidr.last()).fold(
+                    AddressCount::ZERO,
+                    |sum, (s, (l, _))| {
+                        sum.saturating_add(AddressCount::span(*s, (*l).min(f.cidr.last())))
+                    },
+                );
                 let fragmentation_percent = if f.free.is_zero() {
                     0
                 } else {
@@ -168,7 +190,10 @@ impl PoolAllocator {
                 CidrUsage {
                     cidr: f.cidr,
                     total,
-                    allocated: total.saturating_sub(excluded).saturating_sub(f.free),
+                    allocated: total
+                        .saturating_sub(excluded)
+                        .saturating_sub(f.free)
+                        .saturating_sub(aside),
                     excluded,
                     available: f.free,
                     largest_free_block: f.largest,
@@ -417,6 +442,7 @@ impl PoolAllocator {
         }
         let holder = self
             .first_holder_in(piece.first(), piece.last())
+            .or_else(|| self.first_aside_in(piece.first(), piece.last()))
             .unwrap_or_default()
             .to_string();
         Err(AllocError::Taken {

@@ -147,6 +147,27 @@ impl Space {
         out
     }
 
+    /// True when `first..=last` lies inside one CIDR.
+    pub fn in_one_cidr(&self, first: u128, last: u128) -> bool {
+        self.within_one(first, last).is_some()
+    }
+
+    /// The free addresses of `first..=last`, cut at the CIDR edges, by address.
+    pub fn free_within(&self, first: u128, last: u128) -> Vec<(u128, u128)> {
+        let mut out = Vec::new();
+        for (i, s, l) in self.cut(first, last) {
+            out.extend(
+                self.parts[i]
+                    .1
+                    .iter_from(s)
+                    .take_while(|(a, _)| *a <= l)
+                    .map(|(a, b)| (a.max(s), b.min(l)))
+                    .filter(|(a, b)| a <= b),
+            );
+        }
+        out
+    }
+
     /// Free intervals in fill order: all of the first CIDR by address, then the next CIDR.
     pub fn iter(&self) -> impl Iterator<Item = (u128, u128)> + '_ {
         self.parts.iter().flat_map(|(_, set)| set.iter())

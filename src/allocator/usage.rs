@@ -4,7 +4,7 @@ use crate::address::AddressCount;
 
 /// What a pool holds, exact for every pool size.
 ///
-/// `allocated + excluded + available == total` always holds.
+/// `allocated + excluded + quarantined + shared + available == total` always holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolUsage {
     /// Addresses in the pool's CIDRs (`poolCidr` and every additional one).
@@ -22,24 +22,30 @@ pub struct PoolUsage {
     pub largest_free_block: AddressCount,
     /// `floor(100 * (1 - largest_free_block / available))`; 0 when nothing is free.
     pub fragmentation_percent: u8,
+    /// Addresses quarantined for a former holder (not allocated, not available).
+    pub quarantined: AddressCount,
+    /// Addresses held through another pool of the same address space (not available).
+    pub shared: AddressCount,
 }
 
 impl PoolUsage {
     /// Percent of the addresses that can ever be allocated (total less exclusions) that are
-    /// allocated, floored; 100 for a pool excluded entirely.
+    /// not available (allocated, quarantined or held through another pool of the address
+    /// space), floored; 100 for a pool excluded entirely.
     pub fn utilisation_percent(&self) -> u8 {
         let usable = self.total.saturating_sub(self.excluded);
         if usable.is_zero() {
             return 100;
         }
-        self.allocated.percent_of(usable)
+        usable.saturating_sub(self.available).percent_of(usable)
     }
 }
 
 /// What one CIDR of a pool holds ([`crate::allocator::PoolAllocator::cidr_usage`]).
 ///
-/// `allocated + excluded + available == total` holds per CIDR too, and the sums over the
-/// CIDRs of a pool are the pool's [`PoolUsage`] figures.
+/// `allocated + excluded + available <= total` per CIDR, the rest being set aside
+/// (quarantined, or held through another pool of the address space); the sums over the CIDRs
+/// of a pool are the pool's [`PoolUsage`] figures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CidrUsage {
     pub cidr: crate::address::Cidr,

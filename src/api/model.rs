@@ -31,6 +31,10 @@ pub struct PoolBody {
     #[serde(default, skip_serializing)]
     #[schemars(with = "Option<bool>")]
     pub deleting: Option<serde::de::IgnoredAny>,
+    /// The address space (routing domain) the pool's networks live in; absent for the
+    /// default space shared by every pool of a datacenter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_space: Option<String>,
 }
 
 /// The pool's settings in one datacenter, as written.
@@ -61,6 +65,9 @@ pub struct DatacenterBody {
     /// keeps them as they are; a CIDR that holds something may not be removed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub additional_cidrs: Option<Vec<String>>,
+    /// How long a released address stays quarantined (`10m`, `24h`, `7d`; default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reuse_after: Option<String>,
 }
 
 /// The network a pool datacenter lies in, as written and as answered. Every field is optional;
@@ -118,6 +125,8 @@ pub struct PoolView {
     /// The pool is being deleted (its allocations are being released).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deleting: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_space: Option<String>,
 }
 
 /// One datacenter of a pool, with its usage.
@@ -145,6 +154,8 @@ pub struct DatacenterView {
     /// Further CIDRs after `poolCidr`, used in this order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub additional_cidrs: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reuse_after: Option<String>,
 }
 
 /// Usage of a pool in one datacenter. Address counts are exact decimal strings (an IPv6
@@ -164,6 +175,9 @@ pub struct UsageView {
     /// `additionalCidrs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cidrs: Vec<CidrUsageView>,
+    /// Addresses quarantined for their former holders (`reuseAfter`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantined: Option<String>,
 }
 
 /// Usage of one CIDR of a pool datacenter.
@@ -231,6 +245,7 @@ impl PoolView {
                     fragmentation_percent: u.fragmentation_percent,
                     allocations: u.allocations,
                     cidrs: u.cidrs.iter().map(CidrUsageView::of).collect(),
+                    quarantined: u.quarantined.clone(),
                 });
                 let view = DatacenterView {
                     type_: s.type_,
@@ -243,6 +258,7 @@ impl PoolView {
                     usage,
                     network: s.network.as_ref().map(Network::of),
                     additional_cidrs: s.additional_cidrs.clone(),
+                    reuse_after: s.reuse_after.clone(),
                 };
                 (dc.clone(), view)
             })
@@ -252,6 +268,7 @@ impl PoolView {
             datacenters,
             reclaim_policy: pool.spec.reclaim_policy,
             deleting: pool.metadata.deletion_timestamp.is_some(),
+            address_space: pool.spec.address_space.clone(),
         }
     }
 }
@@ -274,12 +291,19 @@ impl Serialize for PoolViewRef<'_> {
         use serde::ser::SerializeStruct;
         let pool = self.0;
         let deleting = pool.metadata.deletion_timestamp.is_some();
-        let mut out = serializer.serialize_struct("PoolView", 3 + usize::from(deleting))?;
+        let space = pool.spec.address_space.as_ref();
+        let mut out = serializer.serialize_struct(
+            "PoolView",
+            3 + usize::from(deleting) + usize::from(space.is_some()),
+        )?;
         out.serialize_field("name", pool.metadata.name.as_deref().unwrap_or_default())?;
         out.serialize_field("datacenters", &DatacentersRef(pool))?;
         out.serialize_field("reclaimPolicy", &pool.spec.reclaim_policy)?;
         if deleting {
             out.serialize_field("deleting", &true)?;
+        }
+        if let Some(space) = space {
+            out.serialize_field("addressSpace", space)?;
         }
         out.end()
     }
@@ -331,6 +355,9 @@ impl Serialize for DatacenterRef<'_> {
         if !s.additional_cidrs.is_empty() {
             out.serialize_field("additionalCidrs", &s.additional_cidrs)?;
         }
+        if let Some(r) = &s.reuse_after {
+            out.serialize_field("reuseAfter", r)?;
+        }
         out.end()
     }
 }
@@ -351,6 +378,9 @@ impl Serialize for UsageRef<'_> {
         if !u.cidrs.is_empty() {
             let cidrs: Vec<CidrUsageView> = u.cidrs.iter().map(CidrUsageView::of).collect();
             out.serialize_field("cidrs", &cidrs)?;
+        }
+        if let Some(q) = &u.quarantined {
+            out.serialize_field("quarantined", q)?;
         }
         out.end()
     }
@@ -378,6 +408,7 @@ impl PoolBody {
                     network: s.network.as_ref().map(Network::of),
                     additional_cidrs: (!s.additional_cidrs.is_empty())
                         .then(|| s.additional_cidrs.clone()),
+                    reuse_after: s.reuse_after.clone(),
                 };
                 (dc.clone(), body)
             })
@@ -387,6 +418,7 @@ impl PoolBody {
             datacenters,
             reclaim_policy: Some(pool.spec.reclaim_policy),
             deleting: None,
+            address_space: pool.spec.address_space.clone(),
         }
     }
 
@@ -407,11 +439,13 @@ impl PoolBody {
                         strategy: b.strategy,
                         network: b.network.as_ref().map(Network::network),
                         additional_cidrs: b.additional_cidrs.clone().unwrap_or_default(),
+                        reuse_after: b.reuse_after.clone(),
                     };
                     (dc.clone(), settings)
                 })
                 .collect(),
             reclaim_policy: self.reclaim_policy.unwrap_or_default(),
+            address_space: self.address_space.clone(),
         }
     }
 }

@@ -293,6 +293,7 @@ mod tests {
         Plan {
             decisions,
             usage: BTreeMap::new(),
+            quarantined: Vec::new(),
         }
     }
 

@@ -12,6 +12,7 @@ pub mod manifests;
 pub mod out_dir;
 pub mod overlaps;
 pub mod page;
+pub mod quarantine;
 pub mod report;
 pub mod state_file;
 pub mod yaml;
@@ -133,7 +134,20 @@ pub fn run_with_out(
     // Held until the run ends: a concurrent run on the same state is refused rather than
     // allowed to overwrite this one's allocations.
     let _lock = files::lock(&options.state, "state file")?;
-    let stored_objects = state_file::read(&options.state)?;
+    let (stored_objects, kept_records) = state_file::read_state(&options.state)?;
+    let now = quarantine::seconds_of(&options.now).map_err(|why| {
+        OfflineError::Invalid(vec![FieldError {
+            object: "kipam offline".into(),
+            field: "--now".into(),
+            value: options.now.clone(),
+            reason: why,
+        }])
+    })?;
+    let kept_quarantine =
+        quarantine::of_records(&kept_records).map_err(|message| StateError::Corrupt {
+            path: options.state.clone(),
+            message,
+        })?;
 
     let mut errors = Vec::new();
     let mut stored = Vec::new();
@@ -186,7 +200,7 @@ pub fn run_with_out(
         return Err(OfflineError::Invalid(errors));
     }
 
-    let plan = planner::plan(&pools, &clusters, &stored);
+    let (plan, _) = planner::plan_at(&pools, &clusters, &stored, &kept_quarantine, now);
     if !options.allow_release {
         let concerns = guard::suspicious_releases(&plan, &stored, &pools, &clusters);
         if !concerns.is_empty() {
@@ -229,7 +243,7 @@ pub fn run_with_out(
         }
     }
     let allocations: Vec<IPAMAllocation> = next.into_values().collect();
-    let content = state_file::render(&allocations)?;
+    let content = state_file::render_state(&allocations, &quarantine::records(&plan.quarantined))?;
     let rendering = out.map(|target| {
         addons::render_all(
             target.renderer,
@@ -314,6 +328,7 @@ pub fn summary_table(plan: &Plan, pools: &[IPAMPool]) -> String {
         "AVAILABLE".into(),
         "ALLOCATIONS".into(),
         "LARGEST FREE".into(),
+        "QUARANTINED".into(),
     ]];
     for r in plan.usage.values() {
         let u = &r.usage;
@@ -328,6 +343,7 @@ pub fn summary_table(plan: &Plan, pools: &[IPAMPool]) -> String {
             available,
             u.allocations.to_string(),
             largest,
+            report::human_count(u.quarantined),
         ]);
     }
     out.push_str(&table(&usage));
@@ -357,6 +373,8 @@ fn cidr_table(pools: &[IPAMPool], plan: &Plan) -> String {
                 allocations: 0,
                 largest_free_block: c.largest_free_block,
                 fragmentation_percent: c.fragmentation_percent,
+                quarantined: crate::address::AddressCount::ZERO,
+                shared: crate::address::AddressCount::ZERO,
             };
             let [allocated, excluded, available, largest] =
                 report::usage_cells(pools, &r.pool, &r.datacenter, &as_pool);

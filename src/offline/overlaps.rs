@@ -1,10 +1,11 @@
 //! Warnings about pools that overlap in one datacenter.
 //!
-//! Each pool datacenter has its own allocator, so two pools whose `poolCidr`s intersect in the
-//! same datacenter can hand the same address to two clusters. kipam does not refuse such pools
-//! (KKP does not either, and moving one is a migration a human plans), but it never lets it
-//! pass silently: the overlap is a warning naming both pools, and every address actually held
-//! through both pools is listed with the clusters holding it. The controller reports the same
+//! Pools of one address space (`addressSpace`, default one per datacenter) whose `poolCidr`s
+//! intersect in a datacenter share those addresses: the planner hands each out once. Pools of
+//! different address spaces may hand out the same address once each (that is what separate
+//! spaces are for). Either way the overlap is a warning naming both pools and saying which
+//! it is, and every address actually held through both pools (only allocations stored before
+//! the pools shared their space can do that in one space) is listed with its holders. The controller reports the same
 //! overlaps as the pools' `Overlap` condition ([`crate::status::find_overlaps`]).
 
 use std::collections::BTreeMap;
@@ -49,9 +50,19 @@ pub fn overlap_warnings(pools: &[PoolInput], decisions: &[Decision]) -> Vec<Stri
             continue; // one pool across datacenters, or the mirror of a pair already seen
         }
         let dc = o.datacenter.as_str();
+        let how = if o.shared {
+            "in one address space: they share its addresses, each handed out through one of \
+             them only"
+                .to_string()
+        } else {
+            format!(
+                "across address spaces ({} and {}): both can hand out the same addresses",
+                space_name(pools, &o.pool),
+                space_name(pools, &o.other_pool)
+            )
+        };
         out.push(format!(
-            "pools {} ({}) and {} ({}) overlap in datacenter {dc}: both can hand out the same \
-             addresses",
+            "pools {} ({}) and {} ({}) overlap in datacenter {dc} {how}",
             o.pool,
             cidr(&o.pool, dc),
             o.other_pool,
@@ -96,4 +107,12 @@ pub fn overlap_warnings(pools: &[PoolInput], decisions: &[Decision]) -> Vec<Stri
         }
     }
     out
+}
+
+/// The address space a pool names, as people read it.
+fn space_name(pools: &[PoolInput], pool: &str) -> String {
+    match pools.iter().find(|p| p.name == pool) {
+        Some(p) if !p.address_space.is_empty() => format!("space {}", p.address_space),
+        _ => "the default space".to_string(),
+    }
 }

@@ -174,6 +174,8 @@ pub fn plan_json(plan: &Plan) -> Value {
                 "largestFreeBlock": u.largest_free_block.to_string(),
                 "fragmentationPercent": u.fragmentation_percent,
                 "utilisationPercent": u.utilisation_percent(),
+                "quarantined": u.quarantined.to_string(),
+                "shared": u.shared.to_string(),
             });
             // Pool datacenters of several CIDRs: each CIDR's figures, in fill order.
             if r.cidrs.len() > 1 {
@@ -196,9 +198,23 @@ pub fn plan_json(plan: &Plan) -> Value {
             v
         })
         .collect();
+    let quarantined: Vec<Value> = plan
+        .quarantined
+        .iter()
+        .map(|q| {
+            json!({
+                "pool": q.pool,
+                "datacenter": q.datacenter,
+                "holder": q.holder,
+                "releasedAt": crate::offline::quarantine::time_text(q.released_at),
+                "addresses": q.addresses.iter().map(|r| r.to_string()).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
     json!({
         "allocations": plan.decisions.iter().map(decision_json).collect::<Vec<_>>(),
         "usage": usage,
+        "quarantined": quarantined,
     })
 }
 

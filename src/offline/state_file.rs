@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use crate::resources::{API_VERSION, IPAMAllocation};
+use crate::resources::{API_VERSION, IPAMAllocation, IPAMPoolRecord};
 use crate::validation::strict::{self, Kind, RawNode};
 
 use super::manifests::{ManifestError, no_kind};
@@ -40,9 +40,15 @@ pub enum StateError {
 /// [`crate::validation::strict`]). Any problem refuses the whole file; it is never rewritten
 /// by a refused run.
 pub fn read(path: &Path) -> Result<Vec<IPAMAllocation>, StateError> {
+    read_state(path).map(|(allocations, _)| allocations)
+}
+
+/// [`read`], also giving the quarantine records (`IPAMPoolRecord` documents holding only
+/// quarantine entries; see [`super::quarantine`]).
+pub fn read_state(path: &Path) -> Result<(Vec<IPAMAllocation>, Vec<IPAMPoolRecord>), StateError> {
     let text = match yaml::read_text(path) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), Vec::new())),
         Err(source) => {
             return Err(StateError::Read {
                 path: path.to_path_buf(),
@@ -64,6 +70,7 @@ pub fn read(path: &Path) -> Result<Vec<IPAMAllocation>, StateError> {
         )
     })?;
     let mut out = Vec::with_capacity(docs.0.len());
+    let mut records: Vec<IPAMPoolRecord> = Vec::new();
     let mut problems = Vec::new();
     let mut seen = BTreeSet::new();
     for (i, (line, read)) in docs.0.into_iter().enumerate() {
@@ -72,7 +79,11 @@ pub fn read(path: &Path) -> Result<Vec<IPAMAllocation>, StateError> {
             None => format!("{} (document {})", path.display(), i + 1),
         };
         let obj = match read {
-            Ok(obj) => obj,
+            Ok(Doc::Allocation(obj)) => obj,
+            Ok(Doc::Record(record)) => {
+                records.push(record);
+                continue;
+            }
             Err(found) => {
                 problems.extend(found.into_iter().map(|(line, message)| match line {
                     Some(line) => format!("{}:{line}: {message}", path.display()),
@@ -93,7 +104,7 @@ pub fn read(path: &Path) -> Result<Vec<IPAMAllocation>, StateError> {
         out.push(obj);
     }
     if problems.is_empty() {
-        Ok(out)
+        Ok((out, records))
     } else {
         Err(corrupt(problems.join("\n  ")))
     }
@@ -104,7 +115,15 @@ pub fn read(path: &Path) -> Result<Vec<IPAMAllocation>, StateError> {
 #[derive(Default)]
 struct StateDocs(Vec<(Option<u64>, DocResult)>);
 
-type DocResult = Result<IPAMAllocation, Vec<(Option<u64>, String)>>;
+type DocResult = Result<Doc, Vec<(Option<u64>, String)>>;
+
+/// One document of the state file.
+#[allow(clippy::large_enum_variant)] // nearly every document is an allocation
+enum Doc {
+    Allocation(IPAMAllocation),
+    /// The quarantine of one pool datacenter.
+    Record(IPAMPoolRecord),
+}
 
 impl yaml::DocumentSink for StateDocs {
     fn document(&mut self, doc: RawNode) {
@@ -118,12 +137,17 @@ fn read_document(doc: &RawNode, index: usize) -> DocResult {
     let Some(kind) = doc.get_str("kind") else {
         return at_doc(no_kind(doc));
     };
+    let api_version = doc.get_str("apiVersion").unwrap_or("");
+    if kind == "IPAMPoolRecord" && api_version == API_VERSION {
+        return serde_json::from_value::<IPAMPoolRecord>(doc.to_json())
+            .map(Doc::Record)
+            .or_else(|e| at_doc(format!("IPAMPoolRecord (quarantine): {e}")));
+    }
     if kind != "IPAMAllocation" {
         return at_doc(format!(
-            "document {index} is a {kind:?}, not an IPAMAllocation"
+            "document {index} is a {kind:?}, not an IPAMAllocation (or the IPAMPoolRecord of a quarantine)"
         ));
     }
-    let api_version = doc.get_str("apiVersion").unwrap_or("");
     if api_version != API_VERSION {
         return at_doc(format!("apiVersion {api_version:?} is not {API_VERSION}"));
     }
@@ -137,11 +161,21 @@ fn read_document(doc: &RawNode, index: usize) -> DocResult {
             .map(|p| (p.line.or(doc.line), p.error.to_string()))
             .collect());
     }
-    serde_json::from_value(doc.to_json()).or_else(|e| at_doc(format!("{object}: {e}")))
+    serde_json::from_value(doc.to_json())
+        .map(Doc::Allocation)
+        .or_else(|e| at_doc(format!("{object}: {e}")))
 }
 
 /// The file content for a state: objects sorted by namespace and name.
 pub fn render(objects: &[IPAMAllocation]) -> Result<String, StateError> {
+    render_state(objects, &[])
+}
+
+/// [`render`], then the quarantine records (sorted by name), if any.
+pub fn render_state(
+    objects: &[IPAMAllocation],
+    records: &[IPAMPoolRecord],
+) -> Result<String, StateError> {
     let mut sorted: Vec<&IPAMAllocation> = objects.iter().collect();
     sorted.sort_by(|a, b| {
         (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
@@ -151,6 +185,14 @@ pub fn render(objects: &[IPAMAllocation]) -> Result<String, StateError> {
         out.push_str("---\n");
         let yaml =
             serde_saphyr::to_string(obj).map_err(|e| StateError::Serialise(e.to_string()))?;
+        out.push_str(&yaml);
+    }
+    let mut records: Vec<&IPAMPoolRecord> = records.iter().collect();
+    records.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    for record in records {
+        out.push_str("---\n");
+        let yaml =
+            serde_saphyr::to_string(record).map_err(|e| StateError::Serialise(e.to_string()))?;
         out.push_str(&yaml);
     }
     Ok(out)

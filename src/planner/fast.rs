@@ -30,6 +30,10 @@ pub(crate) struct PoolState {
     pub(crate) blocked: bool,
     /// The youngest cluster whose request or pin the plan served or failed here.
     pub(crate) youngest_request: Option<AgeKey>,
+    /// It shares addresses with another pool of its address space.
+    pub(crate) shared: bool,
+    /// Addresses are quarantined here.
+    pub(crate) quarantine: bool,
 }
 
 /// The allocators a plan ended with, by (pool, datacenter).
@@ -47,6 +51,9 @@ impl PoolStates {
     /// (the states of a plan of exactly those pools).
     pub fn replace_pools(&mut self, pools: &BTreeSet<String>, partial: PoolStates) {
         self.map.retain(|(pool, _), _| !pools.contains(pool));
+        // A plan of some pools also plans the pools they share addresses with.
+        let planned: BTreeSet<&String> = partial.map.keys().map(|(p, _)| p).collect();
+        self.map.retain(|(pool, _), _| !planned.contains(pool));
         self.map.extend(partial.map);
     }
 
@@ -103,7 +110,9 @@ pub fn serve_new(
             }
             let key = (pool.name.clone(), c.datacenter.clone());
             let state = states.map.get(&key)?;
-            if state.blocked || state.allocator.is_err() {
+            // Shared or quarantined addresses are settled by a plan of the whole group (and
+            // with the time): the caller replans.
+            if state.blocked || state.allocator.is_err() || state.shared || state.quarantine {
                 return None;
             }
             let last = youngest

@@ -16,7 +16,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{
-    ClusterInput, Plan, PoolInput, PoolStates, StoredAllocation, plan_keeping, plan_keeping_of,
+    ClusterInput, Plan, PoolInput, PoolStates, Quarantined, StoredAllocation, plan_keeping_of,
+    spaces::close_over_spaces,
 };
 
 /// Everything the planner is given, kept between passes to find what changed.
@@ -25,6 +26,10 @@ pub struct PlanInputs {
     pub pools: Vec<PoolInput>,
     pub clusters: Vec<ClusterInput>,
     pub stored: Vec<StoredAllocation>,
+    /// The quarantine kept so far (the pool records', or the state file's).
+    pub quarantined: Vec<Quarantined>,
+    /// The plan's time, seconds since the Unix epoch.
+    pub now: i64,
 }
 
 impl PlanInputs {
@@ -35,7 +40,13 @@ impl PlanInputs {
 
     /// The whole-seed plan and the allocators it ended with.
     pub fn plan_keeping(&self) -> (Plan, PoolStates) {
-        plan_keeping(&self.pools, &self.clusters, &self.stored)
+        super::plan_at(
+            &self.pools,
+            &self.clusters,
+            &self.stored,
+            &self.quarantined,
+            self.now,
+        )
     }
 
     /// Every pool name the inputs mention (pools and stored allocations of pools now gone).
@@ -44,11 +55,13 @@ impl PlanInputs {
             .iter()
             .map(|p| p.name.clone())
             .chain(self.stored.iter().map(|s| s.pool.clone()))
+            .chain(self.quarantined.iter().map(|q| q.pool.clone()))
             .collect()
     }
 }
 
-/// Plans the named pools only: their decisions and usage are exactly those of the whole-seed
+/// Plans the named pools only — widened to the pools they share addresses with
+/// ([`close_over_spaces`]) — : their decisions and usage are exactly those of the whole-seed
 /// plan of the same inputs.
 pub fn plan_pools(inputs: &PlanInputs, only: &BTreeSet<String>) -> Plan {
     plan_pools_keeping(inputs, only).0
@@ -56,6 +69,21 @@ pub fn plan_pools(inputs: &PlanInputs, only: &BTreeSet<String>) -> Plan {
 
 /// [`plan_pools`], also giving the allocators those pools ended with.
 pub fn plan_pools_keeping(inputs: &PlanInputs, only: &BTreeSet<String>) -> (Plan, PoolStates) {
+    let mut widened = only.clone();
+    if !only.is_empty() {
+        close_over_spaces(&inputs.pools, &inputs.pools, &mut widened);
+    }
+    plan_closed_pools_keeping(inputs, &widened)
+}
+
+/// [`plan_pools_keeping`] of a set of pools already closed over the address spaces (every
+/// pool sharing addresses with one of them is in it; see [`close_over_spaces`] and
+/// [`space_groups`](super::space_groups)): nothing is widened, so a caller planning many
+/// pools one group at a time pays nothing per group for finding the groups.
+pub fn plan_closed_pools_keeping(
+    inputs: &PlanInputs,
+    only: &BTreeSet<String>,
+) -> (Plan, PoolStates) {
     // Borrowed, not copied: a burst replans every pool, and a copy of every stored
     // allocation would be held beside the original while the plan is made.
     let pools: Vec<&PoolInput> = inputs
@@ -81,13 +109,39 @@ pub fn plan_pools_keeping(inputs: &PlanInputs, only: &BTreeSet<String>) -> (Plan
             datacenters.contains(c.datacenter.as_str()) || holders.contains(c.name.as_str())
         })
         .collect();
-    plan_keeping_of(&pools, &clusters, &stored)
+    let quarantined: Vec<&Quarantined> = inputs
+        .quarantined
+        .iter()
+        .filter(|q| only.contains(&q.pool))
+        .collect();
+    plan_keeping_of(&pools, &clusters, &stored, &quarantined, inputs.now)
 }
 
 impl Plan {
     /// This plan with every decision and usage report of the `pools` replaced by those of
     /// `partial` (a plan of exactly those pools).
     pub fn replace_pools(&mut self, pools: &BTreeSet<String>, partial: Plan) {
+        // A plan of some pools also plans the pools they share addresses with.
+        let mut widened;
+        let pools = if partial
+            .decisions
+            .iter()
+            .map(|d| &d.pool)
+            .chain(partial.usage.keys().map(|(p, _)| p))
+            .chain(partial.quarantined.iter().map(|q| &q.pool))
+            .all(|p| pools.contains(p))
+        {
+            pools
+        } else {
+            widened = pools.clone();
+            widened.extend(partial.decisions.iter().map(|d| d.pool.clone()));
+            widened.extend(partial.usage.keys().map(|(p, _)| p.clone()));
+            widened.extend(partial.quarantined.iter().map(|q| q.pool.clone()));
+            &widened
+        };
+        self.quarantined.retain(|q| !pools.contains(&q.pool));
+        self.quarantined.extend(partial.quarantined);
+        self.quarantined.sort();
         self.decisions.retain(|d| !pools.contains(&d.pool));
         self.decisions.extend(partial.decisions);
         // One decision per (cluster, pool), so an unstable sort gives the same order, without
@@ -198,5 +252,40 @@ pub fn changed_pools(before: &PlanInputs, after: &PlanInputs) -> BTreeSet<String
             }
         }
     }
+    // Quarantine entries added, removed or changed, per pool; and with a new time, every
+    // pool that quarantines (an entry may have ended, and what it releases is dated now).
+    {
+        let group = |list: &[Quarantined]| {
+            let mut by_pool: BTreeMap<String, Vec<Quarantined>> = BTreeMap::new();
+            for q in list {
+                by_pool.entry(q.pool.clone()).or_default().push(q.clone());
+            }
+            for l in by_pool.values_mut() {
+                l.sort();
+            }
+            by_pool
+        };
+        let (old_q, new_q) = (group(&before.quarantined), group(&after.quarantined));
+        for (pool, list) in &new_q {
+            if old_q.get(pool) != Some(list) {
+                changed.insert(pool.clone());
+            }
+        }
+        for pool in old_q.keys() {
+            if !new_q.contains_key(pool) {
+                changed.insert(pool.clone());
+            }
+        }
+        if before.now != after.now {
+            for p in before.pools.iter().chain(after.pools.iter()) {
+                if p.datacenters.values().any(|d| d.reuse_after > 0) {
+                    changed.insert(p.name.clone());
+                }
+            }
+            changed.extend(new_q.into_keys());
+        }
+    }
+    // A pool's plan depends on the pools it shares addresses with.
+    close_over_spaces(&before.pools, &after.pools, &mut changed);
     changed
 }

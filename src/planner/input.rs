@@ -13,6 +13,9 @@ pub struct PoolInput {
     pub name: String,
     pub reclaim_policy: ReclaimPolicy,
     pub datacenters: BTreeMap<String, DatacenterInput>,
+    /// `spec.addressSpace`; empty for the default space. Pools of one space listing the same
+    /// datacenter share its addresses.
+    pub address_space: String,
 }
 
 /// A pool in one datacenter.
@@ -20,6 +23,8 @@ pub struct PoolInput {
 pub struct DatacenterInput {
     pub config: PoolConfig,
     pub exclusions: Vec<AddrRange>,
+    /// `reuseAfter`, in seconds: how long a released address stays quarantined.
+    pub reuse_after: u64,
 }
 
 /// One user cluster.
@@ -106,4 +111,26 @@ pub struct StoredAllocation {
     /// is handed out in its pool and datacenter (every datacenter of the pool when
     /// `datacenter` is empty) until it is fixed or removed.
     pub unreadable: Option<String>,
+}
+
+/// Addresses released from a pool datacenter and quarantined for their former holder
+/// (`reuseAfter`), as the fenced record (or the offline state file) keeps them.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Quarantined {
+    pub pool: String,
+    pub datacenter: String,
+    /// The cluster that held them.
+    pub holder: String,
+    /// When they were released, in seconds since the Unix epoch.
+    pub released_at: i64,
+    /// The addresses, sorted and merged.
+    pub addresses: Vec<AddrRange>,
+}
+
+impl Quarantined {
+    /// The end of the quarantine under `reuse_after` seconds.
+    pub fn until(&self, reuse_after: u64) -> i64 {
+        self.released_at
+            .saturating_add(i64::try_from(reuse_after).unwrap_or(i64::MAX))
+    }
 }

@@ -20,11 +20,17 @@ mod fast;
 pub mod incremental;
 mod input;
 mod output;
+mod spaces;
 
 pub use fast::{PoolStates, serve_new};
-pub use incremental::{PlanInputs, changed_pools, plan_pools, plan_pools_keeping};
-pub use input::{ClusterInput, DatacenterInput, PoolInput, PoolOverride, StoredAllocation};
+pub use incremental::{
+    PlanInputs, changed_pools, plan_closed_pools_keeping, plan_pools, plan_pools_keeping,
+};
+pub use input::{
+    ClusterInput, DatacenterInput, PoolInput, PoolOverride, Quarantined, StoredAllocation,
+};
 pub use output::{Change, DatacenterReport, Decision, Plan};
+pub use spaces::{close_over_spaces, space_groups, space_siblings};
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -48,7 +54,23 @@ pub fn plan_keeping(
     let pools: Vec<&PoolInput> = pools.iter().collect();
     let clusters: Vec<&ClusterInput> = clusters.iter().collect();
     let stored: Vec<&StoredAllocation> = stored.iter().collect();
-    plan_keeping_of(&pools, &clusters, &stored)
+    plan_keeping_of(&pools, &clusters, &stored, &[], 0)
+}
+
+/// [`plan`] at time `now` (seconds since the Unix epoch) with the quarantine kept so far:
+/// addresses released with a `reuseAfter` stay with their former holder until it ends.
+pub fn plan_at(
+    pools: &[PoolInput],
+    clusters: &[ClusterInput],
+    stored: &[StoredAllocation],
+    quarantined: &[Quarantined],
+    now: i64,
+) -> (Plan, PoolStates) {
+    let pools: Vec<&PoolInput> = pools.iter().collect();
+    let clusters: Vec<&ClusterInput> = clusters.iter().collect();
+    let stored: Vec<&StoredAllocation> = stored.iter().collect();
+    let quarantined: Vec<&Quarantined> = quarantined.iter().collect();
+    plan_keeping_of(&pools, &clusters, &stored, &quarantined, now)
 }
 
 /// [`plan_keeping`] over borrowed inputs: a plan of part of the seed picks its inputs out of
@@ -57,8 +79,11 @@ pub(crate) fn plan_keeping_of(
     pools: &[&PoolInput],
     clusters: &[&ClusterInput],
     stored: &[&StoredAllocation],
+    quarantined: &[&Quarantined],
+    now: i64,
 ) -> (Plan, PoolStates) {
     let mut planner = Planner::new(pools, clusters);
+    planner.now = now;
     for s in stored {
         if let Some(why) = &s.unreadable {
             planner
@@ -68,6 +93,7 @@ pub(crate) fn plan_keeping_of(
         }
     }
     planner.settle_stored(stored);
+    planner.settle_quarantine(quarantined);
     planner.place_pins();
     planner.serve_requests();
     planner.finish()
@@ -95,6 +121,14 @@ struct Planner<'a> {
     /// (pool, datacenter; empty for all) -> why no new address may be handed out there: a
     /// stored allocation that cannot be read might hold any of them.
     blocked: BTreeMap<Key, String>,
+    /// The plan's time, seconds since the Unix epoch.
+    now: i64,
+    /// (pool, datacenter) -> the other pool datacenters of its address space it overlaps.
+    siblings: HashMap<Key, Vec<Key>>,
+    /// Tag of addresses set aside for another pool of the space -> (pool, cluster).
+    shared_tags: HashMap<String, Key>,
+    /// (pool, datacenter) -> former holder -> its quarantined addresses.
+    quarantine: BTreeMap<Key, BTreeMap<String, spaces::Entries>>,
 }
 
 impl<'a> Planner<'a> {
@@ -224,6 +258,7 @@ impl<'a> Planner<'a> {
         };
         let key = (s.pool.clone(), s.datacenter.clone());
         let mut other_holder = None;
+        let has_allocator = matches!(self.allocators.get(&key), Some(Ok(_)));
         let loaded = match self.allocators.get_mut(&key) {
             Some(Ok(allocator)) => match allocator.load(&s.cluster, held.clone()) {
                 Ok(_) => Ok(()),
@@ -242,12 +277,29 @@ impl<'a> Planner<'a> {
                 s.pool, s.datacenter
             )),
         };
-        if let Some(holder) = other_holder {
+        if let Some(others) = self.siblings.get(&key).cloned() {
+            if has_allocator {
+                self.mirror(&key, &s.cluster);
+            } else {
+                self.mirror_ranges(&key, &s.cluster, held.ranges().collect(), others);
+            }
+        }
+        // A holder through another pool of the address space: that pool's decision.
+        let other_holder = other_holder.map(|h| match self.shared_tags.get(&h) {
+            Some((pool, cluster)) => (cluster.clone(), pool.clone()),
+            None => (h, s.pool.clone()),
+        });
+        if let Some((holder, holder_pool)) = other_holder {
             // Both sides of an overlap are reported; neither is released or moved.
-            if let Some(d) = self.decisions.get_mut(&(holder.clone(), s.pool.clone())) {
+            let across = if holder_pool != s.pool {
+                format!(" from pool {} (same address space)", s.pool)
+            } else {
+                String::new()
+            };
+            if let Some(d) = self.decisions.get_mut(&(holder.clone(), holder_pool)) {
                 d.change = Change::Conflict;
                 d.message = format!(
-                    "overlaps the allocation of cluster {} ({held}); both are kept as stored",
+                    "overlaps the allocation of cluster {}{across} ({held}); both are kept as stored",
                     s.cluster
                 );
             }
@@ -295,9 +347,15 @@ impl<'a> Planner<'a> {
             self.decide(cluster, pool, change, held, moved_from, why);
             return;
         }
-        let Some(Ok(allocator)) = self.allocators.get_mut(&(pool.to_string(), dc.clone())) else {
+        let key = (pool.to_string(), dc.clone());
+        if !matches!(self.allocators.get(&key), Some(Ok(_))) {
             let why = self.unusable(pool, &dc);
             self.decide(cluster, pool, Change::Fail, held, moved_from, why);
+            return;
+        }
+        // Its own quarantined addresses are its to pin.
+        let lifted = self.lift_quarantine(&key, &cluster.name);
+        let Some(Ok(allocator)) = self.allocators.get_mut(&key) else {
             return;
         };
         let decision = match held {
@@ -346,7 +404,48 @@ impl<'a> Planner<'a> {
             },
         };
         let (change, held, previous, message) = decision;
+        if change == Change::Replace
+            && let (Some(old), Some(new)) = (&previous, &held)
+        {
+            let released = spaces::minus(
+                &old.ranges().collect::<Vec<_>>(),
+                &new.ranges().collect::<Vec<_>>(),
+            );
+            self.add_released(&key, &cluster.name, released, lifted);
+        } else if let Some(entries) = lifted {
+            self.restore_quarantine(&key, &cluster.name, entries);
+        } else {
+            self.mirror(&key, &cluster.name);
+        }
         self.decide(cluster, pool, change, held, previous, message);
+    }
+
+    /// After a pin moved: quarantines what `cluster` let go in `key`, puts back what it had
+    /// quarantined already and did not take again, and tells the space.
+    fn add_released(
+        &mut self,
+        key: &Key,
+        cluster: &str,
+        released: Vec<AddrRange>,
+        lifted: Option<spaces::Entries>,
+    ) {
+        let mut entries = lifted.unwrap_or_default();
+        if self
+            .pools
+            .get(key.0.as_str())
+            .and_then(|p| p.datacenters.get(&key.1))
+            .is_some_and(|d| d.reuse_after > 0)
+        {
+            let known: Vec<AddrRange> = entries
+                .iter()
+                .flat_map(|(_, r)| r.iter().copied())
+                .collect();
+            let new = spaces::minus(&released, &known);
+            if !new.is_empty() {
+                entries.push((self.now, new));
+            }
+        }
+        self.restore_quarantine(key, cluster, entries);
     }
 
     /// Step 3: new allocations and growth, oldest cluster first.
@@ -388,9 +487,24 @@ impl<'a> Planner<'a> {
             self.decide(cluster, pool, change, held, moved_from, why);
             return;
         }
-        let Some(Ok(allocator)) = self.allocators.get_mut(&(pool.to_string(), dc.clone())) else {
+        let key = (pool.to_string(), dc.clone());
+        if !matches!(self.allocators.get(&key), Some(Ok(_))) {
             let why = self.unusable(pool, &dc);
             self.decide(cluster, pool, Change::Fail, held, moved_from, why);
+            return;
+        }
+        // A former holder asking again gets its quarantined addresses first.
+        let lifted = if held.is_none() {
+            self.lift_quarantine(&key, &cluster.name)
+        } else {
+            None
+        };
+        let preferred: Vec<AddrRange> = lifted
+            .iter()
+            .flatten()
+            .flat_map(|(_, r)| r.iter().copied())
+            .collect();
+        let Some(Ok(allocator)) = self.allocators.get_mut(&key) else {
             return;
         };
         let (change, now, previous, message) = match (held, request) {
@@ -426,25 +540,31 @@ impl<'a> Planner<'a> {
             // Prefix allocations keep their subnet; a new allocationPrefix applies to new
             // allocations only.
             (Some(current), _) => (Change::Keep, Some(current), None, String::new()),
-            (None, request) => match allocator.allocate(&cluster.name, request) {
-                Ok(got) if pieces(got) > MAX_PIECES => {
-                    let count = pieces(got);
-                    allocator.release(&cluster.name);
-                    let message = format!(
-                        "the pool is so fragmented that {request} would take {count} pieces, more than the {MAX_PIECES} an IPAMAllocation holds"
-                    );
-                    (Change::Fail, None, moved_from, message)
+            (None, request) => {
+                match allocator.allocate_preferring(&cluster.name, request, &preferred) {
+                    Ok(got) if pieces(got) > MAX_PIECES => {
+                        let count = pieces(got);
+                        allocator.release(&cluster.name);
+                        let message = format!(
+                            "the pool is so fragmented that {request} would take {count} pieces, more than the {MAX_PIECES} an IPAMAllocation holds"
+                        );
+                        (Change::Fail, None, moved_from, message)
+                    }
+                    Ok(got) => {
+                        let message = match &moved_from {
+                            Some(old) => format!("moved to datacenter {dc}; {old} released"),
+                            None => String::new(),
+                        };
+                        (Change::Create, Some(got.clone()), moved_from, message)
+                    }
+                    Err(e) => (Change::Fail, None, moved_from, e.to_string()),
                 }
-                Ok(got) => {
-                    let message = match &moved_from {
-                        Some(old) => format!("moved to datacenter {dc}; {old} released"),
-                        None => String::new(),
-                    };
-                    (Change::Create, Some(got.clone()), moved_from, message)
-                }
-                Err(e) => (Change::Fail, None, moved_from, e.to_string()),
-            },
+            }
         };
+        match lifted {
+            Some(entries) => self.restore_quarantine(&key, &cluster.name, entries),
+            None => self.mirror(&key, &cluster.name),
+        }
         self.decide(cluster, pool, change, now, previous, message);
     }
 
@@ -527,9 +647,13 @@ impl<'a> Planner<'a> {
             pools: pools.iter().map(|p| (p.name.as_str(), *p)).collect(),
             by_name: clusters.iter().map(|c| (c.name.as_str(), *c)).collect(),
             clusters: sorted,
+            siblings: spaces::siblings(pools),
             allocators,
             decisions: BTreeMap::new(),
             blocked: BTreeMap::new(),
+            now: 0,
+            shared_tags: HashMap::new(),
+            quarantine: BTreeMap::new(),
         }
     }
 
@@ -570,6 +694,7 @@ impl<'a> Planner<'a> {
                 ))
             })
             .collect();
+        let quarantined = self.quarantine_list();
         let pools = self.pools;
         let decisions = self
             .decisions
@@ -580,6 +705,8 @@ impl<'a> Planner<'a> {
             })
             .collect();
         let blocked = self.blocked;
+        let siblings = self.siblings;
+        let quarantine = self.quarantine;
         let states = self
             .allocators
             .into_iter()
@@ -588,12 +715,21 @@ impl<'a> Planner<'a> {
                     blocked: blocked.contains_key(&key)
                         || blocked.contains_key(&(key.0.clone(), String::new())),
                     youngest_request: youngest.remove(&key),
+                    shared: siblings.contains_key(&key),
+                    quarantine: quarantine.get(&key).is_some_and(|h| !h.is_empty()),
                     allocator,
                 };
                 (key, state)
             })
             .collect();
-        (Plan { decisions, usage }, PoolStates::from_map(states))
+        (
+            Plan {
+                decisions,
+                usage,
+                quarantined,
+            },
+            PoolStates::from_map(states),
+        )
     }
 }
 

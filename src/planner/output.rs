@@ -91,6 +91,10 @@ pub struct Plan {
     pub decisions: Vec<Decision>,
     /// Keyed by (pool, datacenter).
     pub usage: BTreeMap<(String, String), DatacenterReport>,
+    /// What stays quarantined after the plan (`reuseAfter`), sorted by pool, datacenter,
+    /// holder and release time: the entries kept, less those past their end, plus what the
+    /// plan released.
+    pub quarantined: Vec<super::Quarantined>,
 }
 
 impl Plan {

@@ -99,12 +99,17 @@ pub struct PoolFigures {
     pub allocated: f64,
     pub excluded: f64,
     pub available: f64,
-    /// Allocated share of the addresses that can be allocated (total less exclusions), 0 to
+    /// Share of the addresses that can be allocated (total less exclusions) that is not
+    /// available (allocated, quarantined or shared), 0 to
     /// 1; 1 for a pool excluded entirely.
     pub utilization: f64,
     pub largest_free_block: f64,
     /// Allocations by phase, for every phase of [`PUBLISHED_PHASES`] (zeros included).
     pub phases: Vec<(AllocationPhase, u64)>,
+    /// Addresses quarantined for their former holders (`reuseAfter`).
+    pub quarantined: f64,
+    /// Addresses held through another pool of the same address space.
+    pub shared: f64,
 }
 
 /// An exact address count as the nearest `f64` (see the module documentation).
@@ -154,7 +159,7 @@ fn usage_figures(
             let utilization = if usable.is_zero() {
                 1.0
             } else {
-                count_to_f64(u.allocated) / count_to_f64(usable)
+                count_to_f64(usable.saturating_sub(u.available)) / count_to_f64(usable)
             };
             PoolFigures {
                 pool: r.pool.clone(),
@@ -166,6 +171,8 @@ fn usage_figures(
                 utilization,
                 largest_free_block: count_to_f64(u.largest_free_block),
                 phases,
+                quarantined: count_to_f64(u.quarantined),
+                shared: count_to_f64(u.shared),
             }
         }
     }
@@ -281,12 +288,13 @@ impl Metrics {
             registry.register(
                 "pool_addresses",
                 "Addresses per pool and datacenter, by state (total, allocated, excluded, \
-             available); published by the leader",
+             available, quarantined, shared: held through another pool of the address \
+             space); published by the leader",
                 m.pool_addresses.clone(),
             );
             registry.register(
             "pool_utilization_ratio",
-            "Allocated share (0-1) of the addresses that can be allocated (total less excluded)",
+            "Share (0-1) of the addresses that can be allocated (total less excluded) that is not available (allocated, quarantined or held through another pool of the space)",
             m.pool_utilization.clone(),
         );
             registry.register(
@@ -398,6 +406,8 @@ impl Metrics {
             ("allocated", f.allocated),
             ("excluded", f.excluded),
             ("available", f.available),
+            ("quarantined", f.quarantined),
+            ("shared", f.shared),
         ] {
             self.pool_addresses
                 .get_or_create(&state_labels(labels, state))
@@ -416,7 +426,14 @@ impl Metrics {
             pool: pool.to_string(),
             datacenter: datacenter.to_string(),
         };
-        for state in ["total", "allocated", "excluded", "available"] {
+        for state in [
+            "total",
+            "allocated",
+            "excluded",
+            "available",
+            "quarantined",
+            "shared",
+        ] {
             self.pool_addresses.remove(&state_labels(&labels, state));
         }
         self.pool_utilization.remove(&labels);

@@ -238,6 +238,141 @@ pub async fn commit(
     run(ctx, pool, key, target).await
 }
 
+/// Raises the fence of every shard of `key` — the record of another pool of the same address
+/// space — covering `added` (addresses a commit of this replica is about to hand out in the
+/// overlapping pool), creating the shards that do not exist yet. Each raise is a real write
+/// (it changes `spec.fence`, so the shard gets a new `resourceVersion`) conditional on the
+/// version this replica holds: it fails if anybody wrote the shard since, and any commit of
+/// the other pool planned on the version before it fails in turn. See `docs/design.md`.
+pub async fn raise_fences(
+    ctx: &Context,
+    pool: &IPAMPool,
+    key: &RecordKey,
+    added: &[crate::address::AddrRange],
+) -> Result<u64, CommitError> {
+    let layout = layout(pool, key)?;
+    let blocks = layout
+        .blocks_covering(added.iter().copied())
+        .map_err(|why| {
+            CommitError::Unsplittable(format!("pool record of {}/{}: {why}", key.0, key.1))
+        })?;
+    let mut sent = 0;
+    for block in blocks {
+        let name = shards::shard_name(&key.0, &key.1, &block);
+        let current = {
+            let records = ctx.records.lock().await;
+            records.map.get(key).and_then(|s| s.get(&name)).map(|h| {
+                (
+                    h.record.resource_version(),
+                    h.record.spec.fence.unwrap_or(0),
+                )
+            })
+        };
+        sent += 1;
+        let Some((version, fence)) = current else {
+            let write = prepare(None, pool, key, &name, Some(block), Changes::new())?;
+            let Write::Create(mut record) = write else {
+                return Err(conflict(format!(
+                    "pool record {name}: expected a new shard"
+                )));
+            };
+            record.spec.fence = Some(1);
+            send(ctx, key, Write::Create(record)).await?;
+            continue;
+        };
+        let Some(version) = version.filter(|v| !v.is_empty()) else {
+            return Err(conflict(format!(
+                "pool record {name}: the copy held carries no resourceVersion to commit on"
+            )));
+        };
+        let next = fence.saturating_add(1);
+        let body = json!({"metadata": {"resourceVersion": version}, "spec": {"fence": next}});
+        let pp = PatchParams {
+            field_manager: Some("kipam".into()),
+            ..Default::default()
+        };
+        let api: Api<IPAMPoolRecord> = Api::all(ctx.writer.clone());
+        ctx.metrics.wrote("patch", "ipampoolrecords");
+        let written = match api.patch_metadata(&name, &pp, &Patch::Merge(&body)).await {
+            Ok(w) => w,
+            Err(e) => return Err(failed(ctx, key, &name, e.into()).await),
+        };
+        let outcome = ctx
+            .records
+            .lock()
+            .await
+            .fenced(key, &name, &version, next, written.metadata);
+        match outcome {
+            Patched::Applied => {}
+            Patched::Moved => refresh(ctx, key, &name).await,
+            Patched::Diverged => {
+                return Err(failed(
+                    ctx,
+                    key,
+                    &name,
+                    conflict(format!(
+                        "pool record {name}: the server kept the version of a fence raise"
+                    )),
+                )
+                .await);
+            }
+        }
+    }
+    Ok(sent)
+}
+
+/// [`commit`] for a pool datacenter that shares addresses with others of its address space
+/// (`others`: their pools and record keys; none makes it [`commit`]): first the fences of the
+/// other pools' shards covering the addresses this commit adds are raised
+/// ([`raise_fences`]), and only once all of them landed is the record of `key` committed. A
+/// replica planning on a stale view of any of those shards is refused before it has written
+/// anything.
+pub async fn commit_shared(
+    ctx: &Context,
+    pool: &IPAMPool,
+    key: &RecordKey,
+    reservations: BTreeMap<String, Reservation>,
+    check: BTreeSet<String>,
+    others: &[(IPAMPool, RecordKey)],
+) -> Result<u64, CommitError> {
+    let mut raised = 0;
+    if !others.is_empty() {
+        let added = added_addresses(ctx, key, &reservations).await;
+        if !added.is_empty() {
+            for (other_pool, other) in others {
+                raised += raise_fences(ctx, other_pool, other, &added).await?;
+            }
+        }
+    }
+    Ok(commit(ctx, pool, key, reservations, check).await? + raised)
+}
+
+/// The addresses `desired` lists that the record of `key` (as this replica holds it) does not
+/// list for the same entry: what a commit of it hands out.
+async fn added_addresses(
+    ctx: &Context,
+    key: &RecordKey,
+    desired: &BTreeMap<String, Reservation>,
+) -> Vec<crate::address::AddrRange> {
+    let held: BTreeMap<String, Reservation> = ctx.records.lock().await.joined(key).collect();
+    let mut added = Vec::new();
+    for (entry, wanted) in desired {
+        let Ok(wanted) = crate::reservations::allocation_of(wanted) else {
+            continue;
+        };
+        let had: Vec<crate::address::AddrRange> = held
+            .get(entry)
+            .and_then(|r| crate::reservations::allocation_of(r).ok())
+            .map(|a| a.ranges().collect())
+            .unwrap_or_default();
+        added.extend(crate::reservations::subtract_ranges(
+            wanted.ranges().collect(),
+            had,
+        ));
+    }
+    added
+}
+
 /// Writes the record of `key` with `changes` applied to the copy this replica holds (`None`
 /// removes a cluster's entry), each shard conditional on the version of its copy, like
 /// [`commit`]. For callers that already know what changes: no comparison of the whole record.
@@ -339,6 +474,7 @@ fn prepare(
                     .into_iter()
                     .filter_map(|(k, v)| Some((k, v?)))
                     .collect(),
+                fence: None,
             },
         };
         if json_size(&record) > MAX_RECORD_BYTES {
@@ -664,6 +800,7 @@ mod tests {
                 datacenter: "dc-1".into(),
                 block: None,
                 reservations: entries,
+                fence: None,
             },
         }]);
         records

@@ -11,7 +11,7 @@ pub mod shards;
 
 use crate::address::AddrRange;
 use crate::allocator::Allocation;
-use crate::planner::{Change, Decision};
+use crate::planner::{Change, Decision, Quarantined};
 use crate::resources::{IPAMAllocationSpec, Reservation, cluster_of_namespace};
 
 /// The record entry for what a cluster holds.
@@ -61,6 +61,11 @@ pub fn with_recorded(held: &Allocation, recorded: &Allocation) -> Allocation {
     let mut pieces: Vec<AddrRange> = held.ranges().collect();
     pieces.extend(missing);
     Allocation::Range(pieces)
+}
+
+/// The addresses of `from` that are not in `minus`, sorted and merged.
+pub fn subtract_ranges(from: Vec<AddrRange>, minus: Vec<AddrRange>) -> Vec<AddrRange> {
+    subtract(from, minus)
 }
 
 /// The addresses of `from` that are not in `minus`, sorted and merged.
@@ -178,5 +183,77 @@ mod tests {
             assert_eq!(allocation_of(&reservation_of(&a)).unwrap(), a);
         }
         assert!(allocation_of(&Reservation::default()).is_err());
+    }
+}
+
+/// How a record names a quarantine entry: `quarantined/<former holder>@<release time, RFC 3339>`.
+/// A `/` never appears in a cluster name, so no cluster's entry can be taken for one.
+pub const QUARANTINE_PREFIX: &str = "quarantined/";
+
+/// The record key of addresses quarantined for `holder` since `released_at` (seconds since
+/// the Unix epoch).
+pub fn quarantine_key(holder: &str, released_at: i64) -> String {
+    let when = k8s_openapi::jiff::Timestamp::from_second(released_at)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| released_at.to_string());
+    format!("{QUARANTINE_PREFIX}{holder}@{when}")
+}
+
+/// The former holder and release time a record key names, if it is a quarantine entry;
+/// `Err` for a quarantine key that does not read (its addresses are then kept, see callers).
+pub fn parse_quarantine_key(key: &str) -> Option<Result<(&str, i64), String>> {
+    let rest = key.strip_prefix(QUARANTINE_PREFIX)?;
+    let Some((holder, when)) = rest.rsplit_once('@') else {
+        return Some(Err(format!(
+            "quarantine entry {key:?} names no release time"
+        )));
+    };
+    let at = when
+        .parse::<k8s_openapi::jiff::Timestamp>()
+        .map(|t| t.as_second())
+        .or_else(|_| when.parse::<i64>())
+        .map_err(|_| format!("quarantine entry {key:?}: {when:?} is not a time"));
+    Some(at.map(|at| (holder, at)))
+}
+
+/// Adds to `desired` (a record's entries after a plan) the quarantine the plan keeps in
+/// (`pool`, `datacenter`).
+pub fn add_quarantine<'a>(
+    desired: &mut BTreeMap<String, Reservation>,
+    pool: &str,
+    datacenter: &str,
+    quarantined: impl IntoIterator<Item = &'a Quarantined>,
+) {
+    for q in quarantined {
+        if q.pool != pool || q.datacenter != datacenter {
+            continue;
+        }
+        let key = quarantine_key(&q.holder, q.released_at);
+        let held = Allocation::Range(q.addresses.clone());
+        let entry = match desired.remove(&key) {
+            Some(old) => match allocation_of(&old) {
+                Ok(o) => reservation_of(&with_recorded(&o, &held)),
+                Err(_) => reservation_of(&held),
+            },
+            None => reservation_of(&held),
+        };
+        desired.insert(key, entry);
+    }
+}
+
+#[cfg(test)]
+mod quarantine_tests {
+    use super::*;
+
+    #[test]
+    fn quarantine_keys_round_trip_and_never_read_as_a_cluster() {
+        let key = quarantine_key("web", 1_764_093_600);
+        assert_eq!(key, "quarantined/web@2025-11-25T18:00:00Z");
+        assert_eq!(parse_quarantine_key(&key), Some(Ok(("web", 1_764_093_600))));
+        assert_eq!(parse_quarantine_key("web"), None);
+        assert!(matches!(
+            parse_quarantine_key("quarantined/web@yesterday"),
+            Some(Err(_))
+        ));
     }
 }

@@ -130,6 +130,40 @@ impl Layout {
         std::iter::once(&self.pool).chain(self.more.iter())
     }
 
+    /// The blocks covering the addresses of `ranges` that lie in the pool (at most
+    /// [`MAX_BLOCKS_PER_ENTRY`]; `Err` beyond, which only a bug can reach).
+    pub fn blocks_covering(
+        &self,
+        ranges: impl IntoIterator<Item = AddrRange>,
+    ) -> Result<std::collections::BTreeSet<Cidr>, String> {
+        let mut out = std::collections::BTreeSet::new();
+        let family = self.pool.family();
+        for r in ranges {
+            if r.family() != family {
+                continue;
+            }
+            // Every CIDR of the pool datacenter: a holding in an additional CIDR is fenced
+            // as surely as one in `poolCidr`.
+            for c in self.cidrs() {
+                let (mut first, last) = (r.first().max(c.first()), r.last().min(c.last()));
+                while first <= last {
+                    let block = self.block_of(first);
+                    out.insert(block);
+                    if out.len() > MAX_BLOCKS_PER_ENTRY {
+                        return Err(format!(
+                            "{r} covers more than {MAX_BLOCKS_PER_ENTRY} blocks"
+                        ));
+                    }
+                    match block.last().checked_add(1) {
+                        Some(next) => first = next,
+                        None => break,
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// The block holding `address` (an address of the pool).
     fn block_of(&self, address: u128) -> Cidr {
         let family = self.pool.family();

@@ -56,6 +56,10 @@ pub const MAX_CONDITION_REASON: u32 = 1024;
 pub const MAX_MESSAGE: u32 = 32768;
 /// An RFC 3339 timestamp (`2026-01-02T03:04:05.123456789+01:00` is 35).
 pub const MAX_TIMESTAMP: u32 = 64;
+/// A duration such as `reuseAfter` (`10m`, `1h30m`, `90d`).
+pub const MAX_DURATION: u32 = 32;
+/// The longest `reuseAfter`: 90 days.
+pub const MAX_REUSE_AFTER_SECONDS: u64 = 90 * 24 * 3600;
 /// An exact address count as a decimal string: 2^128 has 39 digits.
 pub const MAX_COUNT_DIGITS: u32 = 39;
 

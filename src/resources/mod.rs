@@ -21,8 +21,8 @@ pub use cluster::{
     Cluster, ClusterPoolOverride, ClusterSpec, ClusterStatus, KubeconfigReference, SecretKeyRef,
 };
 pub use condition::Condition;
-pub use pool::PoolNetwork;
 pub use pool::PoolCidrUsage;
+pub use pool::PoolNetwork;
 pub use pool::{
     AllocationType, DatacenterUsage, IPAMPool, IPAMPoolDatacenter, IPAMPoolSpec, IPAMPoolStatus,
     PoolStrategy, ReclaimPolicy,

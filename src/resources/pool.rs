@@ -24,6 +24,7 @@ use super::bounds::*;
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Max Used %","type":"integer","jsonPath":".status.maxUtilisationPercent"}"#,
     printcolumn = r#"{"name":"Allocations","type":"integer","jsonPath":".status.allocations"}"#,
+    printcolumn = r#"{"name":"Quarantined","type":"string","jsonPath":".status.quarantined"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -43,6 +44,14 @@ pub struct IPAMPoolSpec {
     /// reserved should the pool be created again.
     #[serde(default)]
     pub reclaim_policy: ReclaimPolicy,
+    /// The address space (routing domain, VRF) the pool's networks live in. Pools that list
+    /// the same datacenter and name the same space (or none: one shared default space) share
+    /// that datacenter's addresses: an address held through any of them is taken for all of
+    /// them. Name another space only for pools whose networks are truly separate, so that the
+    /// same address may be handed out once in each. A DNS label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = MAX_LABEL), pattern(PATTERN_DNS_LABEL))]
+    pub address_space: Option<String>,
 }
 
 /// The pool's settings in one datacenter.
@@ -114,6 +123,13 @@ pub struct IPAMPoolDatacenter {
         inner(length(max = MAX_CIDR), pattern(PATTERN_CIDR))
     )]
     pub additional_cidrs: Vec<String>,
+    /// How long an address released here (cluster deleted, override shrunk, datacenter moved)
+    /// stays quarantined before it is handed to anybody else, as a duration (`30s`, `10m`,
+    /// `24h`, `7d`; at most 90 days). The former holder, coming back within that time, gets
+    /// its addresses back. Default `0`: released addresses are free at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_DURATION))]
+    pub reuse_after: Option<String>,
 }
 
 /// The network a pool datacenter lies in. Every field is optional.
@@ -224,6 +240,10 @@ pub struct IPAMPoolStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub allocations: Option<i64>,
+    /// Addresses quarantined over all datacenters (`reuseAfter`), exact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_COUNT_DIGITS), pattern(PATTERN_COUNT))]
+    pub quarantined: Option<String>,
 }
 
 /// Usage of the pool in one datacenter. Address counts are exact decimal strings: an IPv6
@@ -263,6 +283,11 @@ pub struct DatacenterUsage {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = MAX_ADDITIONAL_CIDRS + 1))]
     pub cidrs: Vec<PoolCidrUsage>,
+    /// Addresses released but quarantined (`reuseAfter`): held for their former holder and
+    /// handed to nobody else until the period ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_COUNT_DIGITS), pattern(PATTERN_COUNT))]
+    pub quarantined: Option<String>,
 }
 
 /// Usage of one CIDR of a pool datacenter. Counts are exact decimal strings.

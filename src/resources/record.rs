@@ -57,9 +57,20 @@ pub struct IPAMPoolRecordSpec {
     pub block: Option<String>,
     /// Cluster name -> the part of its addresses that lies in this record's block. An address listed here is never handed to
     /// another cluster.
+    ///
+    /// Entries named `quarantined/<cluster>@<release time>` hold addresses released by that
+    /// cluster and quarantined (`reuseAfter`): handed to nobody else, and back to that cluster
+    /// if it returns before the period ends.
     #[serde(default)]
     #[schemars(extend("maxProperties" = MAX_RECORD_ENTRIES))]
     pub reservations: BTreeMap<String, Reservation>,
+    /// Raised by a commit of *another* pool of the same address space that hands out
+    /// addresses lying in this shard's block: a commit of this pool planned on an older
+    /// version of the shard is then refused, so two pools sharing addresses cannot hand the
+    /// same one out. Absent until the first such commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub fence: Option<i64>,
 }
 
 /// What one cluster holds: a subnet (`prefix` pools) or address pieces (`range` pools).

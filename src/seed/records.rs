@@ -85,6 +85,7 @@ impl Records {
                         datacenter: key.1.clone(),
                         block: None,
                         reservations: self.joined(&key).collect(),
+                        fence: None,
                     },
                 };
                 (key, record)
@@ -210,6 +211,35 @@ impl Records {
     }
 }
 
+impl Records {
+    /// Brings the held copy of shard `name` to what a raise of its fence to `fence` made at
+    /// the server. Only when the copy is still the `version` the raise was conditional on and
+    /// the server gave a new version.
+    pub(crate) fn fenced(
+        &mut self,
+        key: &RecordKey,
+        name: &str,
+        version: &str,
+        fence: i64,
+        metadata: ObjectMeta,
+    ) -> Patched {
+        let Some(held) = self.map.get_mut(key).and_then(|s| s.get_mut(name)) else {
+            return Patched::Moved;
+        };
+        if held.record.metadata.resource_version.as_deref() != Some(version) {
+            return Patched::Moved;
+        }
+        match metadata.resource_version.as_deref() {
+            None | Some("") => return Patched::Moved,
+            Some(v) if v == version => return Patched::Diverged,
+            Some(_) => {}
+        }
+        held.record.spec.fence = Some(fence);
+        held.record.metadata = metadata;
+        Patched::Applied
+    }
+}
+
 /// What became of the held copy after a patch landed.
 pub(crate) enum Patched {
     /// It now equals the record at the server.
@@ -264,6 +294,7 @@ pub(crate) fn record_size(
             datacenter: spec.datacenter.clone(),
             block: spec.block.clone(),
             reservations: BTreeMap::new(),
+            fence: spec.fence,
         },
     };
     // The shell holds `{}`; the entries go inside, separated by commas.

@@ -118,6 +118,16 @@ pub fn datacenter_name(field: &str, value: &str) -> Result<(), FieldError> {
     )
 }
 
+/// An address space name (`IPAMPool.spec.addressSpace`).
+pub fn address_space(field: &str, value: &str) -> Result<(), FieldError> {
+    dns1123_label_max(
+        field,
+        value,
+        MAX_LABEL,
+        "it names a routing domain shared by the pools that give it",
+    )
+}
+
 /// A cluster name: kipam keeps the cluster's objects in namespace `cluster-<name>`.
 pub fn cluster_name(field: &str, value: &str) -> Result<(), FieldError> {
     dns1123_label_max(

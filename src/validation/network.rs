@@ -139,7 +139,11 @@ pub fn datacenter_network(
                                 )
                                 .find(|c| address >= c.first() && address <= c.last())
                                 .and_then(|c| {
-                                    let field = if c == pool { "poolCidr" } else { "additionalCidrs" };
+                                    let field = if c == pool {
+                                        "poolCidr"
+                                    } else {
+                                        "additionalCidrs"
+                                    };
                                     not_excluded(settings, field, c, family, address)
                                 })
                         }),

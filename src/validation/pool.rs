@@ -31,11 +31,15 @@ pub fn pool_input(pool: &IPAMPool) -> Result<PoolInput, Vec<FieldError>> {
             list.into_iter().for_each(|e| errors.check(Err(e)));
         }
     }
+    if let Some(space) = &pool.spec.address_space {
+        errors.check(names::address_space("spec.addressSpace", space));
+    }
     errors.check_schema("IPAMPool", &pool.spec);
     errors.into_result(PoolInput {
         name,
         reclaim_policy: pool.spec.reclaim_policy,
         datacenters,
+        address_space: pool.spec.address_space.clone().unwrap_or_default(),
     })
 }
 
@@ -235,6 +239,15 @@ fn datacenter_input(
             (kind, exclusions)
         }
     };
+    let reuse_after = match settings.reuse_after.as_deref().map(parse_reuse_after) {
+        None => Some(0),
+        Some(Ok(seconds)) => Some(seconds),
+        Some(Err(why)) => {
+            let value = settings.reuse_after.clone().unwrap_or_default();
+            errors.add(field(dc, "reuseAfter"), value, why);
+            None
+        }
+    };
     let cidr = cidr?;
     let config = PoolConfig::new(cidr, kind?, strategy)
         .with_label(format!("{pool}/{dc} ({cidr})"))
@@ -242,7 +255,36 @@ fn datacenter_input(
     Some(DatacenterInput {
         config,
         exclusions: exclusions?,
+        reuse_after: reuse_after?,
     })
+}
+
+/// `reuseAfter` in whole seconds: a duration such as `90s`, `10m`, `1h30m`, `7d` (or ISO
+/// 8601, `PT10M`), from 0 to 90 days.
+pub fn parse_reuse_after(text: &str) -> Result<u64, String> {
+    use crate::resources::bounds::MAX_REUSE_AFTER_SECONDS;
+    let trimmed = text.trim();
+    if trimmed == "0" {
+        return Ok(0);
+    }
+    use k8s_openapi::jiff::{Span, SpanTotal, Unit};
+    let not_a_duration =
+        || "is not a duration: write it as 30s, 10m, 1h30m or 7d (at most 90d)".to_string();
+    let span: Span = trimmed.parse().map_err(|_| not_a_duration())?;
+    if span.is_negative() {
+        return Err("must not be negative".into());
+    }
+    // Days (and weeks) of 24 hours; months and years have no fixed length and are refused.
+    let total = span
+        .total(SpanTotal::from(Unit::Second).days_are_24_hours())
+        .map_err(|_| not_a_duration())?;
+    if total.fract() != 0.0 {
+        return Err("must be whole seconds".into());
+    }
+    if total > MAX_REUSE_AFTER_SECONDS as f64 {
+        return Err("must be at most 90 days (90d)".into());
+    }
+    Ok(total as u64)
 }
 
 /// Parses exclusions and checks family and containment.

@@ -18,6 +18,7 @@ mod quiet;
 mod records;
 mod selfsigned;
 mod serving;
+mod spaces;
 mod ui;
 mod walkthrough;
 mod webdriver;

@@ -5,6 +5,7 @@ mod docs;
 mod files;
 mod mutations;
 mod network;
+mod quarantine;
 mod report;
 mod strict;
 

@@ -246,6 +246,7 @@ spec:
 #[test]
 fn pools_overlapping_in_a_datacenter_are_reported_with_both_names() {
     let w = Workdir::new("overlap");
+    // In one address space (the default): the pools share their addresses.
     let files = w.write(
         "in.yaml",
         &format!("{OVERLAPPING}{}", clusters(&["a", "b"])),
@@ -256,7 +257,34 @@ fn pools_overlapping_in_a_datacenter_are_reported_with_both_names() {
     assert_eq!(run.status.code(), Some(0), "{err}");
     assert!(
         err.contains(
-            "warning: pools ingress (10.0.0.0/24) and lb (10.0.0.0/28) overlap in datacenter dc-1"
+            "warning: pools ingress (10.0.0.0/24) and lb (10.0.0.0/28) overlap in datacenter dc-1 in one address space"
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("both hold"), "{err}");
+    let out = text(&run.stdout);
+    for line in [
+        "a        ingress  dc-1        prefix  10.0.0.0/30",
+        "a        lb       dc-1        range   10.0.0.4-10.0.0.7",
+        "b        ingress  dc-1        prefix  10.0.0.8/30",
+        "b        lb       dc-1        range   10.0.0.12-10.0.0.15",
+    ] {
+        assert!(out.contains(line), "{line:?} in\n{out}");
+    }
+
+    // In two address spaces: each may hand out the same addresses, and the warning lists
+    // them.
+    let w = Workdir::new("overlap-spaces");
+    let spaced = OVERLAPPING.replacen("spec:\n", "spec:\n  addressSpace: vrf-ingress\n", 2);
+    let spaced = spaced.replacen("spec:\n  addressSpace: vrf-ingress\n", "spec:\n", 1);
+    let files = w.write("in.yaml", &format!("{spaced}{}", clusters(&["a", "b"])));
+    let state = w.path("state.yaml");
+    let run = offline(&[files.to_str().unwrap()], &state);
+    let err = text(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains(
+            "warning: pools ingress (10.0.0.0/24) and lb (10.0.0.0/28) overlap in datacenter dc-1 across address spaces (space vrf-ingress and the default space)"
         ),
         "{err}"
     );

@@ -65,6 +65,10 @@ enum Event {
     DropStored {
         index: usize,
     },
+    /// The clock moves on.
+    Tick {
+        minutes: i64,
+    },
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -79,7 +83,8 @@ fn event() -> impl Strategy<Value = Event> {
         1 => (c.clone(), pool.clone(), any::<bool>()).prop_map(|(c, pool, on)| Event::OptOut { c, pool, on }),
         1 => (c.clone(), pool.clone(), 1..9u128).prop_map(|(c, pool, addresses)| Event::Ask { c, pool, addresses }),
         1 => (c, any::<bool>()).prop_map(|(c, on)| Event::Invalid { c, on }),
-        2 => (pool.clone(), 0..8usize).prop_map(|(pool, shape)| Event::PutPool { pool, shape }),
+        3 => (pool.clone(), 0..13usize).prop_map(|(pool, shape)| Event::PutPool { pool, shape }),
+        2 => (1..90i64).prop_map(|minutes| Event::Tick { minutes }),
         1 => pool.prop_map(|pool| Event::RemovePool { pool }),
         5 => Just(Event::WritesLand),
         1 => (0..64usize).prop_map(|index| Event::DropStored { index }),
@@ -113,9 +118,19 @@ fn pool(i: usize, shape: usize) -> PoolInput {
         6 => format!(
             "datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.{i}.0.0/27\n      allocationRange: 4\n      additionalCidrs: [10.{i}.9.0/29, 10.{i}.8.252/30]\n"
         ),
-        _ => format!(
+        7 => format!(
             "datacenters:\n    dc-2:\n      type: prefix\n      poolCidr: 10.{i}.2.0/26\n      allocationPrefix: 28\n      additionalCidrs: [10.{i}.7.0/27]\n"
         ),
+        // Pools sharing the addresses of dc-1 (the default space), with a quarantine.
+        8 => "datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.9.0.0/27\n      allocationRange: 3\n      reuseAfter: 1h\n".to_string(),
+        9 => "datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.9.0.16/28\n      allocationRange: 2\n    dc-2:\n      type: range\n      poolCidr: 10.9.0.0/28\n      allocationRange: 2\n      reuseAfter: 30m\n".to_string(),
+        // The same network in another address space.
+        10 => "addressSpace: vrf-b\n  datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.9.0.0/28\n      allocationRange: 4\n      reuseAfter: 2h\n".to_string(),
+        // Several CIDRs, the second in the shared addresses of dc-1 above.
+        11 => format!(
+            "datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.{i}.0.0/29\n      allocationRange: 4\n      additionalCidrs: [10.9.0.32/28]\n      reuseAfter: 20m\n"
+        ),
+        _ => "datacenters:\n    dc-1:\n      type: prefix\n      poolCidr: 10.9.0.0/26\n      allocationPrefix: 29\n      reuseAfter: 45m\n".to_string(),
     };
     pool_input(&format!(
         "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata:\n  name: {name}\nspec:\n  {body}"
@@ -127,6 +142,8 @@ struct Seed {
     pools: BTreeMap<String, PoolInput>,
     clusters: BTreeMap<String, ClusterInput>,
     stored: Vec<kipam::planner::StoredAllocation>,
+    quarantined: Vec<kipam::planner::Quarantined>,
+    now: i64,
 }
 
 impl Seed {
@@ -135,6 +152,8 @@ impl Seed {
             pools: self.pools.values().cloned().collect(),
             clusters: self.clusters.values().cloned().collect(),
             stored: self.stored.clone(),
+            quarantined: self.quarantined.clone(),
+            now: self.now,
         }
     }
 
@@ -195,7 +214,9 @@ impl Seed {
             Event::WritesLand => {
                 let pools: Vec<PoolInput> = self.pools.values().cloned().collect();
                 self.stored = stored_after(current, &pools);
+                self.quarantined = current.quarantined.clone();
             }
+            Event::Tick { minutes } => self.now += minutes * 60,
             Event::DropStored { index } => {
                 if !self.stored.is_empty() {
                     let i = index % self.stored.len();

@@ -4,6 +4,7 @@ mod growth;
 mod incremental;
 mod network;
 mod planner;
+mod spaces;
 mod validation;
 
 use kipam::planner::{ClusterInput, PoolInput, StoredAllocation};

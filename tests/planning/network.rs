@@ -286,7 +286,9 @@ fn additional_cidrs_lie_in_the_network_and_do_not_hand_out_the_gateway() {
     let base = "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 8\nexcludeRanges: [\"192.168.1.1\"]\nadditionalCidrs: [\"192.168.1.64/26\"]\n";
     // The gateway in the additional CIDR, not excluded.
     assert_eq!(
-        messages(&format!("{base}network:\n  gateway: 192.168.1.65\n  prefixLength: 24\n")),
+        messages(&format!(
+            "{base}network:\n  gateway: 192.168.1.65\n  prefixLength: 24\n"
+        )),
         vec![format!(
             "{FIELD}.gateway \"192.168.1.65\": lies inside additionalCidrs 192.168.1.64/26 and is not excluded, so kipam could hand it to a cluster: add it to excludeRanges"
         )]
@@ -294,7 +296,9 @@ fn additional_cidrs_lie_in_the_network_and_do_not_hand_out_the_gateway() {
     // The same, excluded: accepted.
     let excluded = base.replace("[\"192.168.1.1\"]", "[\"192.168.1.1\", \"192.168.1.65\"]");
     assert_eq!(
-        messages(&format!("{excluded}network:\n  gateway: 192.168.1.65\n  prefixLength: 24\n")),
+        messages(&format!(
+            "{excluded}network:\n  gateway: 192.168.1.65\n  prefixLength: 24\n"
+        )),
         Vec::<String>::new()
     );
     // A network as narrow as poolCidr leaves the additional CIDR outside it.

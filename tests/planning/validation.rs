@@ -469,3 +469,52 @@ fn allocation_prefix_is_inferred_from_the_state_only_when_unambiguous() {
     // A cluster that is gone says nothing either.
     assert!(messages(&only_b, Some(&[a])).is_empty());
 }
+
+#[test]
+fn reuse_after_and_address_space_are_checked_with_the_field_and_value() {
+    let range = "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 8\nreuseAfter: ";
+    for ok in ["0", "30s", "10m", "1h30m", "7d", "1w", "PT10M", "90d"] {
+        assert_eq!(
+            messages(&one_dc(&format!("{range}\"{ok}\""))),
+            Vec::<String>::new(),
+            "{ok}"
+        );
+    }
+    let parsed = |text: &str| kipam::validation::parse_reuse_after(text);
+    assert_eq!(parsed("10m"), Ok(600));
+    assert_eq!(parsed("7d"), Ok(7 * 86_400));
+    for (bad, why) in [
+        ("91d", "must be at most 90 days (90d)"),
+        (
+            "soon",
+            "is not a duration: write it as 30s, 10m, 1h30m or 7d (at most 90d)",
+        ),
+        (
+            "1 month",
+            "is not a duration: write it as 30s, 10m, 1h30m or 7d (at most 90d)",
+        ),
+        ("-5m", "must not be negative"),
+        ("1.5s", "must be whole seconds"),
+    ] {
+        assert_eq!(
+            messages(&one_dc(&format!("{range}\"{bad}\""))),
+            vec![format!(
+                "IPAMPool metallb: spec.datacenters[dc-1].reuseAfter \"{bad}\": {why}"
+            )],
+            "{bad}"
+        );
+    }
+    let spaced = |space: &str| {
+        format!(
+            "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata:\n  name: metallb\nspec:\n  addressSpace: \"{space}\"\n  datacenters:\n    dc-1:\n      type: range\n      poolCidr: 192.168.1.0/26\n      allocationRange: 8\n"
+        )
+    };
+    assert!(messages(&spaced("vrf-blue")).is_empty());
+    let found = messages(&spaced("VRF_1"));
+    assert!(
+        found
+            .iter()
+            .any(|m| m.starts_with("IPAMPool metallb: spec.addressSpace \"VRF_1\": ")),
+        "{found:?}"
+    );
+}

@@ -712,6 +712,8 @@ fn a_pool_network_is_checked_and_may_change() {
             "spec.datacenters[dc-1].network.mtu \"9217\": must be between 576 and 9216",
         ],
     );
+}
+
 #[test]
 fn a_holding_already_outside_the_pool_blocks_no_other_edit() {
     // c5's allocation lies outside the pool already (made by hand): it is reported elsewhere,

@@ -51,6 +51,9 @@ pub(super) async fn commit_records(
             decisions_of.entry(d.pool.as_str()).or_default().push(d);
         }
     }
+    // Pools sharing addresses: a commit handing out addresses also raises the fence of the
+    // overlapping pools' shards.
+    let siblings = planner::space_siblings(inputs);
     let mut current = HashSet::new();
     let no_decisions: Vec<&planner::Decision> = Vec::new();
     let no_objects: Vec<&Entry> = Vec::new();
@@ -74,13 +77,19 @@ pub(super) async fn commit_records(
             let key = (input.name.clone(), dc.clone());
             let check = to_write.get(&key).cloned().unwrap_or_default();
             let pool = (*pool).clone();
+            let fences: Vec<(IPAMPool, RecordKey)> = siblings
+                .get(&key)
+                .into_iter()
+                .flatten()
+                .filter_map(|k| Some(((*pool_objects.get(&k.0)?).as_ref().clone(), k.clone())))
+                .collect();
             commits.push(async move {
                 if !ctx.leader.holds() {
                     return (key, Err(None));
                 }
                 // Built when the commit starts, not before: only the commits in flight hold
                 // their desired record (a whole pool's, in a burst).
-                let desired = reservations::desired_reservations(
+                let mut desired = reservations::desired_reservations(
                     &key.0,
                     &key.1,
                     pool_decisions.iter().copied(),
@@ -88,7 +97,8 @@ pub(super) async fn commit_records(
                         .iter()
                         .map(|o| (o.namespace(), o.name(), o.spec())),
                 );
-                let r = records::commit(ctx, &pool, &key, desired, check).await;
+                reservations::add_quarantine(&mut desired, &key.0, &key.1, &plan.quarantined);
+                let r = records::commit_shared(ctx, &pool, &key, desired, check, &fences).await;
                 (key, r.map_err(Some))
             });
         }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use kube::{Api, ResourceExt};
 
 use super::*;
-use crate::planner::{ClusterInput, PoolInput, StoredAllocation};
+use crate::planner::{ClusterInput, PoolInput, Quarantined, StoredAllocation};
 use crate::planning::records::RecordKey;
 use crate::reservations;
 use crate::resources::Reservation;
@@ -23,6 +23,8 @@ pub(super) struct Inputs {
     pub cluster_inputs: Vec<ClusterInput>,
     pub cluster_errors: HashMap<String, Vec<FieldError>>,
     pub stored: Vec<StoredAllocation>,
+    /// The quarantine the pool records keep.
+    pub quarantined: Vec<Quarantined>,
 }
 
 /// A reading and the `resourceVersion` it was made at.
@@ -256,7 +258,9 @@ pub(super) async fn gather(
         }
     }
     merge_records(&mut stored, records, &frozen_pools, cache);
+    let quarantined = quarantine_of_records(records, &frozen_pools, cache);
     Ok(Inputs {
+        quarantined,
         pool_inputs,
         pool_errors,
         deleting_pools,
@@ -290,6 +294,9 @@ pub(super) fn merge_records(
             continue;
         };
         for (cluster, recorded) in entries {
+            if reservations::parse_quarantine_key(cluster).is_some() {
+                continue; // quarantine: see `quarantine_of_records`
+            }
             let recorded = match recorded.clone() {
                 Ok(a) => a,
                 Err(why) => {
@@ -326,4 +333,60 @@ pub(super) fn merge_records(
             }
         }
     }
+}
+
+/// The quarantine entries of the pool records (`reservations::QUARANTINE_PREFIX`). An entry
+/// whose key does not read keeps its addresses quarantined from now on; one whose addresses do
+/// not read is left out (and trimmed by the next commit), like an unreadable cluster entry.
+pub(super) fn quarantine_of_records(
+    records: &BTreeMap<RecordKey, String>,
+    frozen_pools: &HashSet<String>,
+    cache: &ReadCache,
+) -> Vec<Quarantined> {
+    let now = unix_now();
+    let mut out = Vec::new();
+    for (pool, dc) in records.keys() {
+        if frozen_pools.contains(pool) {
+            continue;
+        }
+        let Some((_, entries)) = cache.records.get(&(pool.clone(), dc.clone())) else {
+            continue;
+        };
+        for (key, recorded) in entries {
+            let Some(parsed) = reservations::parse_quarantine_key(key) else {
+                continue;
+            };
+            let Ok(held) = recorded else {
+                tracing::warn!(pool = %pool, datacenter = %dc, entry = %key, "unreadable quarantine entry ignored");
+                continue;
+            };
+            let (holder, released_at) = match parsed {
+                Ok((holder, at)) => (holder.to_string(), at),
+                Err(why) => {
+                    tracing::warn!(pool = %pool, datacenter = %dc, "{why}; quarantined from now on");
+                    let holder = key
+                        .strip_prefix(reservations::QUARANTINE_PREFIX)
+                        .unwrap_or(key)
+                        .split('@')
+                        .next()
+                        .unwrap_or_default()
+                        .to_string();
+                    (holder, now)
+                }
+            };
+            out.push(Quarantined {
+                pool: pool.clone(),
+                datacenter: dc.clone(),
+                holder,
+                released_at,
+                addresses: held.ranges().collect(),
+            });
+        }
+    }
+    out
+}
+
+/// The wall clock, in seconds since the Unix epoch: the planner's `now`.
+pub(super) fn unix_now() -> i64 {
+    k8s_openapi::jiff::Timestamp::now().as_second()
 }

@@ -396,6 +396,8 @@ async fn gather(
                 pools: i.pool_inputs,
                 clusters: i.cluster_inputs,
                 stored: i.stored,
+                quarantined: i.quarantined,
+                now: inputs::unix_now(),
             },
             pool_errors: i.pool_errors,
             deleting_pools: i.deleting_pools,
@@ -684,5 +686,39 @@ async fn settle(ctx: &Context, state: &mut PassState, mut outcome: PassOutcome) 
     }
     outcome.retry_after = ctx.backoff.lock().ok().and_then(|b| b.next_due());
     state.unsettled = outcome.again || outcome.retry_after.is_some();
+    // A quarantine that ends frees its addresses (clusters may be waiting for them): the next
+    // pass comes by then, not only at the resync. Not a retry: nothing failed.
+    if let Some((inputs, plan)) = &state.previous
+        && let Some(wait) = next_quarantine_end(inputs, plan, inputs::unix_now())
+    {
+        outcome.status_after = Some(outcome.status_after.map_or(wait, |s| s.min(wait)));
+    }
     outcome
+}
+
+/// How long until the first quarantine of `plan` ends (at least a second), if it keeps any.
+fn next_quarantine_end(
+    inputs: &planner::PlanInputs,
+    plan: &planner::Plan,
+    now: i64,
+) -> Option<Duration> {
+    if plan.quarantined.is_empty() {
+        return None;
+    }
+    let pools: HashMap<&str, &planner::PoolInput> =
+        inputs.pools.iter().map(|p| (p.name.as_str(), p)).collect();
+    let end = plan
+        .quarantined
+        .iter()
+        .filter_map(|q| {
+            let reuse = pools
+                .get(q.pool.as_str())?
+                .datacenters
+                .get(&q.datacenter)?
+                .reuse_after;
+            Some(q.until(reuse))
+        })
+        .min()?;
+    let seconds = u64::try_from(end.saturating_sub(now)).unwrap_or(0).max(1);
+    Some(Duration::from_secs(seconds))
 }

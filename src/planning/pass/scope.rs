@@ -158,6 +158,16 @@ pub(super) fn plan(
     let mut dirty = planner::changed_pools(&before, inputs);
     dirty.extend(ledger_changed.iter().map(|(_, pool)| pool.clone()));
     dirty.extend(state.retry_pools.iter().cloned());
+    // Pools sharing addresses (one address space, overlapping networks) are planned, and
+    // their records committed, together.
+    let groups = planner::space_groups(&inputs.pools);
+    let grouped: Vec<String> = dirty
+        .iter()
+        .filter_map(|p| groups.get(p))
+        .flatten()
+        .cloned()
+        .collect();
+    dirty.extend(grouped);
 
     // Pools whose own settings changed: every object of theirs may need rewriting (the
     // reclaim-policy annotation) even where the decision is the same.
@@ -207,16 +217,35 @@ pub(super) fn plan(
     // new decisions and allocators of a pool are held together, never those of the whole
     // seed.
     let mut changed = HashSet::new();
+    let mut planned: HashSet<&str> = HashSet::new();
     for pool in &dirty {
-        let only = BTreeSet::from([pool.clone()]);
+        if !planned.insert(pool.as_str()) {
+            continue;
+        }
+        let only = match groups.get(pool) {
+            Some(group) => {
+                planned.extend(
+                    group
+                        .iter()
+                        .filter_map(|g| dirty.get(g))
+                        .map(String::as_str),
+                );
+                group.clone()
+            }
+            None => BTreeSet::from([pool.clone()]),
+        };
         // Its old allocators are replaced below: let them go before the new ones are built.
         state
             .states
             .replace_pools(&only, planner::PoolStates::default());
-        let (partial, partial_states) = planner::plan_pools_keeping(inputs, &only);
+        let (partial, partial_states) = planner::plan_closed_pools_keeping(inputs, &only);
         state.states.replace_pools(&only, partial_states);
         // Both sides are sorted by (cluster, pool): one merge finds what changed.
-        let old: Vec<&Decision> = plan.decisions.iter().filter(|d| d.pool == *pool).collect();
+        let old: Vec<&Decision> = plan
+            .decisions
+            .iter()
+            .filter(|d| only.contains(&d.pool))
+            .collect();
         let (mut i, mut j) = (0, 0);
         let new = &partial.decisions;
         while i < old.len() || j < new.len() {

@@ -1,0 +1,506 @@
+//! The fence covers address spaces: a replica that lost the Lease can no more hand out an
+//! address held through another pool of the same address space than one held in its own
+//! pool. In process against the stand-in, with two replicas' copies of the pool records
+//! (`kipam::planning::records::commit_shared`, the commit step of every pass); then the real
+//! controller with two replicas over two overlapping pools, the leader frozen past its lease.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector;
+use kube_standin::ApiServer;
+use serde_json::json;
+
+use kipam::planning::records::{self, CommitError, RecordKey};
+use kipam::resources::{IPAMPool, IPAMPoolRecord, Reservation};
+use kipam::seed::{Context, backoff, leader, ledger, metrics};
+
+use super::support::Seed;
+
+async fn client(api: &ApiServer) -> kube::Client {
+    let kc = kube::config::Kubeconfig::from_yaml(&api.kubeconfig_yaml()).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    kube::Client::try_from(cfg).unwrap()
+}
+
+/// One replica's context (its own copy of the records).
+async fn replica(api: &ApiServer) -> Arc<Context> {
+    let client = client(api).await;
+    let (pools, _p) = reflector::store();
+    let (clusters, _c) = reflector::store();
+    let (namespaces, _n) = reflector::store();
+    Arc::new(Context {
+        client: client.clone(),
+        writer: client.clone(),
+        pools,
+        clusters,
+        namespaces,
+        ledger: tokio::sync::Mutex::new(ledger::Ledger::default()),
+        ledger_updates: tokio::sync::watch::Sender::new(true),
+        records: tokio::sync::Mutex::new(kipam::seed::records::Records::default()),
+        dirty: Default::default(),
+        backoff: std::sync::Mutex::new(backoff::Backoff::default()),
+        pass_lock: tokio::sync::Mutex::new(()),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "kipam".into(),
+                instance: None,
+            },
+        ),
+        metrics: metrics::Metrics::new(),
+        leader: leader::LeaderState::new(Duration::from_secs(10)),
+    })
+}
+
+/// A fresh (quorum) list of the records into `ctx`'s copy, as at the start of a term.
+async fn load_records(ctx: &Context) {
+    let list = Api::<IPAMPoolRecord>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    ctx.records.lock().await.reset(list.items);
+}
+
+async fn create_pool(api: &ApiServer, name: &str) -> IPAMPool {
+    let pool: IPAMPool = serde_json::from_value(json!({
+        "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMPool",
+        "metadata": {"name": name},
+        "spec": {"datacenters": {"dc-1": {"type": "range", "poolCidr": "10.0.0.0/16", "allocationRange": 4}}},
+    }))
+    .unwrap();
+    Api::<IPAMPool>::all(client(api).await)
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap()
+}
+
+fn range(text: &str) -> Reservation {
+    Reservation {
+        cidr: None,
+        addresses: vec![text.into()],
+    }
+}
+
+fn entries(list: &[(&str, &str)]) -> BTreeMap<String, Reservation> {
+    list.iter()
+        .map(|(c, r)| (c.to_string(), range(r)))
+        .collect()
+}
+
+fn is_conflict(r: Result<u64, CommitError>) -> bool {
+    matches!(r, Err(e) if e.is_stale())
+}
+
+/// The record of `pool` in dc-1 as the server stores it, shards joined.
+fn stored(api: &ApiServer, pool: &str) -> BTreeMap<String, Reservation> {
+    let mut out = BTreeMap::new();
+    for r in api.list("ipampoolrecords", None) {
+        let r: IPAMPoolRecord = serde_json::from_value(r).unwrap();
+        if r.spec.pool == pool {
+            out.extend(r.spec.reservations);
+        }
+    }
+    out
+}
+
+/// Two replicas read the records of pools `a` and `b` (one network, one address space). The
+/// new leader hands 10.0.0.8-11 to cluster y through pool b; the deposed one, on its older
+/// view, would hand the same addresses to cluster x through pool a. Its commit is refused
+/// before it writes anything, whichever of the two shards it reaches first, and pool a's
+/// record never shows x.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leader_cannot_hand_out_an_address_held_through_another_pool() {
+    let api = ApiServer::start().await.unwrap();
+    for crd in kipam::resources::crds() {
+        api.apply(&serde_json::to_value(&crd).unwrap()).unwrap();
+    }
+    let (pool_a, pool_b) = (create_pool(&api, "a").await, create_pool(&api, "b").await);
+    let key_a: RecordKey = ("a".into(), "dc-1".into());
+    let key_b: RecordKey = ("b".into(), "dc-1".into());
+    let old = replica(&api).await;
+    let new = replica(&api).await;
+
+    // A first term: the old leader commits w's addresses through pool a (raising b's fence).
+    let others_of_a = [(pool_b.clone(), key_b.clone())];
+    let others_of_b = [(pool_a.clone(), key_a.clone())];
+    records::commit_shared(
+        &old,
+        &pool_a,
+        &key_a,
+        entries(&[("w", "10.0.0.0-10.0.0.3")]),
+        Default::default(),
+        &others_of_a,
+    )
+    .await
+    .unwrap();
+    // Both replicas now hold the same view.
+    load_records(&old).await;
+    load_records(&new).await;
+
+    // The new term: y gets 10.0.0.8-11 through pool b.
+    records::commit_shared(
+        &new,
+        &pool_b,
+        &key_b,
+        entries(&[("y", "10.0.0.8-10.0.0.11")]),
+        Default::default(),
+        &others_of_b,
+    )
+    .await
+    .unwrap();
+    let a_before = stored(&api, "a");
+
+    // The deposed leader, planning on its old view, gives x the same addresses in pool a.
+    let stale = records::commit_shared(
+        &old,
+        &pool_a,
+        &key_a,
+        entries(&[("w", "10.0.0.0-10.0.0.3"), ("x", "10.0.0.8-10.0.0.11")]),
+        Default::default(),
+        &others_of_a,
+    )
+    .await;
+    assert!(is_conflict(stale), "the stale commit is refused");
+    assert_eq!(stored(&api, "a"), a_before, "pool a's record is unchanged");
+    assert!(!stored(&api, "a").contains_key("x"));
+    assert_eq!(
+        stored(&api, "b"),
+        entries(&[("y", "10.0.0.8-10.0.0.11")]),
+        "pool b's record is as the new leader left it"
+    );
+
+    // The other way round: the deposed leader's view of pool b is stale, its view of pool a
+    // current (nobody wrote a's shard since it last read it).
+    load_records(&old).await;
+    load_records(&new).await;
+    records::commit_shared(
+        &new,
+        &pool_b,
+        &key_b,
+        entries(&[("y", "10.0.0.8-10.0.0.11"), ("z", "10.0.0.12-10.0.0.15")]),
+        Default::default(),
+        &[], // as if b shared nothing: only b's own shard is written
+    )
+    .await
+    .unwrap();
+    let stale = records::commit_shared(
+        &old,
+        &pool_a,
+        &key_a,
+        entries(&[("w", "10.0.0.0-10.0.0.3"), ("x", "10.0.0.12-10.0.0.15")]),
+        Default::default(),
+        &others_of_a,
+    )
+    .await;
+    assert!(
+        is_conflict(stale),
+        "raising b's fence on the stale view of b is refused"
+    );
+    assert!(
+        !stored(&api, "a").contains_key("x"),
+        "and a was not written"
+    );
+
+    // On a fresh view, a commit that adds nothing of b's lands, and b's fence went up.
+    load_records(&old).await;
+    let fence_before = fence_of(&api, "b");
+    records::commit_shared(
+        &old,
+        &pool_a,
+        &key_a,
+        entries(&[("w", "10.0.0.0-10.0.0.3"), ("x", "10.0.0.16-10.0.0.19")]),
+        Default::default(),
+        &others_of_a,
+    )
+    .await
+    .unwrap();
+    assert!(stored(&api, "a").contains_key("x"));
+    assert!(fence_of(&api, "b") > fence_before, "b's fence was raised");
+}
+
+/// The highest fence of pool `pool`'s shards.
+fn fence_of(api: &ApiServer, pool: &str) -> i64 {
+    api.list("ipampoolrecords", None)
+        .into_iter()
+        .filter_map(|r| serde_json::from_value::<IPAMPoolRecord>(r).ok())
+        .filter(|r| r.spec.pool == pool)
+        .filter_map(|r| r.spec.fence)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Two pools over one network in dc-1, one address space.
+const SHARED_POOLS: &str = "
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: lb}
+spec:
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.0.0.0/22, allocationRange: 2}
+---
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: vip}
+spec:
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.0.0.0/22, allocationRange: 1}
+";
+
+/// Every address held by two allocations of dc-1, whatever their pool.
+fn cross_pool_overlaps(seed: &Seed) -> Vec<String> {
+    let mut pieces: Vec<(u128, u128, String)> = Vec::new();
+    for obj in seed.allocations() {
+        let Ok(s) = kipam::validation::stored_allocation(&obj) else {
+            continue;
+        };
+        let Some(held) = s.held else { continue };
+        pieces.extend(
+            held.ranges()
+                .map(|r| (r.first(), r.last(), format!("{}/{}", s.cluster, s.pool))),
+        );
+    }
+    pieces.sort();
+    pieces
+        .windows(2)
+        .filter(|w| w[0].1 >= w[1].0)
+        .map(|w| format!("{} and {}", w[0].2, w[1].2))
+        .collect()
+}
+
+/// The real controller, two replicas, two pools sharing dc-1's addresses: clusters arrive
+/// while the leader is frozen past its lease, the other takes over, the frozen one thaws in
+/// the middle of it. No address is ever held through both pools.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_and_a_frozen_leader_never_share_an_address_across_pools() {
+    let seed = Seed::start("spaces-sigstop").await;
+    seed.apply(SHARED_POOLS);
+    let ctls = [seed.controller("r0"), seed.controller("r1")];
+    let mut created = 0usize;
+    let check = |seed: &Seed, step: &str| {
+        let found = cross_pool_overlaps(seed);
+        assert!(found.is_empty(), "shared address after {step}: {found:?}");
+    };
+    for round in 0..3 {
+        seed.wait_for("a leader", Duration::from_secs(20), "r0", |s| {
+            !s.lease_holder().is_empty()
+        })
+        .await;
+        let idx = if seed.lease_holder() == "r0" { 0 } else { 1 };
+        for _ in 0..20 {
+            seed.cluster(&format!("c{created:03}"), "dc-1");
+            created += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100 * round as u64)).await;
+        ctls[idx].signal("STOP");
+        let stopped = Instant::now();
+        check(&seed, "stop");
+        for _ in 0..10 {
+            seed.cluster(&format!("c{created:03}"), "dc-1");
+            created += 1;
+        }
+        let other = format!("r{}", 1 - idx);
+        let n = created;
+        seed.wait_for(
+            "the other replica takes over and serves",
+            Duration::from_secs(40),
+            &other,
+            |s| {
+                (0..n).all(|i| {
+                    let c = format!("c{i:03}");
+                    s.phase(&c, "lb") == "Allocated" && s.phase(&c, "vip") == "Allocated"
+                })
+            },
+        )
+        .await;
+        check(&seed, "takeover");
+        for _ in 0..5 {
+            seed.cluster(&format!("c{created:03}"), "dc-1");
+            created += 1;
+        }
+        ctls[idx].signal("CONT");
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            check(&seed, "thaw");
+        }
+        eprintln!("round {round}: takeover after {:?}", stopped.elapsed());
+    }
+    let n = created;
+    seed.wait_for("everything converges", Duration::from_secs(60), "r0", |s| {
+        (0..n).all(|i| {
+            let c = format!("c{i:03}");
+            s.phase(&c, "lb") == "Allocated" && s.phase(&c, "vip") == "Allocated"
+        })
+    })
+    .await;
+    check(&seed, "the end");
+    assert_eq!(seed.assert_no_overlap_no_leak(), 2 * created);
+}
+
+/// A pool whose released addresses wait an hour, and a pool sharing its network.
+const QUARANTINE_POOLS: &str = "
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: edge}
+spec:
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.0.0.0/28, allocationRange: 4, reuseAfter: 1h}
+---
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: vip}
+spec:
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.0.0.0/28, allocationRange: 1}
+";
+
+/// The quarantine entries of the pool records, as stored: (pool, entry name, addresses).
+fn quarantine_entries(seed: &Seed) -> Vec<(String, String, Vec<String>)> {
+    let mut out = Vec::new();
+    for r in seed.api.list("ipampoolrecords", None) {
+        let r: IPAMPoolRecord = serde_json::from_value(r).unwrap();
+        for (name, entry) in r.spec.reservations {
+            if name.starts_with("quarantined/") {
+                out.push((r.spec.pool.clone(), name, entry.addresses));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Two replicas. A cluster is deleted: its addresses go to quarantine, in the pool record.
+/// The leader is killed in the middle of the quarantine; the new leader, reading the record,
+/// gives a newcomer other addresses (in both pools of the space), and gives the deleted
+/// cluster, created again, exactly its old ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_change_in_the_middle_of_a_quarantine_hands_nothing_out() {
+    let seed = Seed::start("quarantine-failover").await;
+    seed.apply(QUARANTINE_POOLS);
+    let mut ctls = [seed.controller("r0"), seed.controller("r1")];
+    seed.cluster("web", "dc-1");
+    seed.wait_for("web allocated", Duration::from_secs(30), "r0", |s| {
+        s.phase("web", "edge") == "Allocated" && s.phase("web", "vip") == "Allocated"
+    })
+    .await;
+    let held = seed.held("web", "edge");
+    assert_eq!(held, "10.0.0.0-10.0.0.3");
+
+    seed.delete("clusters", None, "web");
+    seed.wait_for(
+        "web's addresses quarantined in the record",
+        Duration::from_secs(30),
+        "r0",
+        |s| {
+            s.get("clusters", None, "web").is_none()
+                && s.allocation("web", "edge").is_none()
+                && quarantine_entries(s).iter().any(|(p, n, a)| {
+                    p == "edge" && n.starts_with("quarantined/web@") && a == &vec![held.clone()]
+                })
+                && !s
+                    .api
+                    .list("ipampoolrecords", None)
+                    .iter()
+                    .any(|r| r["spec"]["reservations"].get("web").is_some())
+        },
+    )
+    .await;
+
+    // The leader dies without handing over; the other replica takes over.
+    let leader = seed.lease_holder();
+    let (dead, survivor) = if leader == "r0" { (0, "r1") } else { (1, "r0") };
+    ctls[dead].kill();
+    seed.cluster("api", "dc-1");
+    seed.wait_for(
+        "the survivor serves the newcomer",
+        Duration::from_secs(60),
+        survivor,
+        |s| s.phase("api", "edge") == "Allocated" && s.phase("api", "vip") == "Allocated",
+    )
+    .await;
+    assert_eq!(seed.lease_holder(), survivor);
+    assert_eq!(seed.held("api", "edge"), "10.0.0.4-10.0.0.7", "not web's");
+    // The other pool of the space does not hand them out either.
+    assert_eq!(seed.held("api", "vip"), "10.0.0.8-10.0.0.8");
+    let status = seed.get("ipampools", None, "edge").unwrap();
+    assert_eq!(status["status"]["datacenters"]["dc-1"]["quarantined"], "4");
+    assert_eq!(status["status"]["quarantined"], "4");
+
+    // web comes back within the hour: exactly its old addresses, and the quarantine is gone.
+    seed.cluster("web", "dc-1");
+    seed.wait_for("web is back", Duration::from_secs(30), survivor, |s| {
+        s.phase("web", "edge") == "Allocated"
+    })
+    .await;
+    assert_eq!(seed.held("web", "edge"), held);
+    seed.wait_for(
+        "the quarantine entry is trimmed",
+        Duration::from_secs(30),
+        survivor,
+        |s| quarantine_entries(s).iter().all(|(p, _, _)| p != "edge"),
+    )
+    .await;
+    assert!(cross_pool_overlaps(&seed).is_empty());
+    assert_eq!(seed.assert_no_overlap_no_leak(), 4);
+}
+
+/// A quarantine that ends frees its addresses by itself: a cluster waiting for room gets them
+/// within a second or two of the end, not at the next resync (five minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_waiting_for_room_gets_quarantined_addresses_when_the_quarantine_ends() {
+    let seed = Seed::start("quarantine-ends").await;
+    seed.apply(
+        "
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: tiny}
+spec:
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.0.0.0/30, allocationRange: 4, reuseAfter: 8s}
+",
+    );
+    let _ctl = seed.controller("r0");
+    seed.cluster("web", "dc-1");
+    seed.wait_for("web allocated", Duration::from_secs(30), "r0", |s| {
+        s.phase("web", "tiny") == "Allocated"
+    })
+    .await;
+    seed.delete("clusters", None, "web");
+    seed.wait_for(
+        "web gone, its addresses quarantined",
+        Duration::from_secs(30),
+        "r0",
+        |s| {
+            s.get("clusters", None, "web").is_none()
+                && quarantine_entries(s).iter().any(|(p, _, _)| p == "tiny")
+        },
+    )
+    .await;
+    let released = Instant::now();
+    seed.cluster("api", "dc-1");
+    seed.wait_for(
+        "api waits: the pool is quarantined",
+        Duration::from_secs(10),
+        "r0",
+        |s| s.phase("api", "tiny") == "Failed",
+    )
+    .await;
+    assert!(
+        released.elapsed() < Duration::from_secs(8),
+        "checked within the quarantine"
+    );
+    seed.wait_for(
+        "api gets the addresses once the quarantine ends",
+        Duration::from_secs(15),
+        "r0",
+        |s| s.phase("api", "tiny") == "Allocated",
+    )
+    .await;
+    assert_eq!(seed.held("api", "tiny"), "10.0.0.0-10.0.0.3");
+    assert!(quarantine_entries(&seed).is_empty(), "the entry is trimmed");
+}

@@ -1,0 +1,489 @@
+//! The promise across pools of one address space, and quarantine with sticky reclaim, over
+//! random sequences of creates, deletes, re-creates, moves, pool edits and clock steps:
+//!
+//! - no address is held by two holders at once, in one pool or across the pools of one
+//!   address space and datacenter (pools of another space may reuse it);
+//! - no address released from a pool datacenter with `reuseAfter` goes to another holder of
+//!   the space before the period ends;
+//! - a cluster re-created within the period gets its old addresses back (all of them for the
+//!   same size, a part of them for a smaller one, all of them and more for a larger one).
+//!
+//! Writes land when the sequence says so: what is stored (allocations and the quarantine) is
+//! then what the last plan asked for, as in the controller and offline.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kipam::planner::{Change, ClusterInput, Plan, PlanInputs, PoolInput, PoolOverride};
+use proptest::prelude::*;
+
+use super::{cluster_in, pool_input, stored_after};
+
+const CLUSTERS: usize = 7;
+const DATACENTERS: [&str; 2] = ["dc-1", "dc-2"];
+const POOLS: [&str; 4] = ["pool-a", "pool-b", "pool-c", "pool-v"];
+
+/// Pool `i` in variant `v` (only sizes change: `reuseAfter` and networks stay).
+fn pool(i: usize, v: usize) -> PoolInput {
+    let body = match (i, v % 2) {
+        // pool-a and pool-b overlap in dc-1 (default space); pool-c overlaps pool-a.
+        (0, 0) => {
+            "datacenters:\n    dc-1: {type: range, poolCidr: 10.9.0.0/27, allocationRange: 3, reuseAfter: 1h}\n    dc-2: {type: range, poolCidr: 10.8.0.0/28, allocationRange: 2, reuseAfter: 1h}\n"
+        }
+        (0, _) => {
+            "datacenters:\n    dc-1: {type: range, poolCidr: 10.9.0.0/27, allocationRange: 5, reuseAfter: 1h}\n    dc-2: {type: range, poolCidr: 10.8.0.0/28, allocationRange: 1, reuseAfter: 1h}\n"
+        }
+        (1, 0) => {
+            "datacenters:\n    dc-1: {type: range, poolCidr: 10.9.0.16/28, allocationRange: 2, reuseAfter: 1h, strategy: BestFit}\n    dc-2: {type: range, poolCidr: 10.8.0.8/29, allocationRange: 2, reuseAfter: 1h}\n"
+        }
+        (1, _) => {
+            "datacenters:\n    dc-1: {type: range, poolCidr: 10.9.0.16/28, allocationRange: 3, reuseAfter: 1h, strategy: BestFit}\n    dc-2: {type: range, poolCidr: 10.8.0.8/29, allocationRange: 1, reuseAfter: 1h}\n"
+        }
+        (2, _) => {
+            "datacenters:\n    dc-1: {type: prefix, poolCidr: 10.9.0.0/28, allocationPrefix: 30, reuseAfter: 1h}\n"
+        }
+        // The same network in another address space.
+        (_, 0) => {
+            "addressSpace: vrf-b\n  datacenters:\n    dc-1: {type: range, poolCidr: 10.9.0.0/28, allocationRange: 4, reuseAfter: 30m}\n"
+        }
+        (_, _) => {
+            "addressSpace: vrf-b\n  datacenters:\n    dc-1: {type: range, poolCidr: 10.9.0.0/28, allocationRange: 2, reuseAfter: 30m}\n"
+        }
+    };
+    pool_input(&format!(
+        "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata:\n  name: {}\nspec:\n  {body}",
+        POOLS[i]
+    ))
+}
+
+#[derive(Clone, Debug)]
+enum Event {
+    Add { c: usize, dc: usize, day: u32 },
+    Remove { c: usize },
+    Deleting { c: usize },
+    Move { c: usize, dc: usize },
+    Ask { c: usize, pool: usize, n: u128 },
+    EditPool { pool: usize, variant: usize },
+    WritesLand,
+    Tick { minutes: i64 },
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    let c = 0..CLUSTERS;
+    prop_oneof![
+        5 => (c.clone(), 0..2usize, 1..28u32).prop_map(|(c, dc, day)| Event::Add { c, dc, day }),
+        2 => c.clone().prop_map(|c| Event::Remove { c }),
+        1 => c.clone().prop_map(|c| Event::Deleting { c }),
+        1 => (c.clone(), 0..2usize).prop_map(|(c, dc)| Event::Move { c, dc }),
+        1 => (c, 0..2usize, 1..6u128).prop_map(|(c, pool, n)| Event::Ask { c, pool, n }),
+        1 => (0..4usize, 0..2usize).prop_map(|(pool, variant)| Event::EditPool { pool, variant }),
+        6 => Just(Event::WritesLand),
+        3 => (1..40i64).prop_map(|minutes| Event::Tick { minutes }),
+    ]
+}
+
+/// Every address of a decision's holding, one by one (the pools are tiny).
+fn addresses(a: &kipam::allocator::Allocation) -> BTreeSet<u128> {
+    a.ranges().flat_map(|r| r.first()..=r.last()).collect()
+}
+
+/// (address space, datacenter) of a pool datacenter.
+fn space_of(pools: &BTreeMap<String, PoolInput>, pool: &str, dc: &str) -> Option<(String, String)> {
+    let p = pools.get(pool)?;
+    p.datacenters
+        .contains_key(dc)
+        .then(|| (p.address_space.clone(), dc.to_string()))
+}
+
+fn reuse_after(pools: &BTreeMap<String, PoolInput>, pool: &str, dc: &str) -> i64 {
+    pools
+        .get(pool)
+        .and_then(|p| p.datacenters.get(dc))
+        .map_or(0, |d| d.reuse_after as i64)
+}
+
+/// A cluster that went away, and what it held then.
+struct Gone {
+    dc: String,
+    at: i64,
+    held: BTreeMap<String, BTreeSet<u128>>,
+}
+
+#[derive(Default)]
+struct World {
+    pools: BTreeMap<String, PoolInput>,
+    clusters: BTreeMap<String, ClusterInput>,
+    stored: Vec<kipam::planner::StoredAllocation>,
+    quarantined: Vec<kipam::planner::Quarantined>,
+    now: i64,
+    /// (space, dc, address) -> (former holder, released at, reuseAfter).
+    released: BTreeMap<(String, String, u128), (String, i64, i64)>,
+    /// Releases decided but not landed yet: (space, dc, address) -> (holder, time, reuseAfter).
+    pending: BTreeMap<(String, String, u128), (String, i64, i64)>,
+    gone: BTreeMap<String, Gone>,
+}
+
+impl World {
+    fn inputs(&self) -> PlanInputs {
+        PlanInputs {
+            pools: self.pools.values().cloned().collect(),
+            clusters: self.clusters.values().cloned().collect(),
+            stored: self.stored.clone(),
+            quarantined: self.quarantined.clone(),
+            now: self.now,
+        }
+    }
+
+    /// What the stored allocations hold: (space, dc, address) -> (holder, pool).
+    fn landed(&self) -> BTreeMap<(String, String, u128), (String, String)> {
+        let mut out = BTreeMap::new();
+        for s in &self.stored {
+            let (Some(held), Some(space)) =
+                (&s.held, space_of(&self.pools, &s.pool, &s.datacenter))
+            else {
+                continue;
+            };
+            for a in addresses(held) {
+                out.insert(
+                    (space.0.clone(), space.1.clone(), a),
+                    (s.cluster.clone(), s.pool.clone()),
+                );
+            }
+        }
+        out
+    }
+}
+
+fn run(events: Vec<Event>) -> Result<(), TestCaseError> {
+    let mut w = World {
+        now: 1_800_000_000,
+        ..Default::default()
+    };
+    for i in 0..POOLS.len() {
+        let p = pool(i, 0);
+        w.pools.insert(p.name.clone(), p);
+    }
+    let mut plan = Plan::default();
+    for (step, event) in events.iter().enumerate() {
+        let name = |c: &usize| format!("c{c}");
+        match event {
+            Event::Add { c, dc, day } => {
+                w.clusters
+                    .entry(name(c))
+                    .or_insert_with(|| cluster_in(&name(c), DATACENTERS[*dc], *day));
+            }
+            Event::Remove { c } => {
+                if let Some(x) = w.clusters.remove(&name(c)) {
+                    let mut held: BTreeMap<String, BTreeSet<u128>> = BTreeMap::new();
+                    for s in w
+                        .stored
+                        .iter()
+                        .filter(|s| s.cluster == x.name && s.datacenter == x.datacenter)
+                    {
+                        if let Some(h) = &s.held {
+                            held.insert(s.pool.clone(), addresses(h));
+                        }
+                    }
+                    let conflicted = plan
+                        .decisions
+                        .iter()
+                        .any(|d| d.cluster == x.name && d.change == Change::Conflict);
+                    if !conflicted && x.overrides.is_empty() {
+                        w.gone.insert(
+                            x.name.clone(),
+                            Gone {
+                                dc: x.datacenter.clone(),
+                                at: w.now,
+                                held,
+                            },
+                        );
+                    }
+                }
+            }
+            Event::Deleting { c } => {
+                if let Some(x) = w.clusters.get_mut(&name(c)) {
+                    x.deleting = true;
+                }
+            }
+            Event::Move { c, dc } => {
+                if let Some(x) = w.clusters.get_mut(&name(c)) {
+                    x.datacenter = DATACENTERS[*dc].into();
+                }
+            }
+            Event::Ask { c, pool, n } => {
+                if let Some(x) = w.clusters.get_mut(&name(c)) {
+                    x.overrides
+                        .insert(POOLS[*pool].into(), PoolOverride::Addresses(*n));
+                }
+            }
+            Event::EditPool { pool: i, variant } => {
+                let p = pool(*i, *variant);
+                w.pools.insert(p.name.clone(), p);
+            }
+            Event::WritesLand => {
+                let pools: Vec<PoolInput> = w.pools.values().cloned().collect();
+                w.stored = stored_after(&plan, &pools);
+                w.quarantined = plan.quarantined.clone();
+                // Releases decided are now real.
+                let pending = std::mem::take(&mut w.pending);
+                w.released.extend(pending);
+            }
+            Event::Tick { minutes } => w.now += minutes * 60,
+        }
+        plan = w.inputs().plan();
+
+        // 1. One holder per address in each (space, datacenter), across pools.
+        let mut holder: BTreeMap<(String, String, u128), (String, String)> = BTreeMap::new();
+        for d in &plan.decisions {
+            if d.change == Change::Release {
+                continue;
+            }
+            let (Some(held), Some(space)) = (&d.held, space_of(&w.pools, &d.pool, &d.datacenter))
+            else {
+                continue;
+            };
+            for a in addresses(held) {
+                let key = (space.0.clone(), space.1.clone(), a);
+                if let Some(other) = holder.insert(key.clone(), (d.cluster.clone(), d.pool.clone()))
+                {
+                    prop_assert!(
+                        false,
+                        "step {} ({:?}): {:?} held by {:?} and {}/{}",
+                        step,
+                        event,
+                        key,
+                        other,
+                        d.cluster,
+                        d.pool
+                    );
+                }
+            }
+        }
+        // Quarantined addresses are nobody else's.
+        for q in &plan.quarantined {
+            let Some(space) = space_of(&w.pools, &q.pool, &q.datacenter) else {
+                continue;
+            };
+            for r in &q.addresses {
+                for a in r.first()..=r.last() {
+                    if let Some((c, p)) = holder.get(&(space.0.clone(), space.1.clone(), a)) {
+                        prop_assert!(
+                            c == &q.holder,
+                            "step {} ({:?}): {} quarantined for {} but held by {}/{}",
+                            step,
+                            event,
+                            a,
+                            q.holder,
+                            c,
+                            p
+                        );
+                    }
+                }
+            }
+        }
+
+        // 2. No address goes to another holder before its quarantine ends.
+        for (key, (c, p)) in &holder {
+            if let Some((former, at, period)) = w.released.get(key)
+                && former != c
+                && w.now < at + period
+            {
+                // Its own pool and datacenter must still quarantine: pools of the space do.
+                prop_assert!(
+                    false,
+                    "step {} ({:?}): {:?} released by {} at {} (reuseAfter {}s) handed to {}/{} at {}",
+                    step,
+                    event,
+                    key,
+                    former,
+                    at,
+                    period,
+                    c,
+                    p,
+                    w.now
+                );
+            }
+        }
+        // What this plan releases of what is stored.
+        for (key, (c, p)) in w.landed() {
+            let still = holder.get(&key).is_some_and(|(h, _)| *h == c);
+            if still {
+                w.pending.remove(&key);
+                continue;
+            }
+            let dc = key.1.clone();
+            let period = reuse_after(&w.pools, &p, &dc);
+            w.pending.entry(key).or_insert((c, w.now, period));
+        }
+        // A holder holding an address again ends what was recorded of its release.
+        for (key, (c, _)) in &holder {
+            if w.released.get(key).is_some_and(|(f, _, _)| f == c) {
+                w.released.remove(key);
+            }
+        }
+
+        // 3. A cluster re-created within the period gets its old addresses back.
+        if let Event::Add { c, .. } = event
+            && let Some(gone) = w.gone.remove(&name(c))
+            && w.clusters
+                .get(&name(c))
+                .is_some_and(|x| x.datacenter == gone.dc)
+        {
+            for (p, old) in &gone.held {
+                let period = reuse_after(&w.pools, p, &gone.dc);
+                if w.now >= gone.at + period {
+                    continue;
+                }
+                let Some(d) = plan.decision(&name(c), p) else {
+                    continue;
+                };
+                let Some(held) = &d.held else { continue };
+                if d.change == Change::Fail {
+                    continue;
+                }
+                let now = addresses(held);
+                prop_assert!(
+                    now.is_subset(old) || old.is_subset(&now),
+                    "step {} ({:?}): {} re-created in {} got {:?} in {} instead of its old {:?}",
+                    step,
+                    event,
+                    name(c),
+                    gone.dc,
+                    now,
+                    p,
+                    old
+                );
+                if now.len() == old.len() {
+                    prop_assert_eq!(&now, old, "step {}: same size, same addresses", step);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn shared_spaces_and_quarantine_keep_the_promise(events in proptest::collection::vec(event(), 1..70)) {
+        run(events)?;
+    }
+}
+
+/// Two pools of one datacenter over the same network hand out each address once; a pool of
+/// another address space hands out the same addresses again.
+#[test]
+fn pools_of_one_space_share_addresses_and_another_space_does_not() {
+    let pools = vec![pool(0, 0), pool(1, 0), pool(2, 0), pool(3, 0)];
+    let clusters = vec![cluster_in("a", "dc-1", 1), cluster_in("b", "dc-1", 2)];
+    let plan = kipam::planner::plan(&pools, &clusters, &[]);
+    let held = |c: &str, p: &str| {
+        plan.decision(c, p)
+            .and_then(|d| d.held.as_ref())
+            .map(|h| h.to_string())
+    };
+    // Oldest cluster first, pool by pool: a takes 10.9.0.0-2 through pool-a, so its /30 of
+    // pool-c is the next free one; b then gets, through pool-a, what neither took.
+    assert_eq!(held("a", "pool-a").as_deref(), Some("10.9.0.0-10.9.0.2"));
+    assert_eq!(held("a", "pool-c").as_deref(), Some("10.9.0.4/30"));
+    assert_eq!(
+        held("b", "pool-a").as_deref(),
+        Some("10.9.0.3-10.9.0.3,10.9.0.8-10.9.0.9")
+    );
+    assert_eq!(held("b", "pool-c").as_deref(), Some("10.9.0.12/30"));
+    // pool-b (10.9.0.16/28) does not overlap what pool-a handed out: first fit from .16.
+    assert_eq!(held("a", "pool-b").as_deref(), Some("10.9.0.16-10.9.0.17"));
+    // vrf-b reuses 10.9.0.0/28 from the start.
+    assert_eq!(held("a", "pool-v").as_deref(), Some("10.9.0.0-10.9.0.3"));
+    let usage = &plan.usage[&("pool-c".to_string(), "dc-1".to_string())].usage;
+    assert_eq!(usage.shared.to_string(), "6");
+}
+
+/// A cluster deleted and created again within `reuseAfter` gets its addresses back; another
+/// cluster never gets them before the end, and gets them after it.
+#[test]
+fn quarantine_holds_addresses_for_their_former_holder() {
+    let pools = vec![pool(0, 0)];
+    let t0 = 1_800_000_000;
+    let plan_at =
+        |clusters: &[ClusterInput], stored, quarantined: &[kipam::planner::Quarantined], now| {
+            PlanInputs {
+                pools: pools.clone(),
+                clusters: clusters.to_vec(),
+                stored,
+                quarantined: quarantined.to_vec(),
+                now,
+            }
+            .plan()
+        };
+    let a = cluster_in("a", "dc-1", 1);
+    let first = plan_at(std::slice::from_ref(&a), vec![], &[], t0);
+    let stored = stored_after(&first, &pools);
+    // Deleted: released into quarantine.
+    let gone = plan_at(&[], stored.clone(), &[], t0 + 60);
+    assert_eq!(
+        gone.decision("a", "pool-a").map(|d| d.change),
+        Some(Change::Release)
+    );
+    assert_eq!(gone.quarantined.len(), 1, "{:?}", gone.quarantined);
+    let q = gone.quarantined.clone();
+    assert_eq!(q[0].holder, "a");
+    assert_eq!(q[0].released_at, t0 + 60);
+    // Another cluster does not get them; the pool reports them.
+    let b = cluster_in("b", "dc-1", 2);
+    let during = plan_at(std::slice::from_ref(&b), vec![], &q, t0 + 1800);
+    assert_eq!(
+        during
+            .decision("b", "pool-a")
+            .and_then(|d| d.held.as_ref())
+            .map(|h| h.to_string())
+            .as_deref(),
+        Some("10.9.0.3-10.9.0.5")
+    );
+    let usage = &during.usage[&("pool-a".to_string(), "dc-1".to_string())].usage;
+    assert_eq!(usage.quarantined.to_string(), "3");
+    // The same cluster, back within the hour, gets exactly them.
+    let back = plan_at(&[b.clone(), a.clone()], vec![], &q, t0 + 1800);
+    assert_eq!(
+        back.decision("a", "pool-a")
+            .and_then(|d| d.held.as_ref())
+            .map(|h| h.to_string())
+            .as_deref(),
+        Some("10.9.0.0-10.9.0.2")
+    );
+    assert!(
+        back.quarantined
+            .iter()
+            .all(|q| q.pool != "pool-a" || q.datacenter != "dc-1")
+    );
+    // After the hour, they are anybody's, and the entry is trimmed.
+    let after = plan_at(&[b], vec![], &q, t0 + 60 + 3600);
+    assert_eq!(
+        after
+            .decision("b", "pool-a")
+            .and_then(|d| d.held.as_ref())
+            .map(|h| h.to_string())
+            .as_deref(),
+        Some("10.9.0.0-10.9.0.2")
+    );
+    assert!(after.quarantined.is_empty());
+}
+
+/// Pools are grouped with every pool they share addresses with, directly or through another;
+/// a pool of another space, or one whose network overlaps nothing, is in no group.
+#[test]
+fn groups_are_the_pools_sharing_addresses() {
+    let pools = vec![pool(0, 0), pool(1, 0), pool(2, 0), pool(3, 0)];
+    let groups = kipam::planner::space_groups(&pools);
+    let abc: BTreeSet<String> = ["pool-a", "pool-b", "pool-c"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for p in &abc {
+        assert_eq!(groups.get(p), Some(&abc), "{p}");
+    }
+    assert!(!groups.contains_key("pool-v"));
+    let mut only_b = BTreeSet::from(["pool-b".to_string()]);
+    kipam::planner::close_over_spaces(&pools, &[], &mut only_b);
+    assert_eq!(only_b, abc, "b shares with c through a");
+}
