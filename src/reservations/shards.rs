@@ -518,6 +518,26 @@ mod tests {
         assert!(Layout::of(&bad).is_err());
     }
 
+    /// The fence over an address space raises the blocks of another pool that a new holding
+    /// covers: those in its additional CIDRs as well as those in its `poolCidr`.
+    #[test]
+    fn the_blocks_covering_a_holding_include_additional_cidrs() {
+        let mut settings = dc(AllocationType::Range, "10.0.0.0/24", None);
+        settings.additional_cidrs = vec!["10.0.2.0/24".into()];
+        let layout = Layout::of(&settings).unwrap();
+        let blocks: Vec<String> = layout
+            .blocks_covering([
+                AddrRange::parse_lenient("10.0.2.8-10.0.2.15").unwrap(),
+                AddrRange::parse_lenient("10.0.1.0-10.0.1.9").unwrap(),
+            ])
+            .unwrap()
+            .iter()
+            .map(|b| b.to_string())
+            .collect();
+        // 10.0.1.x lies in neither CIDR: nothing of this pool to fence there.
+        assert_eq!(blocks, vec!["10.0.2.0/24".to_string()]);
+    }
+
     #[test]
     fn shard_names_are_dns_subdomains_that_name_the_block() {
         let v4: Cidr = "10.0.4.0/22".parse().unwrap();

@@ -20,7 +20,7 @@ use super::{cluster_in, pool_input, stored_after};
 
 const CLUSTERS: usize = 7;
 const DATACENTERS: [&str; 2] = ["dc-1", "dc-2"];
-const POOLS: [&str; 4] = ["pool-a", "pool-b", "pool-c", "pool-v"];
+const POOLS: [&str; 5] = ["pool-a", "pool-b", "pool-c", "pool-v", "pool-m"];
 
 /// Pool `i` in variant `v` (only sizes change: `reuseAfter` and networks stay).
 fn pool(i: usize, v: usize) -> PoolInput {
@@ -40,6 +40,13 @@ fn pool(i: usize, v: usize) -> PoolInput {
         }
         (2, _) => {
             "datacenters:\n    dc-1: {type: prefix, poolCidr: 10.9.0.0/28, allocationPrefix: 30, reuseAfter: 1h}\n"
+        }
+        // Several CIDRs: its own first, then one inside the shared addresses of dc-1.
+        (4, 0) => {
+            "datacenters:\n    dc-1: {type: range, poolCidr: 10.7.0.0/29, additionalCidrs: [10.9.0.24/29], allocationRange: 3, reuseAfter: 1h}\n"
+        }
+        (4, _) => {
+            "datacenters:\n    dc-1: {type: range, poolCidr: 10.7.0.0/29, additionalCidrs: [10.9.0.24/29], allocationRange: 4, reuseAfter: 1h}\n"
         }
         // The same network in another address space.
         (_, 0) => {
@@ -75,7 +82,7 @@ fn event() -> impl Strategy<Value = Event> {
         1 => c.clone().prop_map(|c| Event::Deleting { c }),
         1 => (c.clone(), 0..2usize).prop_map(|(c, dc)| Event::Move { c, dc }),
         1 => (c, 0..2usize, 1..6u128).prop_map(|(c, pool, n)| Event::Ask { c, pool, n }),
-        1 => (0..4usize, 0..2usize).prop_map(|(pool, variant)| Event::EditPool { pool, variant }),
+        1 => (0..5usize, 0..2usize).prop_map(|(pool, variant)| Event::EditPool { pool, variant }),
         6 => Just(Event::WritesLand),
         3 => (1..40i64).prop_map(|minutes| Event::Tick { minutes }),
     ]
