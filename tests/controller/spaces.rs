@@ -434,7 +434,7 @@ async fn a_leader_change_in_the_middle_of_a_quarantine_hands_nothing_out() {
     // web comes back within the hour: exactly its old addresses, and the quarantine is gone.
     seed.cluster("web", "dc-1");
     seed.wait_for("web is back", Duration::from_secs(30), survivor, |s| {
-        s.phase("web", "edge") == "Allocated"
+        s.phase("web", "edge") == "Allocated" && s.phase("web", "vip") == "Allocated"
     })
     .await;
     assert_eq!(seed.held("web", "edge"), held);

@@ -494,3 +494,55 @@ fn groups_are_the_pools_sharing_addresses() {
     kipam::planner::close_over_spaces(&pools, &[], &mut only_b);
     assert_eq!(only_b, abc, "b shares with c through a");
 }
+
+/// An operator ends a quarantine early by lowering `reuseAfter`: the entry ends as soon as
+/// its release time plus the new period has passed (`0`: at once), and the addresses are
+/// anybody's. Set back, it applies to what is released from then on.
+#[test]
+fn lowering_reuse_after_ends_a_quarantine_early() {
+    let t0 = 1_800_000_000;
+    let with = |reuse: &str| {
+        pool_input(&format!(
+            "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata:\n  name: edge\nspec:\n  datacenters:\n    dc-1: {{type: range, poolCidr: 10.30.0.0/29, allocationRange: 4, reuseAfter: \"{reuse}\"}}\n"
+        ))
+    };
+    let q = vec![kipam::planner::Quarantined {
+        pool: "edge".into(),
+        datacenter: "dc-1".into(),
+        holder: "web".into(),
+        released_at: t0,
+        addresses: vec!["10.30.0.0-10.30.0.3".parse().unwrap()],
+    }];
+    let b = cluster_in("b", "dc-1", 2);
+    let c = cluster_in("c", "dc-1", 3);
+    let plan = |reuse: &str, clusters: &[ClusterInput]| {
+        PlanInputs {
+            pools: vec![with(reuse)],
+            clusters: clusters.to_vec(),
+            stored: vec![],
+            quarantined: q.clone(),
+            now: t0 + 600,
+        }
+        .plan()
+    };
+    let held = |p: &Plan, c: &str| {
+        p.decision(c, "edge")
+            .and_then(|d| d.held.as_ref())
+            .map(|h| h.to_string())
+    };
+    // Ten minutes in, with an hour: b gets the other half, c waits.
+    let hour = plan("1h", &[b.clone(), c.clone()]);
+    assert_eq!(held(&hour, "b").as_deref(), Some("10.30.0.4-10.30.0.7"));
+    assert_eq!(held(&hour, "c"), None);
+    assert_eq!(hour.quarantined, q);
+    // Lowered to five minutes: it ended; web's old addresses are anybody's (b, the oldest,
+    // gets them first) and c is served too.
+    let five = plan("5m", &[b.clone(), c.clone()]);
+    assert_eq!(held(&five, "b").as_deref(), Some("10.30.0.0-10.30.0.3"));
+    assert_eq!(held(&five, "c").as_deref(), Some("10.30.0.4-10.30.0.7"));
+    assert!(five.quarantined.is_empty());
+    // reuseAfter 0 ends every quarantine of the datacenter.
+    let zero = plan("0", &[b, c]);
+    assert!(zero.quarantined.is_empty());
+    assert_eq!(held(&zero, "c").as_deref(), Some("10.30.0.4-10.30.0.7"));
+}

@@ -161,7 +161,13 @@ pub(super) async fn gather(
         .collect();
     for key in records.keys() {
         if let Some((_, entries)) = cache.records.get(key) {
-            holders.extend(entries.iter().map(|(cluster, _)| cluster.clone()));
+            // Quarantine entries name a former holder, not a cluster to look up.
+            holders.extend(
+                entries
+                    .iter()
+                    .filter(|(key, _)| reservations::parse_quarantine_key(key).is_none())
+                    .map(|(cluster, _)| cluster.clone()),
+            );
         }
     }
     // RBAC: src/rbac.rs (clusters get).
