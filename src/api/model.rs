@@ -656,11 +656,30 @@ mod tests {
         }))
         .unwrap();
         pools.push(full);
+        let spaced: IPAMPool = serde_json::from_value(json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMPool",
+            "metadata": {"name": "spaced"},
+            "spec": {"addressSpace": "vrf-b", "datacenters": {
+                "a": {"type": "range", "poolCidr": "10.0.0.0/24", "allocationRange": 4,
+                      "reuseAfter": "10m"}
+            }},
+            "status": {"datacenters": {"a": {
+                "total": "256", "allocated": "4", "excluded": "0", "available": "248",
+                "allocations": 1, "largestFreeBlock": "248", "fragmentationPercent": 0,
+                "utilisationPercent": 3, "quarantined": "4"
+            }}}
+        }))
+        .unwrap();
+        pools.push(spaced);
         for pool in &pools {
             let by_ref = serde_json::to_string(&PoolViewRef(pool)).unwrap();
             let by_view = serde_json::to_string(&PoolView::of(pool)).unwrap();
             assert_eq!(by_ref, by_view);
         }
+        let view = serde_json::to_value(PoolView::of(&pools[2])).unwrap();
+        assert_eq!(view["addressSpace"], "vrf-b");
+        assert_eq!(view["datacenters"]["a"]["reuseAfter"], "10m");
+        assert_eq!(view["datacenters"]["a"]["usage"]["quarantined"], "4");
     }
 
     #[test]
@@ -668,9 +687,10 @@ mod tests {
         let body: PoolBody = serde_json::from_value(json!({
             "name": "p",
             "reclaimPolicy": "Retain",
+            "addressSpace": "vrf-b",
             "datacenters": {"dc": {
                 "type": "range", "poolCidr": "10.0.0.0/24", "allocationRange": 4,
-                "excludeRanges": ["10.0.0.1"], "strategy": "BestFit",
+                "excludeRanges": ["10.0.0.1"], "strategy": "BestFit", "reuseAfter": "1h",
                 "usage": {"total": "256"},
                 "network": {"gateway": "10.0.0.1", "prefixLength": 16, "dnsServers": ["10.0.0.53"],
                             "vlanId": 0, "mtu": 1500}

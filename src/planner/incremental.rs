@@ -16,8 +16,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{
-    ClusterInput, Plan, PoolInput, PoolStates, Quarantined, StoredAllocation, plan_keeping_of,
-    spaces::close_over_spaces,
+    ClusterInput, HeldElsewhere, Plan, PoolInput, PoolStates, Quarantined, StoredAllocation,
+    plan_keeping_of, spaces::close_over_spaces,
 };
 
 /// Everything the planner is given, kept between passes to find what changed.
@@ -30,6 +30,8 @@ pub struct PlanInputs {
     pub quarantined: Vec<Quarantined>,
     /// The plan's time, seconds since the Unix epoch.
     pub now: i64,
+    /// What pools left out of the plan (invalid) hold.
+    pub held_elsewhere: Vec<HeldElsewhere>,
 }
 
 impl PlanInputs {
@@ -40,12 +42,18 @@ impl PlanInputs {
 
     /// The whole-seed plan and the allocators it ended with.
     pub fn plan_keeping(&self) -> (Plan, PoolStates) {
-        super::plan_at(
-            &self.pools,
-            &self.clusters,
-            &self.stored,
-            &self.quarantined,
+        let pools: Vec<&PoolInput> = self.pools.iter().collect();
+        let clusters: Vec<&ClusterInput> = self.clusters.iter().collect();
+        let stored: Vec<&StoredAllocation> = self.stored.iter().collect();
+        let quarantined: Vec<&Quarantined> = self.quarantined.iter().collect();
+        let elsewhere: Vec<&HeldElsewhere> = self.held_elsewhere.iter().collect();
+        plan_keeping_of(
+            &pools,
+            &clusters,
+            &stored,
+            &quarantined,
             self.now,
+            &elsewhere,
         )
     }
 
@@ -114,7 +122,19 @@ pub fn plan_closed_pools_keeping(
         .iter()
         .filter(|q| only.contains(&q.pool))
         .collect();
-    plan_keeping_of(&pools, &clusters, &stored, &quarantined, inputs.now)
+    let elsewhere: Vec<&HeldElsewhere> = inputs
+        .held_elsewhere
+        .iter()
+        .filter(|e| datacenters.contains(e.datacenter.as_str()))
+        .collect();
+    plan_keeping_of(
+        &pools,
+        &clusters,
+        &stored,
+        &quarantined,
+        inputs.now,
+        &elsewhere,
+    )
 }
 
 impl Plan {
@@ -283,6 +303,35 @@ pub fn changed_pools(before: &PlanInputs, after: &PlanInputs) -> BTreeSet<String
                 }
             }
             changed.extend(new_q.into_keys());
+        }
+    }
+    // What invalid pools hold, per datacenter: every pool of a datacenter where it changed.
+    {
+        let group = |list: &[HeldElsewhere]| {
+            let mut by_dc: BTreeMap<String, Vec<HeldElsewhere>> = BTreeMap::new();
+            for e in list {
+                by_dc
+                    .entry(e.datacenter.clone())
+                    .or_default()
+                    .push(e.clone());
+            }
+            for l in by_dc.values_mut() {
+                l.sort();
+            }
+            by_dc
+        };
+        let (old_e, new_e) = (group(&before.held_elsewhere), group(&after.held_elsewhere));
+        let dcs: BTreeSet<&String> = old_e
+            .keys()
+            .chain(new_e.keys())
+            .filter(|dc| old_e.get(*dc) != new_e.get(*dc))
+            .collect();
+        if !dcs.is_empty() {
+            for p in before.pools.iter().chain(after.pools.iter()) {
+                if p.datacenters.keys().any(|dc| dcs.contains(dc)) {
+                    changed.insert(p.name.clone());
+                }
+            }
         }
     }
     // A pool's plan depends on the pools it shares addresses with.

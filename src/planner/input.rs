@@ -134,3 +134,15 @@ impl Quarantined {
             .saturating_add(i64::try_from(reuse_after).unwrap_or(i64::MAX))
     }
 }
+
+/// Addresses held through a pool the planner does not plan (its spec is invalid, so it is
+/// left out with its allocations): nobody gets them through another pool of the datacenter
+/// either, whatever its address space (the invalid pool's own may not be readable).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HeldElsewhere {
+    pub pool: String,
+    pub datacenter: String,
+    /// The cluster (or quarantine entry) holding them.
+    pub holder: String,
+    pub addresses: Vec<AddrRange>,
+}

@@ -27,7 +27,8 @@ pub use incremental::{
     PlanInputs, changed_pools, plan_closed_pools_keeping, plan_pools, plan_pools_keeping,
 };
 pub use input::{
-    ClusterInput, DatacenterInput, PoolInput, PoolOverride, Quarantined, StoredAllocation,
+    ClusterInput, DatacenterInput, HeldElsewhere, PoolInput, PoolOverride, Quarantined,
+    StoredAllocation,
 };
 pub use output::{Change, DatacenterReport, Decision, Plan};
 pub use spaces::{close_over_spaces, space_groups, space_siblings};
@@ -54,7 +55,7 @@ pub fn plan_keeping(
     let pools: Vec<&PoolInput> = pools.iter().collect();
     let clusters: Vec<&ClusterInput> = clusters.iter().collect();
     let stored: Vec<&StoredAllocation> = stored.iter().collect();
-    plan_keeping_of(&pools, &clusters, &stored, &[], 0)
+    plan_keeping_of(&pools, &clusters, &stored, &[], 0, &[])
 }
 
 /// [`plan`] at time `now` (seconds since the Unix epoch) with the quarantine kept so far:
@@ -70,7 +71,7 @@ pub fn plan_at(
     let clusters: Vec<&ClusterInput> = clusters.iter().collect();
     let stored: Vec<&StoredAllocation> = stored.iter().collect();
     let quarantined: Vec<&Quarantined> = quarantined.iter().collect();
-    plan_keeping_of(&pools, &clusters, &stored, &quarantined, now)
+    plan_keeping_of(&pools, &clusters, &stored, &quarantined, now, &[])
 }
 
 /// [`plan_keeping`] over borrowed inputs: a plan of part of the seed picks its inputs out of
@@ -81,6 +82,7 @@ pub(crate) fn plan_keeping_of(
     stored: &[&StoredAllocation],
     quarantined: &[&Quarantined],
     now: i64,
+    elsewhere: &[&HeldElsewhere],
 ) -> (Plan, PoolStates) {
     let mut planner = Planner::new(pools, clusters);
     planner.now = now;
@@ -93,6 +95,7 @@ pub(crate) fn plan_keeping_of(
         }
     }
     planner.settle_stored(stored);
+    planner.set_aside_elsewhere(elsewhere);
     planner.settle_quarantine(quarantined);
     planner.place_pins();
     planner.serve_requests();

@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::{Key, Planner, PoolInput, Quarantined};
+use super::{HeldElsewhere, Key, Planner, PoolInput, Quarantined};
 use crate::address::AddrRange;
 use crate::allocator::Aside;
 
@@ -226,6 +226,22 @@ impl Planner<'_> {
         }
         self.shared_tags
             .insert(tag, (key.0.clone(), cluster.to_string()));
+    }
+
+    /// Step 1a: what is held through pools the planner does not plan is set aside in every
+    /// pool datacenter of the same datacenter whose network overlaps it.
+    pub(super) fn set_aside_elsewhere(&mut self, elsewhere: &[&HeldElsewhere]) {
+        for e in elsewhere {
+            let tag = shared_tag(&e.pool, &e.holder);
+            for ((pool, dc), allocator) in self.allocators.iter_mut() {
+                if *dc != e.datacenter || *pool == e.pool {
+                    continue;
+                }
+                if let Ok(a) = allocator {
+                    a.set_aside(&tag, Aside::Shared, e.addresses.iter().copied());
+                }
+            }
+        }
     }
 
     /// Step 1b: the quarantine as the inputs keep it (entries of pool datacenters gone, with

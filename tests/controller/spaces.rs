@@ -427,9 +427,27 @@ async fn a_leader_change_in_the_middle_of_a_quarantine_hands_nothing_out() {
     assert_eq!(seed.held("api", "edge"), "10.0.0.4-10.0.0.7", "not web's");
     // The other pool of the space does not hand them out either.
     assert_eq!(seed.held("api", "vip"), "10.0.0.8-10.0.0.8");
+    seed.wait_for(
+        "the pool's status counts them",
+        Duration::from_secs(10),
+        survivor,
+        |s| {
+            s.get("ipampools", None, "edge")
+                .is_some_and(|p| p["status"]["quarantined"] == "4")
+        },
+    )
+    .await;
     let status = seed.get("ipampools", None, "edge").unwrap();
     assert_eq!(status["status"]["datacenters"]["dc-1"]["quarantined"], "4");
-    assert_eq!(status["status"]["quarantined"], "4");
+    let metrics_port = ctls[1 - dead].metrics_port;
+    let series = "kipam_pool_addresses{pool=\"edge\",datacenter=\"dc-1\",state=\"quarantined\"}";
+    let started = Instant::now();
+    while Seed::metric(metrics_port, series).await != Some(4.0)
+        && started.elapsed() < Duration::from_secs(10)
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(Seed::metric(metrics_port, series).await, Some(4.0));
 
     // web comes back within the hour: exactly its old addresses, and the quarantine is gone.
     seed.cluster("web", "dc-1");

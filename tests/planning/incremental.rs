@@ -154,6 +154,7 @@ impl Seed {
             stored: self.stored.clone(),
             quarantined: self.quarantined.clone(),
             now: self.now,
+            held_elsewhere: Vec::new(),
         }
     }
 

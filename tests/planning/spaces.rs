@@ -137,6 +137,7 @@ impl World {
             stored: self.stored.clone(),
             quarantined: self.quarantined.clone(),
             now: self.now,
+            held_elsewhere: Vec::new(),
         }
     }
 
@@ -420,6 +421,7 @@ fn quarantine_holds_addresses_for_their_former_holder() {
                 stored,
                 quarantined: quarantined.to_vec(),
                 now,
+                held_elsewhere: Vec::new(),
             }
             .plan()
         };
@@ -522,6 +524,7 @@ fn lowering_reuse_after_ends_a_quarantine_early() {
             stored: vec![],
             quarantined: q.clone(),
             now: t0 + 600,
+            held_elsewhere: Vec::new(),
         }
         .plan()
     };
@@ -545,4 +548,36 @@ fn lowering_reuse_after_ends_a_quarantine_early() {
     let zero = plan("0", &[b, c]);
     assert!(zero.quarantined.is_empty());
     assert_eq!(held(&zero, "c").as_deref(), Some("10.30.0.4-10.30.0.7"));
+}
+
+/// A pool left out of the plan because its spec is invalid keeps what it holds; nobody gets
+/// those addresses through another pool of the datacenter either, and a change of what it
+/// holds replans the pools of that datacenter.
+#[test]
+fn what_an_invalid_pool_holds_is_nobody_elses() {
+    let a = cluster_in("a", "dc-1", 1);
+    let mut inputs = PlanInputs {
+        pools: vec![pool(0, 0)],
+        clusters: vec![a],
+        ..Default::default()
+    };
+    let before = inputs.clone();
+    inputs.held_elsewhere = vec![kipam::planner::HeldElsewhere {
+        pool: "broken".into(),
+        datacenter: "dc-1".into(),
+        holder: "x".into(),
+        addresses: vec!["10.9.0.0-10.9.0.2".parse().unwrap()],
+    }];
+    let plan = inputs.plan();
+    assert_eq!(
+        plan.decision("a", "pool-a")
+            .and_then(|d| d.held.as_ref())
+            .map(|h| h.to_string())
+            .as_deref(),
+        Some("10.9.0.3-10.9.0.5")
+    );
+    let dirty = kipam::planner::changed_pools(&before, &inputs);
+    assert!(dirty.contains("pool-a"), "{dirty:?}");
+    let (partial, _) = kipam::planner::plan_pools_keeping(&inputs, &dirty);
+    assert_eq!(partial.decisions, plan.decisions);
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use kube::{Api, ResourceExt};
 
 use super::*;
-use crate::planner::{ClusterInput, PoolInput, Quarantined, StoredAllocation};
+use crate::planner::{ClusterInput, HeldElsewhere, PoolInput, Quarantined, StoredAllocation};
 use crate::planning::records::RecordKey;
 use crate::reservations;
 use crate::resources::Reservation;
@@ -25,6 +25,8 @@ pub(super) struct Inputs {
     pub stored: Vec<StoredAllocation>,
     /// The quarantine the pool records keep.
     pub quarantined: Vec<Quarantined>,
+    /// What the pools left out of the plan (invalid) hold, in their objects and records.
+    pub held_elsewhere: Vec<HeldElsewhere>,
 }
 
 /// A reading and the `resourceVersion` it was made at.
@@ -215,10 +217,21 @@ pub(super) async fn gather(
         }
     }
     let mut stored: Vec<StoredAllocation> = Vec::with_capacity(stored_objects.len());
+    let mut held_elsewhere: Vec<HeldElsewhere> = Vec::new();
     for obj in stored_objects {
         match stored_of(obj) {
             Ok(mut s) => {
                 if frozen_pools.contains(&s.pool) {
+                    // Left out of the plan, but nobody gets its addresses through another
+                    // pool of the datacenter.
+                    if let Some(held) = &s.held {
+                        held_elsewhere.push(HeldElsewhere {
+                            pool: s.pool.clone(),
+                            datacenter: s.datacenter.clone(),
+                            holder: s.cluster.clone(),
+                            addresses: held.ranges().collect(),
+                        });
+                    }
                     continue;
                 }
                 if let Some(policy) = deleting_pools.get(&s.pool) {
@@ -265,8 +278,28 @@ pub(super) async fn gather(
     }
     merge_records(&mut stored, records, &frozen_pools, cache);
     let quarantined = quarantine_of_records(records, &frozen_pools, cache);
+    for (pool, dc) in records.keys() {
+        if !frozen_pools.contains(pool) {
+            continue;
+        }
+        let Some((_, entries)) = cache.records.get(&(pool.clone(), dc.clone())) else {
+            continue;
+        };
+        for (holder, recorded) in entries {
+            if let Ok(held) = recorded {
+                held_elsewhere.push(HeldElsewhere {
+                    pool: pool.clone(),
+                    datacenter: dc.clone(),
+                    holder: holder.clone(),
+                    addresses: held.ranges().collect(),
+                });
+            }
+        }
+    }
+    held_elsewhere.sort();
     Ok(Inputs {
         quarantined,
+        held_elsewhere,
         pool_inputs,
         pool_errors,
         deleting_pools,

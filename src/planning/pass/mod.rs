@@ -398,6 +398,7 @@ async fn gather(
                 stored: i.stored,
                 quarantined: i.quarantined,
                 now: inputs::unix_now(),
+                held_elsewhere: i.held_elsewhere,
             },
             pool_errors: i.pool_errors,
             deleting_pools: i.deleting_pools,
