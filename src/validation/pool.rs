@@ -31,6 +31,11 @@ pub fn pool_input(pool: &IPAMPool) -> Result<PoolInput, Vec<FieldError>> {
             list.into_iter().for_each(|e| errors.check(Err(e)));
         }
     }
+    for (dc, settings) in &pool.spec.datacenters {
+        if let Err(list) = super::datacenter_growth(dc, settings) {
+            list.into_iter().for_each(|e| errors.check(Err(e)));
+        }
+    }
     errors.check_schema("IPAMPool", &pool.spec);
     errors.into_result(PoolInput {
         name,

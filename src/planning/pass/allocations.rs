@@ -343,6 +343,7 @@ mod tests {
             message: message.map(str::to_string),
             allocated_at: Some("2026-01-01T00:00:00Z".into()),
             conditions: Vec::new(),
+            pieces: Vec::new(),
         }
     }
 
