@@ -21,7 +21,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::{Change, Plan, PoolStates};
 use crate::address::AddrRange;
+use crate::allocator::{Allocation, Growth, PoolAllocator};
 use crate::resources::PieceKind;
 
 /// Shortest `shrinkAfter` accepted: one minute.
@@ -179,8 +181,12 @@ pub struct Demand {
     pub known: bool,
     /// Services MetalLB would serve from kipam's pool that have no address yet.
     pub waiting: Vec<Waiting>,
-    /// Every load-balancer address the user cluster's Services hold.
+    /// Every load-balancer address the user cluster's Services hold now.
     pub used: BTreeSet<u128>,
+    /// Addresses some Service held at any moment since the last decision but holds no
+    /// more (a Service deleted in between): they stop the unused clocks like `used`, but are
+    /// free for waiting Services.
+    pub touched: BTreeSet<u128>,
 }
 
 /// One cluster's allocation from one pool datacenter, as growth sees it.
@@ -293,7 +299,9 @@ pub fn decide(input: &GrowthInput) -> Vec<Outcome> {
             .map(|p| {
                 let mut p = p.clone();
                 if p.kind == PieceKind::Grown {
-                    p.unused_since = if !d.known || used_in(&p.range, &d.used) > 0 {
+                    let touched =
+                        used_in(&p.range, &d.used) > 0 || used_in(&p.range, &d.touched) > 0;
+                    p.unused_since = if !d.known || touched {
                         None
                     } else {
                         Some(p.unused_since.unwrap_or(now))
@@ -391,6 +399,186 @@ pub fn decide(input: &GrowthInput) -> Vec<Outcome> {
     outcomes
 }
 
+/// What applying one [`Outcome`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Applied {
+    pub cluster: String,
+    pub pool: String,
+    pub datacenter: String,
+    /// What the cluster holds now.
+    pub held: Allocation,
+    /// What it held before.
+    pub previous: Allocation,
+    /// Pieces added (grown).
+    pub added: Vec<AddrRange>,
+    /// Grown pieces given back.
+    pub released: Vec<AddrRange>,
+    /// Every piece held now, with its kind and clocks: what `status.pieces` records.
+    pub pieces: Vec<Piece>,
+}
+
+/// Gives back `outcome.release` and then grows by `outcome.grow` in `allocator`, where
+/// `outcome.cluster` holds a range allocation. On any error the allocator is left as it was.
+/// A released piece must be one the cluster holds whole and that the outcome calls grown.
+pub fn apply_outcome(
+    allocator: &mut PoolAllocator,
+    outcome: &Outcome,
+    now: i64,
+) -> Result<Applied, String> {
+    let cluster = outcome.cluster.as_str();
+    let Some(Allocation::Range(current)) = allocator.get(cluster).cloned() else {
+        return Err(format!("{cluster} holds no range allocation here"));
+    };
+    let previous = Allocation::Range(current.clone());
+    for r in &outcome.release {
+        let grown = outcome
+            .pieces
+            .iter()
+            .any(|p| p.range == *r && p.kind == PieceKind::Grown);
+        if !grown || !current.contains(r) {
+            return Err(format!("{r} is not a grown piece of {cluster}"));
+        }
+    }
+    let kept: Vec<AddrRange> = current
+        .iter()
+        .filter(|p| !outcome.release.contains(p))
+        .copied()
+        .collect();
+    if kept.is_empty() {
+        return Err(format!("{cluster} would hold nothing"));
+    }
+    if !outcome.release.is_empty() {
+        allocator.release(cluster);
+        if let Err(e) = allocator.load(cluster, Allocation::Range(kept.clone())) {
+            // Nothing else moved since: put back what it held.
+            let _ = allocator.load(cluster, previous.clone());
+            return Err(e.to_string());
+        }
+    }
+    let mut added = Vec::new();
+    if outcome.grow > 0 {
+        let held: u128 = kept.iter().map(size).sum();
+        match allocator.grow(cluster, held.saturating_add(outcome.grow)) {
+            Ok(Growth::Appended(pieces)) => added = pieces,
+            Ok(Growth::Unchanged) => {}
+            Err(e) => {
+                allocator.release(cluster);
+                let _ = allocator.load(cluster, previous.clone());
+                return Err(e.to_string());
+            }
+        }
+    }
+    let Some(held) = allocator.get(cluster).cloned() else {
+        return Err(format!("{cluster} lost its allocation"));
+    };
+    if let Allocation::Range(p) = &held
+        && p.len() > crate::resources::bounds::MAX_ALLOCATION_PIECES as usize
+    {
+        allocator.release(cluster);
+        let _ = allocator.load(cluster, previous.clone());
+        return Err(format!(
+            "the pool is so fragmented that growing would take {} pieces, more than an IPAMAllocation holds",
+            p.len()
+        ));
+    }
+    let mut pieces: Vec<Piece> = outcome
+        .pieces
+        .iter()
+        .filter(|p| kept.contains(&p.range))
+        .cloned()
+        .collect();
+    pieces.extend(added.iter().map(|r| Piece {
+        range: *r,
+        kind: PieceKind::Grown,
+        grown_at: Some(now),
+        unused_since: Some(now),
+    }));
+    Ok(Applied {
+        cluster: outcome.cluster.clone(),
+        pool: outcome.pool.clone(),
+        datacenter: outcome.datacenter.clone(),
+        held,
+        previous,
+        added,
+        released: outcome.release.clone(),
+        pieces,
+    })
+}
+
+/// Applies growth outcomes to a plan and the allocators it ended with (`states`, from
+/// [`super::plan_keeping`] or its incremental forms): each outcome that changes something,
+/// for a (cluster, pool) the plan keeps as it is, turns its decision into `Grow` (pieces
+/// added, and possibly some given back) or `Shrink` (only given back). Decisions the plan
+/// changes anyway (created, failed, released, in conflict...) are left alone: growth waits
+/// for the next pass. Returns what was applied and, for outcomes that could not be, why.
+pub fn apply(
+    plan: &mut Plan,
+    states: &mut PoolStates,
+    outcomes: &[Outcome],
+    now: i64,
+) -> (Vec<Applied>, Vec<(Outcome, String)>) {
+    let mut applied = Vec::new();
+    let mut refused = Vec::new();
+    for outcome in outcomes.iter().filter(|o| !o.changes_nothing()) {
+        let Some(d) = plan
+            .decisions
+            .iter_mut()
+            .find(|d| d.cluster == outcome.cluster && d.pool == outcome.pool)
+        else {
+            continue;
+        };
+        if d.change != Change::Keep || d.datacenter != outcome.datacenter {
+            continue;
+        }
+        let Some(allocator) = states.allocator_mut(&outcome.pool, &outcome.datacenter) else {
+            continue;
+        };
+        match apply_outcome(allocator, outcome, now) {
+            Ok(a) => {
+                let mut words = Vec::new();
+                if !a.added.is_empty() {
+                    words.push(format!("grew by {} for demand", list(&a.added)));
+                }
+                if !a.released.is_empty() {
+                    words.push(format!("gave back unused {}", list(&a.released)));
+                }
+                d.change = if a.added.is_empty() {
+                    Change::Shrink
+                } else {
+                    Change::Grow
+                };
+                d.previous = Some(a.previous.clone());
+                d.held = Some(a.held.clone());
+                d.message = words.join("; ");
+                applied.push(a);
+            }
+            Err(why) => refused.push((outcome.clone(), why)),
+        }
+    }
+    if !applied.is_empty() {
+        let touched: BTreeSet<(String, String)> = applied
+            .iter()
+            .map(|a| (a.pool.clone(), a.datacenter.clone()))
+            .collect();
+        for (key, report) in plan.usage.iter_mut() {
+            if touched.contains(key)
+                && let Some(allocator) = states.allocator_mut(&key.0, &key.1)
+            {
+                report.usage = allocator.usage();
+            }
+        }
+    }
+    (applied, refused)
+}
+
+fn list(pieces: &[AddrRange]) -> String {
+    pieces
+        .iter()
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -446,6 +634,7 @@ mod tests {
                     })
                     .collect(),
                 used: used.iter().copied().collect(),
+                touched: BTreeSet::new(),
             },
         }
     }
