@@ -26,6 +26,9 @@ use crate::address::AddrRange;
 use crate::allocator::{Allocation, Growth, PoolAllocator};
 use crate::resources::PieceKind;
 
+/// How a decision's message says a growth was for demand.
+pub const GREW_FOR_DEMAND: &str = "for LoadBalancer Services waiting";
+
 /// Shortest `shrinkAfter` accepted: one minute.
 pub const MIN_SHRINK_AFTER: u64 = 60;
 /// Longest `shrinkAfter` accepted: thirty days.
@@ -537,7 +540,19 @@ pub fn apply(
             Ok(a) => {
                 let mut words = Vec::new();
                 if !a.added.is_empty() {
-                    words.push(format!("grew by {} for demand", list(&a.added)));
+                    let waiting = outcome
+                        .notes
+                        .iter()
+                        .find_map(|n| match n {
+                            Note::Grew { services, .. } => Some(services.as_slice()),
+                            _ => None,
+                        })
+                        .unwrap_or_default();
+                    words.push(format!(
+                        "grew by {} {GREW_FOR_DEMAND}: {}",
+                        list(&a.added),
+                        some(waiting)
+                    ));
                 }
                 if !a.released.is_empty() {
                     words.push(format!("gave back unused {}", list(&a.released)));
@@ -569,6 +584,21 @@ pub fn apply(
         }
     }
     (applied, refused)
+}
+
+/// The first few names of a list, and how many more.
+pub fn some(names: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut text = names
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > SHOWN {
+        text.push_str(&format!(" and {} more", names.len() - SHOWN));
+    }
+    text
 }
 
 fn list(pieces: &[AddrRange]) -> String {
