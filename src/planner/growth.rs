@@ -134,33 +134,58 @@ pub struct RecordedPiece {
 }
 
 /// The pieces of `held` (in order) with their kinds: pinned when the cluster pins its
-/// addresses, grown when the status records them so, initial otherwise. A grown piece whose
-/// record was lost is taken as initial: it is kept for good rather than risk giving back an
-/// address someone uses.
+/// addresses, grown when pieces the status records as grown cover it entirely (a piece may
+/// come back from the pool record merged with its neighbours, so pieces are compared as
+/// address sets; its clocks are then the most recent of those it is made of), initial
+/// otherwise. A grown piece whose record was lost is taken as initial: it is kept for good
+/// rather than risk giving back an address someone uses.
 pub fn classify(held: &[AddrRange], recorded: &[RecordedPiece], pinned: bool) -> Vec<Piece> {
+    let grown: Vec<(AddrRange, &RecordedPiece)> = recorded
+        .iter()
+        .filter(|r| r.kind == PieceKind::Grown)
+        .filter_map(|r| AddrRange::parse_lenient(&r.addresses).ok().map(|a| (a, r)))
+        .collect();
     held.iter()
         .map(|range| {
-            let text = range.to_string();
-            let found = recorded.iter().find(|r| r.addresses == text);
-            match (pinned, found) {
-                (true, _) => Piece {
-                    range: *range,
-                    kind: PieceKind::Pinned,
-                    grown_at: None,
-                    unused_since: None,
-                },
-                (false, Some(r)) if r.kind == PieceKind::Grown => Piece {
-                    range: *range,
-                    kind: PieceKind::Grown,
-                    grown_at: r.grown_at,
-                    unused_since: r.unused_since,
-                },
-                _ => Piece {
-                    range: *range,
-                    kind: PieceKind::Initial,
-                    grown_at: None,
-                    unused_since: None,
-                },
+            let plain = |kind| Piece {
+                range: *range,
+                kind,
+                grown_at: None,
+                unused_since: None,
+            };
+            if pinned {
+                return plain(PieceKind::Pinned);
+            }
+            let mut parts: Vec<&(AddrRange, &RecordedPiece)> =
+                grown.iter().filter(|(a, _)| a.overlaps(range)).collect();
+            parts.sort_by_key(|(a, _)| a.first());
+            // Covered entirely, without a gap?
+            let mut next = range.first();
+            let mut covered = false;
+            for (a, _) in &parts {
+                if a.first() > next {
+                    break;
+                }
+                if a.last() >= range.last() {
+                    covered = true;
+                    break;
+                }
+                next = a.last() + 1;
+            }
+            if !covered {
+                return plain(PieceKind::Initial);
+            }
+            let grown_at = parts.iter().filter_map(|(_, r)| r.grown_at).max();
+            let unused_since = if parts.iter().all(|(_, r)| r.unused_since.is_some()) {
+                parts.iter().filter_map(|(_, r)| r.unused_since).max()
+            } else {
+                None
+            };
+            Piece {
+                range: *range,
+                kind: PieceKind::Grown,
+                grown_at,
+                unused_since,
             }
         })
         .collect()
@@ -825,6 +850,26 @@ mod tests {
             [PieceKind::Initial, PieceKind::Grown, PieceKind::Initial]
         );
         assert_eq!(pieces[1].unused_since, Some(7));
+        // Two grown pieces that come back merged are still grown, with the later clock;
+        // a piece only partly recorded as grown is not.
+        let two = [
+            RecordedPiece {
+                addresses: r(2, 3).to_string(),
+                kind: PieceKind::Grown,
+                grown_at: Some(5),
+                unused_since: Some(7),
+            },
+            RecordedPiece {
+                addresses: r(4, 5).to_string(),
+                kind: PieceKind::Grown,
+                grown_at: Some(6),
+                unused_since: Some(9),
+            },
+        ];
+        let merged = classify(&[r(2, 5), r(2, 6)], &two, false);
+        assert_eq!(merged[0].kind, PieceKind::Grown);
+        assert_eq!(merged[0].unused_since, Some(9));
+        assert_eq!(merged[1].kind, PieceKind::Initial);
         assert!(
             classify(&held, &recorded, true)
                 .iter()
