@@ -373,26 +373,28 @@ pub fn decide(input: &GrowthInput) -> Vec<Outcome> {
             }
         }
         // Shrink: only with nobody waiting, a readable cluster, and the size kept.
-        if d.known && waiting.is_empty() && d.waiting.is_empty() {
-            if let Some(after) = h.shrink_after {
-                let mut remaining = held;
-                for p in &outcome.pieces {
-                    let Some(since) = p.unused_since else {
-                        continue;
-                    };
-                    if p.kind != PieceKind::Grown
-                        || now.saturating_sub(since) < after as i64
-                        || remaining.saturating_sub(size(&p.range)) < h.initial
-                    {
-                        continue;
-                    }
-                    remaining -= size(&p.range);
-                    outcome.release.push(p.range);
-                    outcome.notes.push(Note::Shrank {
-                        piece: p.range,
-                        unused_since: since,
-                    });
+        if d.known
+            && waiting.is_empty()
+            && d.waiting.is_empty()
+            && let Some(after) = h.shrink_after
+        {
+            let mut remaining = held;
+            for p in &outcome.pieces {
+                let Some(since) = p.unused_since else {
+                    continue;
+                };
+                if p.kind != PieceKind::Grown
+                    || now.saturating_sub(since) < after as i64
+                    || remaining.saturating_sub(size(&p.range)) < h.initial
+                {
+                    continue;
                 }
+                remaining -= size(&p.range);
+                outcome.release.push(p.range);
+                outcome.notes.push(Note::Shrank {
+                    piece: p.range,
+                    unused_since: since,
+                });
             }
         }
         outcomes.push(outcome);

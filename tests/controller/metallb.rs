@@ -136,7 +136,13 @@ fn step(api: &ApiServer, log: &std::sync::Mutex<Log>, events: &mut u64) {
 
 impl MetalLb {
     /// Starts serving `api` until dropped.
+    #[allow(dead_code)]
     pub fn start(api: ApiServer) -> MetalLb {
+        MetalLb::start_every(api, Duration::from_millis(20))
+    }
+
+    /// [`MetalLb::start`], looking every `interval`.
+    pub fn start_every(api: ApiServer, interval: Duration) -> MetalLb {
         let stop = Arc::new(AtomicBool::new(false));
         let log = Arc::new(std::sync::Mutex::new(Log::default()));
         let (s, l) = (stop.clone(), log.clone());
@@ -144,7 +150,7 @@ impl MetalLb {
             let mut events = 0;
             while !s.load(Ordering::Relaxed) {
                 step(&api, &l, &mut events);
-                std::thread::sleep(Duration::from_millis(20));
+                std::thread::sleep(interval);
             }
         });
         MetalLb { stop, log }
@@ -152,6 +158,7 @@ impl MetalLb {
 }
 
 /// A LoadBalancer Service in `default`.
+#[allow(dead_code)]
 pub fn service(api: &ApiServer, name: &str) {
     api.create(&json!({
         "apiVersion": "v1", "kind": "Service",
@@ -162,6 +169,7 @@ pub fn service(api: &ApiServer, name: &str) {
 }
 
 /// The address a Service holds.
+#[allow(dead_code)]
 pub fn address_of(api: &ApiServer, name: &str) -> Option<String> {
     api.get("services", Some("default"), name)?["status"]["loadBalancer"]["ingress"][0]["ip"]
         .as_str()

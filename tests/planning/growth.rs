@@ -333,7 +333,7 @@ mod churn {
                                 let n: u128 = pieces.iter().map(|p| p.last() - p.first() + 1).sum();
                                 n - user.services.iter().filter(|s| s.address.is_some_and(|a| contains(&pieces, a))).count() as u128
                             };
-                            let applied = apply_outcome(&mut allocator, outcome, now).map_err(|e| TestCaseError::fail(e))?;
+                            let applied = apply_outcome(&mut allocator, outcome, now).map_err(TestCaseError::fail)?;
                             if !applied.added.is_empty() {
                                 // One waiting Service never causes two growths: what is unused
                                 // after growth is less than the demand plus one increment.
@@ -358,19 +358,19 @@ mod churn {
                 // The promise: no address held by two clusters, every Service's address held
                 // by its own cluster.
                 let mut seen: BTreeSet<u128> = BTreeSet::new();
-                for c in 0..CLUSTERS {
+                for (c, user) in users.iter().enumerate() {
                     let pieces = held(&allocator, c);
                     for p in &pieces {
                         for a in p.first()..=p.last() {
                             prop_assert!(seen.insert(a), "address {a} held twice");
                         }
                     }
-                    for s in &users[c].services {
+                    for s in &user.services {
                         if let Some(a) = s.address {
                             prop_assert!(contains(&pieces, a), "Service s{} of c{c} on {a}, which c{c} no longer holds", s.id);
                         }
                     }
-                    let kinds: Vec<AddrRange> = users[c].pieces.iter().map(|p| p.range).collect();
+                    let kinds: Vec<AddrRange> = user.pieces.iter().map(|p| p.range).collect();
                     prop_assert_eq!(&kinds, &pieces, "status pieces follow the allocation");
                 }
             }
