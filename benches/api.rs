@@ -131,6 +131,7 @@ fn main() {
             recorder: Recorder::new(client, Reporter { controller: "kipam".into(), instance: None }),
             metrics: metrics::Metrics::new(),
             leader: leader::LeaderState::new(Duration::from_secs(10)),
+            demand: Default::default(),
         });
         let options = ApiOptions {
             auth_cache_ttl: Duration::from_secs(3600),

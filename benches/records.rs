@@ -133,6 +133,7 @@ fn main() {
             recorder: Recorder::new(client, Reporter { controller: "kipam".into(), instance: None }),
             metrics: metrics::Metrics::new(),
             leader: leader::LeaderState::new(Duration::from_secs(10)),
+            demand: Default::default(),
         });
         let key = ("bench".to_string(), "dc-1".to_string());
         let mut desired: BTreeMap<String, Reservation> =

@@ -101,7 +101,9 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         ),
         metrics: metrics.clone(),
         leader: leader.clone(),
+        demand: Default::default(),
     });
+    ctx.demand.set_dirty(dirty.clone());
 
     // Every replica serves the API from the caches (before the Lease is
     // contended, so a port already taken stops the replica early).
@@ -166,6 +168,8 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         .addons
         .clone()
         .map(|addons| tokio::spawn(crate::applier::run(ctx.clone(), addons)));
+    // Demand from the user clusters, for pools that grow.
+    let demand = tokio::spawn(crate::demand::run(ctx.clone()));
 
     tokio::select! {
         r = metrics_task => {
@@ -203,6 +207,7 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
     if let Some(applier) = applier {
         applier.abort();
     }
+    demand.abort();
     election.abort();
     watches.abort();
     // Hand the lease over at once instead of letting it expire.

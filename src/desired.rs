@@ -62,6 +62,7 @@ pub fn allocation_object(
             message: Some(decision.message.clone()),
             allocated_at: previous_status.allocated_at,
             conditions: previous_status.conditions,
+            pieces: previous_status.pieces,
         });
         return Some(obj);
     }
@@ -101,8 +102,22 @@ pub fn allocation_object(
         message,
         allocated_at,
         conditions: previous_status.conditions,
+        pieces: held_pieces(previous_status.pieces, &obj.spec),
     });
     Some(obj)
+}
+
+/// The recorded pieces (`status.pieces`) that `spec` still holds, as they were: a write
+/// that changes nothing about growth keeps what the growth step recorded, and a piece given
+/// back leaves the list with its addresses.
+fn held_pieces(
+    pieces: Vec<crate::resources::PieceStatus>,
+    spec: &IPAMAllocationSpec,
+) -> Vec<crate::resources::PieceStatus> {
+    pieces
+        .into_iter()
+        .filter(|p| spec.addresses.contains(&p.addresses))
+        .collect()
 }
 
 /// Sets the phase label and the address annotation of `obj` (whose spec is final) for `phase`.

@@ -15,6 +15,7 @@ pub mod allocator;
 pub mod api;
 pub mod applier;
 pub mod controller;
+pub mod demand;
 pub mod desired;
 pub mod offline;
 pub mod page;

@@ -24,7 +24,7 @@ const LAYERS: &[&[&str]] = &[
     &["seed", "page"],
     // Adapters: each a room of its own over the pure core (and, when it runs in the
     // controller, over the seed's core).
-    &["planning", "applier", "api", "webhook", "offline"],
+    &["planning", "applier", "api", "webhook", "offline", "demand"],
     // The composition root of `kipam controller`.
     &["controller"],
 ];

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::resources::PoolGrowth;
 use crate::resources::PoolNetwork;
 use crate::resources::{
     AllocationPhase, AllocationType, IPAMAllocation, IPAMPool, IPAMPoolDatacenter, IPAMPoolSpec,
@@ -68,6 +69,43 @@ pub struct DatacenterBody {
     /// How long a released address stays quarantined (`10m`, `24h`, `7d`; default 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reuse_after: Option<String>,
+    /// `range` pools: demand-driven growth (increment, max, shrinkAfter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growth: Option<Growth>,
+}
+
+/// Demand-driven growth of a range pool datacenter, as written and as answered; the rules
+/// are the CRD's (`spec.datacenters.<dc>.growth`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Growth {
+    /// Addresses added per step, at least 1 (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub increment: Option<i64>,
+    /// The most addresses a cluster may hold, at least `allocationRange`.
+    pub max: i64,
+    /// How long a grown piece stays unused before it is given back, 1m to 30d (default 10m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shrink_after: Option<String>,
+}
+
+impl Growth {
+    pub fn of(g: &PoolGrowth) -> Growth {
+        Growth {
+            increment: g.increment,
+            max: g.max,
+            shrink_after: g.shrink_after.clone(),
+        }
+    }
+
+    /// The CRD's form of this growth.
+    pub fn growth(&self) -> PoolGrowth {
+        PoolGrowth {
+            increment: self.increment,
+            max: self.max,
+            shrink_after: self.shrink_after.clone(),
+        }
+    }
 }
 
 /// The network a pool datacenter lies in, as written and as answered. Every field is optional;
@@ -156,6 +194,9 @@ pub struct DatacenterView {
     pub additional_cidrs: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reuse_after: Option<String>,
+    /// Demand-driven growth; absent when the pool datacenter does not grow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growth: Option<Growth>,
 }
 
 /// Usage of a pool in one datacenter. Address counts are exact decimal strings (an IPv6
@@ -259,6 +300,7 @@ impl PoolView {
                     network: s.network.as_ref().map(Network::of),
                     additional_cidrs: s.additional_cidrs.clone(),
                     reuse_after: s.reuse_after.clone(),
+                    growth: s.growth.as_ref().map(Growth::of),
                 };
                 (dc.clone(), view)
             })
@@ -329,7 +371,7 @@ impl Serialize for DatacenterRef<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let s = self.settings;
-        let mut out = serializer.serialize_struct("DatacenterView", 9)?;
+        let mut out = serializer.serialize_struct("DatacenterView", 10)?;
         out.serialize_field("type", &s.type_)?;
         out.serialize_field("poolCidr", &s.pool_cidr)?;
         if let Some(r) = s.allocation_range {
@@ -357,6 +399,10 @@ impl Serialize for DatacenterRef<'_> {
         }
         if let Some(r) = &s.reuse_after {
             out.serialize_field("reuseAfter", r)?;
+        }
+        // `PoolGrowth` serialises exactly as the model's `Growth`.
+        if let Some(g) = &s.growth {
+            out.serialize_field("growth", g)?;
         }
         out.end()
     }
@@ -409,6 +455,7 @@ impl PoolBody {
                     additional_cidrs: (!s.additional_cidrs.is_empty())
                         .then(|| s.additional_cidrs.clone()),
                     reuse_after: s.reuse_after.clone(),
+                    growth: s.growth.as_ref().map(Growth::of),
                 };
                 (dc.clone(), body)
             })
@@ -440,6 +487,7 @@ impl PoolBody {
                         network: b.network.as_ref().map(Network::network),
                         additional_cidrs: b.additional_cidrs.clone().unwrap_or_default(),
                         reuse_after: b.reuse_after.clone(),
+                        growth: b.growth.as_ref().map(Growth::growth),
                     };
                     (dc.clone(), settings)
                 })

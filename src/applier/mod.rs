@@ -17,7 +17,7 @@
 //! See `docs/multicluster.md`.
 
 pub mod drift;
-pub mod kubeconfig;
+pub use crate::seed::kubeconfig;
 pub mod metrics;
 pub mod summary;
 pub mod sync;

@@ -57,6 +57,13 @@ impl PoolStates {
         self.map.extend(partial.map);
     }
 
+    /// The allocator a plan left for (pool, datacenter), to change it in place (growth).
+    pub(crate) fn allocator_mut(&mut self, pool: &str, dc: &str) -> Option<&mut PoolAllocator> {
+        self.map
+            .get_mut(&(pool.to_string(), dc.to_string()))
+            .and_then(|s| s.allocator.as_mut().ok())
+    }
+
     /// Pool datacenters kept.
     pub fn len(&self) -> usize {
         self.map.len()

@@ -17,6 +17,7 @@
 //! own allocator.
 
 mod fast;
+pub mod growth;
 pub mod incremental;
 mod input;
 mod output;

@@ -27,6 +27,8 @@ pub enum Change {
     /// allocation, an exclusion, leaves the pool or is of the other type). It is kept exactly
     /// as stored and every address of it that is free stays reserved; a human must resolve it.
     Conflict,
+    /// Grown pieces given back after staying unused (demand-driven growth); the rest is kept.
+    Shrink,
 }
 
 impl Change {
@@ -40,6 +42,7 @@ impl Change {
             Change::Retain => "retained",
             Change::Fail => "failed",
             Change::Conflict => "conflict",
+            Change::Shrink => "shrunk",
         }
     }
 }

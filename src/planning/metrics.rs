@@ -73,6 +73,12 @@ pub struct Metrics {
     published: Mutex<BTreeSet<(String, String)>>,
     /// Fragmentation per pool datacenter, and the figures of each of its CIDRs.
     pub cidrs: CidrGauges,
+    /// Demand-driven growth: allocations grown, grown pieces given back, and LoadBalancer
+    /// Services waiting that growth could not serve (max reached, pool full), per pool
+    /// datacenter.
+    pub growths: Family<PoolLabels, Counter>,
+    pub shrinks: Family<PoolLabels, Counter>,
+    pub growth_unmet: Family<PoolLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -251,7 +257,27 @@ impl Metrics {
             allocations: Family::default(),
             published: Mutex::new(BTreeSet::new()),
             cidrs: CidrGauges::default(),
+            growths: Family::default(),
+            shrinks: Family::default(),
+            growth_unmet: Family::default(),
         };
+        seed.register(|registry| {
+            registry.register(
+                "growths",
+                "Allocations grown for LoadBalancer Services waiting for an address",
+                m.growths.clone(),
+            );
+            registry.register(
+                "shrinks",
+                "Grown pieces given back after staying unused for shrinkAfter",
+                m.shrinks.clone(),
+            );
+            registry.register(
+                "growth_unmet_services",
+                "LoadBalancer Services waiting that growth could not serve (max reached, pool full)",
+                m.growth_unmet.clone(),
+            );
+        });
         seed.register(|registry| {
             registry.register("reconcile_passes", "Planning passes run", m.passes.clone());
             registry.register(

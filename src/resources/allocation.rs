@@ -136,4 +136,43 @@ pub struct IPAMAllocationStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = MAX_CONDITIONS))]
     pub conditions: Vec<Condition>,
+    /// Allocations of a pool datacenter with `growth`: every piece of `spec.addresses` and
+    /// why it is held (`Initial`, `Grown` by demand, or `Pinned` by the cluster), and for a
+    /// grown piece when it was added and since when no LoadBalancer Service uses it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_ALLOCATION_PIECES))]
+    pub pieces: Vec<PieceStatus>,
+}
+
+/// One piece of a range allocation and why it is held.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PieceStatus {
+    /// The piece, `first-last` or a single address, as in `spec.addresses`.
+    #[schemars(length(max = MAX_ADDRESS_RANGE), pattern(PATTERN_ADDRESS_RANGE))]
+    pub addresses: String,
+    /// `Initial` (the allocation's own size, never shrunk), `Grown` (added for demand, given
+    /// back once unused for the pool's `shrinkAfter`) or `Pinned` (asked for by the cluster).
+    pub kind: PieceKind,
+    /// Grown pieces: when the piece was added (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_TIMESTAMP), extend("format" = "date-time"))]
+    pub grown_at: Option<String>,
+    /// Grown pieces: since when no LoadBalancer Service of the user cluster holds any of its
+    /// addresses (RFC 3339); absent while one does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_TIMESTAMP), extend("format" = "date-time"))]
+    pub unused_since: Option<String>,
+}
+
+/// Why a piece of an allocation is held.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum PieceKind {
+    /// The allocation's own size (`allocationRange`); never shrunk by demand.
+    #[default]
+    Initial,
+    /// Added because LoadBalancer Services waited for addresses.
+    Grown,
+    /// Asked for exactly by the cluster (`addresses` override).
+    Pinned,
 }

@@ -105,6 +105,26 @@ pub struct ClusterPoolOverride {
     /// No allocation from this pool; an existing one is released.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub opt_out: bool,
+    /// Demand-driven growth for this cluster, when the pool datacenter has `growth`: a
+    /// lower or higher `max`, or `enabled: false` to keep this cluster at its initial size.
+    /// It may go with `allocationRange`, not with `addresses`, `cidr` or `optOut`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growth: Option<ClusterGrowth>,
+}
+
+/// How one cluster departs from a pool datacenter's `growth`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterGrowth {
+    /// `false`: this cluster never grows (grown pieces it holds are given back once unused).
+    /// Default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// The most addresses this cluster may hold from the pool, instead of the pool's
+    /// `growth.max`: at least its initial size, at most the pool size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_ALLOCATION_RANGE))]
+    pub max: Option<i64>,
 }
 
 /// Observed state of a cluster.

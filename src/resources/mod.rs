@@ -17,11 +17,14 @@ pub use allocation::{
     AllocationPhase, IPAMAllocation, IPAMAllocationSpec, IPAMAllocationStatus, address_summary,
     allocation_phase,
 };
+pub use allocation::{PieceKind, PieceStatus};
+pub use cluster::ClusterGrowth;
 pub use cluster::{
     Cluster, ClusterPoolOverride, ClusterSpec, ClusterStatus, KubeconfigReference, SecretKeyRef,
 };
 pub use condition::Condition;
 pub use pool::PoolCidrUsage;
+pub use pool::PoolGrowth;
 pub use pool::PoolNetwork;
 pub use pool::{
     AllocationType, DatacenterUsage, IPAMPool, IPAMPoolDatacenter, IPAMPoolSpec, IPAMPoolStatus,

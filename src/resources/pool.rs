@@ -130,6 +130,32 @@ pub struct IPAMPoolDatacenter {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_DURATION))]
     pub reuse_after: Option<String>,
+    /// `range` pools: grow a cluster's allocation when its user cluster has LoadBalancer
+    /// Services that MetalLB cannot serve, and give the extra addresses back once they stay
+    /// unused. `allocationRange` is then the initial size, never shrunk. Optional; without
+    /// it allocations keep `allocationRange` addresses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growth: Option<PoolGrowth>,
+}
+
+/// Demand-driven growth of a range pool datacenter's allocations.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolGrowth {
+    /// Addresses added per step (at least 1, default 1). A cluster short of N addresses gets
+    /// as many steps as cover N at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_ALLOCATION_RANGE))]
+    pub increment: Option<i64>,
+    /// The most addresses a cluster may hold from this pool datacenter, initial ones
+    /// included: at least `allocationRange`, at most the pool size.
+    #[schemars(range(min = 1, max = MAX_ALLOCATION_RANGE))]
+    pub max: i64,
+    /// How long a grown piece must stay unused, without a break, before it is given back:
+    /// a duration such as `90s`, `10m`, `1h30m` or `2d`, between 1m and 30d (default 10m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_DURATION), pattern(PATTERN_DURATION))]
+    pub shrink_after: Option<String>,
 }
 
 /// The network a pool datacenter lies in. Every field is optional.

@@ -7,6 +7,8 @@
 //! it; it knows none of them. `crate::controller` builds it and starts them.
 
 pub mod backoff;
+pub mod demand;
+pub mod kubeconfig;
 pub mod leader;
 pub mod ledger;
 pub mod metrics;
@@ -111,6 +113,8 @@ pub struct Context {
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
     pub leader: Arc<LeaderState>,
+    /// What the demand reader saw in the user clusters (demand-driven growth).
+    pub demand: Arc<demand::DemandCache>,
 }
 
 /// The watch client and the request client.

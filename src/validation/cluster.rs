@@ -23,6 +23,7 @@ pub fn cluster_input(cluster: &Cluster) -> Result<ClusterInput, Vec<FieldError>>
         if let Some(parsed) = pool_override(pool, o, &mut errors) {
             overrides.insert(pool.clone(), parsed);
         }
+        errors.check(super::growth::override_growth(pool, o));
     }
     errors.check_schema("Cluster", &cluster.spec);
     errors.into_result(ClusterInput {

@@ -6,6 +6,7 @@
 
 mod allocation;
 mod cluster;
+mod growth;
 pub mod names;
 mod network;
 mod pool;
@@ -15,6 +16,7 @@ pub mod strict;
 
 pub use allocation::{AllocationParts, stored_allocation, stored_allocation_of};
 pub use cluster::cluster_input;
+pub use growth::{cluster_growth, datacenter_growth};
 pub use network::{DatacenterNetwork, datacenter_network};
 pub use pool::{parse_reuse_after, pool_input, validate_pool, validate_pool_with_clusters};
 pub use references::override_pools;

@@ -34,6 +34,11 @@ pub fn pool_input(pool: &IPAMPool) -> Result<PoolInput, Vec<FieldError>> {
     if let Some(space) = &pool.spec.address_space {
         errors.check(names::address_space("spec.addressSpace", space));
     }
+    for (dc, settings) in &pool.spec.datacenters {
+        if let Err(list) = super::datacenter_growth(dc, settings) {
+            list.into_iter().for_each(|e| errors.check(Err(e)));
+        }
+    }
     errors.check_schema("IPAMPool", &pool.spec);
     errors.into_result(PoolInput {
         name,

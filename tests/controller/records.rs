@@ -75,6 +75,7 @@ async fn setup() -> Setup {
         ),
         metrics: metrics::Metrics::new(),
         leader: leader::LeaderState::new(Duration::from_secs(10)),
+        demand: Default::default(),
     });
     let other = self::client(&api).await;
     Setup {

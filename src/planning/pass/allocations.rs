@@ -58,6 +58,7 @@ fn says_nothing(status: &IPAMAllocationStatus) -> bool {
     status.phase == Some(AllocationPhase::Allocated)
         && status.message.is_none()
         && status.conditions.is_empty()
+        && status.pieces.is_empty()
 }
 
 /// The status worth storing for `desired`, given what `existing` shows: none for a healthy
@@ -267,6 +268,22 @@ pub(super) fn allocation_note(metrics: &Metrics, job: &AllocationWrite) -> Optio
                     "Allocated",
                     format!("pool {} ({}): {held}; {}", d.pool, d.datacenter, d.message),
                 ),
+                (Change::Grow, _) if !d.message.is_empty() => {
+                    if d.message.contains(crate::planner::growth::GREW_FOR_DEMAND) {
+                        metrics
+                            .growths
+                            .get_or_create(&crate::planning::metrics::PoolLabels {
+                                pool: d.pool.clone(),
+                                datacenter: d.datacenter.clone(),
+                            })
+                            .inc();
+                    }
+                    note(
+                        false,
+                        "AllocationGrown",
+                        format!("pool {} ({}): {held}; {}", d.pool, d.datacenter, d.message),
+                    )
+                }
                 (Change::Grow, _) => note(
                     false,
                     "AllocationGrown",
@@ -278,6 +295,20 @@ pub(super) fn allocation_note(metrics: &Metrics, job: &AllocationWrite) -> Optio
                     format!("pool {} ({}): {held}", d.pool, d.datacenter),
                 ),
             }
+        }
+        Change::Shrink => {
+            metrics
+                .shrinks
+                .get_or_create(&crate::planning::metrics::PoolLabels {
+                    pool: d.pool.clone(),
+                    datacenter: d.datacenter.clone(),
+                })
+                .inc();
+            note(
+                false,
+                "AllocationShrunk",
+                format!("pool {} ({}): {held}; {}", d.pool, d.datacenter, d.message),
+            )
         }
         Change::Release if job.existing.is_some() => {
             metrics.allocations_released.inc();
@@ -343,6 +374,7 @@ mod tests {
             message: message.map(str::to_string),
             allocated_at: Some("2026-01-01T00:00:00Z".into()),
             conditions: Vec::new(),
+            pieces: Vec::new(),
         }
     }
 

@@ -17,6 +17,7 @@
 mod allocations;
 mod commit;
 mod fast;
+mod growth;
 mod inputs;
 mod lifecycle;
 mod report;
@@ -163,6 +164,9 @@ async fn full(
     let limit = state.write_concurrency;
     let mut outcome = PassOutcome::default();
     let mut steps = Steps::start();
+    if growth::needs_full_plan(ctx) {
+        state.replan_all();
+    }
 
     let mut view = View::read(ctx, state).await;
     steps.done("snapshot");
@@ -172,18 +176,31 @@ async fn full(
 
     let gathered = gather(ctx, state, &mut view).await?;
     let ledger_changed = std::mem::take(&mut view.ledger_changed);
-    let planned = plan(state, gathered.plan_inputs, ledger_changed).await?;
+    let mut planned = plan(state, gathered.plan_inputs, ledger_changed).await?;
+    let grown = if planned.scope.is_full() {
+        growth::step(
+            ctx,
+            &mut planned.plan,
+            &mut state.states,
+            &view.pools,
+            &view.clusters,
+            &view.stored_objects,
+        )
+    } else {
+        growth::GrowthDone::default()
+    };
     state.metrics.observe_plan(&planned.plan);
     steps.done("plan");
 
     // Namespaces first: allocations live in them.
     lifecycle::ensure_namespaces(ctx, &view.clusters, &view.namespaces, limit, &mut outcome).await;
-    let writes = Writes::new(
+    let mut writes = Writes::new(
         &view.stored_objects,
         &planned.inputs.pools,
         &gathered.deleting_pools,
         &view.now,
     );
+    writes.pieces = Some(&grown.pieces);
     let jobs = writes.select(&planned);
     steps.done("jobs");
 
@@ -224,7 +241,12 @@ async fn full(
     .await;
     steps.done("allocations");
 
-    allocations::publish_cluster_events(ctx, written.notes, &view.uids(), limit).await;
+    let mut notes = written.notes;
+    growth::report_refusals(ctx, state, &grown, &mut notes);
+    if let Some(due) = grown.next_due {
+        outcome.status_after = Some(outcome.status_after.map_or(due, |s| s.min(due)));
+    }
+    allocations::publish_cluster_events(ctx, notes, &view.uids(), limit).await;
     lifecycle::release_finalizers(ctx, &view.pools, &view.clusters, &mut outcome).await;
     write_cluster_statuses(
         ctx,
@@ -454,6 +476,8 @@ struct Writes<'a> {
     stored: &'a [Arc<Entry>],
     policies: HashMap<&'a str, ReclaimPolicy>,
     now: &'a str,
+    /// What the growth step says `status.pieces` should be, by (cluster, pool).
+    pieces: Option<&'a HashMap<(String, String), Vec<crate::resources::PieceStatus>>>,
 }
 
 /// Step "jobs": the decisions that need a write, by index, and which of them the fence
@@ -479,6 +503,7 @@ impl<'a> Writes<'a> {
             stored,
             policies,
             now,
+            pieces: None,
         }
     }
 
@@ -491,12 +516,20 @@ impl<'a> Writes<'a> {
 
     fn build(&self, d: &planner::Decision) -> Option<AllocationWrite> {
         let existing = self.stored_object(&cluster_namespace(&d.cluster), &d.pool);
-        let desired = allocation_object(
+        let mut desired = allocation_object(
             d,
             existing.as_ref(),
             self.policies.get(d.pool.as_str()).copied(),
             self.now,
         );
+        if let (Some(obj), Some(pieces)) = (
+            desired.as_mut(),
+            self.pieces
+                .and_then(|p| p.get(&(d.cluster.clone(), d.pool.clone()))),
+        ) && d.change != planner::Change::Conflict
+        {
+            obj.status.get_or_insert_with(Default::default).pieces = pieces.clone();
+        }
         AllocationWrite::new(d, existing, desired)
     }
 

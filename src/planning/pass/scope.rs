@@ -44,6 +44,9 @@ pub struct PassState {
     pub(super) status_written: Option<std::time::Instant>,
     /// The planning loop's metrics.
     pub metrics: std::sync::Arc<crate::planning::metrics::Metrics>,
+    /// Growth refusals last reported, by (cluster, pool or user cluster, reason): reported
+    /// again only when they change.
+    pub(super) growth_said: std::collections::BTreeMap<(String, String, &'static str), String>,
 }
 
 impl PassState {
@@ -65,6 +68,7 @@ impl PassState {
             reads: Default::default(),
             status_due: BTreeSet::new(),
             status_written: None,
+            growth_said: Default::default(),
         }
     }
 

@@ -1,0 +1,336 @@
+//! Demand-driven growth benchmark: `cargo bench --bench growth [-- LATENCY_SIZE [COST_SIZE]]`
+//! (default `100 1000`).
+//!
+//! **Latency.** One seed stand-in and LATENCY_SIZE user-cluster stand-ins in this process, each
+//! with the MetalLB stand-in of `tests/controller/metallb.rs` (looking every 50 ms), one
+//! `kipam controller` (release build) in another process. The pool starts every cluster with 2
+//! addresses and grows by 2 up to 8. Each user cluster first gets 2 LoadBalancer Services,
+//! which take the initial addresses; then one more Service is created in every user cluster at
+//! once. MetalLB refuses each (no free address), kipam grows the allocation, the applier
+//! updates the user cluster's `IPAddressPool`, MetalLB serves the Service. Per Service, the
+//! time from MetalLB's refusal to the Service's address: median, p99 and worst.
+//!
+//! **Cost.** COST_SIZE user clusters, each holding an allocation of the growing pool, a
+//! kubeconfig and no Service: once the demand reader watches all of them, the controller's
+//! sockets and resident memory over what it held before any Cluster existed, and its CPU time
+//! over 60 idle seconds.
+//!
+//! `KIPAM_BENCH_NO_GROWTH=1` runs the cost phase on a pool without `growth`: the difference
+//! between the two runs is the demand reader's share (the addon applier holds drift watches
+//! in every user cluster either way).
+//!
+//! Exits non-zero when a Service does not get its address.
+
+#[path = "../tests/controller/metallb.rs"]
+mod metallb;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kube_standin::ApiServer;
+use serde_json::json;
+
+use metallb::MetalLb;
+
+const METALLB_CRDS: &str = include_str!("../tests/render/fixtures/metallb-crds.yaml");
+
+const POOL: &str = "
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata:
+  name: metallb
+spec:
+  datacenters:
+    dc-1:
+      type: range
+      poolCidr: 10.0.0.0/16
+      allocationRange: 2
+      growth: {increment: 2, max: 8, shrinkAfter: 10m}
+";
+
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+fn sockets(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|dir| {
+            dir.flatten()
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// CPU time (user + system) of a process, in clock ticks.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+fn percentile_ms(sorted: &[Duration], n: usize) -> f64 {
+    let i = (sorted.len() * n).div_ceil(100).saturating_sub(1);
+    sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1e3
+}
+
+fn name(i: usize) -> String {
+    format!("c{i:04}")
+}
+
+struct Setup {
+    rt: tokio::runtime::Runtime,
+    seed: ApiServer,
+    users: Vec<ApiServer>,
+    child: Child,
+    before: (usize, u64),
+    _dir: std::path::PathBuf,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A seed with the pool, `size` user clusters registered (Secret, Addon, Cluster), and the
+/// controller running; returns once every user cluster holds its initial pool.
+fn setup(size: usize) -> Setup {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let seed = rt.block_on(ApiServer::start()).expect("seed starts");
+    for crd in kipam::resources::crds() {
+        seed.apply(&serde_json::to_value(&crd).expect("CRD JSON"))
+            .expect("CRD registers");
+    }
+    seed.apply(&json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "kipam-system"}}))
+        .expect("namespace");
+    // `KIPAM_BENCH_NO_GROWTH=1`: the same seed without `growth`, to tell the demand reader's
+    // cost from the addon applier's (which holds drift watches in every user cluster too).
+    let pool = if std::env::var_os("KIPAM_BENCH_NO_GROWTH").is_some() {
+        POOL.replace("      growth: {increment: 2, max: 8, shrinkAfter: 10m}\n", "")
+    } else {
+        POOL.to_string()
+    };
+    seed.apply_yaml(&pool).expect("pool");
+    let mut users = Vec::with_capacity(size);
+    for i in 0..size {
+        let user = rt.block_on(ApiServer::start()).expect("user cluster");
+        user.set_bookmark_interval(Duration::from_secs(60));
+        for ns in ["metallb-system", "default"] {
+            let _ = user.apply(&json!({"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": ns}}));
+        }
+        user.apply_yaml(METALLB_CRDS).expect("CRDs");
+        let ns = format!("cluster-{}", name(i));
+        seed.apply(&json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": ns, "labels": {"ipam.kipam.dev/cluster": name(i)}}}))
+            .expect("cluster namespace");
+        seed.apply(&json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "kubeconfig", "namespace": ns},
+            "stringData": {"kubeconfig": user.kubeconfig_yaml()}}))
+            .expect("secret");
+        seed.create(
+            &json!({"apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Addon",
+            "metadata": {"name": "metallb", "namespace": ns}, "spec": {"name": "metallb"}}),
+        )
+        .expect("addon");
+        users.push(user);
+    }
+    let dir = std::env::temp_dir().join(format!("kipam-bench-growth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let kubeconfig = dir.join("kubeconfig");
+    seed.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let child = Command::new(env!("CARGO_BIN_EXE_kipam"))
+        .args(["controller", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .args(["--metrics-addr", "127.0.0.1:0", "--identity", "bench"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("controller starts");
+    let pid = child.id();
+    let start = Instant::now();
+    while seed
+        .get("leases", Some("kipam-system"), "kipam-seed")
+        .is_none()
+        && start.elapsed() < Duration::from_secs(20)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let before = (sockets(pid), status_kib(pid, "VmRSS:").unwrap_or(0));
+    for i in 0..size {
+        seed.create(
+            &json!({"apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Cluster",
+            "metadata": {"name": name(i)},
+            "spec": {"datacenter": "dc-1", "kubeconfig": {"secretRef": {"name": "kubeconfig"}}}}),
+        )
+        .expect("cluster");
+    }
+    let start = Instant::now();
+    let mut pending: Vec<usize> = (0..size).collect();
+    while !pending.is_empty() && start.elapsed() < Duration::from_secs(600) {
+        pending.retain(|&i| {
+            users[i]
+                .get(
+                    "ipaddresspools.metallb.io",
+                    Some("metallb-system"),
+                    "kipam-managed-pool",
+                )
+                .is_none()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "{size} user clusters hold their initial pool after {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    Setup {
+        rt,
+        seed,
+        users,
+        child,
+        before,
+        _dir: dir,
+    }
+}
+
+fn create(user: &ApiServer, name: &str) {
+    user.create(&json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}}))
+        .expect("service");
+}
+
+fn served(user: &ApiServer, name: &str) -> bool {
+    user.get("services", Some("default"), name)
+        .is_some_and(|s| s["status"]["loadBalancer"]["ingress"][0]["ip"].is_string())
+}
+
+fn latency(size: usize) -> bool {
+    let s = setup(size);
+    let lbs: Vec<MetalLb> = s
+        .users
+        .iter()
+        .map(|u| MetalLb::start_every(u.clone(), Duration::from_millis(50)))
+        .collect();
+    for u in &s.users {
+        create(u, "first");
+        create(u, "second");
+    }
+    let start = Instant::now();
+    while !s
+        .users
+        .iter()
+        .all(|u| served(u, "first") && served(u, "second"))
+        && start.elapsed() < Duration::from_secs(120)
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Let the reader settle, then one Service more in every user cluster at once.
+    std::thread::sleep(Duration::from_secs(2));
+    for u in &s.users {
+        create(u, "third");
+    }
+    let start = Instant::now();
+    while !s.users.iter().all(|u| served(u, "third")) && start.elapsed() < Duration::from_secs(120)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut times: Vec<Duration> = Vec::new();
+    let mut missing = 0;
+    for lb in &lbs {
+        let log = lb.log.lock().expect("log");
+        match (
+            log.refused.get("default/third"),
+            log.served.get("default/third"),
+        ) {
+            (Some(r), Some((t, _))) => times.push(t.saturating_duration_since(*r)),
+            _ => missing += 1,
+        }
+    }
+    times.sort();
+    if times.is_empty() {
+        println!("latency: no Service was served after a refusal (FAILED)");
+        return false;
+    }
+    println!(
+        "refusal to address, {} Services across {size} user clusters: p50 {:.0} ms, p99 {:.0} ms, worst {:.0} ms{}",
+        times.len(),
+        percentile_ms(&times, 50),
+        percentile_ms(&times, 99),
+        times.last().map_or(0.0, |t| t.as_secs_f64() * 1e3),
+        if missing > 0 {
+            format!(" — {missing} not refused first or not served (FAILED)")
+        } else {
+            String::new()
+        }
+    );
+    drop(lbs);
+    let _ = (&s.rt, &s.seed);
+    missing == 0
+}
+
+fn cost(size: usize) {
+    let s = setup(size);
+    let pid = s.child.id();
+    // The reader opens two watches per user cluster.
+    let start = Instant::now();
+    let want = s.before.0 + 2 * size;
+    let growing = std::env::var_os("KIPAM_BENCH_NO_GROWTH").is_none();
+    while growing && sockets(pid) < want && start.elapsed() < Duration::from_secs(300) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    let (socks, rss) = (sockets(pid), status_kib(pid, "VmRSS:").unwrap_or(0));
+    let ticks0 = cpu_ticks(pid).unwrap_or(0);
+    std::thread::sleep(Duration::from_secs(60));
+    let ticks1 = cpu_ticks(pid).unwrap_or(0);
+    let hz = 100.0; // USER_HZ on Linux
+    let watches: usize = s
+        .users
+        .iter()
+        .map(|u| u.stats().count("watch", "services") as usize)
+        .sum();
+    println!(
+        "watching {size} user clusters: {} more sockets ({} watch requests on Services seen), resident memory +{:.1} MiB ({:.1} KiB per user cluster), CPU over 60 s idle {:.2} s ({:.1} %)",
+        socks.saturating_sub(s.before.0),
+        watches,
+        rss.saturating_sub(s.before.1) as f64 / 1024.0,
+        rss.saturating_sub(s.before.1) as f64 / size as f64,
+        (ticks1 - ticks0) as f64 / hz,
+        (ticks1 - ticks0) as f64 / hz / 60.0 * 100.0,
+    );
+}
+
+fn main() {
+    let sizes: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let latency_size = sizes.first().copied().unwrap_or(100);
+    let cost_size = sizes.get(1).copied().unwrap_or(1000);
+    let ok = latency_size == 0 || latency(latency_size);
+    if cost_size > 0 {
+        cost(cost_size);
+    }
+    if !ok {
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,255 @@
+//! Demand-driven growth end to end: the real controller, a user cluster stand-in with the
+//! MetalLB stand-in (`metallb.rs`), LoadBalancer Services created and deleted there.
+
+use std::time::{Duration, Instant};
+
+use kube_standin::ApiServer;
+use serde_json::{Value, json};
+
+use super::metallb::{MetalLb, address_of, service};
+use super::support::Seed;
+
+const WAIT: Duration = Duration::from_secs(30);
+const METALLB_CRDS: &str = include_str!("../render/fixtures/metallb-crds.yaml");
+
+const POOLS: &str = "
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata:
+  name: metallb
+spec:
+  datacenters:
+    dc-1:
+      type: range
+      poolCidr: 10.0.0.0/28
+      allocationRange: 2
+      growth: {increment: 2, max: 6, shrinkAfter: 1m}
+    dc-2:
+      type: range
+      poolCidr: 10.0.1.0/30
+      allocationRange: 2
+      growth: {increment: 2, max: 4, shrinkAfter: 1m}
+";
+
+async fn user_cluster() -> ApiServer {
+    let api = ApiServer::start().await.expect("user cluster starts");
+    for ns in ["metallb-system", "default"] {
+        let _ = api.apply(&json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": ns}}));
+    }
+    api.apply_yaml(METALLB_CRDS).expect("MetalLB CRDs");
+    api
+}
+
+async fn register(seed: &Seed, cluster: &str, dc: &str, user: &ApiServer) {
+    seed.api
+        .apply(&json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": format!("kc-{cluster}"), "namespace": "kipam-system"},
+            "stringData": {"kubeconfig": user.kubeconfig_yaml()}}))
+        .expect("secret");
+    seed.cluster_with(
+        cluster,
+        dc,
+        &format!("kubeconfig: {{secretRef: {{namespace: kipam-system, name: kc-{cluster}}}}}"),
+    );
+    let ns = format!("cluster-{cluster}");
+    seed.wait_for(&format!("namespace {ns}"), WAIT, "ctl", |s| {
+        s.get("namespaces", None, &ns).is_some()
+    })
+    .await;
+    seed.api
+        .create(
+            &json!({"apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Addon",
+            "metadata": {"name": "metallb", "namespace": ns},
+            "spec": {"name": "metallb"}}),
+        )
+        .expect("addon");
+}
+
+fn pool_entries(api: &ApiServer) -> Vec<String> {
+    api.get(
+        "ipaddresspools.metallb.io",
+        Some("metallb-system"),
+        "kipam-managed-pool",
+    )
+    .and_then(|p| {
+        p["spec"]["addresses"].as_array().map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+    })
+    .unwrap_or_default()
+}
+
+fn pieces(seed: &Seed, cluster: &str) -> Vec<Value> {
+    seed.get(
+        "ipamallocations",
+        Some(&format!("cluster-{cluster}")),
+        "metallb",
+    )
+    .and_then(|a| a["status"]["pieces"].as_array().cloned())
+    .unwrap_or_default()
+}
+
+fn event_notes(seed: &Seed, reason: &str) -> Vec<String> {
+    seed.api
+        .list("events.events.k8s.io", None)
+        .iter()
+        .filter(|e| e["reason"] == reason || e["note"].as_str().is_some_and(|n| n.contains(reason)))
+        .filter_map(|e| e["note"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_service_grows_the_pool_and_unused_pieces_go_back() {
+    let seed = Seed::start("growth").await;
+    let user = user_cluster().await;
+    let metallb = MetalLb::start(user.clone());
+    let _ctl = seed.controller("ctl");
+    seed.apply(POOLS);
+    register(&seed, "g1", "dc-1", &user).await;
+
+    // The initial size reaches the user cluster.
+    seed.wait_for("the initial pool in the user cluster", WAIT, "ctl", |_| {
+        pool_entries(&user) == vec!["10.0.0.0-10.0.0.1".to_string()]
+    })
+    .await;
+
+    // Two Services take the initial addresses; the third is refused by MetalLB, the
+    // allocation grows by one increment, and the third gets an address.
+    for s in ["s1", "s2", "s3"] {
+        service(&user, s);
+    }
+    seed.wait_for("s3 served after growth", WAIT, "ctl", |_| {
+        address_of(&user, "s3").is_some()
+    })
+    .await;
+    {
+        let log = metallb.log.lock().unwrap();
+        let refused = log
+            .refused
+            .get("default/s3")
+            .copied()
+            .expect("s3 was refused first");
+        let served = log.served["default/s3"].0;
+        eprintln!("refusal to address: {:?}", served - refused);
+    }
+    assert_eq!(
+        seed.held("g1", "metallb"),
+        "10.0.0.0-10.0.0.1,10.0.0.2-10.0.0.3"
+    );
+    let p = pieces(&seed, "g1");
+    assert_eq!(p.len(), 2, "{p:?}");
+    assert_eq!(p[0]["kind"], "Initial");
+    assert_eq!(p[1]["kind"], "Grown");
+    assert_eq!(p[1]["addresses"], "10.0.0.2-10.0.0.3");
+    assert!(p[1]["grownAt"].is_string());
+    assert_eq!(
+        pool_entries(&user),
+        vec!["10.0.0.0-10.0.0.1", "10.0.0.2-10.0.0.3"]
+    );
+    let grown = event_notes(&seed, "AllocationGrown");
+    assert!(
+        grown.iter().any(|n| n.contains("default/s3")),
+        "the growth event names the Service: {grown:?}"
+    );
+    // One waiting Service never causes two growths.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        seed.held("g1", "metallb"),
+        "10.0.0.0-10.0.0.1,10.0.0.2-10.0.0.3"
+    );
+
+    // Four more: growth stops at max 6 and says which Services still wait.
+    for s in ["s4", "s5", "s6", "s7"] {
+        service(&user, s);
+    }
+    seed.wait_for("GrowthMaxReached", WAIT, "ctl", |s| {
+        !event_notes(s, "GrowthMaxReached").is_empty()
+    })
+    .await;
+    seed.wait_for("held at max", WAIT, "ctl", |s| {
+        s.held("g1", "metallb").split(',').count() == 3
+    })
+    .await;
+    // Six addresses for seven Services: one waits.
+    seed.wait_for("three of the four served", WAIT, "ctl", |_| {
+        ["s4", "s5", "s6", "s7"]
+            .iter()
+            .filter(|s| address_of(&user, s).is_some())
+            .count()
+            == 3
+    })
+    .await;
+    let notes = event_notes(&seed, "GrowthMaxReached");
+    assert!(
+        notes.iter().any(|n| n.contains("growth max of 6")),
+        "{notes:?}"
+    );
+
+    // Every Service but s1 and s2 goes: after shrinkAfter without use, the grown pieces go
+    // back, the initial piece stays, and the user cluster's pool shrinks with it.
+    for s in ["s3", "s4", "s5", "s6", "s7"] {
+        user.delete("services", Some("default"), s).expect("delete");
+    }
+    let deleted = Instant::now();
+    seed.wait_for(
+        "grown pieces given back",
+        Duration::from_secs(150),
+        "ctl",
+        |s| s.held("g1", "metallb") == "10.0.0.0-10.0.0.1",
+    )
+    .await;
+    assert!(
+        deleted.elapsed() >= Duration::from_secs(60),
+        "given back after {:?}, before shrinkAfter",
+        deleted.elapsed()
+    );
+    seed.wait_for("the user cluster's pool shrinks", WAIT, "ctl", |_| {
+        pool_entries(&user) == vec!["10.0.0.0-10.0.0.1".to_string()]
+    })
+    .await;
+    assert!(address_of(&user, "s1").is_some() && address_of(&user, "s2").is_some());
+    assert!(!event_notes(&seed, "AllocationShrunk").is_empty());
+    seed.wait_for("status pieces follow", WAIT, "ctl", |s| {
+        let p = pieces(s, "g1");
+        p.len() == 1 && p[0]["kind"] == "Initial"
+    })
+    .await;
+    // Given back for good: the pool record's copy does not bring the pieces back.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(seed.held("g1", "metallb"), "10.0.0.0-10.0.0.1");
+    assert_eq!(pool_entries(&user), vec!["10.0.0.0-10.0.0.1".to_string()]);
+    seed.assert_no_overlap_no_leak();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_pool_is_said_and_nothing_is_taken_twice() {
+    let seed = Seed::start("growth-full").await;
+    let a = user_cluster().await;
+    let b = user_cluster().await;
+    let _ma = MetalLb::start(a.clone());
+    let _mb = MetalLb::start(b.clone());
+    let _ctl = seed.controller("ctl");
+    seed.apply(POOLS);
+    // dc-2's pool holds 4 addresses: two clusters of 2 fill it.
+    register(&seed, "f1", "dc-2", &a).await;
+    register(&seed, "f2", "dc-2", &b).await;
+    seed.wait_for("both initial pools applied", WAIT, "ctl", |_| {
+        pool_entries(&a).len() == 1 && pool_entries(&b).len() == 1
+    })
+    .await;
+    for s in ["s1", "s2", "s3"] {
+        service(&a, s);
+    }
+    seed.wait_for("GrowthPoolFull", WAIT, "ctl", |s| {
+        event_notes(s, "GrowthPoolFull")
+            .iter()
+            .any(|n| n.contains("default/s3"))
+    })
+    .await;
+    assert_eq!(seed.held("f1", "metallb").split(',').count(), 1);
+    assert!(address_of(&a, "s3").is_none());
+    seed.assert_no_overlap_no_leak();
+}
