@@ -159,6 +159,7 @@ fn main() {
             recorder: Recorder::new(client, Reporter { controller: "kipam".into(), instance: None }),
             metrics: metrics::Metrics::new(),
             leader: leader::LeaderState::new(Duration::from_secs(10)),
+            demand: Default::default(),
         });
         ctx.metrics.ready.store(true, std::sync::atomic::Ordering::Relaxed);
         let options = ApiOptions {

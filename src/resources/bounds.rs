@@ -105,7 +105,5 @@ pub const MAX_MTU: i32 = 9216;
 /// The shape of one address (spaces around allowed); validation parses it.
 pub const PATTERN_ADDRESS: &str = "^ *[0-9A-Fa-f:.]+ *$";
 
-/// A duration as written in a spec (`90s`, `10m`, `1h30m`, `2d`).
-pub const MAX_DURATION: u32 = 32;
 /// Units `s`, `m`, `h`, `d`, largest first, each at most once (checked by kipam).
 pub const PATTERN_DURATION: &str = "^([0-9]+[smhd])+$";
