@@ -541,11 +541,17 @@ pub fn apply_outcome(
 /// added, and possibly some given back) or `Shrink` (only given back). Decisions the plan
 /// changes anyway (created, failed, released, in conflict...) are left alone: growth waits
 /// for the next pass. Returns what was applied and, for outcomes that could not be, why.
+///
+/// A grown piece given back follows its pool datacenter's quarantine: where `reuse_after`
+/// (pool, datacenter) is above zero, the piece is set aside for the cluster and listed in
+/// `plan.quarantined`, so the fenced commit records it and nobody else gets it before the
+/// period ends.
 pub fn apply(
     plan: &mut Plan,
     states: &mut PoolStates,
     outcomes: &[Outcome],
     now: i64,
+    reuse_after: &dyn Fn(&str, &str) -> u64,
 ) -> (Vec<Applied>, Vec<(Outcome, String)>) {
     let mut applied = Vec::new();
     let mut refused = Vec::new();
@@ -565,6 +571,21 @@ pub fn apply(
         };
         match apply_outcome(allocator, outcome, now) {
             Ok(a) => {
+                if !a.released.is_empty() && reuse_after(&a.pool, &a.datacenter) > 0 {
+                    allocator.set_aside(
+                        &super::spaces::quarantine_tag(&a.cluster),
+                        crate::allocator::Aside::Quarantined,
+                        a.released.iter().copied(),
+                    );
+                    plan.quarantined.push(super::Quarantined {
+                        pool: a.pool.clone(),
+                        datacenter: a.datacenter.clone(),
+                        holder: a.cluster.clone(),
+                        released_at: now,
+                        addresses: super::spaces::merged(a.released.clone()),
+                    });
+                    plan.quarantined.sort();
+                }
                 let mut words = Vec::new();
                 if !a.added.is_empty() {
                     let waiting = outcome

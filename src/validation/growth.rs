@@ -73,14 +73,25 @@ pub fn datacenter_growth(
     } else if growth.max < 1 {
         add(".max", growth.max.to_string(), "must be at least 1".into());
     }
-    if let Ok(cidr) = settings.pool_cidr.parse::<Cidr>()
-        && growth.max >= 1
-        && AddressCount::from(growth.max as u64) > cidr.size()
-    {
+    // The pool's size over all its CIDRs (`poolCidr` and `additionalCidrs`); a CIDR that does
+    // not parse is reported by the pool's own rules.
+    let cidrs: Vec<Cidr> = std::iter::once(&settings.pool_cidr)
+        .chain(settings.additional_cidrs.iter())
+        .filter_map(|t| t.parse::<Cidr>().ok())
+        .collect();
+    let size = cidrs
+        .iter()
+        .fold(AddressCount::ZERO, |n, c| n.saturating_add(c.size()));
+    if !cidrs.is_empty() && growth.max >= 1 && AddressCount::from(growth.max as u64) > size {
+        let of = if cidrs.len() > 1 {
+            "the pool's CIDRs"
+        } else {
+            "poolCidr"
+        };
         add(
             ".max",
             growth.max.to_string(),
-            format!("exceeds the {} addresses of poolCidr", cidr.size()),
+            format!("exceeds the {size} addresses of {of}"),
         );
     }
     let shrink_after = match &growth.shrink_after {

@@ -28,6 +28,18 @@ fn a_range_pool_may_grow() {
         "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 2\ngrowth: {max: 4}",
     );
     assert_eq!(defaults, Vec::<String>::new());
+    // `max` counts every CIDR of the pool datacenter.
+    let two = pool_messages(
+        "type: range\npoolCidr: 192.168.1.0/26\nadditionalCidrs: [192.168.2.0/26]\nallocationRange: 2\ngrowth: {max: 100}",
+    );
+    assert_eq!(two, Vec::<String>::new());
+    let too_many = pool_messages(
+        "type: range\npoolCidr: 192.168.1.0/26\nadditionalCidrs: [192.168.2.0/26]\nallocationRange: 2\ngrowth: {max: 129}",
+    );
+    assert_eq!(
+        too_many,
+        vec!["IPAMPool metallb: spec.datacenters[dc-1].growth.max \"129\": exceeds the 128 addresses of the pool's CIDRs".to_string()]
+    );
 }
 
 #[test]
@@ -376,4 +388,150 @@ mod churn {
             }
         }
     }
+}
+
+/// A grown piece given back where the pool datacenter has `reuseAfter` is quarantined for its
+/// cluster like any released address: listed in the plan's quarantine (what the fenced commit
+/// records) and handed to nobody else before the period ends.
+#[test]
+fn a_grown_piece_given_back_follows_the_quarantine() {
+    use kipam::address::AddrRange;
+    use kipam::planner::growth::{Outcome, Piece, apply};
+    use kipam::resources::PieceKind;
+
+    let pools = vec![super::pool_input(
+        "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata:\n  name: lb\nspec:\n  datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.0.0.0/29\n      allocationRange: 2\n      reuseAfter: 1h\n      growth: {increment: 2, max: 6}\n",
+    )];
+    let range = |t: &str| AddrRange::parse_lenient(t).expect("a range");
+    let now: i64 = 1_800_000_000;
+    let hour = |_: &str, _: &str| 3600u64;
+    let piece = |r: &str, kind: PieceKind| Piece {
+        range: range(r),
+        kind,
+        grown_at: (kind == PieceKind::Grown).then_some(now - 7200),
+        unused_since: (kind == PieceKind::Grown).then_some(now - 7200),
+    };
+    let outcome = |grow: u128, release: Vec<AddrRange>, pieces: Vec<Piece>| Outcome {
+        cluster: "c1".into(),
+        pool: "lb".into(),
+        datacenter: "dc-1".into(),
+        grow,
+        release,
+        pieces,
+        unmet: Vec::new(),
+        notes: Vec::new(),
+    };
+    let c1 = vec![super::cluster_in("c1", "dc-1", 1)];
+
+    // c1 holds its initial 10.0.0.0-1 (growth applies to an allocation kept as it is) and
+    // grows by 2.
+    let (first, _) = kipam::planner::plan_at(&pools, &c1, &[], &[], now - 7300);
+    let stored = super::stored_after(&first, &pools);
+    let (mut plan, mut states) = kipam::planner::plan_at(&pools, &c1, &stored, &[], now - 7200);
+    let initial = vec![piece("10.0.0.0-10.0.0.1", PieceKind::Initial)];
+    let (applied, refused) = apply(
+        &mut plan,
+        &mut states,
+        &[outcome(2, Vec::new(), initial.clone())],
+        now - 7200,
+        &hour,
+    );
+    assert!(refused.is_empty(), "{refused:?}");
+    assert_eq!(applied[0].added, vec![range("10.0.0.2-10.0.0.3")]);
+    let stored = super::stored_after(&plan, &pools);
+
+    // Two hours later the grown piece is given back: quarantined for c1.
+    let (mut plan, mut states) = kipam::planner::plan_at(&pools, &c1, &stored, &[], now);
+    let mut pieces = initial.clone();
+    pieces.push(piece("10.0.0.2-10.0.0.3", PieceKind::Grown));
+    let (applied, refused) = apply(
+        &mut plan,
+        &mut states,
+        &[outcome(0, vec![range("10.0.0.2-10.0.0.3")], pieces.clone())],
+        now,
+        &hour,
+    );
+    assert!(refused.is_empty(), "{refused:?}");
+    assert_eq!(applied[0].released, vec![range("10.0.0.2-10.0.0.3")]);
+    let quarantined: Vec<(String, i64, Vec<String>)> = plan
+        .quarantined
+        .iter()
+        .map(|q| {
+            (
+                q.holder.clone(),
+                q.released_at,
+                q.addresses.iter().map(|a| a.to_string()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        quarantined,
+        vec![("c1".to_string(), now, vec!["10.0.0.2-10.0.0.3".to_string()])]
+    );
+
+    // A newcomer within the hour gets other addresses; after it, the quarantined ones.
+    let stored = super::stored_after(&plan, &pools);
+    let both = vec![
+        super::cluster_in("c1", "dc-1", 1),
+        super::cluster_in("c2", "dc-1", 2),
+    ];
+    let held_by_c2 = |at: i64| {
+        let (plan, _) = kipam::planner::plan_at(&pools, &both, &stored, &plan.quarantined, at);
+        plan.decisions
+            .iter()
+            .find(|d| d.cluster == "c2")
+            .and_then(|d| d.held.as_ref())
+            .map(|h| h.ranges().map(|r| r.to_string()).collect::<Vec<_>>())
+    };
+    assert_eq!(
+        held_by_c2(now + 60),
+        Some(vec!["10.0.0.4-10.0.0.5".to_string()])
+    );
+    assert_eq!(
+        held_by_c2(now + 3601),
+        Some(vec!["10.0.0.2-10.0.0.3".to_string()])
+    );
+
+    // Without reuseAfter the piece is free at once.
+    let (mut plan, mut states) =
+        kipam::planner::plan_at(&pools, &c1, &stored_grown(&pools, now), &[], now);
+    let (_, refused) = apply(
+        &mut plan,
+        &mut states,
+        &[outcome(0, vec![range("10.0.0.2-10.0.0.3")], pieces)],
+        now,
+        &|_: &str, _: &str| 0,
+    );
+    assert!(refused.is_empty(), "{refused:?}");
+    assert!(plan.quarantined.is_empty());
+}
+
+/// c1 holding 10.0.0.0-10.0.0.3 in pool `lb` (its initial two and a grown two).
+fn stored_grown(
+    pools: &[kipam::planner::PoolInput],
+    now: i64,
+) -> Vec<kipam::planner::StoredAllocation> {
+    use kipam::planner::growth::{Outcome, Piece, apply};
+    let c1 = vec![super::cluster_in("c1", "dc-1", 1)];
+    let (first, _) = kipam::planner::plan_at(pools, &c1, &[], &[], now);
+    let stored = super::stored_after(&first, pools);
+    let (mut plan, mut states) = kipam::planner::plan_at(pools, &c1, &stored, &[], now);
+    let initial = Piece {
+        range: kipam::address::AddrRange::parse_lenient("10.0.0.0-10.0.0.1").expect("a range"),
+        kind: kipam::resources::PieceKind::Initial,
+        grown_at: None,
+        unused_since: None,
+    };
+    let grow = Outcome {
+        cluster: "c1".into(),
+        pool: "lb".into(),
+        datacenter: "dc-1".into(),
+        grow: 2,
+        release: Vec::new(),
+        pieces: vec![initial],
+        unmet: Vec::new(),
+        notes: Vec::new(),
+    };
+    apply(&mut plan, &mut states, &[grow], now, &|_: &str, _: &str| 0);
+    super::stored_after(&plan, pools)
 }

@@ -73,6 +73,7 @@ pub(super) fn step(
     plan: &mut Plan,
     states: &mut PoolStates,
     pools: &[Arc<IPAMPool>],
+    inputs: &[crate::planner::PoolInput],
     clusters: &[Arc<Cluster>],
     stored: &[Arc<Entry>],
 ) -> GrowthDone {
@@ -159,7 +160,17 @@ pub(super) fn step(
         now,
     };
     let outcomes = growth::decide(&input);
-    let (applied, refused) = growth::apply(plan, states, &outcomes, now);
+    // A grown piece given back is quarantined as any released address is (`reuseAfter`).
+    let reuse: HashMap<(&str, &str), u64> = inputs
+        .iter()
+        .flat_map(|p| {
+            p.datacenters
+                .iter()
+                .map(move |(dc, d)| ((p.name.as_str(), dc.as_str()), d.reuse_after))
+        })
+        .collect();
+    let reuse_after = |pool: &str, dc: &str| reuse.get(&(pool, dc)).copied().unwrap_or(0);
+    let (applied, refused) = growth::apply(plan, states, &outcomes, now, &reuse_after);
     let applied: HashMap<(String, String), &Applied> = applied
         .iter()
         .map(|a| ((a.cluster.clone(), a.pool.clone()), a))

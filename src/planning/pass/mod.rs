@@ -183,6 +183,7 @@ async fn full(
             &mut planned.plan,
             &mut state.states,
             &view.pools,
+            &planned.inputs.pools,
             &view.clusters,
             &view.stored_objects,
         )
