@@ -122,7 +122,10 @@ fn setup(size: usize) -> Setup {
     // `KIPAM_BENCH_NO_GROWTH=1`: the same seed without `growth`, to tell the demand reader's
     // cost from the addon applier's (which holds drift watches in every user cluster too).
     let pool = if std::env::var_os("KIPAM_BENCH_NO_GROWTH").is_some() {
-        POOL.replace("      growth: {increment: 2, max: 8, shrinkAfter: 10m}\n", "")
+        POOL.replace(
+            "      growth: {increment: 2, max: 8, shrinkAfter: 10m}\n",
+            "",
+        )
     } else {
         POOL.to_string()
     };

@@ -147,6 +147,7 @@ pub async fn run(
     }
     if changed.only_clusters()
         && state.can_skip_planning()
+        && !growth::needs_full_plan(ctx)
         && let Some(result) = fast::run(ctx, term, state, &changed.clusters).await
     {
         return result;
