@@ -110,6 +110,11 @@ async fn a_refused_service_grows_the_pool_and_unused_pieces_go_back() {
     seed.apply(POOLS);
     register(&seed, "g1", "dc-1", &user).await;
 
+    seed.wait_for("condition GrowthDemandReadable True", WAIT, "ctl", |s| {
+        s.condition("clusters", "g1", "GrowthDemandReadable")
+            .is_some_and(|c| c["status"] == "True")
+    })
+    .await;
     // The initial size reaches the user cluster.
     seed.wait_for("the initial pool in the user cluster", WAIT, "ctl", |_| {
         pool_entries(&user) == vec!["10.0.0.0-10.0.0.1".to_string()]
@@ -281,6 +286,11 @@ async fn an_unreachable_user_cluster_is_said_and_grows_nothing() {
                     .as_str()
                     .is_some_and(|n| n.contains("cannot be read"))
         })
+    })
+    .await;
+    seed.wait_for("condition GrowthDemandReadable False", WAIT, "ctl", |s| {
+        s.condition("clusters", "d1", "GrowthDemandReadable")
+            .is_some_and(|c| c["status"] == "False" && c["reason"] == "Unreadable")
     })
     .await;
     assert_eq!(seed.held("d1", "metallb"), "10.0.0.0-10.0.0.1");
