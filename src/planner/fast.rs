@@ -57,6 +57,20 @@ impl PoolStates {
         self.map.extend(partial.map);
     }
 
+    /// States holding one pool datacenter's allocator (tests).
+    #[cfg(test)]
+    pub(crate) fn single(pool: &str, dc: &str, allocator: PoolAllocator) -> Self {
+        let state = PoolState {
+            allocator: Ok(allocator),
+            blocked: false,
+            youngest_request: None,
+        };
+        PoolStates::from_map(BTreeMap::from([(
+            (pool.to_string(), dc.to_string()),
+            state,
+        )]))
+    }
+
     /// The allocator a plan left for (pool, datacenter), to change it in place (growth).
     pub(crate) fn allocator_mut(&mut self, pool: &str, dc: &str) -> Option<&mut PoolAllocator> {
         self.map

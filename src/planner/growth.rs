@@ -540,7 +540,8 @@ pub fn apply_outcome(
 /// for a (cluster, pool) the plan keeps as it is, turns its decision into `Grow` (pieces
 /// added, and possibly some given back) or `Shrink` (only given back). Decisions the plan
 /// changes anyway (created, failed, released, in conflict...) are left alone: growth waits
-/// for the next pass. Returns what was applied and, for outcomes that could not be, why.
+/// for the next pass. Every growth is applied before any piece is given back. Returns what
+/// was applied and, for outcomes that could not be, why.
 ///
 /// A grown piece given back follows its pool datacenter's quarantine: where `reuse_after`
 /// (pool, datacenter) is above zero, the piece is set aside for the cluster and listed in
@@ -555,7 +556,14 @@ pub fn apply(
 ) -> (Vec<Applied>, Vec<(Outcome, String)>) {
     let mut applied = Vec::new();
     let mut refused = Vec::new();
-    for outcome in outcomes.iter().filter(|o| !o.changes_nothing()) {
+    // Growths first, then what is given back: an address given back in this pass is never
+    // handed to another cluster in the same pass (its user cluster may still list it until
+    // the shrunk allocation reaches it).
+    let growths = outcomes.iter().filter(|o| o.grow > 0);
+    let shrinks = outcomes
+        .iter()
+        .filter(|o| o.grow == 0 && !o.release.is_empty());
+    for outcome in growths.chain(shrinks) {
         let Some(d) = plan
             .decisions
             .iter_mut()
@@ -855,6 +863,70 @@ mod tests {
         let out = decide(&input(vec![unknown], 0, 5000));
         assert!(out[0].release.is_empty());
         assert_eq!(out[0].pieces[1].unused_since, None);
+    }
+
+    #[test]
+    fn a_piece_given_back_is_not_grown_into_in_the_same_pass() {
+        use crate::allocator::{PoolConfig, PoolKind, Request, Strategy};
+        use crate::planner::{Change, Decision, Plan, PoolStates};
+        let cidr: crate::address::Cidr = "0.0.0.0/30".parse().unwrap();
+        let mut a = PoolAllocator::new(PoolConfig::new(
+            cidr,
+            PoolKind::Range {
+                allocation_range: 1,
+            },
+            Strategy::FirstFit,
+        ))
+        .unwrap();
+        a.allocate("a", Request::Addresses(1)).unwrap();
+        a.allocate("b", Request::Addresses(1)).unwrap();
+        a.grow("a", 2).unwrap(); // a: .0, .2 (grown)
+        a.grow("b", 2).unwrap(); // b: .1, .3
+        let keep = |c: &str, held: Allocation| Decision {
+            cluster: c.into(),
+            pool: "p".into(),
+            datacenter: "dc".into(),
+            type_: crate::resources::AllocationType::Range,
+            change: Change::Keep,
+            held: Some(held),
+            previous: None,
+            message: String::new(),
+        };
+        let mut plan = Plan {
+            decisions: vec![
+                keep("a", a.get("a").cloned().unwrap()),
+                keep("b", a.get("b").cloned().unwrap()),
+            ],
+            usage: Default::default(),
+        };
+        let mut states = PoolStates::single("p", "dc", a);
+        let grown = |range| Piece {
+            range,
+            kind: PieceKind::Grown,
+            grown_at: Some(0),
+            unused_since: Some(0),
+        };
+        let outcome = |c: &str, grow, release: Vec<AddrRange>, pieces| Outcome {
+            cluster: c.into(),
+            pool: "p".into(),
+            datacenter: "dc".into(),
+            grow,
+            release,
+            pieces,
+            unmet: vec![],
+            notes: vec![],
+        };
+        // a gives back 0.0.0.2 (listed first), b asks for one more: the pool has none
+        // left in this pass.
+        let outcomes = [
+            outcome("a", 0, vec![r(2, 2)], vec![initial(0, 0), grown(r(2, 2))]),
+            outcome("b", 1, vec![], vec![initial(1, 1), grown(r(3, 3))]),
+        ];
+        let (applied, refused) = apply(&mut plan, &mut states, &outcomes, 10);
+        assert_eq!(applied.len(), 1, "{applied:?}");
+        assert_eq!(applied[0].cluster, "a");
+        assert_eq!(refused.len(), 1);
+        assert_eq!(refused[0].0.cluster, "b");
     }
 
     #[test]

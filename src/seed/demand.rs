@@ -175,6 +175,21 @@ impl DemandCache {
         self.lock().remove(cluster);
     }
 
+    /// Every user cluster kept: `None` when its Services are read, else why they cannot be.
+    pub fn states(&self) -> BTreeMap<String, Option<String>> {
+        self.lock()
+            .iter()
+            .map(|(c, s)| {
+                let problem = match (&s.problem, s.known) {
+                    (Some(p), _) => Some(p.clone()),
+                    (None, false) => Some("not read yet".to_string()),
+                    (None, true) => None,
+                };
+                (c.clone(), problem)
+            })
+            .collect()
+    }
+
     /// Why each user cluster that cannot be read cannot, by cluster.
     pub fn problems(&self) -> BTreeMap<String, String> {
         self.lock()

@@ -110,6 +110,11 @@ async fn a_refused_service_grows_the_pool_and_unused_pieces_go_back() {
     seed.apply(POOLS);
     register(&seed, "g1", "dc-1", &user).await;
 
+    seed.wait_for("condition GrowthDemandReadable True", WAIT, "ctl", |s| {
+        s.condition("clusters", "g1", "GrowthDemandReadable")
+            .is_some_and(|c| c["status"] == "True")
+    })
+    .await;
     // The initial size reaches the user cluster.
     seed.wait_for("the initial pool in the user cluster", WAIT, "ctl", |_| {
         pool_entries(&user) == vec!["10.0.0.0-10.0.0.1".to_string()]
@@ -252,4 +257,41 @@ async fn a_full_pool_is_said_and_nothing_is_taken_twice() {
     assert_eq!(seed.held("f1", "metallb").split(',').count(), 1);
     assert!(address_of(&a, "s3").is_none());
     seed.assert_no_overlap_no_leak();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_user_cluster_is_said_and_grows_nothing() {
+    let seed = Seed::start("growth-down").await;
+    let down = ApiServer::start().await.expect("stand-in starts");
+    let kubeconfig = down.kubeconfig_yaml();
+    down.shutdown();
+    drop(down);
+    let _ctl = seed.controller("ctl");
+    seed.apply(POOLS);
+    seed.api
+        .apply(&json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "kc-d1", "namespace": "kipam-system"},
+            "stringData": {"kubeconfig": kubeconfig}}))
+        .expect("secret");
+    seed.cluster_with(
+        "d1",
+        "dc-1",
+        "kubeconfig: {secretRef: {namespace: kipam-system, name: kc-d1}}",
+    );
+    seed.wait_for("GrowthDemandUnreadable", WAIT, "ctl", |s| {
+        s.api.list("events.events.k8s.io", None).iter().any(|e| {
+            e["reason"] == "GrowthDemandUnreadable"
+                && e["regarding"]["name"] == "d1"
+                && e["note"]
+                    .as_str()
+                    .is_some_and(|n| n.contains("cannot be read"))
+        })
+    })
+    .await;
+    seed.wait_for("condition GrowthDemandReadable False", WAIT, "ctl", |s| {
+        s.condition("clusters", "d1", "GrowthDemandReadable")
+            .is_some_and(|c| c["status"] == "False" && c["reason"] == "Unreadable")
+    })
+    .await;
+    assert_eq!(seed.held("d1", "metallb"), "10.0.0.0-10.0.0.1");
 }

@@ -204,17 +204,27 @@ pub(super) fn step(
                 .entry((o.pool.clone(), o.datacenter.clone()))
                 .or_default() += o.unmet.len();
         }
-        // When the next grown piece may go.
+        // When the next grown piece may go; and a pass again in a second for a piece whose
+        // last Service let go of it since the last pass (its clock starts then), which no
+        // watch event will ask for.
         if let Some(after) = h.shrink_after {
             for p in &o.pieces {
-                if let (PieceKind::Grown, Some(since)) = (p.kind, p.unused_since) {
-                    let due = since
+                let in_use = h
+                    .demand
+                    .used
+                    .range(p.range.first()..=p.range.last())
+                    .next()
+                    .is_some();
+                let due = match (p.kind, p.unused_since) {
+                    (PieceKind::Grown, Some(since)) => since
                         .saturating_add(after as i64)
                         .saturating_sub(now)
-                        .max(1);
-                    let due = Duration::from_secs(due as u64);
-                    done.next_due = Some(done.next_due.map_or(due, |d| d.min(due)));
-                }
+                        .max(1),
+                    (PieceKind::Grown, None) if h.demand.known && !in_use => 1,
+                    _ => continue,
+                };
+                let due = Duration::from_secs(due as u64);
+                done.next_due = Some(done.next_due.map_or(due, |d| d.min(due)));
             }
         }
     }

@@ -140,13 +140,18 @@ pub async fn run(
         backoff.start_round();
     }
     let changed = Changed::take(ctx).await;
-    if changed.nothing() && state.can_skip_planning() && !state.status_due.is_empty() {
+    if changed.nothing()
+        && state.can_skip_planning()
+        && !state.status_due.is_empty()
+        && !growth::needs_full_plan(ctx)
+    {
         // Nothing changed, but pool statuses wait: they are written (when due) without
         // planning.
         return Ok(fast::flush_statuses(ctx, state).await);
     }
     if changed.only_clusters()
         && state.can_skip_planning()
+        && !growth::needs_full_plan(ctx)
         && let Some(result) = fast::run(ctx, term, state, &changed.clusters).await
     {
         return result;

@@ -42,6 +42,7 @@ pub(super) async fn write_cluster_status(
     // Statuses are built as writes start, not all before: a burst writes the status of every
     // cluster, and building them all at once held every one at the pass's memory peak.
     let not_due: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let demand = ctx.demand.states();
     let jobs = clusters.iter().cloned().filter_map(|c: Arc<Cluster>| {
         if c.metadata.deletion_timestamp.is_some() {
             return None;
@@ -84,6 +85,27 @@ pub(super) async fn write_cluster_status(
             c.metadata.generation,
             now,
         );
+        // Demand-driven growth: whether the demand reader can read the user cluster.
+        match demand.get(&name) {
+            Some(problem) => status::set_condition(
+                &mut next.conditions,
+                "GrowthDemandReadable",
+                problem.is_none(),
+                if problem.is_none() {
+                    "Watching"
+                } else {
+                    "Unreadable"
+                },
+                problem
+                    .clone()
+                    .unwrap_or_else(|| "LoadBalancer Services are watched".into()),
+                c.metadata.generation,
+                now,
+            ),
+            None => next
+                .conditions
+                .retain(|c| c.type_ != "GrowthDemandReadable"),
+        }
         if next == previous {
             return None;
         }
