@@ -83,7 +83,7 @@ pub struct AddressMap {
 /// Why a slice cannot be mapped.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SliceError {
-    #[error("the slice {first}-{last} is not inside one CIDR of the pool ({pool})")]
+    #[error("the slice {first}-{last} is not inside the pool (inside one of its CIDRs: {pool})")]
     Outside {
         first: String,
         last: String,
