@@ -542,15 +542,18 @@ impl Layout {
         let total = self.cidrs.iter().fold(AddressCount::ZERO, |sum, &(a, b)| {
             sum.saturating_add(AddressCount::span(a, b))
         });
-        self.usage_of(self.count_all(), total, holdings)
+        self.usage_of(self.count_all(), total, holdings, true)
     }
 
     /// The usage of one CIDR (`first..=last`).
     pub fn cidr_usage(&self, first: u128, last: u128, holdings: &[&Holding]) -> Usage {
+        // A quarantine known only as a count belongs to this CIDR only when it is the one.
+        let whole = self.cidrs.len() == 1;
         let mut u = self.usage_of(
             self.count(first, last),
             AddressCount::span(first, last),
             holdings,
+            whole,
         );
         u.holders = holdings
             .iter()
@@ -567,19 +570,19 @@ impl Layout {
     /// served page), that count is taken off the free addresses, and the largest free run
     /// is at most what stays free: it may still be overstated (which addresses are
     /// quarantined is not known), never the free count.
-    fn usage_of(&self, mut c: Counts, total: AddressCount, holdings: &[&Holding]) -> Usage {
-        if let Some(q) = self.quarantined_count {
-            // Only for the whole pool datacenter: a CIDR alone cannot say its share.
-            if total
-                == self.cidrs.iter().fold(AddressCount::ZERO, |s, &(a, b)| {
-                    s.saturating_add(AddressCount::span(a, b))
-                })
-            {
-                let q = q.min(c.free);
-                c.quarantined = c.quarantined.saturating_add(q);
-                c.free = c.free.saturating_sub(q);
-                c.largest_free = c.largest_free.min(c.free);
-            }
+    fn usage_of(
+        &self,
+        mut c: Counts,
+        total: AddressCount,
+        holdings: &[&Holding],
+        whole: bool,
+    ) -> Usage {
+        // Only for the whole pool datacenter: one CIDR of several cannot say its share.
+        if let Some(q) = self.quarantined_count.filter(|_| whole) {
+            let q = q.min(c.free);
+            c.quarantined = c.quarantined.saturating_add(q);
+            c.free = c.free.saturating_sub(q);
+            c.largest_free = c.largest_free.min(c.free);
         }
         let fragmentation_percent = if c.free.is_zero() {
             0
