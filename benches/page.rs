@@ -267,7 +267,7 @@ fn main() {
             })
             .collect();
         let start = Instant::now();
-        let report = view::report("bench", "2026-01-01T00:00:00Z", &all_pools, &all);
+        let report = view::report("bench", "2026-01-01T00:00:00Z", &all_pools, &all, &[]);
         let html = page::html::offline(&report).expect("html");
         println!(
             "pure: offline report of the whole seed: {} ({} bytes)",

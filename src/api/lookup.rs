@@ -69,15 +69,20 @@ async fn respond(
     Ok(response)
 }
 
-/// The answer from the caches: the pool datacenters whose CIDR meets the query (their CIDR
-/// alone is parsed for the others), then the holdings of those only.
+/// The answer from the caches: the pool datacenters one of whose CIDRs meets the query
+/// (their CIDRs alone are parsed for the others), then the holdings of those only. The
+/// quarantine is known here only as the count of the pool status (the entries are in the
+/// leader's memory): an address held by nobody in a pool datacenter with quarantined
+/// addresses is answered `unheld`, never `free`.
 pub async fn lookup(ctx: &Context, query: &Query) -> view::LookupView {
     let mut candidates = Vec::new();
     for pool in ctx.pools.state() {
         let name = pool.metadata.name.as_deref().unwrap_or("");
         for (dc, spec) in &pool.spec.datacenters {
-            if page::cidr_of(spec).is_some_and(|c| query.meets(&c)) {
-                candidates.push(page::pool_dc(name, dc, spec));
+            if page::cidrs_of(spec).iter().any(|c| query.meets(c)) {
+                let mut candidate = page::pool_dc(name, dc, spec);
+                candidate.quarantined_count = page::status_quarantined(&pool, dc);
+                candidates.push(candidate);
             }
         }
     }

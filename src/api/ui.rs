@@ -275,7 +275,8 @@ async fn detail(
     let spec = pool.spec.datacenters.get(&dc).ok_or_else(|| {
         ApiError::not_found(format!("ipampool {name:?} has no datacenter {dc:?}"))
     })?;
-    let pool_dc = page::pool_dc(&name, &dc, spec);
+    let mut pool_dc = page::pool_dc(&name, &dc, spec);
+    pool_dc.quarantined_count = page::status_quarantined(&pool, &dc);
     let entries = state.ctx.ledger.lock().await.in_pool(&name);
     let holdings: Vec<Holding> = entries
         .iter()

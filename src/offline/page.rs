@@ -3,8 +3,9 @@
 
 use std::path::Path;
 
-use crate::page::{Holding, html, view};
-use crate::resources::IPAMAllocation;
+use crate::page::{Holding, Quarantine, html, view};
+use crate::resources::{IPAMAllocation, IPAMPool};
+use crate::validation::parse_reuse_after;
 
 use super::OfflineReport;
 use super::files::{FileError, write_atomic};
@@ -12,8 +13,35 @@ use super::files::{FileError, write_atomic};
 /// The page of `report` (`label` names where it comes from, `now` when it was made).
 pub fn page(report: &OfflineReport, label: &str, now: &str) -> Result<String, String> {
     let holdings: Vec<Holding> = report.allocations.iter().map(holding).collect();
-    let data = view::report(label, now, &report.pools, &holdings);
+    let quarantine = quarantine_of(report, &report.pools);
+    let data = view::report(label, now, &report.pools, &holdings, &quarantine);
     html::offline(&data).map_err(|e| format!("cannot write the report: {e}"))
+}
+
+/// What stays quarantined after this run, with the end of each entry's period (the pool
+/// datacenter's `reuseAfter` after the release).
+fn quarantine_of(report: &OfflineReport, pools: &[IPAMPool]) -> Vec<Quarantine> {
+    report
+        .plan
+        .quarantined
+        .iter()
+        .map(|q| {
+            let reuse_after = pools
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(q.pool.as_str()))
+                .and_then(|p| p.spec.datacenters.get(&q.datacenter))
+                .and_then(|dc| dc.reuse_after.as_deref())
+                .and_then(|text| parse_reuse_after(text).ok())
+                .unwrap_or(0);
+            Quarantine {
+                pool: q.pool.clone(),
+                datacenter: q.datacenter.clone(),
+                holder: q.holder.clone(),
+                until: super::quarantine::time_text(q.until(reuse_after)),
+                ranges: q.addresses.clone(),
+            }
+        })
+        .collect()
 }
 
 fn holding(obj: &IPAMAllocation) -> Holding {

@@ -3,7 +3,7 @@
 
 use crate::address::{AddrRange, AddressCount, Cidr, parse_address};
 
-use super::{Holding, Layout, PoolDc};
+use super::{Holding, Layout, PoolDc, Quarantine};
 
 /// What was asked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,7 +49,7 @@ impl Query {
         }
     }
 
-    /// Whether a pool with this CIDR can answer it.
+    /// Whether a pool with this CIDR (one of a pool datacenter's) can answer it.
     pub fn meets(&self, pool: &Cidr) -> bool {
         self.range().overlaps(&pool.range())
     }
@@ -62,35 +62,55 @@ pub const MAX_HOLDERS: usize = 100;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Match<'a> {
     pub dc: &'a PoolDc,
-    /// The part of the query inside the pool.
+    /// The part of the query inside the pool's CIDRs (from the first address there to the
+    /// last; a CIDR query may span several of them).
     pub first: u128,
     pub last: u128,
-    /// `allocated`, `excluded`, `free` or, for a CIDR, `partial`.
+    /// The pool's CIDRs the query meets, in fill order.
+    pub cidrs: Vec<String>,
+    /// `allocated`, `excluded`, `quarantined`, `free`, `unheld` (held by no allocation, but
+    /// the pool datacenter keeps a quarantine that is only known as a count: it may be
+    /// quarantined) or, for a CIDR, `partial`.
     pub state: &'static str,
     /// Holdings holding any of it (overlapping holders all appear), in address order.
     pub holders: Vec<&'a Holding>,
     /// Holders left out beyond [`MAX_HOLDERS`].
     pub more: usize,
+    /// Quarantine entries keeping any of it.
+    pub quarantine: Vec<&'a Quarantine>,
     pub allocated: AddressCount,
     pub excluded: AddressCount,
+    pub quarantined: AddressCount,
     pub free: AddressCount,
 }
 
-/// The answer of one pool datacenter (its CIDR meets the query) with its holdings.
+/// The answer of one pool datacenter (one of its CIDRs meets the query) with its holdings.
 pub fn answer<'a>(query: &Query, dc: &'a PoolDc, holdings: &[&'a Holding]) -> Option<Match<'a>> {
     let layout = Layout::build(dc, holdings)?;
     let q = query.range();
-    if q.family() != layout.family || q.last() < layout.first || q.first() > layout.last {
+    if q.family() != layout.family {
         return None;
     }
-    let (first, last) = (q.first().max(layout.first), q.last().min(layout.last));
-    let wanted = AddrRange::new(layout.family, first, last)?;
+    let met: Vec<(usize, u128, u128)> = layout
+        .cidrs
+        .iter()
+        .enumerate()
+        .filter(|(_, (a, b))| q.first() <= *b && q.last() >= *a)
+        .map(|(i, &(a, b))| (i, q.first().max(a), q.last().min(b)))
+        .collect();
+    let first = met.iter().map(|m| m.1).min()?;
+    let last = met.iter().map(|m| m.2).max()?;
+    let parts: Vec<AddrRange> = met
+        .iter()
+        .filter_map(|&(_, a, b)| AddrRange::new(layout.family, a, b))
+        .collect();
+    let meets = |r: &AddrRange| parts.iter().any(|p| r.overlaps(p));
     let mut hit: Vec<(u128, &'a Holding)> = holdings
         .iter()
         .filter_map(|h| {
             h.ranges
                 .iter()
-                .filter(|r| r.overlaps(&wanted))
+                .filter(|r| meets(r))
                 .map(|r| r.first())
                 .min()
                 .map(|at| (at, *h))
@@ -98,25 +118,51 @@ pub fn answer<'a>(query: &Query, dc: &'a PoolDc, holdings: &[&'a Holding]) -> Op
         .collect();
     hit.sort_by(|a, b| (a.0, &a.1.cluster).cmp(&(b.0, &b.1.cluster)));
     let more = hit.len().saturating_sub(MAX_HOLDERS);
-    let counts = layout.count(first, last);
-    let state = if counts.free.is_zero() && counts.excluded.is_zero() {
-        "allocated"
-    } else if counts.free.is_zero() && counts.held.is_zero() {
-        "excluded"
-    } else if counts.held.is_zero() && counts.excluded.is_zero() {
-        "free"
-    } else {
-        "partial"
+    let quarantine: Vec<&'a Quarantine> = dc
+        .quarantine
+        .iter()
+        .filter(|e| e.ranges.iter().any(meets))
+        .collect();
+    let (mut held, mut excluded, mut quarantined, mut free) = (
+        AddressCount::ZERO,
+        AddressCount::ZERO,
+        AddressCount::ZERO,
+        AddressCount::ZERO,
+    );
+    for &(_, a, b) in &met {
+        let c = layout.count(a, b);
+        held = held.saturating_add(c.held);
+        excluded = excluded.saturating_add(c.excluded);
+        quarantined = quarantined.saturating_add(c.quarantined);
+        free = free.saturating_add(c.free);
+    }
+    let kinds = [
+        ("allocated", held),
+        ("excluded", excluded),
+        ("quarantined", quarantined),
+        ("free", free),
+    ];
+    let mut used = kinds.iter().filter(|(_, n)| !n.is_zero());
+    let state = match (used.next(), used.next()) {
+        (Some(("free", _)), None) if dc.quarantine_unknown() => "unheld",
+        (Some((kind, _)), None) => kind,
+        _ => "partial",
     };
     Some(Match {
         dc,
         first,
         last,
+        cidrs: met
+            .iter()
+            .filter_map(|&(i, _, _)| dc.cidrs.get(i).map(ToString::to_string))
+            .collect(),
         state,
         holders: hit.into_iter().take(MAX_HOLDERS).map(|(_, h)| h).collect(),
         more,
-        allocated: counts.held,
-        excluded: counts.excluded,
-        free: counts.free,
+        quarantine,
+        allocated: held,
+        excluded,
+        quarantined,
+        free,
     })
 }

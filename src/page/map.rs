@@ -21,6 +21,8 @@ pub enum CellState {
     Excluded,
     /// Some addresses used, some free.
     Partial,
+    /// Every address used, most of them quarantined for a former holder.
+    Quarantined,
 }
 
 impl CellState {
@@ -30,6 +32,7 @@ impl CellState {
             CellState::Allocated => "allocated",
             CellState::Excluded => "excluded",
             CellState::Partial => "partial",
+            CellState::Quarantined => "quarantined",
         }
     }
 }
@@ -42,6 +45,7 @@ pub struct Cell {
     pub state: CellState,
     pub held: AddressCount,
     pub excluded: AddressCount,
+    pub quarantined: AddressCount,
     /// The holding (index into the layout's holdings) holding most of the cell.
     pub holder: Option<usize>,
     /// Distinct holdings in the cell.
@@ -53,11 +57,15 @@ impl Cell {
         AddressCount::span(self.first, self.last)
     }
 
-    /// Used (held or excluded) share of the cell, floored.
+    /// Used (held, excluded or quarantined) share of the cell, floored.
     pub fn used_percent(&self) -> u8 {
+        self.used().percent_of(self.size())
+    }
+
+    fn used(&self) -> AddressCount {
         self.held
             .saturating_add(self.excluded)
-            .percent_of(self.size())
+            .saturating_add(self.quarantined)
     }
 }
 
@@ -75,7 +83,7 @@ pub struct AddressMap {
 /// Why a slice cannot be mapped.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SliceError {
-    #[error("the slice {first}-{last} is not inside the pool {pool}")]
+    #[error("the slice {first}-{last} is not inside the pool (inside one of its CIDRs: {pool})")]
     Outside {
         first: String,
         last: String,
@@ -85,7 +93,7 @@ pub enum SliceError {
     Reversed { first: String, last: String },
 }
 
-/// The map of `first..=last` (inside the layout's pool).
+/// The map of `first..=last` (inside one CIDR of the layout's pool).
 pub fn address_map(layout: &Layout, first: u128, last: u128) -> Result<AddressMap, SliceError> {
     let show = |v| layout.family.display(v).to_string();
     if first > last {
@@ -94,11 +102,16 @@ pub fn address_map(layout: &Layout, first: u128, last: u128) -> Result<AddressMa
             last: show(last),
         });
     }
-    if first < layout.first || last > layout.last {
+    if layout.cidr_holding(first, last).is_none() {
         return Err(SliceError::Outside {
             first: show(first),
             last: show(last),
-            pool: format!("{}-{}", show(layout.first), show(layout.last)),
+            pool: layout
+                .cidrs
+                .iter()
+                .map(|&(a, b)| format!("{}-{}", show(a), show(b)))
+                .collect::<Vec<_>>()
+                .join(", "),
         });
     }
     // ceil(span / CELLS), written so that a span of 2^128 needs no wider integer.
@@ -113,6 +126,7 @@ pub fn address_map(layout: &Layout, first: u128, last: u128) -> Result<AddressMa
                 state: CellState::Free,
                 held: AddressCount::ZERO,
                 excluded: AddressCount::ZERO,
+                quarantined: AddressCount::ZERO,
                 holder: None,
                 holders: 0,
             }
@@ -131,6 +145,7 @@ pub fn address_map(layout: &Layout, first: u128, last: u128) -> Result<AddressMa
                     shares.push((i, h, part));
                 }
                 Owner::Excluded => cell.excluded = cell.excluded.saturating_add(part),
+                Owner::Quarantined(_) => cell.quarantined = cell.quarantined.saturating_add(part),
             }
         }
     }
@@ -153,13 +168,15 @@ pub fn address_map(layout: &Layout, first: u128, last: u128) -> Result<AddressMa
         }
     }
     for c in &mut cells {
-        let used = c.held.saturating_add(c.excluded);
+        let used = c.used();
         c.state = if used.is_zero() {
             CellState::Free
         } else if used < c.size() {
             CellState::Partial
-        } else if c.held >= c.excluded {
+        } else if c.held >= c.excluded && c.held >= c.quarantined {
             CellState::Allocated
+        } else if c.quarantined > c.excluded {
+            CellState::Quarantined
         } else {
             CellState::Excluded
         };

@@ -130,27 +130,87 @@ pub struct PoolDc {
     /// `None` when `poolCidr` does not parse (see `problems`).
     pub cidr: Option<Cidr>,
     pub cidr_text: String,
-    /// Exclusions inside the pool, as given (they may overlap each other).
+    /// Exclusions inside the pool, as given (they may overlap each other), cut to the CIDRs.
     pub exclusions: Vec<AddrRange>,
     /// What a cluster gets by default: `8 addresses`, `/30`.
     pub request: String,
     /// What cannot be read or does not fit: the page shows it instead of guessing.
     pub problems: Vec<String>,
+    /// Every CIDR that parses, in fill order: `poolCidr`, then `additionalCidrs`.
+    pub cidrs: Vec<Cidr>,
+    /// Every CIDR as written, in the same order (those that do not parse too).
+    pub cidrs_text: Vec<String>,
+    /// `reuseAfter`, as written.
+    pub reuse_after: Option<String>,
+    /// The quarantined addresses, when the caller has them (the offline state file does;
+    /// the served page does not: only the leader holds them).
+    pub quarantine: Vec<Quarantine>,
+    /// `status.datacenters.<dc>.quarantined`, the count the leader writes: used for the
+    /// figures when [`PoolDc::quarantine`] is not known.
+    pub quarantined_count: Option<AddressCount>,
 }
 
-/// The pool's CIDR in one datacenter, when it parses (cheap: for choosing lookup candidates).
-pub fn cidr_of(dc: &IPAMPoolDatacenter) -> Option<Cidr> {
-    dc.pool_cidr.trim().parse().ok()
+impl PoolDc {
+    /// Addresses are quarantined here but which ones is not known: the status counts some
+    /// (only while `reuseAfter` keeps them), yet no entry was given.
+    pub fn quarantine_unknown(&self) -> bool {
+        self.quarantine.is_empty() && self.quarantined_count.is_some_and(|c| !c.is_zero())
+    }
+
+    /// The CIDRs in short, for a list: `10.0.0.0/24 +2`.
+    pub fn cidrs_short(&self) -> String {
+        match self.cidrs_text.len() {
+            0 | 1 => self.cidr_text.clone(),
+            n => format!("{} +{}", self.cidr_text, n - 1),
+        }
+    }
 }
 
-/// Every datacenter of a pool, in name order.
+/// Addresses quarantined for their former holder (`reuseAfter`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Quarantine {
+    pub pool: String,
+    pub datacenter: String,
+    /// The cluster that held them, and gets them back if it returns in time.
+    pub holder: String,
+    /// When the quarantine ends (RFC 3339).
+    pub until: String,
+    pub ranges: Vec<AddrRange>,
+}
+
+/// Every CIDR of a pool datacenter that parses (`poolCidr`, then `additionalCidrs`): cheap,
+/// for choosing lookup candidates.
+pub fn cidrs_of(dc: &IPAMPoolDatacenter) -> Vec<Cidr> {
+    std::iter::once(&dc.pool_cidr)
+        .chain(&dc.additional_cidrs)
+        .filter_map(|t| t.trim().parse().ok())
+        .collect()
+}
+
+/// Every datacenter of a pool, in name order, with the quarantine count of its status.
 pub fn pool_dcs(pool: &IPAMPool) -> Vec<PoolDc> {
     let name = pool.metadata.name.clone().unwrap_or_default();
     pool.spec
         .datacenters
         .iter()
-        .map(|(dc, spec)| pool_dc(&name, dc, spec))
+        .map(|(dc, spec)| {
+            let mut out = pool_dc(&name, dc, spec);
+            out.quarantined_count = status_quarantined(pool, dc);
+            out
+        })
         .collect()
+}
+
+/// `status.datacenters.<dc>.quarantined` of `pool`, when it is there and reads.
+pub fn status_quarantined(pool: &IPAMPool, dc: &str) -> Option<AddressCount> {
+    pool.status
+        .as_ref()?
+        .datacenters
+        .get(dc)?
+        .quarantined
+        .as_deref()?
+        .parse()
+        .ok()
 }
 
 /// One datacenter of pool `pool`.
@@ -163,6 +223,27 @@ pub fn pool_dc(pool: &str, datacenter: &str, spec: &IPAMPoolDatacenter) -> PoolD
             None
         }
     };
+    let mut cidrs: Vec<Cidr> = cidr.into_iter().collect();
+    for (i, text) in spec.additional_cidrs.iter().enumerate() {
+        match text.trim().parse::<Cidr>() {
+            Ok(c) if cidr.is_some_and(|p| p.family() != c.family()) => {
+                problems.push(format!(
+                    "additionalCidrs[{i}]: {text:?} is not of poolCidr's family"
+                ));
+            }
+            Ok(c) if cidrs.iter().any(|o| o.range().overlaps(&c.range())) => {
+                problems.push(format!(
+                    "additionalCidrs[{i}]: {text:?} overlaps another CIDR of the pool"
+                ));
+            }
+            Ok(c) => cidrs.push(c),
+            Err(e) => problems.push(format!("additionalCidrs[{i}]: {e}")),
+        }
+    }
+    if cidr.is_none() {
+        // Without poolCidr nothing of the datacenter is laid out (it is the first to fill).
+        cidrs.clear();
+    }
     let mut exclusions = Vec::new();
     let given = spec
         .exclude_ranges
@@ -171,15 +252,23 @@ pub fn pool_dc(pool: &str, datacenter: &str, spec: &IPAMPoolDatacenter) -> PoolD
         .chain(spec.exclude_prefixes.iter().map(|t| ("excludePrefixes", t)));
     for (field, text) in given {
         match AddrRange::parse_lenient(text) {
-            Ok(r) => match cidr {
-                Some(c) if c.contains(&r) => exclusions.push(r),
-                Some(c) if c.range().overlaps(&r) => {
+            Ok(_) if cidrs.is_empty() => {}
+            Ok(r) => {
+                let pieces: Vec<AddrRange> = cidrs
+                    .iter()
+                    .filter(|c| c.range().overlaps(&r))
+                    .map(|c| clip(&r, &c.range()))
+                    .collect();
+                let covered = pieces
+                    .iter()
+                    .fold(AddressCount::ZERO, |sum, p| sum.saturating_add(p.size()));
+                if pieces.is_empty() {
+                    problems.push(format!("{field}: {text:?} is outside the pool"));
+                } else if covered < r.size() {
                     problems.push(format!("{field}: {text:?} reaches outside the pool"));
-                    exclusions.push(clip(&r, &c.range()));
                 }
-                Some(_) => problems.push(format!("{field}: {text:?} is outside the pool")),
-                None => {}
-            },
+                exclusions.extend(pieces);
+            }
             Err(e) => problems.push(format!("{field}: {e}")),
         }
     }
@@ -208,6 +297,14 @@ pub fn pool_dc(pool: &str, datacenter: &str, spec: &IPAMPoolDatacenter) -> PoolD
         exclusions,
         request,
         problems,
+        cidrs,
+        cidrs_text: std::iter::once(&spec.pool_cidr)
+            .chain(&spec.additional_cidrs)
+            .cloned()
+            .collect(),
+        reuse_after: spec.reuse_after.clone(),
+        quarantine: Vec::new(),
+        quarantined_count: None,
     }
 }
 
@@ -227,6 +324,8 @@ pub enum Owner {
     /// Held by the holding at this index (of the slice the layout was built from).
     Held(usize),
     Excluded,
+    /// Quarantined for a former holder: [`PoolDc::quarantine`] at this index.
+    Quarantined(usize),
 }
 
 /// A run of addresses with one owner.
@@ -243,33 +342,55 @@ impl Segment {
     }
 }
 
-/// One pool datacenter as disjoint segments in address order. Where two holdings overlap
-/// (a conflict kipam reports), the one that starts first owns the shared addresses and both
-/// are in [`Layout::overlapping`]; where a holding overlaps an exclusion, the holding owns
-/// it (the address is not free either way).
+/// One pool datacenter as disjoint segments in address order, over all its CIDRs. Where two
+/// holdings overlap (a conflict kipam reports), the one that starts first owns the shared
+/// addresses and both are in [`Layout::overlapping`]; where a holding overlaps an exclusion
+/// or a quarantine, the holding owns it (the address is not free either way).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
     pub family: Family,
-    pub first: u128,
-    pub last: u128,
+    /// The CIDRs' bounds, in fill order (`poolCidr` first); never empty.
+    pub cidrs: Vec<(u128, u128)>,
     pub segments: Vec<Segment>,
     /// Indexes of holdings that share addresses with another holding.
     pub overlapping: BTreeSet<usize>,
+    /// The quarantine is a count from the status, not known address by address: free
+    /// figures have it taken off, but the segments do not show it.
+    pub quarantined_count: Option<AddressCount>,
 }
 
 impl Layout {
-    /// The layout of `dc` with `holdings` (those of this pool datacenter); `None` when the
-    /// pool's CIDR does not parse. Pieces outside the pool or of the other family are left
-    /// out (what they hold is not in this pool).
+    /// The layout of `dc` with `holdings` (those of this pool datacenter) and its
+    /// quarantine; `None` when `poolCidr` does not parse. Pieces outside the CIDRs or of the
+    /// other family are left out (what they hold is not in this pool).
     pub fn build(dc: &PoolDc, holdings: &[&Holding]) -> Option<Layout> {
-        let cidr = dc.cidr?;
-        let bounds = cidr.range();
+        let first_cidr = *dc.cidrs.first()?;
+        let cidrs: Vec<(u128, u128)> = dc
+            .cidrs
+            .iter()
+            .map(|c| (c.range().first(), c.range().last()))
+            .collect();
+        let mut by_address = cidrs.clone();
+        by_address.sort_unstable();
+        let n = holdings.len();
         let mut pieces: Vec<(u128, u128, usize)> = Vec::new();
-        for (i, h) in holdings.iter().enumerate() {
-            for r in &h.ranges {
-                if r.overlaps(&bounds) {
-                    let c = clip(r, &bounds);
-                    pieces.push((c.first(), c.last(), i));
+        let ranges = holdings
+            .iter()
+            .enumerate()
+            .flat_map(|(i, h)| h.ranges.iter().map(move |r| (i, r)))
+            .chain(
+                dc.quarantine
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(q, e)| e.ranges.iter().map(move |r| (n + q, r))),
+            );
+        for (i, r) in ranges {
+            if r.family() != first_cidr.family() {
+                continue;
+            }
+            for &(a, b) in &by_address {
+                if r.first() <= b && r.last() >= a {
+                    pieces.push((r.first().max(a), r.last().min(b), i));
                 }
             }
         }
@@ -277,7 +398,7 @@ impl Layout {
         let mut held: Vec<Segment> = Vec::with_capacity(pieces.len());
         let mut overlapping = BTreeSet::new();
         // The first address not yet owned (`None`: the family's end was reached).
-        let mut next: Option<u128> = Some(bounds.first());
+        let mut next: Option<u128> = Some(0);
         for (first, last, i) in pieces {
             // Addresses of this piece already owned: every segment there overlaps it.
             let owned_to = match next {
@@ -290,10 +411,15 @@ impl Layout {
                 for s in held[start..].iter().take_while(|s| s.first <= end) {
                     if let Owner::Held(j) = s.owner
                         && j != i
+                        && i < n
                     {
                         overlapping.insert(j);
                         overlapping.insert(i);
                     }
+                }
+                // A holding over a quarantine: the holding owns the addresses.
+                if i < n {
+                    take_over(&mut held, first, end, i);
                 }
             }
             let Some(from) = next else { continue };
@@ -303,18 +429,19 @@ impl Layout {
             held.push(Segment {
                 first: first.max(from),
                 last,
-                owner: Owner::Held(i),
+                owner: if i < n {
+                    Owner::Held(i)
+                } else {
+                    Owner::Quarantined(i - n)
+                },
             });
             next = last.checked_add(1);
         }
         let mut exclusions: Vec<(u128, u128)> = dc
             .exclusions
             .iter()
-            .filter(|r| r.overlaps(&bounds))
-            .map(|r| {
-                let c = clip(r, &bounds);
-                (c.first(), c.last())
-            })
+            .filter(|r| r.family() == first_cidr.family())
+            .map(|r| (r.first(), r.last()))
             .collect();
         exclusions.sort_unstable();
         let excluded = subtract(&merge(&exclusions), &held);
@@ -322,12 +449,24 @@ impl Layout {
         segments.extend(excluded);
         segments.sort_unstable_by_key(|s| s.first);
         Some(Layout {
-            family: cidr.family(),
-            first: bounds.first(),
-            last: bounds.last(),
+            family: first_cidr.family(),
+            cidrs,
             segments,
             overlapping,
+            quarantined_count: if dc.quarantine.is_empty() {
+                dc.quarantined_count.filter(|c| !c.is_zero())
+            } else {
+                None
+            },
         })
+    }
+
+    /// The CIDR (its bounds) holding all of `first..=last`, if one does.
+    pub fn cidr_holding(&self, first: u128, last: u128) -> Option<(u128, u128)> {
+        self.cidrs
+            .iter()
+            .copied()
+            .find(|&(a, b)| a <= first && last <= b)
     }
 
     /// The segments that meet `first..=last`, in order (binary search, then a walk).
@@ -337,10 +476,12 @@ impl Layout {
         &self.segments[start..end.max(start)]
     }
 
-    /// Held, excluded and free addresses in `first..=last`, and the largest free run there.
+    /// Held, excluded, quarantined and free addresses in `first..=last` (a span inside one
+    /// CIDR), and the largest free run there.
     pub fn count(&self, first: u128, last: u128) -> Counts {
         let mut held = AddressCount::ZERO;
         let mut excluded = AddressCount::ZERO;
+        let mut quarantined = AddressCount::ZERO;
         let mut largest = AddressCount::ZERO;
         let mut free = AddressCount::ZERO;
         let mut cursor: Option<u128> = Some(first);
@@ -357,6 +498,7 @@ impl Layout {
             match s.owner {
                 Owner::Held(_) => held = held.saturating_add(size),
                 Owner::Excluded => excluded = excluded.saturating_add(size),
+                Owner::Quarantined(_) => quarantined = quarantined.saturating_add(size),
             }
             cursor = b.checked_add(1).filter(|n| *n <= last);
         }
@@ -368,15 +510,80 @@ impl Layout {
         Counts {
             held,
             excluded,
+            quarantined,
             free,
             largest_free: largest,
         }
     }
 
-    /// The pool's usage, exact.
+    /// [`Layout::count`] of every CIDR, summed (the largest free run is the largest of
+    /// theirs: a run never crosses from one CIDR to the next).
+    pub fn count_all(&self) -> Counts {
+        let mut sum = Counts {
+            held: AddressCount::ZERO,
+            excluded: AddressCount::ZERO,
+            quarantined: AddressCount::ZERO,
+            free: AddressCount::ZERO,
+            largest_free: AddressCount::ZERO,
+        };
+        for &(a, b) in &self.cidrs {
+            let c = self.count(a, b);
+            sum.held = sum.held.saturating_add(c.held);
+            sum.excluded = sum.excluded.saturating_add(c.excluded);
+            sum.quarantined = sum.quarantined.saturating_add(c.quarantined);
+            sum.free = sum.free.saturating_add(c.free);
+            sum.largest_free = sum.largest_free.max(c.largest_free);
+        }
+        sum
+    }
+
+    /// The pool's usage over all its CIDRs, exact (see [`Layout::usage_of`]).
     pub fn usage(&self, holdings: &[&Holding]) -> Usage {
-        let c = self.count(self.first, self.last);
-        let total = AddressCount::span(self.first, self.last);
+        let total = self.cidrs.iter().fold(AddressCount::ZERO, |sum, &(a, b)| {
+            sum.saturating_add(AddressCount::span(a, b))
+        });
+        self.usage_of(self.count_all(), total, holdings, true)
+    }
+
+    /// The usage of one CIDR (`first..=last`).
+    pub fn cidr_usage(&self, first: u128, last: u128, holdings: &[&Holding]) -> Usage {
+        // A quarantine known only as a count belongs to this CIDR only when it is the one.
+        let whole = self.cidrs.len() == 1;
+        let mut u = self.usage_of(
+            self.count(first, last),
+            AddressCount::span(first, last),
+            holdings,
+            whole,
+        );
+        u.holders = holdings
+            .iter()
+            .filter(|h| {
+                h.ranges
+                    .iter()
+                    .any(|r| r.family() == self.family && r.first() <= last && r.last() >= first)
+            })
+            .count();
+        u
+    }
+
+    /// Figures of counts `c` out of `total`. With a quarantine known only as a count (the
+    /// served page), that count is taken off the free addresses, and the largest free run
+    /// is at most what stays free: it may still be overstated (which addresses are
+    /// quarantined is not known), never the free count.
+    fn usage_of(
+        &self,
+        mut c: Counts,
+        total: AddressCount,
+        holdings: &[&Holding],
+        whole: bool,
+    ) -> Usage {
+        // Only for the whole pool datacenter: one CIDR of several cannot say its share.
+        if let Some(q) = self.quarantined_count.filter(|_| whole) {
+            let q = q.min(c.free);
+            c.quarantined = c.quarantined.saturating_add(q);
+            c.free = c.free.saturating_sub(q);
+            c.largest_free = c.largest_free.min(c.free);
+        }
         let fragmentation_percent = if c.free.is_zero() {
             0
         } else {
@@ -387,7 +594,7 @@ impl Layout {
             total,
             allocated: c.held,
             excluded: c.excluded,
-            quarantined: AddressCount::ZERO,
+            quarantined: c.quarantined,
             free: c.free,
             largest_free_block: c.largest_free,
             fragmentation_percent,
@@ -401,11 +608,46 @@ impl Layout {
     }
 }
 
+/// Gives `first..=last` (owned so far by quarantine segments of `held`, sorted) to holding
+/// `i`: a quarantined address that a holding holds is counted as held.
+fn take_over(held: &mut Vec<Segment>, first: u128, last: u128, i: usize) {
+    let start = held.partition_point(|s| s.last < first);
+    let mut k = start;
+    let mut out: Vec<Segment> = Vec::new();
+    while k < held.len() && held[k].first <= last {
+        let s = held[k];
+        if let Owner::Quarantined(_) = s.owner {
+            if s.first < first {
+                out.push(Segment {
+                    last: first - 1,
+                    ..s
+                });
+            }
+            out.push(Segment {
+                first: s.first.max(first),
+                last: s.last.min(last),
+                owner: Owner::Held(i),
+            });
+            if s.last > last {
+                out.push(Segment {
+                    first: last + 1,
+                    ..s
+                });
+            }
+        } else {
+            out.push(s);
+        }
+        k += 1;
+    }
+    held.splice(start..k, out);
+}
+
 /// What a span of a pool holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Counts {
     pub held: AddressCount,
     pub excluded: AddressCount,
+    pub quarantined: AddressCount,
     pub free: AddressCount,
     pub largest_free: AddressCount,
 }
@@ -416,8 +658,7 @@ pub struct Usage {
     pub total: AddressCount,
     pub allocated: AddressCount,
     pub excluded: AddressCount,
-    /// Released addresses not yet handed out again. kipam keeps no quarantine yet, so this is
-    /// always zero; the page shows the slot so that it reads the same once it does.
+    /// Released addresses kept for their former holder (`reuseAfter`), not handed out.
     pub quarantined: AddressCount,
     pub free: AddressCount,
     pub largest_free_block: AddressCount,

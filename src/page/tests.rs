@@ -90,7 +90,7 @@ fn a_v4_24_maps_one_address_per_cell() {
     let a = holding("a", "lb", &["10.0.0.0-10.0.0.7"]);
     let hs = [&a];
     let layout = Layout::build(dc, &hs).unwrap();
-    let map = address_map(&layout, layout.first, layout.last).unwrap();
+    let map = address_map(&layout, layout.cidrs[0].0, layout.cidrs[0].1).unwrap();
     assert_eq!(map.cells.len(), 256);
     assert_eq!(map.step, 1);
     assert_eq!(map.cells[0].state, CellState::Allocated);
@@ -108,7 +108,7 @@ fn a_v6_48_maps_into_256_cells_and_zooms() {
     let far = holding("far", "nodes", &["2001:db8:0:ff00::/56"]);
     let hs = [&a, &b, &far];
     let layout = Layout::build(dc, &hs).unwrap();
-    let map = address_map(&layout, layout.first, layout.last).unwrap();
+    let map = address_map(&layout, layout.cidrs[0].0, layout.cidrs[0].1).unwrap();
     assert_eq!(map.cells.len(), 256);
     assert_eq!(map.step, 1u128 << 72);
     assert_eq!(map.cells[0].state, CellState::Partial);
@@ -236,4 +236,176 @@ fn json_in_html_cannot_close_the_script_element() {
         !html::served().contains("<style"),
         "no inline style when served"
     );
+}
+
+fn multi_pool() -> IPAMPool {
+    pool(
+        "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata: {name: lb}\nspec:\n  datacenters:\n    dc1: {type: range, poolCidr: 10.0.0.0/24, allocationRange: 8, additionalCidrs: [10.9.0.0/28, 10.5.0.0/24], excludeRanges: [10.9.0.14-10.9.0.15]}\n",
+    )
+}
+
+#[test]
+fn figures_add_up_over_every_cidr_and_each_cidr_has_its_own() {
+    let p = multi_pool();
+    let dc = &pool_dcs(&p)[0];
+    assert_eq!(dc.cidrs_short(), "10.0.0.0/24 +2");
+    let a = holding("a", "lb", &["10.0.0.0-10.0.0.7"]);
+    let b = holding("b", "lb", &["10.9.0.0-10.9.0.7"]);
+    let hs = [&a, &b];
+    let layout = Layout::build(dc, &hs).unwrap();
+    let u = layout.usage(&hs);
+    assert_eq!(u.total.to_string(), "528"); // 256 + 16 + 256
+    assert_eq!(u.allocated.to_string(), "16");
+    assert_eq!(u.excluded.to_string(), "2");
+    assert_eq!(u.free.to_string(), "510");
+    // The largest free run never crosses from one CIDR to the next.
+    assert_eq!(u.largest_free_block.to_string(), "256");
+    let s = pool_summary(&p, &[a.clone(), b.clone()]);
+    assert_eq!(s.datacenters[0].cidr, "10.0.0.0/24 +2");
+    assert_eq!(
+        s.datacenters[0].cidrs,
+        ["10.0.0.0/24", "10.9.0.0/28", "10.5.0.0/24"]
+    );
+    assert_eq!(s.datacenters[0].usage.as_ref().unwrap().allocated, "16");
+    // The detail lists the CIDRs in fill order with their figures; the map shows the first,
+    // and a slice of any other CIDR maps too.
+    let (d, _) = detail(dc, &hs, None, Vec::new()).unwrap();
+    let cidrs: Vec<_> = d.cidrs.iter().map(|c| c.cidr.as_str()).collect();
+    assert_eq!(cidrs, ["10.0.0.0/24", "10.9.0.0/28", "10.5.0.0/24"]);
+    assert_eq!(d.cidrs[1].usage.allocated, "8");
+    assert_eq!(d.cidrs[1].usage.excluded, "2");
+    assert_eq!(d.cidrs[1].usage.free, "6");
+    assert_eq!(d.cidrs[1].usage.holders, 1);
+    assert_eq!(d.map.first, "10.0.0.0");
+    let second = (layout.cidrs[1].0, layout.cidrs[1].1);
+    let (d2, _) = detail(dc, &hs, Some(second), Vec::new()).unwrap();
+    assert_eq!(d2.map.cells.len(), 16);
+    assert_eq!(d2.map.cells[0].holder.as_deref(), Some("b"));
+    assert_eq!(d2.map.cells[15].state, "excluded");
+    // A slice across two CIDRs (or between them) is refused, naming the CIDRs.
+    let e = address_map(&layout, layout.cidrs[0].0, layout.cidrs[1].1).unwrap_err();
+    assert!(e.to_string().contains("10.9.0.0-10.9.0.15"), "{e}");
+}
+
+#[test]
+fn lookup_finds_an_address_in_an_additional_cidr() {
+    let p = multi_pool();
+    let dc = &pool_dcs(&p)[0];
+    let b = holding("b", "lb", &["10.9.0.0-10.9.0.7"]);
+    let hs = [&b];
+    let ask = |q: &str| {
+        let q = Query::parse(q).unwrap();
+        let m = answer(&q, dc, &hs).into_iter().collect::<Vec<_>>();
+        lookup_view(&q, &m)
+    };
+    let held = ask("10.9.0.3");
+    assert_eq!(held.message, "10.9.0.3 is held by b (pool lb in dc1)");
+    assert_eq!(held.matches[0].cidrs, ["10.9.0.0/28"]);
+    assert_eq!(ask("10.9.0.15").matches[0].state, "excluded");
+    assert_eq!(
+        ask("10.5.0.77").message,
+        "10.5.0.77 is free (pool lb in dc1)"
+    );
+    // Between the CIDRs: no pool covers it.
+    assert!(ask("10.9.0.16").matches.is_empty());
+    // A CIDR over two of them counts only what lies inside the pool.
+    let wide = ask("10.0.0.0/12");
+    assert_eq!(wide.matches[0].cidrs.len(), 3);
+    assert_eq!(wide.matches[0].allocated, "8");
+    assert_eq!(wide.matches[0].free, "518");
+}
+
+fn quarantine(holder: &str, ranges: &[&str]) -> Quarantine {
+    Quarantine {
+        pool: "lb".into(),
+        datacenter: "dc1".into(),
+        holder: holder.into(),
+        until: "2026-11-26T10:00:00Z".into(),
+        ranges: ranges
+            .iter()
+            .map(|r| AddrRange::parse_lenient(r).unwrap())
+            .collect(),
+    }
+}
+
+#[test]
+fn known_quarantine_is_neither_free_nor_held_and_names_its_former_holder() {
+    let p = multi_pool();
+    let mut dc = pool_dcs(&p)[0].clone();
+    dc.quarantine = vec![quarantine("gone", &["10.9.0.8-10.9.0.11"])];
+    let a = holding("a", "lb", &["10.0.0.0-10.0.0.7"]);
+    let hs = [&a];
+    let layout = Layout::build(&dc, &hs).unwrap();
+    let u = layout.usage(&hs);
+    assert_eq!(u.quarantined.to_string(), "4");
+    assert_eq!(u.free.to_string(), "514"); // 528 - 8 held - 2 excluded - 4 quarantined
+    assert_eq!(
+        u.allocated
+            .saturating_add(u.excluded)
+            .saturating_add(u.quarantined)
+            .saturating_add(u.free),
+        u.total
+    );
+    let (d, _) = detail(&dc, &hs, Some(layout.cidrs[1]), Vec::new()).unwrap();
+    assert_eq!(d.map.cells[8].state, "quarantined");
+    assert_eq!(d.map.cells[8].holder, None);
+    let row = d.holders.iter().find(|h| h.cluster == "gone").unwrap();
+    assert_eq!(row.phase, "Quarantined");
+    assert_eq!(
+        row.message,
+        "quarantined for gone until 2026-11-26T10:00:00Z"
+    );
+    let q = Query::parse("10.9.0.9").unwrap();
+    let m: Vec<_> = answer(&q, &dc, &hs).into_iter().collect();
+    let v = lookup_view(&q, &m);
+    assert_eq!(v.matches[0].state, "quarantined");
+    assert_eq!(
+        v.message,
+        "10.9.0.9 is quarantined for gone until 2026-11-26T10:00:00Z (pool lb in dc1)"
+    );
+    // A holding over quarantined addresses owns them (counted once, as held).
+    let c = holding("gone", "lb", &["10.9.0.8-10.9.0.9"]);
+    let hs = [&a, &c];
+    let u = Layout::build(&dc, &hs).unwrap().usage(&hs);
+    assert_eq!(
+        (u.allocated.to_string(), u.quarantined.to_string()),
+        ("10".into(), "2".into())
+    );
+}
+
+#[test]
+fn a_quarantine_known_only_as_a_count_is_never_called_free() {
+    let mut p = multi_pool();
+    p.spec.datacenters.get_mut("dc1").unwrap().reuse_after = Some("1h".into());
+    p.status = Some(crate::resources::IPAMPoolStatus {
+        datacenters: [(
+            "dc1".to_string(),
+            crate::resources::DatacenterUsage {
+                quarantined: Some("4".into()),
+                ..Default::default()
+            },
+        )]
+        .into(),
+        ..Default::default()
+    });
+    let dc = &pool_dcs(&p)[0];
+    assert!(dc.quarantine_unknown());
+    let hs: [&Holding; 0] = [];
+    let layout = Layout::build(dc, &hs).unwrap();
+    let u = layout.usage(&hs);
+    assert_eq!(u.quarantined.to_string(), "4");
+    assert_eq!(u.free.to_string(), "522"); // 528 - 2 excluded - 4
+    let (d, _) = detail(dc, &hs, None, Vec::new()).unwrap();
+    assert!(d.quarantine_note.is_some());
+    let q = Query::parse("10.5.0.1").unwrap();
+    let m: Vec<_> = answer(&q, dc, &hs).into_iter().collect();
+    let v = lookup_view(&q, &m);
+    assert_eq!(v.matches[0].state, "unheld");
+    assert!(
+        v.message
+            .starts_with("10.5.0.1 is not held by any allocation (pool lb in dc1)"),
+        "{}",
+        v.message
+    );
+    assert!(!v.message.contains("free"), "{}", v.message);
 }

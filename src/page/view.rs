@@ -11,7 +11,7 @@ use crate::resources::IPAMPool;
 
 use super::lookup::{Match, Query};
 use super::map::{AddressMap, SliceError, address_map};
-use super::{Holding, Layout, Owner, PoolDc, Usage, pool_dcs};
+use super::{Holding, Layout, Owner, PoolDc, Quarantine, Usage, pool_dcs};
 
 /// A pool datacenter's figures.
 #[derive(Clone, Debug, Serialize, JsonSchema)]
@@ -20,7 +20,7 @@ pub struct UsageView {
     pub total: String,
     pub allocated: String,
     pub excluded: String,
-    /// Released addresses waiting before reuse; kipam keeps no quarantine yet, so `0`.
+    /// Released addresses kept for their former holder (`reuseAfter`) before reuse.
     pub quarantined: String,
     pub free: String,
     pub largest_free_block: String,
@@ -101,6 +101,33 @@ impl HolderView {
     }
 }
 
+impl HolderView {
+    /// A quarantine entry as a row of the holders: addresses its former holder gets back if
+    /// it returns in time, handed to nobody else.
+    pub fn quarantined(q: &Quarantine, dc: &PoolDc) -> HolderView {
+        HolderView {
+            cluster: q.holder.clone(),
+            namespace: crate::resources::cluster_namespace(&q.holder),
+            pool: dc.pool.clone(),
+            datacenter: dc.datacenter.clone(),
+            addresses: q
+                .ranges
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            size: q
+                .ranges
+                .iter()
+                .fold(AddressCount::ZERO, |sum, r| sum.saturating_add(r.size()))
+                .to_string(),
+            phase: "Quarantined".to_string(),
+            attention: None,
+            message: format!("quarantined for {} until {}", q.holder, q.until),
+        }
+    }
+}
+
 /// A pool condition worth showing (not Ready, overlapping, over a capacity threshold).
 #[derive(Clone, Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -141,10 +168,13 @@ pub struct DatacenterSummary {
     pub name: String,
     #[serde(rename = "type")]
     pub type_: String,
+    /// `poolCidr`, followed by `+N` when the datacenter has N `additionalCidrs`.
     pub cidr: String,
+    /// Every CIDR, in fill order (`poolCidr` first).
+    pub cidrs: Vec<String>,
     /// What a cluster gets by default (`8 addresses`, `/30`).
     pub request: String,
-    /// `None` when the pool's CIDR does not parse (see `problems`).
+    /// Totals over every CIDR; `None` when `poolCidr` does not parse (see `problems`).
     pub usage: Option<UsageView>,
     /// Allocations here that need a look.
     pub attention: usize,
@@ -180,7 +210,26 @@ fn attention_count(layout: Option<&Layout>, holdings: &[&Holding]) -> usize {
 
 /// A pool with its usage per datacenter; `holdings` are the pool's (any datacenter).
 pub fn pool_summary(pool: &IPAMPool, holdings: &[Holding]) -> PoolSummary {
-    let datacenters = pool_dcs(pool)
+    summary_of(pool, &pool_dcs(pool), holdings)
+}
+
+/// The pool datacenters of `pool` with the quarantine known address by address (the
+/// offline state file): `quarantine` (any pool) replaces the status count.
+pub fn pool_dcs_with(pool: &IPAMPool, quarantine: &[Quarantine]) -> Vec<PoolDc> {
+    let mut dcs = pool_dcs(pool);
+    for dc in &mut dcs {
+        dc.quarantined_count = None;
+        dc.quarantine = quarantine
+            .iter()
+            .filter(|q| q.pool == dc.pool && q.datacenter == dc.datacenter)
+            .cloned()
+            .collect();
+    }
+    dcs
+}
+
+fn summary_of(pool: &IPAMPool, dcs: &[PoolDc], holdings: &[Holding]) -> PoolSummary {
+    let datacenters = dcs
         .iter()
         .map(|dc| {
             let mine = of_dc(holdings, &dc.datacenter);
@@ -188,7 +237,8 @@ pub fn pool_summary(pool: &IPAMPool, holdings: &[Holding]) -> PoolSummary {
             DatacenterSummary {
                 name: dc.datacenter.clone(),
                 type_: dc.type_.to_string(),
-                cidr: dc.cidr_text.clone(),
+                cidr: dc.cidrs_short(),
+                cidrs: dc.cidrs_text.clone(),
                 request: dc.request.clone(),
                 usage: layout.as_ref().map(|l| UsageView::of(&l.usage(&mine))),
                 attention: attention_count(layout.as_ref(), &mine),
@@ -269,11 +319,11 @@ fn holder_order(
 pub struct CellView {
     pub first: String,
     pub last: String,
-    /// `free`, `allocated`, `excluded` or `partial` (some used, some free).
+    /// `free`, `allocated`, `excluded`, `quarantined` or `partial` (some used, some free).
     pub state: String,
-    /// Used (allocated or excluded) share, floored.
+    /// Used (allocated, excluded or quarantined) share, floored.
     pub used_percent: u8,
-    /// The cluster holding most of the cell.
+    /// The cluster holding most of the cell (not a former holder of quarantined addresses).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub holder: Option<String>,
     /// Distinct holders in the cell.
@@ -325,16 +375,36 @@ pub struct Detail {
     pub datacenter: String,
     #[serde(rename = "type")]
     pub type_: String,
+    /// `poolCidr`.
     pub cidr: String,
+    /// Every CIDR of the pool datacenter in fill order, with its own figures; the map shows
+    /// one of them at a time (the first by default).
+    pub cidrs: Vec<CidrView>,
     pub request: String,
     pub problems: Vec<String>,
     pub conditions: Vec<ConditionView>,
+    /// Totals over every CIDR.
     pub usage: UsageView,
+    /// Set when addresses are quarantined here but the map cannot show which (the served
+    /// page: only the leader holds the quarantine entries); says so in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quarantine_note: Option<String>,
     pub exclusions: Vec<String>,
     pub map: MapView,
     /// Needing a look first, then by address; the first [`MAX_HOLDERS`].
     pub holders: Vec<HolderView>,
     pub holders_total: usize,
+}
+
+/// One CIDR of a pool datacenter.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CidrView {
+    pub cidr: String,
+    /// Its first and last addresses (the map's slice for the whole CIDR).
+    pub first: String,
+    pub last: String,
+    pub usage: UsageView,
 }
 
 /// Holders listed in a detail at most (the search finds any other).
@@ -358,7 +428,7 @@ pub fn detail(
 ) -> Result<(Detail, Layout), DetailError> {
     let layout =
         Layout::build(dc, holdings).ok_or_else(|| DetailError::NoCidr(dc.problems.join("; ")))?;
-    let (first, last) = slice.unwrap_or((layout.first, layout.last));
+    let (first, last) = slice.unwrap_or(layout.cidrs[0]);
     let map = address_map(&layout, first, last)?;
     let mut holders: Vec<(HolderView, Option<u128>)> = holdings
         .iter()
@@ -369,6 +439,12 @@ pub fn detail(
                 h.ranges.first().map(|r| r.first()),
             )
         })
+        .chain(dc.quarantine.iter().map(|q| {
+            (
+                HolderView::quarantined(q, dc),
+                q.ranges.first().map(|r| r.first()),
+            )
+        }))
         .collect();
     holders.sort_by(|(a, ra), (b, rb)| holder_order(a, *ra, b, *rb));
     let total = holders.len();
@@ -378,10 +454,28 @@ pub fn detail(
         datacenter: dc.datacenter.clone(),
         type_: dc.type_.to_string(),
         cidr: dc.cidr_text.clone(),
+        cidrs: layout
+            .cidrs
+            .iter()
+            .zip(&dc.cidrs)
+            .map(|(&(a, b), c)| CidrView {
+                cidr: c.to_string(),
+                first: show(a),
+                last: show(b),
+                usage: UsageView::of(&layout.cidr_usage(a, b, holdings)),
+            })
+            .collect(),
         request: dc.request.clone(),
         problems: dc.problems.clone(),
         conditions,
         usage: UsageView::of(&layout.usage(holdings)),
+        quarantine_note: layout.quarantined_count.map(|n| {
+            format!(
+                "{n} released addresses are quarantined here for their former holders; the map \
+                 and the search cannot tell which (only the leading replica holds the list), so \
+                 the map draws them as free"
+            )
+        }),
         exclusions: dc
             .exclusions
             .iter()
@@ -423,17 +517,26 @@ pub struct MatchView {
     pub pool_cidr: String,
     #[serde(rename = "type")]
     pub type_: String,
-    /// The part of the query inside this pool (`first-last`).
+    /// The part of the query inside this pool's CIDRs (`first-last`).
     pub range: String,
-    /// `allocated`, `excluded`, `free`, or `partial` for a CIDR partly used.
+    /// The pool's CIDRs (`poolCidr`, `additionalCidrs`) that the query meets.
+    pub cidrs: Vec<String>,
+    /// `allocated`, `excluded`, `quarantined` (kept for a former holder), `free`, `unheld`
+    /// (held by no allocation, but the pool datacenter has quarantined addresses that this
+    /// replica cannot list: it may be one of them, so it is not called free), or `partial`
+    /// for a CIDR partly used.
     pub state: String,
     pub allocated: String,
     pub excluded: String,
+    pub quarantined: String,
     pub free: String,
     /// Allocations holding any of it (all of them when they overlap).
     pub holders: Vec<HolderView>,
     /// Holders not listed.
     pub more: usize,
+    /// Quarantine entries keeping any of it: the former holder, and until when.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub quarantine: Vec<HolderView>,
 }
 
 /// The answer to "who holds this address or CIDR?".
@@ -462,12 +565,19 @@ pub fn lookup_view(query: &Query, matches: &[Match<'_>]) -> LookupView {
                 pool_cidr: m.dc.cidr_text.clone(),
                 type_: m.dc.type_.to_string(),
                 range: format!("{}-{}", show(m.first), show(m.last)),
+                cidrs: m.cidrs.clone(),
                 state: m.state.to_string(),
                 allocated: m.allocated.to_string(),
                 excluded: m.excluded.to_string(),
+                quarantined: m.quarantined.to_string(),
                 free: m.free.to_string(),
                 holders: m.holders.iter().map(|h| HolderView::of(h, false)).collect(),
                 more: m.more,
+                quarantine: m
+                    .quarantine
+                    .iter()
+                    .map(|q| HolderView::quarantined(q, m.dc))
+                    .collect(),
             }
         })
         .collect();
@@ -495,22 +605,38 @@ fn describe(text: &str, m: &MatchView) -> String {
         .map(|h| h.cluster.as_str())
         .collect::<Vec<_>>()
         .join(", ");
+    let kept = m
+        .quarantine
+        .iter()
+        .map(|q| q.message.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
     match m.state.as_str() {
         "allocated" => format!("{text} is held by {who} ({at})"),
         "excluded" => format!("{text} is excluded ({at})"),
+        "quarantined" => format!("{text} is {kept} ({at})"),
         "free" => format!("{text} is free ({at})"),
-        _ if who.is_empty() => format!("{text} is partly excluded, partly free ({at})"),
+        "unheld" => format!(
+            "{text} is not held by any allocation ({at}); {} addresses there are quarantined and this replica cannot tell which, so it may be one of them",
+            m.quarantined
+        ),
+        _ if who.is_empty() && kept.is_empty() => {
+            format!("{text} is partly excluded, partly free ({at})")
+        }
+        _ if who.is_empty() => format!("{text} is partly {kept} ({at})"),
         _ => format!("{text} is partly held by {who} ({at})"),
     }
 }
 
 /// A pool datacenter in the offline report: its detail, and its segments for zooming and
-/// searching in the file (`[first, last, cluster]`, the cluster empty for an exclusion).
+/// searching in the file (`[first, last, cluster, state]`: the state `allocated`,
+/// `excluded` (no cluster) or `quarantined` (the cluster is the former holder, and a fifth
+/// element says until when)).
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReportDc {
     pub detail: Detail,
-    pub segments: Vec<[String; 3]>,
+    pub segments: Vec<Vec<String>>,
 }
 
 /// Everything the offline report shows, for every pool.
@@ -524,8 +650,15 @@ pub struct Report {
     pub datacenters: BTreeMap<String, ReportDc>,
 }
 
-/// The whole report of a seed (`pools` with every holding): no paging, every detail.
-pub fn report(seed: &str, now: &str, pools: &[IPAMPool], holdings: &[Holding]) -> Report {
+/// The whole report of a seed (`pools` with every holding and every quarantined address):
+/// no paging, every detail.
+pub fn report(
+    seed: &str,
+    now: &str,
+    pools: &[IPAMPool],
+    holdings: &[Holding],
+    quarantine: &[Quarantine],
+) -> Report {
     let mut by_pool: BTreeMap<&str, Vec<Holding>> = BTreeMap::new();
     for h in holdings {
         by_pool.entry(h.pool.as_str()).or_default().push(h.clone());
@@ -540,7 +673,8 @@ pub fn report(seed: &str, now: &str, pools: &[IPAMPool], holdings: &[Holding]) -
     for pool in &sorted {
         let name = pool.metadata.name.clone().unwrap_or_default();
         let mine = by_pool.get(name.as_str()).map(Vec::as_slice).unwrap_or(&[]);
-        summaries.push(pool_summary(pool, mine));
+        let dcs = pool_dcs_with(pool, quarantine);
+        summaries.push(summary_of(pool, &dcs, mine));
         let conditions = notable_conditions(pool);
         if !conditions.is_empty() {
             attention_pools.push(PoolAttention {
@@ -548,7 +682,7 @@ pub fn report(seed: &str, now: &str, pools: &[IPAMPool], holdings: &[Holding]) -
                 conditions: conditions.clone(),
             });
         }
-        for dc in pool_dcs(pool) {
+        for dc in dcs {
             dc_count += 1;
             let here = of_dc(mine, &dc.datacenter);
             let Ok((mut detail, layout)) = detail(&dc, &here, None, conditions.clone()) else {
@@ -569,13 +703,24 @@ pub fn report(seed: &str, now: &str, pools: &[IPAMPool], holdings: &[Holding]) -
                 .segments
                 .iter()
                 .map(|s| {
-                    let owner = match s.owner {
-                        Owner::Held(i) => {
-                            here.get(i).map(|h| h.cluster.clone()).unwrap_or_default()
+                    let (first, last) = (show(s.first), show(s.last));
+                    match s.owner {
+                        Owner::Held(i) => vec![
+                            first,
+                            last,
+                            here.get(i).map(|h| h.cluster.clone()).unwrap_or_default(),
+                            "allocated".into(),
+                        ],
+                        Owner::Excluded => vec![first, last, String::new(), "excluded".into()],
+                        Owner::Quarantined(q) => {
+                            let (who, until) = dc
+                                .quarantine
+                                .get(q)
+                                .map(|e| (e.holder.clone(), e.until.clone()))
+                                .unwrap_or_default();
+                            vec![first, last, who, "quarantined".into(), until]
                         }
-                        Owner::Excluded => String::new(),
-                    };
-                    [show(s.first), show(s.last), owner]
+                    }
                 })
                 .collect();
             datacenters.insert(

@@ -293,3 +293,131 @@ async fn the_version_moves_when_an_allocation_or_a_pool_changes() {
     let second = version(&h).await;
     assert_ne!(second, first, "a new allocation moves it");
 }
+
+const SEVERAL_CIDRS: &str = r#"
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata:
+  name: grown
+spec:
+  datacenters:
+    dc-1:
+      type: range
+      poolCidr: 10.20.0.0/28
+      additionalCidrs: ["10.30.0.0/28", "10.40.0.0/29"]
+      allocationRange: 4
+      reuseAfter: 1h
+"#;
+
+/// A pool datacenter of several CIDRs, with an allocation in its second CIDR.
+async fn with_several_cidrs() -> Harness {
+    let h = Harness::start().await;
+    h.pool(SEVERAL_CIDRS).await;
+    h.allocation(
+        "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMAllocation\nmetadata: {name: grown, namespace: cluster-x, resourceVersion: \"5\"}\nspec: {type: range, dc: dc-1, addresses: [\"10.20.0.0-10.20.0.15\", \"10.30.0.0-10.30.0.3\"]}\nstatus: {phase: Allocated}\n",
+    )
+    .await;
+    h
+}
+
+#[tokio::test]
+async fn several_cidrs_are_listed_summed_mapped_and_searched() {
+    let h = with_several_cidrs().await;
+    let (status, body) = h.get("/ui/api/summary", "reader").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let dc = &body["pools"][0]["datacenters"][0];
+    assert_eq!(dc["cidr"], "10.20.0.0/28 +2");
+    assert_eq!(
+        dc["cidrs"],
+        serde_json::json!(["10.20.0.0/28", "10.30.0.0/28", "10.40.0.0/29"])
+    );
+    assert_eq!(dc["usage"]["total"], "40");
+    assert_eq!(dc["usage"]["allocated"], "20");
+    assert_eq!(dc["usage"]["free"], "20");
+    assert_eq!(dc["usage"]["largestFreeBlock"], "12");
+
+    let (status, d) = h
+        .get("/ui/api/pools/grown/datacenters/dc-1", "reader")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{d}");
+    let cidrs: Vec<&str> = d["cidrs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["cidr"].as_str().unwrap())
+        .collect();
+    assert_eq!(cidrs, ["10.20.0.0/28", "10.30.0.0/28", "10.40.0.0/29"]);
+    assert_eq!(d["cidrs"][1]["usage"]["allocated"], "4");
+    assert_eq!(d["map"]["first"], "10.20.0.0", "the first CIDR by default");
+    // The map of the second CIDR, chosen by its bounds.
+    let (status, second) = h
+        .get(
+            "/ui/api/pools/grown/datacenters/dc-1?from=10.30.0.0&to=10.30.0.15",
+            "reader",
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{second}");
+    assert_eq!(second["map"]["cells"][3]["holder"], "x");
+    assert_eq!(second["map"]["cells"][4]["state"], "free");
+
+    let (_, body) = h.get(&format!("{LOOKUP}/10.30.0.2"), "reader").await;
+    assert_eq!(
+        body["message"],
+        "10.30.0.2 is held by x (pool grown in dc-1)"
+    );
+    assert_eq!(body["matches"][0]["cidrs"][0], "10.30.0.0/28");
+    let (_, body) = h.get(&format!("{LOOKUP}/10.40.0.1"), "reader").await;
+    assert_eq!(body["message"], "10.40.0.1 is free (pool grown in dc-1)");
+    let (_, body) = h.get(&format!("{LOOKUP}/10.35.0.1"), "reader").await;
+    assert_eq!(body["message"], "no pool covers 10.35.0.1");
+}
+
+#[tokio::test]
+async fn a_quarantine_counted_by_the_leader_is_shown_and_never_answered_free() {
+    let h = with_several_cidrs().await;
+    h.api
+        .set_status(
+            "ipampools",
+            None,
+            "grown",
+            serde_json::json!({"datacenters": {"dc-1": {
+                "total": "40", "allocated": "20", "excluded": "0", "available": "16",
+                "allocations": 1, "largestFreeBlock": "8", "fragmentationPercent": 50,
+                "utilisationPercent": 50, "quarantined": "4"
+            }}}),
+        )
+        .unwrap();
+    let mut usage = Value::Null;
+    for _ in 0..200 {
+        let (_, body) = h.get("/ui/api/summary", "reader").await;
+        usage = body["pools"][0]["datacenters"][0]["usage"].clone();
+        if usage["quarantined"] == "4" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(usage["quarantined"], "4", "{usage}");
+    assert_eq!(usage["free"], "16", "{usage}");
+    let (_, d) = h
+        .get("/ui/api/pools/grown/datacenters/dc-1", "reader")
+        .await;
+    assert!(
+        d["quarantineNote"]
+            .as_str()
+            .is_some_and(|n| n.contains("4 released addresses are quarantined")),
+        "{d}"
+    );
+    // Which addresses are quarantined only the leader knows: a free-looking one is not
+    // called free.
+    let (_, body) = h.get(&format!("{LOOKUP}/10.40.0.1"), "reader").await;
+    assert_eq!(body["matches"][0]["state"], "unheld");
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("10.40.0.1 is not held by any allocation (pool grown in dc-1)"),
+        "{message}"
+    );
+    assert!(!message.contains("is free"), "{message}");
+    // A held one still names its holder.
+    let (_, body) = h.get(&format!("{LOOKUP}/10.20.0.1"), "reader").await;
+    assert_eq!(body["matches"][0]["state"], "allocated");
+}

@@ -22,7 +22,7 @@ metadata: {name: metallb}
 spec:
   datacenters:
     dc-1: {type: range, poolCidr: 10.0.0.0/24, allocationRange: 8, excludeRanges: ["10.0.0.0-10.0.0.3"]}
-    dc-2: {type: range, poolCidr: 10.1.0.0/24, allocationRange: 16}
+    dc-2: {type: range, poolCidr: 10.1.0.0/24, allocationRange: 16, additionalCidrs: [10.1.9.0/28]}
 ---
 apiVersion: ipam.kipam.dev/v1alpha1
 kind: IPAMPool
@@ -265,6 +265,36 @@ async fn an_admin_signs_in_sees_the_pools_finds_an_address_and_watches_a_new_clu
         "four clusters hold a /64 each: {}",
         browser.text("#detail")
     );
+
+    // A pool datacenter of two CIDRs: listed as `+1`, mapped one CIDR at a time.
+    assert!(
+        browser.text("#pools").contains("10.1.0.0/24 +1"),
+        "{}",
+        browser.text("#pools")
+    );
+    ok(
+        "open metallb dc-2",
+        browser.click("#pools tr[data-pool='metallb'][data-dc='dc-2']"),
+    );
+    browser
+        .wait_for("the CIDR picker", |b| {
+            b.eval("return document.querySelectorAll('#cidrs .cidr').length;")
+                .ok()
+                .and_then(|v| v.as_u64())
+                == Some(2)
+        })
+        .await;
+    ok("second CIDR", browser.click("#cidrs .cidr:nth-child(2)"));
+    browser
+        .wait_for("the map of 10.1.9.0/28", |b| {
+            b.eval("return document.querySelectorAll('#map .cell').length;")
+                .ok()
+                .and_then(|v| v.as_u64())
+                == Some(16)
+                && b.text("#cidrs .cidr.on").contains("10.1.9.0/28")
+        })
+        .await;
+    shot(&browser, "cidrs");
 
     // Signing out forgets the token.
     ok("sign out", browser.click("#signout"));

@@ -63,11 +63,11 @@ fn the_embedded_default_writes_the_pool_page_without_a_cluster() {
     let segments = detail["segments"].as_array().unwrap();
     assert_eq!(
         segments[0],
-        serde_json::json!(["192.168.1.0", "192.168.1.0", "alpha"])
+        serde_json::json!(["192.168.1.0", "192.168.1.0", "alpha", "allocated"])
     );
     assert_eq!(
         segments[1],
-        serde_json::json!(["192.168.1.1", "192.168.1.1", ""])
+        serde_json::json!(["192.168.1.1", "192.168.1.1", "", "excluded"])
     );
 
     // Running again changes nothing in the state and writes the same page.
@@ -99,4 +99,94 @@ fn a_report_that_cannot_be_written_is_an_error_and_leaves_the_state_written() {
         text(&out.stderr)
     );
     assert!(w.read("state.yaml").contains("kind: IPAMAllocation"));
+}
+
+const GROWN: &str = "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata: {name: lb}\nspec:\n  datacenters:\n    dc-1: {type: range, poolCidr: 10.5.0.0/30, additionalCidrs: [10.7.0.0/29], allocationRange: 4, reuseAfter: 1h}\n";
+
+fn clusters(names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|c| {
+            format!(
+                "---\napiVersion: ipam.kipam.dev/v1alpha1\nkind: Cluster\nmetadata: {{name: {c}}}\nspec: {{datacenter: dc-1}}\n"
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_report_shows_every_cidr_and_the_quarantine_with_its_former_holder() {
+    let w = Workdir::new("report-grown");
+    let state = w.path("state.yaml").display().to_string();
+    let report = w.path("pools.html").display().to_string();
+    // a fills poolCidr, b gets the first four addresses of the additional CIDR.
+    let first = w.write("in.yaml", &format!("{GROWN}{}", clusters(&["a", "b"])));
+    let out = kipam(&[
+        "offline",
+        "-f",
+        &first.display().to_string(),
+        "--state",
+        &state,
+        "--now",
+        "2026-11-25T10:00:00Z",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // b goes: its addresses are quarantined for an hour.
+    let second = w.write("in.yaml", &format!("{GROWN}{}", clusters(&["a"])));
+    let out = kipam(&[
+        "offline",
+        "-f",
+        &second.display().to_string(),
+        "--state",
+        &state,
+        "--now",
+        "2026-11-25T10:30:00Z",
+        "--allow-release",
+        "--report",
+        &report,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let data = data_of(&w.read("pools.html"));
+    let dc = &data["summary"]["pools"][0]["datacenters"][0];
+    assert_eq!(dc["cidr"], "10.5.0.0/30 +1");
+    assert_eq!(
+        dc["cidrs"],
+        serde_json::json!(["10.5.0.0/30", "10.7.0.0/29"])
+    );
+    let u = &dc["usage"];
+    assert_eq!(
+        (
+            u["total"].as_str(),
+            u["allocated"].as_str(),
+            u["quarantined"].as_str(),
+            u["free"].as_str()
+        ),
+        (Some("12"), Some("4"), Some("4"), Some("4")),
+        "{u}"
+    );
+    let detail = &data["datacenters"]["lb/dc-1"];
+    assert_eq!(detail["detail"]["cidrs"][1]["cidr"], "10.7.0.0/29");
+    assert_eq!(detail["detail"]["cidrs"][1]["usage"]["quarantined"], "4");
+    let segments = detail["segments"].as_array().unwrap();
+    assert!(
+        segments.contains(&serde_json::json!([
+            "10.7.0.0",
+            "10.7.0.3",
+            "b",
+            "quarantined",
+            "2026-11-25T11:30:00Z"
+        ])),
+        "{segments:?}"
+    );
+    let row = detail["detail"]["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["cluster"] == "b")
+        .expect("the quarantine is in the holders");
+    assert_eq!(row["phase"], "Quarantined");
+    assert_eq!(
+        row["message"],
+        "quarantined for b until 2026-11-25T11:30:00Z"
+    );
 }

@@ -216,7 +216,7 @@
     if (!d.parsed) {
       var v6 = d.detail.cidr.indexOf(':') >= 0;
       d.parsed = d.segments.map(function (s) {
-        return [parseAddr(s[0]).value, parseAddr(s[1]).value, s[2]];
+        return [parseAddr(s[0]).value, parseAddr(s[1]).value, s[2], s[3], s[4]];
       });
       d.v6 = v6;
     }
@@ -234,7 +234,7 @@
       var a = first + step * BigInt(i);
       var b = a + step - 1n;
       if (b > last) b = last;
-      cells.push({ a: a, b: b, held: 0n, excl: 0n, shares: {} });
+      cells.push({ a: a, b: b, held: 0n, excl: 0n, quar: 0n, shares: {} });
     }
     segs.forEach(function (s) {
       if (s[1] < first || s[0] > last) return;
@@ -244,18 +244,20 @@
         var c = cells[i];
         var lo = a > c.a ? a : c.a, hi = b < c.b ? b : c.b;
         var part = hi - lo + 1n;
-        if (s[2]) { c.held += part; c.shares[s[2]] = (c.shares[s[2]] || 0n) + part; }
+        if (s[3] === 'quarantined') c.quar += part;
+        else if (s[2]) { c.held += part; c.shares[s[2]] = (c.shares[s[2]] || 0n) + part; }
         else c.excl += part;
       }
     });
     return {
       first: slice[0], last: slice[1], cellSize: String(step),
       cells: cells.map(function (c) {
-        var size = c.b - c.a + 1n, used = c.held + c.excl;
+        var size = c.b - c.a + 1n, used = c.held + c.excl + c.quar;
         var names = Object.keys(c.shares).sort();
         var best = null;
         names.forEach(function (k) { if (best === null || c.shares[k] > c.shares[best]) best = k; });
-        var state = used === 0n ? 'free' : used < size ? 'partial' : c.held >= c.excl ? 'allocated' : 'excluded';
+        var state = used === 0n ? 'free' : used < size ? 'partial' :
+          (c.held >= c.excl && c.held >= c.quar) ? 'allocated' : c.quar > c.excl ? 'quarantined' : 'excluded';
         return {
           first: show(d.v6, c.a), last: show(d.v6, c.b), state: state,
           usedPercent: Number(used * 100n / size), holder: best || undefined, holders: names.length
@@ -287,23 +289,35 @@
       var d = offline.datacenters[key];
       var segs = segmentsOf(d);
       if (d.v6 !== v6) return;
-      var m = d.detail.map;
-      var pf = parseAddr(m.first).value, pl = parseAddr(m.last).value;
-      if (last < pf || first > pl) return;
-      var lo = first > pf ? first : pf, hi = last < pl ? last : pl;
-      var held = 0n, excl = 0n, who = {};
-      segs.forEach(function (s) {
-        if (s[1] < lo || s[0] > hi) return;
-        var x = s[0] > lo ? s[0] : lo, y = s[1] < hi ? s[1] : hi;
-        if (s[2]) { held += y - x + 1n; who[s[2]] = true; } else excl += y - x + 1n;
+      var spans = (d.detail.cidrs || []).map(function (c) {
+        return [parseAddr(c.first).value, parseAddr(c.last).value, c.cidr];
+      }).filter(function (c) { return !(last < c[0] || first > c[1]); });
+      if (spans.length === 0) return;
+      var held = 0n, excl = 0n, quar = 0n, size = 0n, who = {}, kept = {};
+      var lo = null, hi = null;
+      spans.forEach(function (c) {
+        var a = first > c[0] ? first : c[0], b = last < c[1] ? last : c[1];
+        if (lo === null || a < lo) lo = a;
+        if (hi === null || b > hi) hi = b;
+        size += b - a + 1n;
+        segs.forEach(function (s) {
+          if (s[1] < a || s[0] > b) return;
+          var x = s[0] > a ? s[0] : a, y = s[1] < b ? s[1] : b;
+          if (s[3] === 'quarantined') { quar += y - x + 1n; kept[s[2]] = s[4]; }
+          else if (s[2]) { held += y - x + 1n; who[s[2]] = true; } else excl += y - x + 1n;
+        });
       });
-      var size = hi - lo + 1n, free = size - held - excl;
-      var state = free === 0n && excl === 0n ? 'allocated' : free === 0n && held === 0n ? 'excluded' : held === 0n && excl === 0n ? 'free' : 'partial';
+      var free = size - held - excl - quar;
+      var kinds = [['allocated', held], ['excluded', excl], ['quarantined', quar], ['free', free]].filter(function (k) { return k[1] > 0n; });
+      var state = kinds.length === 1 ? kinds[0][0] : 'partial';
       matches.push({
         pool: d.detail.pool, datacenter: d.detail.datacenter, poolCidr: d.detail.cidr, type: d.detail.type,
+        cidrs: spans.map(function (c) { return c[2]; }),
         range: show(v6, lo) + '-' + show(v6, hi), state: state,
-        allocated: String(held), excluded: String(excl), free: String(free),
-        holders: d.detail.holders.filter(function (h) { return who[h.cluster]; }), more: 0
+        allocated: String(held), excluded: String(excl), quarantined: String(quar), free: String(free),
+        holders: d.detail.holders.filter(function (h) { return who[h.cluster] && h.phase !== 'Quarantined'; }),
+        quarantine: d.detail.holders.filter(function (h) { return h.phase === 'Quarantined' && kept[h.cluster] !== undefined; }),
+        more: 0
       });
     });
     var msg = matches.length === 0 ? 'no pool covers ' + query : matches.map(function (m) {
@@ -311,8 +325,12 @@
       var names = m.holders.map(function (h) { return h.cluster; }).join(', ');
       if (m.state === 'allocated') return query + ' is held by ' + names + ' (' + at + ')';
       if (m.state === 'excluded') return query + ' is excluded (' + at + ')';
+      var kept = m.quarantine.map(function (q) { return q.message; }).join(', ');
+      if (m.state === 'quarantined') return query + ' is ' + kept + ' (' + at + ')';
       if (m.state === 'free') return query + ' is free (' + at + ')';
-      return query + ' is partly held by ' + (names || 'nobody') + ' (' + at + ')';
+      if (!names && !kept) return query + ' is partly excluded, partly free (' + at + ')';
+      if (!names) return query + ' is partly ' + kept + ' (' + at + ')';
+      return query + ' is partly held by ' + names + ' (' + at + ')';
     }).join('; ');
     return { query: query, matches: matches, message: msg };
   }
@@ -421,8 +439,10 @@
         }
         var holders = el('td', 'num', u ? count(u.holders) : '—');
         if (d.attention > 0) holders.appendChild(chip('! ' + d.attention, 'bad'));
+        var cidrCell = el('td', 'mono', d.cidr);
+        if (d.cidrs && d.cidrs.length > 1) cidrCell.title = d.cidrs.join(', ');
         var row = el('tr', 'row', nameCell, el('td', null, d.name), el('td', null, d.type),
-          el('td', 'mono', d.cidr), usage,
+          cidrCell, usage,
           el('td', 'num', u ? unitCount(u.free, d.type, d.request, d.cidr) : '—'),
           el('td', 'num', u ? unitCount(u.largestFreeBlock, d.type, d.request, d.cidr) : '—'),
           el('td', 'num', u ? u.fragmentationPercent + '%' : '—'), holders);
@@ -474,7 +494,8 @@
     close.title = 'Close';
     close.addEventListener('click', function () { state.selected = null; state.zoom = []; box.hidden = true; refreshPools(); });
     box.appendChild(el('div', 'panel-head', el('h2', null, d.pool + ' · ' + d.datacenter), close));
-    box.appendChild(el('div', 'sub mono', d.type + ' ' + d.cidr + (d.request ? ' · ' + d.request + ' per cluster' : '')));
+    var allCidrs = (d.cidrs || []).map(function (c) { return c.cidr; });
+    box.appendChild(el('div', 'sub mono', d.type + ' ' + (allCidrs.length ? allCidrs.join(', ') : d.cidr) + (d.request ? ' · ' + d.request + ' per cluster' : '')));
     var page = el('div', 'detail-body');
     var mainCol = el('div', 'detail-main');
     var side = el('div', 'detail-side');
@@ -491,14 +512,35 @@
       figure('Quarantined', uc(u.quarantined)), figure('Free', uc(u.free)),
       figure('Largest free', uc(u.largestFreeBlock)), figure('Fragmentation', u.fragmentationPercent + '%')));
     box.appendChild(usageBar(u));
+    if (d.quarantineNote) box.appendChild(el('div', 'sub', d.quarantineNote));
 
-    // The map.
+    // The map: of one CIDR at a time, chosen above it (in fill order) when there are several.
     var m = d.map;
     var crumbs = el('div', 'crumbs');
-    var whole = el('button', 'link', 'Whole pool');
-    whole.addEventListener('click', function () { state.zoom = []; loadDetail(); });
+    var cidrs = d.cidrs || [];
+    var zoomFrom = 0;
+    if (cidrs.length > 1) {
+      // The CIDR shown: the first zoom step when it is a whole CIDR, else the one holding the map.
+      var mf = parseAddr(m.first).value;
+      var picker = el('div', 'cidrs');
+      picker.id = 'cidrs';
+      cidrs.forEach(function (c, i) {
+        var on = parseAddr(c.first).value <= mf && mf <= parseAddr(c.last).value;
+        var b = el('button', on ? 'cidr on' : 'cidr', c.cidr);
+        b.title = (i === 0 ? 'poolCidr' : 'additionalCidrs[' + (i - 1) + ']') + ': allocated ' + c.usage.allocated +
+          ', excluded ' + c.usage.excluded + ', quarantined ' + c.usage.quarantined + ', free ' + c.usage.free;
+        b.appendChild(el('span', 'pct', ' ' + c.usage.utilisationPercent + '%'));
+        b.addEventListener('click', function () { state.zoom = [[c.first, c.last]]; loadDetail(); });
+        picker.appendChild(b);
+      });
+      box.appendChild(picker);
+      if (state.zoom.length && cidrs.some(function (c) { return c.first === state.zoom[0][0] && c.last === state.zoom[0][1]; })) zoomFrom = 1;
+    }
+    var whole = el('button', 'link', cidrs.length > 1 ? 'Whole CIDR' : 'Whole pool');
+    whole.addEventListener('click', function () { state.zoom = state.zoom.slice(0, zoomFrom); loadDetail(); });
     crumbs.appendChild(whole);
     state.zoom.forEach(function (z, i) {
+      if (i < zoomFrom) return;
       crumbs.appendChild(document.createTextNode(' › '));
       var b = el('button', 'link', z[0] + ' – ' + z[1]);
       b.addEventListener('click', function () { state.zoom = state.zoom.slice(0, i + 1); loadDetail(); });
@@ -565,11 +607,14 @@
     box.appendChild(el('p', 'answer', a.message));
     a.matches.forEach(function (m) {
       var who = el('div', 'match',
-        el('div', null, chip(m.state, m.state === 'free' ? 'ok' : m.state === 'excluded' ? '' : 'held'), ' pool ', el('strong', null, m.pool), ' in ', el('strong', null, m.datacenter), el('span', 'muted mono', ' ' + m.poolCidr)));
+        el('div', null, chip(m.state === 'unheld' ? 'not held' : m.state, m.state === 'free' ? 'ok' : m.state === 'excluded' || m.state === 'unheld' ? '' : 'held'), ' pool ', el('strong', null, m.pool), ' in ', el('strong', null, m.datacenter), el('span', 'muted mono', ' ' + ((m.cidrs && m.cidrs.length) ? m.cidrs.join(', ') : m.poolCidr))));
       m.holders.forEach(function (h) {
         var sw = el('span', 'swatch');
         sw.style.backgroundColor = holderColour(h.cluster, false);
         who.appendChild(el('div', 'holder', sw, el('strong', null, h.cluster), ' ', el('span', 'mono', h.addresses), ' · ', h.phase));
+      });
+      (m.quarantine || []).forEach(function (q) {
+        who.appendChild(el('div', 'holder', el('span', 'swatch quarantined'), el('span', 'mono', q.addresses), ' · ', q.message));
       });
       if (m.more) who.appendChild(el('div', 'muted', 'and ' + m.more + ' more'));
       var open = el('button', 'link', 'Open the pool');
