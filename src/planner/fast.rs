@@ -64,6 +64,8 @@ impl PoolStates {
             allocator: Ok(allocator),
             blocked: false,
             youngest_request: None,
+            shared: false,
+            quarantine: false,
         };
         PoolStates::from_map(BTreeMap::from([(
             (pool.to_string(), dc.to_string()),

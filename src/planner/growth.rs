@@ -898,6 +898,7 @@ mod tests {
                 keep("b", a.get("b").cloned().unwrap()),
             ],
             usage: Default::default(),
+            quarantined: Vec::new(),
         };
         let mut states = PoolStates::single("p", "dc", a);
         let grown = |range| Piece {
@@ -922,7 +923,8 @@ mod tests {
             outcome("a", 0, vec![r(2, 2)], vec![initial(0, 0), grown(r(2, 2))]),
             outcome("b", 1, vec![], vec![initial(1, 1), grown(r(3, 3))]),
         ];
-        let (applied, refused) = apply(&mut plan, &mut states, &outcomes, 10);
+        let (applied, refused) =
+            apply(&mut plan, &mut states, &outcomes, 10, &|_: &str, _: &str| 0);
         assert_eq!(applied.len(), 1, "{applied:?}");
         assert_eq!(applied[0].cluster, "a");
         assert_eq!(refused.len(), 1);
