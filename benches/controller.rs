@@ -294,6 +294,7 @@ fn planner_alone(scale: Scale) {
         deleting: false,
         paused: false,
         invalid: None,
+        only_pool: None,
     };
     let clusters: Vec<ClusterInput> = (0..scale.clusters)
         .map(|i| cluster_input(format!("c{i:05}")))

@@ -121,7 +121,7 @@ pub fn serve_new(
         }
         let age = age_of(c);
         for pool in pools {
-            if !pool.datacenters.contains_key(&c.datacenter) {
+            if !pool.datacenters.contains_key(&c.datacenter) || !c.asks(&pool.name) {
                 continue;
             }
             match c.overrides.get(&pool.name) {

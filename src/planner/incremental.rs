@@ -174,7 +174,7 @@ impl Plan {
 }
 
 /// The pools whose decisions may differ between a plan of `before` and one of `after`.
-pub fn changed_pools(before: &PlanInputs, after: &PlanInputs) -> BTreeSet<String> {
+pub fn changed_pools<'a>(before: &'a PlanInputs, after: &'a PlanInputs) -> BTreeSet<String> {
     let mut changed = BTreeSet::new();
 
     // Pools added, removed or edited.
@@ -237,23 +237,32 @@ pub fn changed_pools(before: &PlanInputs, after: &PlanInputs) -> BTreeSet<String
         .collect();
     let mut touched_datacenters: BTreeSet<&str> = BTreeSet::new();
     let mut touched_clusters: BTreeSet<&str> = BTreeSet::new();
+    // A machine's claim asks one pool: only that pool (and what it holds) is touched.
+    let mut touch = |c: &'a ClusterInput, changed: &mut BTreeSet<String>| match &c.only_pool {
+        Some(pool) => {
+            changed.insert(pool.clone());
+        }
+        None => {
+            touched_datacenters.insert(c.datacenter.as_str());
+        }
+    };
     for (name, c) in &new_clusters {
         match old_clusters.get(name) {
             Some(old) if old == c => {}
             Some(old) => {
-                touched_datacenters.insert(old.datacenter.as_str());
-                touched_datacenters.insert(c.datacenter.as_str());
+                touch(old, &mut changed);
+                touch(c, &mut changed);
                 touched_clusters.insert(name);
             }
             None => {
-                touched_datacenters.insert(c.datacenter.as_str());
+                touch(c, &mut changed);
                 touched_clusters.insert(name);
             }
         }
     }
     for (name, old) in &old_clusters {
         if !new_clusters.contains_key(name) {
-            touched_datacenters.insert(old.datacenter.as_str());
+            touch(old, &mut changed);
             touched_clusters.insert(name);
         }
     }

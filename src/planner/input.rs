@@ -44,6 +44,11 @@ pub struct ClusterInput {
     /// The cluster's spec is invalid (why): like a pause, it keeps what it holds and gets
     /// nothing new. An invalid edit never releases an address.
     pub invalid: Option<String>,
+    /// A machine's claim (Cluster API's `IPAddressClaim`, named
+    /// `crate::resources::capi::claim_holder`): it asks this one pool only, with the request
+    /// in `overrides`, and never grows. `None` for a user cluster, which asks every pool of its
+    /// datacenter.
+    pub only_pool: Option<String>,
 }
 
 impl ClusterInput {
@@ -64,7 +69,20 @@ impl ClusterInput {
             deleting,
             paused: false,
             invalid: Some(why),
+            only_pool: None,
         }
+    }
+
+    /// Whether it asks pool `pool` for addresses at all (claims ask one pool; an opt-out
+    /// asks none).
+    pub fn asks(&self, pool: &str) -> bool {
+        self.only_pool.as_deref().is_none_or(|p| p == pool)
+            && self.overrides.get(pool) != Some(&PoolOverride::OptOut)
+    }
+
+    /// A machine's claim rather than a user cluster.
+    pub fn is_claim(&self) -> bool {
+        self.only_pool.is_some()
     }
 
     /// Keeps what it holds and gets nothing new (paused or invalid).

@@ -253,6 +253,13 @@ impl<'a> Planner<'a> {
                     format!("cluster {} opted out of pool {}", s.cluster, s.pool),
                 ));
             }
+            if let Some(only) = cluster.only_pool.as_deref().filter(|p| *p != s.pool) {
+                return Some(decide(
+                    Change::Release,
+                    None,
+                    format!("{} now asks pool {only}, not {}", s.cluster, s.pool),
+                ));
+            }
         }
         let Some(held) = s.held.clone() else {
             // A request that failed or waits: the later steps try again, unless paused.
@@ -463,6 +470,9 @@ impl<'a> Planner<'a> {
                 let Some(dc) = pool.datacenters.get(&cluster.datacenter) else {
                     continue;
                 };
+                if !cluster.asks(&pool.name) {
+                    continue;
+                }
                 let request = match cluster.overrides.get(&pool.name) {
                     Some(PoolOverride::OptOut)
                     | Some(PoolOverride::PinnedAddresses(_))

@@ -7,6 +7,7 @@
 mod addon;
 mod allocation;
 pub mod bounds;
+pub mod capi;
 mod cluster;
 mod condition;
 mod pool;

@@ -38,6 +38,7 @@ pub fn cluster_input(cluster: &Cluster) -> Result<ClusterInput, Vec<FieldError>>
         deleting: cluster.metadata.deletion_timestamp.is_some(),
         paused: cluster.spec.pause,
         invalid: None,
+        only_pool: None,
     })
 }
 

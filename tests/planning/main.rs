@@ -33,6 +33,7 @@ pub fn cluster_in(name: &str, dc: &str, day: u32) -> ClusterInput {
         deleting: false,
         paused: false,
         invalid: None,
+        only_pool: None,
     }
 }
 
