@@ -5,6 +5,7 @@
 //! apply, without its pool-size cap (an IPv6 /64 range pool is fine here).
 
 mod allocation;
+mod claim;
 mod cluster;
 mod growth;
 pub mod names;
@@ -15,6 +16,7 @@ mod schema;
 pub mod strict;
 
 pub use allocation::{AllocationParts, stored_allocation, stored_allocation_of};
+pub use claim::{ClaimHeld, ClaimPool, ClaimRead, ClaimWait, claim_input};
 pub use cluster::cluster_input;
 pub use growth::{cluster_growth, datacenter_growth};
 pub use network::{DatacenterNetwork, datacenter_network};
