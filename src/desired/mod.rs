@@ -1,5 +1,7 @@
 //! The `IPAMAllocation` objects a plan asks for (pure: shared by the offline writer and the
-//! controller).
+//! controller), and the `IPAddress` objects of machines' claims (`address`).
+
+pub mod address;
 
 use std::collections::BTreeMap;
 
