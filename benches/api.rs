@@ -132,6 +132,7 @@ fn main() {
             metrics: metrics::Metrics::new(),
             leader: leader::LeaderState::new(Duration::from_secs(10)),
             demand: Default::default(),
+            capi: Default::default(),
         });
         let options = ApiOptions {
             auth_cache_ttl: Duration::from_secs(3600),

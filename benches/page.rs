@@ -160,6 +160,7 @@ fn main() {
             metrics: metrics::Metrics::new(),
             leader: leader::LeaderState::new(Duration::from_secs(10)),
             demand: Default::default(),
+            capi: Default::default(),
         });
         ctx.metrics.ready.store(true, std::sync::atomic::Ordering::Relaxed);
         let options = ApiOptions {

@@ -134,6 +134,7 @@ fn main() {
             metrics: metrics::Metrics::new(),
             leader: leader::LeaderState::new(Duration::from_secs(10)),
             demand: Default::default(),
+            capi: Default::default(),
         });
         let key = ("bench".to_string(), "dc-1".to_string());
         let mut desired: BTreeMap<String, Reservation> =

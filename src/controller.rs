@@ -86,6 +86,7 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         pools: caches.pools,
         clusters: caches.clusters,
         namespaces: caches.namespaces,
+        capi: caches.capi,
         ledger: Mutex::new(Ledger::default()),
         ledger_updates: watch::Sender::new(false),
         records: Mutex::new(records::Records::default()),

@@ -96,6 +96,9 @@ pub struct Context {
     pub pools: Store<IPAMPool>,
     pub clusters: Store<Cluster>,
     pub namespaces: Store<Namespace>,
+    /// Cluster API's `IPAddressClaim`s, `IPAddress`es and `Cluster`s (empty while Cluster
+    /// API is not installed).
+    pub capi: watches::CapiCaches,
     pub ledger: Mutex<Ledger>,
     /// Ticks, for every subscriber, once each allocation watch event is in the ledger and
     /// after each rebuild: how the ledger's readers (the addon applier, the webhook) learn of

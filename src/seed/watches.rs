@@ -5,6 +5,7 @@
 //! allocations once: the applier and the webhook read the ledger.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::stream::BoxStream;
@@ -18,6 +19,9 @@ use tokio::sync::Notify;
 
 use super::metrics::Metrics;
 use super::{Context, Dirty, preconditions};
+use crate::resources::capi::{
+    ADDRESS_FINALIZER, CLAIM_FINALIZER, CapiCluster, IPAddress, IPAddressClaim,
+};
 use crate::resources::{
     CLUSTER_FINALIZER, Cluster, IPAMAllocation, IPAMPool, LABEL_CLUSTER, POOL_FINALIZER,
 };
@@ -116,6 +120,8 @@ pub struct WatchReporter {
     resource: &'static str,
     metrics: Arc<Metrics>,
     last: std::sync::Mutex<Option<String>>,
+    /// The kind may be missing (see [`WatchReporter::optional`]).
+    optional: bool,
 }
 
 impl WatchReporter {
@@ -124,10 +130,34 @@ impl WatchReporter {
             resource,
             metrics,
             last: std::sync::Mutex::new(None),
+            optional: false,
+        })
+    }
+
+    /// For a kind kipam serves only when it is installed (Cluster API's): a watch failing
+    /// because the kind is not there says so once, at info level, and leaves `/readyz` alone.
+    pub fn optional(resource: &'static str, metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(WatchReporter {
+            resource,
+            metrics,
+            last: std::sync::Mutex::new(None),
+            optional: true,
         })
     }
 
     pub fn failed(&self, e: &watcher::Error) {
+        if self.optional && is_not_installed(e) {
+            let message = format!(
+                "{} is not installed: Cluster API claims are not served until it is (the watch retries with backoff)",
+                self.resource
+            );
+            let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+            if last.as_deref() != Some(message.as_str()) {
+                tracing::info!(resource = self.resource, "{message}");
+                *last = Some(message);
+            }
+            return;
+        }
         let message = failure(e, self.resource);
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         if last.as_deref() != Some(message.as_str()) {
@@ -142,10 +172,26 @@ impl WatchReporter {
 
     pub fn ok(&self) {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if last.take().is_some() {
+        if let Some(was) = last.take() {
             tracing::info!(resource = self.resource, "watch recovered");
-            self.metrics.set_not_ready(None);
+            // An optional kind that was missing never made the replica unready.
+            if !(self.optional && was.contains(" is not installed: ")) {
+                self.metrics.set_not_ready(None);
+            }
         }
+    }
+}
+
+/// The watch failed because the API server does not serve the kind (404: no CRD).
+fn is_not_installed(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => match e {
+            kube::Error::Api(s) => s.code == 404,
+            _ => false,
+        },
+        _ => false,
     }
 }
 
@@ -198,6 +244,7 @@ fn cached<K>(
     wakes: Wakes<K>,
     dirty: Arc<Dirty>,
     by_name: bool,
+    listed: Option<Arc<AtomicBool>>,
 ) -> (Store<K>, impl Stream<Item = ()>)
 where
     K: Watched,
@@ -210,6 +257,9 @@ where
             // A re-list announces itself before it is tried: no sign of health yet.
             Ok(Event::Init) => {}
             Ok(_) => reporter.ok(),
+        }
+        if let (Ok(Event::InitDone), Some(listed)) = (&ev, &listed) {
+            listed.store(true, Ordering::Release);
         }
         let wakes_now = match (&ev, wakes) {
             (Ok(Event::Apply(o)) | Ok(Event::InitApply(o)), Wakes::Content(content)) => {
@@ -245,12 +295,14 @@ pub struct Caches {
     pub pools: Store<IPAMPool>,
     pub clusters: Store<Cluster>,
     pub namespaces: Store<Namespace>,
+    pub capi: CapiCaches,
     pub events: BoxStream<'static, ()>,
 }
 
 /// Starts the watches of pools, clusters and kipam's namespaces (lazily: nothing is sent
 /// until [`Caches::events`] is driven).
-// RBAC: src/rbac.rs (list/watch of pools, clusters, namespaces).
+// RBAC: src/rbac.rs (list/watch of pools, clusters, namespaces, and Cluster API's claims,
+// addresses and clusters).
 pub fn caches(
     client: &Client,
     metrics: &Arc<Metrics>,
@@ -265,6 +317,7 @@ pub fn caches(
         Wakes::Content(|p: &IPAMPool| planned_content(p, &p.spec, POOL_FINALIZER)),
         dirty.clone(),
         false,
+        None,
     );
     let (clusters, cluster_events) = cached(
         Api::<Cluster>::all(client.clone()),
@@ -274,6 +327,7 @@ pub fn caches(
         Wakes::Content(|c: &Cluster| planned_content(c, &c.spec, CLUSTER_FINALIZER)),
         dirty.clone(),
         true,
+        None,
     );
     let (namespaces, namespace_events) = cached(
         Api::<Namespace>::all(client.clone()),
@@ -283,18 +337,108 @@ pub fn caches(
         Wakes::Deletions,
         dirty.clone(),
         false,
+        None,
+    );
+    let claims_listed = Arc::new(AtomicBool::new(false));
+    let addresses_listed = Arc::new(AtomicBool::new(false));
+    let (claims, claim_events) = cached(
+        Api::<IPAddressClaim>::all(client.clone()),
+        watcher::Config::default(),
+        wake.clone(),
+        WatchReporter::optional("ipaddressclaims.ipam.cluster.x-k8s.io", metrics.clone()),
+        Wakes::Content(claim_content),
+        dirty.clone(),
+        false,
+        Some(claims_listed.clone()),
+    );
+    let (addresses, address_events) = cached(
+        Api::<IPAddress>::all(client.clone()),
+        watcher::Config::default(),
+        wake.clone(),
+        WatchReporter::optional("ipaddresses.ipam.cluster.x-k8s.io", metrics.clone()),
+        Wakes::Content(|a: &IPAddress| planned_content(a, &a.spec, ADDRESS_FINALIZER)),
+        dirty.clone(),
+        false,
+        Some(addresses_listed.clone()),
+    );
+    let (capi_clusters, capi_cluster_events) = cached(
+        Api::<CapiCluster>::all(client.clone()),
+        watcher::Config::default(),
+        wake.clone(),
+        WatchReporter::optional("clusters.cluster.x-k8s.io", metrics.clone()),
+        Wakes::Content(|c: &CapiCluster| {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            c.is_paused().hash(&mut h);
+            h.finish()
+        }),
+        dirty.clone(),
+        false,
+        None,
     );
     Caches {
         pools,
         clusters,
         namespaces,
+        capi: CapiCaches {
+            claims,
+            addresses,
+            clusters: capi_clusters,
+            claims_listed,
+            addresses_listed,
+        },
         events: futures::stream::select_all(vec![
             pool_events.boxed(),
             cluster_events.boxed(),
             namespace_events.boxed(),
+            claim_events.boxed(),
+            address_events.boxed(),
+            capi_cluster_events.boxed(),
         ])
         .boxed(),
     }
+}
+
+/// Cluster API's claims, their addresses and its clusters (for pauses), all empty while
+/// Cluster API is not installed, and whether the watches of claims and addresses have listed
+/// once: until they have, a claim missing from the cache proves nothing, so what claims hold
+/// is kept as it is.
+pub struct CapiCaches {
+    pub claims: Store<IPAddressClaim>,
+    pub addresses: Store<IPAddress>,
+    pub clusters: Store<CapiCluster>,
+    pub claims_listed: Arc<AtomicBool>,
+    pub addresses_listed: Arc<AtomicBool>,
+}
+
+impl Default for CapiCaches {
+    /// Empty caches nothing fills (tests and benches that do not serve claims).
+    fn default() -> Self {
+        CapiCaches {
+            claims: reflector::store().0,
+            addresses: reflector::store().0,
+            clusters: reflector::store().0,
+            claims_listed: Default::default(),
+            addresses_listed: Default::default(),
+        }
+    }
+}
+
+impl CapiCaches {
+    /// Both caches are complete (they listed once; later they stay current or re-list).
+    pub fn listed(&self) -> bool {
+        self.claims_listed.load(Ordering::Acquire) && self.addresses_listed.load(Ordering::Acquire)
+    }
+}
+
+/// What the planner reads of a claim: its spec, its own annotations (datacenter, requested
+/// address, pause) and what [`planned_content`] reads.
+fn claim_content(c: &IPAddressClaim) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    planned_content(c, &c.spec, CLAIM_FINALIZER).hash(&mut h);
+    c.metadata.annotations.hash(&mut h);
+    h.finish()
 }
 
 /// The allocation watch, feeding `ctx`'s ledger: the echo of kipam's own write (content the

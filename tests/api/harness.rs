@@ -112,6 +112,7 @@ pub async fn context(api: &ApiServer) -> (Arc<Context>, tokio::task::JoinHandle<
         metrics: metrics::Metrics::new(),
         leader: leader::LeaderState::new(Duration::from_secs(10)),
         demand: Default::default(),
+        capi: Default::default(),
     });
     ctx.pools.wait_until_ready().await.unwrap();
     // What the planning loop does once its caches are ready.

@@ -76,6 +76,7 @@ async fn setup() -> Setup {
         metrics: metrics::Metrics::new(),
         leader: leader::LeaderState::new(Duration::from_secs(10)),
         demand: Default::default(),
+        capi: Default::default(),
     });
     let other = self::client(&api).await;
     Setup {

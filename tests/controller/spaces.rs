@@ -56,6 +56,7 @@ async fn replica(api: &ApiServer) -> Arc<Context> {
         metrics: metrics::Metrics::new(),
         leader: leader::LeaderState::new(Duration::from_secs(10)),
         demand: Default::default(),
+        capi: Default::default(),
     })
 }
 
