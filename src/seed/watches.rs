@@ -236,6 +236,7 @@ impl<K> Clone for Wakes<K> {
 impl<K> Copy for Wakes<K> {}
 
 /// Feeds one watch into a cache, waking the planner on every change the planner reads.
+#[allow(clippy::too_many_arguments)]
 fn cached<K>(
     api: Api<K>,
     config: watcher::Config,

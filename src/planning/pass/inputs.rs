@@ -27,6 +27,8 @@ pub(super) struct Inputs {
     pub quarantined: Vec<Quarantined>,
     /// What the pools left out of the plan (invalid) hold, in their objects and records.
     pub held_elsewhere: Vec<HeldElsewhere>,
+    /// Machines' claims (they are among `cluster_inputs` too).
+    pub claims: super::claims::ClaimsRead,
 }
 
 /// A reading and the `resourceVersion` it was made at.
@@ -161,13 +163,17 @@ pub(super) async fn gather(
         .filter_map(|o| o.cluster())
         .map(str::to_string)
         .collect();
+    // Machines' claims are looked up with the claims (`claims::inputs`).
+    let is_claim = |name: &str| crate::resources::capi::claim_of_holder(name).is_some();
     for key in records.keys() {
         if let Some((_, entries)) = cache.records.get(key) {
             // Quarantine entries name a former holder, not a cluster to look up.
             holders.extend(
                 entries
                     .iter()
-                    .filter(|(key, _)| reservations::parse_quarantine_key(key).is_none())
+                    .filter(|(key, _)| {
+                        reservations::parse_quarantine_key(key).is_none() && !is_claim(key)
+                    })
                     .map(|(cluster, _)| cluster.clone()),
             );
         }
@@ -276,7 +282,20 @@ pub(super) async fn gather(
             }
         }
     }
+    let (addresses, shown) = super::claims::stored_addresses(ctx, &pool_inputs);
+    stored.extend(shown.into_iter().filter(|s| !frozen_pools.contains(&s.pool)));
     merge_records(&mut stored, records, &frozen_pools, cache);
+    let (claim_inputs, claims) = super::claims::inputs(
+        ctx,
+        &pool_inputs,
+        &pool_errors,
+        &deleting_pools,
+        clusters,
+        &stored,
+        addresses,
+    )
+    .await?;
+    cluster_inputs.extend(claim_inputs);
     let quarantined = quarantine_of_records(records, &frozen_pools, cache);
     for (pool, dc) in records.keys() {
         if !frozen_pools.contains(pool) {
@@ -298,6 +317,7 @@ pub(super) async fn gather(
     }
     held_elsewhere.sort();
     Ok(Inputs {
+        claims,
         quarantined,
         held_elsewhere,
         pool_inputs,

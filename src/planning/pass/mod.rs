@@ -15,6 +15,7 @@
 //! Failed writes are reported ([`report`]) and retried with per-object backoff.
 
 mod allocations;
+mod claims;
 mod commit;
 mod fast;
 mod growth;
@@ -207,7 +208,10 @@ async fn full(
         &view.now,
     );
     writes.pieces = Some(&grown.pieces);
-    let jobs = writes.select(&planned);
+    let mut jobs = writes.select(&planned);
+    for (record, holders) in claims::to_create(&planned.plan, &gathered.claims) {
+        jobs.to_write.entry(record).or_default().extend(holders);
+    }
     steps.done("jobs");
 
     // The fence: one compare-and-swap per pool datacenter that is to get objects written.
@@ -246,6 +250,20 @@ async fn full(
     )
     .await;
     steps.done("allocations");
+    claims::write(
+        ctx,
+        term,
+        &planned.plan,
+        &gathered.claims,
+        &committed,
+        &view.pools,
+        &planned.inputs.pools,
+        &view.now,
+        limit,
+        &mut outcome,
+    )
+    .await;
+    steps.done("claims");
 
     let mut notes = written.notes;
     growth::report_refusals(ctx, state, &grown, &mut notes);
@@ -402,6 +420,7 @@ struct Gathered {
     pool_errors: HashMap<String, Vec<crate::validation::FieldError>>,
     deleting_pools: HashMap<String, ReclaimPolicy>,
     cluster_errors: HashMap<String, Vec<crate::validation::FieldError>>,
+    claims: claims::ClaimsRead,
 }
 
 async fn gather(
@@ -431,6 +450,7 @@ async fn gather(
             pool_errors: i.pool_errors,
             deleting_pools: i.deleting_pools,
             cluster_errors: i.cluster_errors,
+            claims: i.claims,
         }),
         Err(e) => {
             // The changes taken from the ledger are not planned: plan everything next time.
@@ -545,6 +565,10 @@ impl<'a> Writes<'a> {
             to_write: HashMap::new(),
         };
         for (i, d) in planned.plan.decisions.iter().enumerate() {
+            // Machines' claims get `IPAddress`es (`claims`), not `IPAMAllocation`s.
+            if crate::resources::capi::claim_of_holder(&d.cluster).is_some() {
+                continue;
+            }
             if !planned.scope.checks(d, &planned.ledger_changed) {
                 continue;
             }

@@ -1,0 +1,697 @@
+//! Machines' claims (Cluster API's IPAM contract): their planner input, and after the record
+//! commit their `IPAddress`es, finalizers and statuses.
+//!
+//! A claim is one more holder of the plan (`claim/<namespace>/<name>`, asking its one pool):
+//! the planner gives it its address beside the clusters' ranges, the commit puts it in the
+//! pool record, and only then does this step write the `IPAddress`. A claim of a paused Cluster
+//! API cluster is left alone: it keeps what it holds and nothing of it is written.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+use super::*;
+use crate::allocator::{Allocation, PoolKind};
+use crate::desired::address::{AddressFor, address_object, claim_status};
+use crate::planner::{Change, ClusterInput, Decision, PoolInput, StoredAllocation};
+use crate::planning::records::RecordKey;
+use crate::resources::capi::{
+    ADDRESS_FINALIZER, CLAIM_FINALIZER, IPAddress, IPAddressClaim, IPAddressClaimStatus,
+    claim_holder, claim_of_holder,
+};
+use crate::resources::{Cluster, IPAMPool, LABEL_DATACENTER};
+use crate::seed::Context;
+use crate::validation::{self, ClaimHeld, ClaimPool, ClaimWait};
+
+/// (namespace, name) of a claim.
+type ClaimKey = (String, String);
+
+/// What the inputs step made of the claims, for the writes after the commit.
+#[derive(Default)]
+pub(super) struct ClaimsRead {
+    /// Every claim of a kipam pool, by holder name.
+    pub claims: HashMap<String, Arc<IPAddressClaim>>,
+    /// Claims left alone (paused).
+    pub paused: HashSet<String>,
+    /// Claims not served, and why.
+    pub waits: HashMap<String, ClaimWait>,
+    /// Something said beside a served claim's status (an annotation left aside).
+    pub notes: HashMap<String, String>,
+    /// Claims whose pin (requested address) was asked: a failure is about that address.
+    pub pinned: HashSet<String>,
+    /// kipam's `IPAddress`es of claims, by holder.
+    pub addresses: HashMap<String, Arc<IPAddress>>,
+}
+
+fn key_of<K: kube::Resource>(o: &K) -> ClaimKey {
+    (
+        o.meta().namespace.clone().unwrap_or_default(),
+        o.meta().name.clone().unwrap_or_default(),
+    )
+}
+
+/// The `IPAddress`es that point at a kipam pool, by holder, with what they hold as stored
+/// allocations (added to what the records hold: an address an object shows is held).
+pub(super) fn stored_addresses(
+    ctx: &Context,
+    pools: &[PoolInput],
+) -> (HashMap<String, Arc<IPAddress>>, Vec<StoredAllocation>) {
+    let kinds: HashMap<(&str, &str), &PoolKind> = pools
+        .iter()
+        .flat_map(|p| {
+            p.datacenters
+                .iter()
+                .map(move |(dc, d)| ((p.name.as_str(), dc.as_str()), &d.config.kind))
+        })
+        .collect();
+    let mut by_holder = HashMap::new();
+    let mut stored = Vec::new();
+    for a in ctx.capi.addresses.state() {
+        let Some(pool) = a.spec.pool_ref.kipam_pool() else {
+            continue;
+        };
+        let Some(dc) = a.labels().get(LABEL_DATACENTER).cloned() else {
+            // Not written by kipam: the admission webhook keeps such objects off what kipam
+            // holds; they are not kipam's to keep or delete.
+            continue;
+        };
+        let (namespace, name) = key_of(a.as_ref());
+        let holder = claim_holder(&namespace, &a.spec.claim_ref.name);
+        let held = held_by(&a, kinds.get(&(pool, dc.as_str())).copied());
+        stored.push(StoredAllocation {
+            cluster: holder.clone(),
+            pool: pool.to_string(),
+            datacenter: dc,
+            unreadable: if held.is_none() {
+                Some(format!(
+                    "IPAddress {namespace}/{name}: spec.address {:?} with prefix {} cannot be read",
+                    a.spec.address, a.spec.prefix
+                ))
+            } else {
+                None
+            },
+            held,
+            reclaim_policy: None,
+        });
+        by_holder.insert(holder, a);
+    }
+    (by_holder, stored)
+}
+
+/// What an `IPAddress` holds: its address, or in a prefix pool its subnet.
+fn held_by(a: &IPAddress, kind: Option<&PoolKind>) -> Option<Allocation> {
+    let (family, value) = crate::address::parse_address(a.spec.address.trim()).ok()?;
+    if let Some(PoolKind::Prefix { .. }) = kind {
+        let len = u8::try_from(a.spec.prefix).ok()?;
+        if let Some(cidr) = crate::address::Cidr::new(family, value, len) {
+            return Some(Allocation::Prefix(cidr));
+        }
+    }
+    Some(Allocation::Range(vec![crate::address::AddrRange::new(
+        family, value, value,
+    )?]))
+}
+
+/// The claims as planner input. `stored` already holds what records and `IPAddress`es show;
+/// a holder of it whose claim the cache lacks is looked up before it is let go.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn inputs(
+    ctx: &Context,
+    pool_inputs: &[PoolInput],
+    invalid_pools: &HashMap<String, Vec<crate::validation::FieldError>>,
+    deleting_pools: &HashMap<String, crate::resources::ReclaimPolicy>,
+    clusters: &[Arc<Cluster>],
+    stored: &[StoredAllocation],
+    addresses: HashMap<String, Arc<IPAddress>>,
+) -> Result<(Vec<ClusterInput>, ClaimsRead), PassError> {
+    let mut read = ClaimsRead {
+        addresses,
+        ..Default::default()
+    };
+    for c in ctx.capi.claims.state() {
+        if c.spec.pool_ref.kipam_pool().is_some() {
+            let (ns, name) = key_of(c.as_ref());
+            read.claims.insert(claim_holder(&ns, &name), c);
+        }
+    }
+    // Holders of addresses whose claim is not in the cache: until the claims have been
+    // listed once, kept as they are; after, looked up (a lagging cache never frees one).
+    let mut held: HashMap<&str, (&str, &str, &Allocation)> = HashMap::new();
+    for s in stored {
+        if let (Some(h), true) = (&s.held, claim_of_holder(&s.cluster).is_some()) {
+            held.insert(s.cluster.as_str(), (s.pool.as_str(), s.datacenter.as_str(), h));
+        }
+    }
+    let mut frozen: BTreeMap<String, String> = BTreeMap::new();
+    for holder in held.keys() {
+        if read.claims.contains_key(*holder) {
+            continue;
+        }
+        if !ctx.capi.listed() {
+            frozen.insert(
+                holder.to_string(),
+                "Cluster API's claims have not been listed yet".to_string(),
+            );
+            continue;
+        }
+        let Some((ns, name)) = claim_of_holder(holder) else {
+            continue;
+        };
+        // RBAC: src/rbac.rs (ipaddressclaims get).
+        let api: Api<IPAddressClaim> = Api::namespaced(ctx.writer.clone(), ns);
+        match api.get_opt(name).await {
+            Ok(Some(c)) if c.spec.pool_ref.kipam_pool().is_some() => {
+                tracing::info!(claim = %format!("{ns}/{name}"), "claim missing from the cache exists; keeping its address");
+                read.claims.insert(holder.to_string(), Arc::new(c));
+            }
+            Ok(_) => {}
+            Err(e) if is_not_found(&e) => {}
+            Err(source) => {
+                return Err(PassError::ConfirmCluster {
+                    cluster: holder.to_string(),
+                    source,
+                });
+            }
+        }
+    }
+    let pools: HashMap<&str, &PoolInput> =
+        pool_inputs.iter().map(|p| (p.name.as_str(), p)).collect();
+    let kipam_dc: HashMap<String, &str> = clusters
+        .iter()
+        .map(|c| (c.name_any(), c.spec.datacenter.as_str()))
+        .collect();
+    let paused_clusters: HashSet<ClaimKey> = ctx
+        .capi
+        .clusters
+        .state()
+        .iter()
+        .filter(|c| c.is_paused())
+        .map(|c| key_of(c.as_ref()))
+        .collect();
+    let mut inputs = Vec::with_capacity(read.claims.len() + frozen.len());
+    for (holder, why) in frozen {
+        if let Some((pool, dc, _)) = held.get(holder.as_str()) {
+            let mut input = ClusterInput::invalid(&holder, None, dc, false, why);
+            input.only_pool = Some(pool.to_string());
+            inputs.push(input);
+        }
+    }
+    for (holder, claim) in &read.claims {
+        let Some(pool_name) = claim.spec.pool_ref.kipam_pool() else {
+            continue;
+        };
+        let namespace = claim.namespace().unwrap_or_default();
+        let paused = claim.is_paused()
+            || claim
+                .cluster_name()
+                .is_some_and(|n| paused_clusters.contains(&(namespace.clone(), n.to_string())));
+        if paused {
+            read.paused.insert(holder.clone());
+        }
+        let pool = match pools.get(pool_name) {
+            Some(p) => ClaimPool::Ready(p),
+            None if deleting_pools.contains_key(pool_name) => ClaimPool::Deleting,
+            None => match invalid_pools.get(pool_name) {
+                Some(errors) => ClaimPool::Invalid(
+                    errors
+                        .iter()
+                        .map(|e| e.to_string())
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                ),
+                None => ClaimPool::Missing,
+            },
+        };
+        let holding = held.get(holder.as_str()).map(|(_, dc, h)| ClaimHeld {
+            datacenter: dc,
+            held: h,
+        });
+        let cluster_dc = claim
+            .cluster_name()
+            .and_then(|n| kipam_dc.get(n).copied());
+        let r = validation::claim_input(claim, pool_name, pool, cluster_dc, paused, holding);
+        if let Some(input) = &r.input
+            && matches!(
+                input.overrides.get(pool_name),
+                Some(crate::planner::PoolOverride::PinnedAddresses(_))
+                    | Some(crate::planner::PoolOverride::PinnedCidr(_))
+            )
+            && !held.contains_key(holder.as_str())
+        {
+            read.pinned.insert(holder.clone());
+        }
+        if let Some(w) = r.wait {
+            read.waits.insert(holder.clone(), w);
+        }
+        if let Some(n) = r.note {
+            read.notes.insert(holder.clone(), n);
+        }
+        if let Some(input) = r.input {
+            inputs.push(input);
+        }
+    }
+    Ok((inputs, read))
+}
+
+/// The claims' `IPAddress` creates the plan asks for, by the record that must be committed
+/// first: added to the commit's checks so their shards are current.
+pub(super) fn to_create(
+    plan: &planner::Plan,
+    read: &ClaimsRead,
+) -> HashMap<RecordKey, std::collections::BTreeSet<String>> {
+    let mut out: HashMap<RecordKey, std::collections::BTreeSet<String>> = HashMap::new();
+    for d in claim_decisions(plan) {
+        if read.paused.contains(&d.cluster) || d.change == Change::Release {
+            continue;
+        }
+        let shows = read
+            .addresses
+            .get(&d.cluster)
+            .and_then(|a| held_by(a, None))
+            .map(|h| h.ranges().collect::<Vec<_>>());
+        let wants = d.held.as_ref().map(|h| h.ranges().collect::<Vec<_>>());
+        if wants.is_some() && shows != wants {
+            out.entry((d.pool.clone(), d.datacenter.clone()))
+                .or_default()
+                .insert(d.cluster.clone());
+        }
+    }
+    out
+}
+
+fn claim_decisions(plan: &planner::Plan) -> impl Iterator<Item = &Decision> {
+    plan.decisions
+        .iter()
+        .filter(|d| claim_of_holder(&d.cluster).is_some())
+}
+
+/// One claim's writes.
+struct ClaimJob<'a> {
+    holder: String,
+    claim: Option<Arc<IPAddressClaim>>,
+    existing: Option<Arc<IPAddress>>,
+    /// The `IPAddress` to have (`None`: none), or leave what exists (`Keep`).
+    address: AddressWant,
+    /// The status to write, when it differs.
+    status: Option<IPAddressClaimStatus>,
+    /// Drop the claim's finalizer (its address is released).
+    release_claim: bool,
+    /// The claim holds an address: it must carry the contract's finalizer.
+    wants_finalizer: bool,
+    ctx: &'a Context,
+    term: u64,
+}
+
+enum AddressWant {
+    Keep,
+    Have(Box<IPAddress>),
+    Remove,
+}
+
+/// Writes the claims' `IPAddress`es, finalizers and statuses: creates only where the pool
+/// record was committed in this pass (`committed`), releases once the address is in the
+/// record's care (the record keeps the entry while the claim still exists).
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn write(
+    ctx: &Context,
+    term: u64,
+    plan: &planner::Plan,
+    read: &ClaimsRead,
+    committed: &HashSet<RecordKey>,
+    pools: &[Arc<IPAMPool>],
+    inputs: &[PoolInput],
+    now: &str,
+    limit: usize,
+    outcome: &mut PassOutcome,
+) {
+    let pool_objects: HashMap<String, &Arc<IPAMPool>> =
+        pools.iter().map(|p| (p.name_any(), p)).collect();
+    let pool_inputs: HashMap<&str, &PoolInput> =
+        inputs.iter().map(|p| (p.name.as_str(), p)).collect();
+    let decisions: HashMap<&str, &Decision> = claim_decisions(plan)
+        .map(|d| (d.cluster.as_str(), d))
+        .collect();
+    let mut jobs = Vec::new();
+    // Holders with a decision but no claim (it is gone): their addresses are removed.
+    let gone: Vec<String> = decisions
+        .keys()
+        .filter(|h| !read.claims.contains_key(**h))
+        .map(|h| h.to_string())
+        .collect();
+    for holder in read.claims.keys().cloned().chain(gone) {
+        if read.paused.contains(&holder) {
+            continue;
+        }
+        let claim = read.claims.get(&holder).cloned();
+        let existing = read.addresses.get(&holder).cloned();
+        let decision = decisions.get(holder.as_str()).copied();
+        let deleting = claim
+            .as_ref()
+            .is_some_and(|c| c.metadata.deletion_timestamp.is_some());
+        let has_finalizer = claim
+            .as_ref()
+            .is_some_and(|c| c.finalizers().iter().any(|f| f == CLAIM_FINALIZER));
+        let mut job = ClaimJob {
+            holder: holder.clone(),
+            claim: claim.clone(),
+            existing: existing.clone(),
+            address: AddressWant::Keep,
+            status: None,
+            release_claim: false,
+            wants_finalizer: false,
+            ctx,
+            term,
+        };
+        let ready = |reason: &str, message: String, address: Option<&str>, ok: bool| {
+            claim.as_ref().and_then(|c| {
+                let next = claim_status(
+                    c.status.as_ref(),
+                    address,
+                    ok,
+                    reason,
+                    message,
+                    c.metadata.generation,
+                    now,
+                );
+                (!same_status(c.status.as_ref(), &next)).then_some(next)
+            })
+        };
+        match decision {
+            None if deleting || claim.is_none() => {
+                // Holds nothing: nothing to release.
+                if existing.is_some() {
+                    job.address = AddressWant::Remove;
+                }
+                job.release_claim = has_finalizer;
+            }
+            None => {
+                let (reason, message) = match read.waits.get(&holder) {
+                    Some(w) => (w.reason, w.message.clone()),
+                    None => (
+                        "AllocationFailed",
+                        "the claim is not planned yet; it is retried".to_string(),
+                    ),
+                };
+                job.status = ready(reason, message, None, false);
+            }
+            Some(d) if d.change == Change::Release => {
+                if existing.is_some() {
+                    job.address = AddressWant::Remove;
+                }
+                job.release_claim = has_finalizer && deleting;
+            }
+            Some(d) => {
+                let Some(held) = &d.held else {
+                    let reason = fail_reason(d, read.pinned.contains(&holder), plan);
+                    job.status = ready(reason, d.message.clone(), None, false);
+                    push(&mut jobs, job);
+                    continue;
+                };
+                if !committed.contains(&(d.pool.clone(), d.datacenter.clone())) {
+                    outcome.again = true;
+                    continue;
+                }
+                let Some(c) = &claim else {
+                    continue;
+                };
+                let (namespace, name) = key_of(c.as_ref());
+                let network = pool_objects
+                    .get(&d.pool)
+                    .and_then(|p| p.spec.datacenters.get(&d.datacenter))
+                    .and_then(|settings| {
+                        validation::datacenter_network(&d.datacenter, settings)
+                            .ok()
+                            .flatten()
+                    });
+                let cidrs: Vec<crate::address::Cidr> = pool_inputs
+                    .get(d.pool.as_str())
+                    .and_then(|p| p.datacenters.get(&d.datacenter))
+                    .map(|dc| dc.config.cidrs().collect())
+                    .unwrap_or_default();
+                let pool_uid = pool_objects
+                    .get(&d.pool)
+                    .and_then(|p| p.uid())
+                    .unwrap_or_default();
+                let claim_uid = c.uid().unwrap_or_default();
+                let desired = address_object(&AddressFor {
+                    namespace: &namespace,
+                    claim: &name,
+                    claim_uid: &claim_uid,
+                    pool: &d.pool,
+                    pool_uid: &pool_uid,
+                    datacenter: &d.datacenter,
+                    held,
+                    cidrs: &cidrs,
+                    prefix_length: pool_objects
+                        .get(&d.pool)
+                        .and_then(|p| p.spec.datacenters.get(&d.datacenter))
+                        .and_then(|s| s.network.as_ref())
+                        .and_then(|n| n.prefix_length)
+                        .and_then(|n| u8::try_from(n).ok()),
+                    gateway: network.as_ref().and_then(|n| n.gateway.as_deref()),
+                });
+                match desired {
+                    Err(why) => {
+                        job.status = ready(
+                            "AllocationFailed",
+                            format!("{} in pool {}: {why}", d.cluster, d.pool),
+                            None,
+                            false,
+                        );
+                    }
+                    Ok(desired) => {
+                        job.wants_finalizer = !deleting;
+                        let same = existing
+                            .as_ref()
+                            .is_some_and(|e| e.spec == desired.spec);
+                        if !same {
+                            job.address = AddressWant::Have(Box::new(desired.clone()));
+                        }
+                        let mut message = format!(
+                            "{}/{} from pool {} in datacenter {}",
+                            desired.spec.address, desired.spec.prefix, d.pool, d.datacenter
+                        );
+                        if let Some(note) = read.notes.get(&holder) {
+                            message.push_str("; ");
+                            message.push_str(note);
+                        }
+                        if d.change == Change::Conflict {
+                            job.status =
+                                ready("AddressConflict", d.message.clone(), Some(&name), false);
+                        } else {
+                            job.status = ready("AddressAllocated", message, Some(&name), true);
+                        }
+                    }
+                }
+            }
+        }
+        push(&mut jobs, job);
+    }
+    let runs: Vec<_> = jobs.into_iter().map(ClaimJob::run).collect();
+    let results: Vec<(u64, bool)> = futures::stream::iter(runs)
+        .buffer_unordered(limit.max(1))
+        .collect()
+        .await;
+    for (writes, again) in results {
+        outcome.writes += writes;
+        outcome.again |= again;
+    }
+}
+
+fn push<'a>(jobs: &mut Vec<ClaimJob<'a>>, job: ClaimJob<'a>) {
+    let lacks_finalizer = job.wants_finalizer
+        && job
+            .claim
+            .as_ref()
+            .is_some_and(|c| !c.finalizers().iter().any(|f| f == CLAIM_FINALIZER));
+    let nothing = matches!(job.address, AddressWant::Keep)
+        && job.status.is_none()
+        && !job.release_claim
+        && !lacks_finalizer;
+    if !nothing {
+        jobs.push(job);
+    }
+}
+
+/// Why a claim's request failed, as its `Ready` reason.
+fn fail_reason(d: &Decision, pinned: bool, plan: &planner::Plan) -> &'static str {
+    if pinned {
+        return "RequestedAddressUnavailable";
+    }
+    let full = plan
+        .usage
+        .get(&(d.pool.clone(), d.datacenter.clone()))
+        .is_some_and(|r| r.usage.available.is_zero() || d.message.contains("no free aligned"));
+    if full { "PoolExhausted" } else { "AllocationFailed" }
+}
+
+/// The status says the same (its `Ready` condition and `addressRef`).
+fn same_status(old: Option<&IPAddressClaimStatus>, new: &IPAddressClaimStatus) -> bool {
+    let Some(old) = old else {
+        return false;
+    };
+    let ready = |s: &IPAddressClaimStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    };
+    old.address_ref == new.address_ref && ready(old) == ready(new)
+}
+
+impl ClaimJob<'_> {
+    /// Runs the writes in order: finalizer, `IPAddress`, status, release. Returns the writes
+    /// made and whether anything is left to retry.
+    async fn run(self) -> (u64, bool) {
+        let ctx = self.ctx;
+        let mut writes = 0;
+        let name = claim_of_holder(&self.holder)
+            .map(|(ns, n)| format!("{ns}/{n}"))
+            .unwrap_or_default();
+        if !due(ctx, "IPAddressClaim", &name) {
+            return (0, true);
+        }
+        let fence = || ctx.leader.holds_term(self.term);
+        let Some((namespace, claim_name)) = claim_of_holder(&self.holder) else {
+            return (0, false);
+        };
+        let claims: Api<IPAddressClaim> = Api::namespaced(ctx.writer.clone(), namespace);
+        let addresses: Api<IPAddress> = Api::namespaced(ctx.writer.clone(), namespace);
+        let fail = |verb: &str, kind: &str, e: kube::Error| {
+            if !is_conflict(&e) {
+                write_failed(ctx, kind, &name, verb, &e);
+            }
+        };
+        // 1. The contract's finalizer, before the claim holds anything written.
+        if let Some(c) = &self.claim
+            && self.wants_finalizer
+            && !c.finalizers().iter().any(|f| f == CLAIM_FINALIZER)
+        {
+            if !fence() {
+                return (writes, false);
+            }
+            // RBAC: src/rbac.rs (ipaddressclaims patch).
+            if let Err(e) =
+                lifecycle::patch_finalizers(&claims, c.as_ref(), CLAIM_FINALIZER, true, ctx).await
+            {
+                { fail("patch", "IPAddressClaim", e); return (writes, true); };
+            }
+            writes += 1;
+        }
+        // 2. The address.
+        match &self.address {
+            AddressWant::Keep => {}
+            AddressWant::Have(desired) => {
+                if !fence() {
+                    return (writes, false);
+                }
+                if let Some(old) = &self.existing {
+                    // Another address than the record's: replaced (it was kipam's).
+                    match remove_address(ctx, &addresses, old).await {
+                        Ok(n) => writes += n,
+                        Err(e) => { fail("delete", "IPAddress", e); return (writes, true); },
+                    }
+                }
+                ctx.metrics.wrote("create", "ipaddresses");
+                // RBAC: src/rbac.rs (ipaddresses create).
+                match addresses
+                    .create(
+                        &PostParams {
+                            field_manager: Some("kipam".into()),
+                            ..Default::default()
+                        },
+                        desired,
+                    )
+                    .await
+                {
+                    Ok(_) => writes += 1,
+                    Err(e) if is_conflict(&e) => {
+                        // Already there (our earlier create the cache has not shown yet, or
+                        // somebody's): the next pass compares it.
+                        return (writes, true);
+                    }
+                    Err(e) => { fail("create", "IPAddress", e); return (writes, true); },
+                }
+            }
+            AddressWant::Remove => {
+                if let Some(old) = &self.existing {
+                    if !fence() {
+                        return (writes, false);
+                    }
+                    match remove_address(ctx, &addresses, old).await {
+                        Ok(n) => writes += n,
+                        Err(e) => { fail("delete", "IPAddress", e); return (writes, true); },
+                    }
+                }
+            }
+        }
+        // 3. The status.
+        if let Some(status) = &self.status
+            && self.claim.is_some()
+        {
+            if !fence() {
+                return (writes, false);
+            }
+            ctx.metrics.wrote("patch", "ipaddressclaims/status");
+            let patch = json!({ "status": {
+                "addressRef": status.address_ref,
+                "conditions": status.conditions,
+            }});
+            // RBAC: src/rbac.rs (ipaddressclaims/status patch).
+            match claims
+                .patch_status(claim_name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => writes += 1,
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => { fail("patch", "IPAddressClaim", e); return (writes, true); },
+            }
+        }
+        // 4. The claim lets go once its address is gone.
+        if self.release_claim
+            && let Some(c) = &self.claim
+        {
+            if !fence() {
+                return (writes, false);
+            }
+            match lifecycle::patch_finalizers(&claims, c.as_ref(), CLAIM_FINALIZER, false, ctx)
+                .await
+            {
+                Ok(_) => writes += 1,
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => { fail("patch", "IPAddressClaim", e); return (writes, true); },
+            }
+        }
+        write_succeeded(ctx, "IPAddressClaim", &name);
+        (writes, false)
+    }
+}
+
+/// Drops the protecting finalizer of kipam's `IPAddress` and deletes it.
+async fn remove_address(
+    ctx: &Context,
+    api: &Api<IPAddress>,
+    old: &IPAddress,
+) -> Result<u64, kube::Error> {
+    let mut writes = 0;
+    if old.finalizers().iter().any(|f| f == ADDRESS_FINALIZER) {
+        // RBAC: src/rbac.rs (ipaddresses patch).
+        match lifecycle::patch_finalizers(api, old, ADDRESS_FINALIZER, false, ctx).await {
+            Ok(_) => writes += 1,
+            Err(e) if is_not_found(&e) => return Ok(writes),
+            Err(e) => return Err(e),
+        }
+    }
+    ctx.metrics.wrote("delete", "ipaddresses");
+    // RBAC: src/rbac.rs (ipaddresses delete).
+    match api.delete(&old.name_any(), &DeleteParams::default()).await {
+        Ok(_) => writes += 1,
+        Err(e) if is_not_found(&e) => {}
+        Err(e) => return Err(e),
+    }
+    Ok(writes)
+}
