@@ -242,6 +242,8 @@ pub fn pool_status(
                 utilisation_percent: percent as i32,
                 cidrs: cidr_usage(&r.cidrs),
                 quarantined: Some(u.quarantined.to_string()),
+                // Counted by the caller, which knows which holders are claims.
+                claims: None,
             },
         );
     }
@@ -356,6 +358,7 @@ pub fn pool_status(
         max_utilisation_percent: max_percent.map(|p| p as i32),
         allocations: Some(allocations),
         quarantined: Some(quarantined.to_string()),
+        claims: None,
     };
     (status, events)
 }

@@ -37,7 +37,10 @@ pub struct AddressFor<'a> {
 /// one address or one subnet (a claim never holds more; the message says what it holds).
 pub fn address_object(a: &AddressFor<'_>) -> Result<IPAddress, String> {
     let (address, prefix) = match a.held {
-        Allocation::Prefix(cidr) => (cidr.family().display(cidr.first()).to_string(), cidr.prefix_len()),
+        Allocation::Prefix(cidr) => (
+            cidr.family().display(cidr.first()).to_string(),
+            cidr.prefix_len(),
+        ),
         Allocation::Range(pieces) => {
             let [one] = pieces.as_slice() else {
                 return Err(format!("holds {} rather than one address", a.held));
@@ -117,9 +120,7 @@ pub fn claim_status(
     generation: Option<i64>,
     now: &str,
 ) -> IPAddressClaimStatus {
-    let mut conditions: Vec<Condition> = previous
-        .map(|p| p.conditions.clone())
-        .unwrap_or_default();
+    let mut conditions: Vec<Condition> = previous.map(|p| p.conditions.clone()).unwrap_or_default();
     crate::status::set_condition(
         &mut conditions,
         "Ready",
@@ -159,9 +160,15 @@ mod tests {
     #[test]
     fn a_range_address_takes_the_prefix_of_its_cidr_or_the_network() {
         let held = Allocation::Range(vec!["10.0.1.9".parse().unwrap()]);
-        let cidrs = ["10.0.0.0/24".parse().unwrap(), "10.0.1.0/25".parse().unwrap()];
+        let cidrs = [
+            "10.0.0.0/24".parse().unwrap(),
+            "10.0.1.0/25".parse().unwrap(),
+        ];
         let obj = address_object(&for_held(&held, &cidrs)).unwrap();
-        assert_eq!((obj.spec.address.as_str(), obj.spec.prefix), ("10.0.1.9", 25));
+        assert_eq!(
+            (obj.spec.address.as_str(), obj.spec.prefix),
+            ("10.0.1.9", 25)
+        );
         assert_eq!(obj.spec.gateway, None);
         let refs = obj.metadata.owner_references.unwrap();
         assert_eq!(refs[0].controller, Some(true));
@@ -180,7 +187,10 @@ mod tests {
     fn a_subnet_is_its_first_address_and_its_length() {
         let held = Allocation::Prefix("2001:db8:0:40::/60".parse().unwrap());
         let obj = address_object(&for_held(&held, &[])).unwrap();
-        assert_eq!((obj.spec.address.as_str(), obj.spec.prefix), ("2001:db8:0:40::", 60));
+        assert_eq!(
+            (obj.spec.address.as_str(), obj.spec.prefix),
+            ("2001:db8:0:40::", 60)
+        );
     }
 
     #[test]

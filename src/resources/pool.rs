@@ -24,6 +24,7 @@ use super::bounds::*;
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Max Used %","type":"integer","jsonPath":".status.maxUtilisationPercent"}"#,
     printcolumn = r#"{"name":"Allocations","type":"integer","jsonPath":".status.allocations"}"#,
+    printcolumn = r#"{"name":"Claims","type":"integer","jsonPath":".status.claims"}"#,
     printcolumn = r#"{"name":"Quarantined","type":"string","jsonPath":".status.quarantined"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -270,6 +271,11 @@ pub struct IPAMPoolStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_COUNT_DIGITS), pattern(PATTERN_COUNT))]
     pub quarantined: Option<String>,
+    /// Of `allocations`, those held by machines' Cluster API `IPAddressClaim`s, over all
+    /// datacenters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub claims: Option<i64>,
 }
 
 /// Usage of the pool in one datacenter. Address counts are exact decimal strings: an IPv6
@@ -314,6 +320,10 @@ pub struct DatacenterUsage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_COUNT_DIGITS), pattern(PATTERN_COUNT))]
     pub quarantined: Option<String>,
+    /// Of `allocations`, those held by machines' Cluster API `IPAddressClaim`s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub claims: Option<i64>,
 }
 
 /// Usage of one CIDR of a pool datacenter. Counts are exact decimal strings.

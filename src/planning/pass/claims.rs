@@ -143,7 +143,10 @@ pub(super) async fn inputs(
     let mut held: HashMap<&str, (&str, &str, &Allocation)> = HashMap::new();
     for s in stored {
         if let (Some(h), true) = (&s.held, claim_of_holder(&s.cluster).is_some()) {
-            held.insert(s.cluster.as_str(), (s.pool.as_str(), s.datacenter.as_str(), h));
+            held.insert(
+                s.cluster.as_str(),
+                (s.pool.as_str(), s.datacenter.as_str(), h),
+            );
         }
     }
     let mut frozen: BTreeMap<String, String> = BTreeMap::new();
@@ -230,9 +233,7 @@ pub(super) async fn inputs(
             datacenter: dc,
             held: h,
         });
-        let cluster_dc = claim
-            .cluster_name()
-            .and_then(|n| kipam_dc.get(n).copied());
+        let cluster_dc = claim.cluster_name().and_then(|n| kipam_dc.get(n).copied());
         let r = validation::claim_input(claim, pool_name, pool, cluster_dc, paused, holding);
         if let Some(input) = &r.input
             && matches!(
@@ -465,9 +466,7 @@ pub(super) async fn write(
                     }
                     Ok(desired) => {
                         job.wants_finalizer = !deleting;
-                        let same = existing
-                            .as_ref()
-                            .is_some_and(|e| e.spec == desired.spec);
+                        let same = existing.as_ref().is_some_and(|e| e.spec == desired.spec);
                         if !same {
                             job.address = AddressWant::Have(Box::new(desired.clone()));
                         }
@@ -526,7 +525,11 @@ fn fail_reason(d: &Decision, pinned: bool, plan: &planner::Plan) -> &'static str
         .usage
         .get(&(d.pool.clone(), d.datacenter.clone()))
         .is_some_and(|r| r.usage.available.is_zero() || d.message.contains("no free aligned"));
-    if full { "PoolExhausted" } else { "AllocationFailed" }
+    if full {
+        "PoolExhausted"
+    } else {
+        "AllocationFailed"
+    }
 }
 
 /// The status says the same (its `Ready` condition and `addressRef`).
@@ -578,7 +581,10 @@ impl ClaimJob<'_> {
             if let Err(e) =
                 lifecycle::patch_finalizers(&claims, c.as_ref(), CLAIM_FINALIZER, true, ctx).await
             {
-                { fail("patch", "IPAddressClaim", e); return (writes, true); };
+                {
+                    fail("patch", "IPAddressClaim", e);
+                    return (writes, true);
+                };
             }
             writes += 1;
         }
@@ -593,7 +599,10 @@ impl ClaimJob<'_> {
                     // Another address than the record's: replaced (it was kipam's).
                     match remove_address(ctx, &addresses, old).await {
                         Ok(n) => writes += n,
-                        Err(e) => { fail("delete", "IPAddress", e); return (writes, true); },
+                        Err(e) => {
+                            fail("delete", "IPAddress", e);
+                            return (writes, true);
+                        }
                     }
                 }
                 ctx.metrics.wrote("create", "ipaddresses");
@@ -614,7 +623,10 @@ impl ClaimJob<'_> {
                         // somebody's): the next pass compares it.
                         return (writes, true);
                     }
-                    Err(e) => { fail("create", "IPAddress", e); return (writes, true); },
+                    Err(e) => {
+                        fail("create", "IPAddress", e);
+                        return (writes, true);
+                    }
                 }
             }
             AddressWant::Remove => {
@@ -624,7 +636,10 @@ impl ClaimJob<'_> {
                     }
                     match remove_address(ctx, &addresses, old).await {
                         Ok(n) => writes += n,
-                        Err(e) => { fail("delete", "IPAddress", e); return (writes, true); },
+                        Err(e) => {
+                            fail("delete", "IPAddress", e);
+                            return (writes, true);
+                        }
                     }
                 }
             }
@@ -648,7 +663,10 @@ impl ClaimJob<'_> {
             {
                 Ok(_) => writes += 1,
                 Err(e) if is_not_found(&e) => {}
-                Err(e) => { fail("patch", "IPAddressClaim", e); return (writes, true); },
+                Err(e) => {
+                    fail("patch", "IPAddressClaim", e);
+                    return (writes, true);
+                }
             }
         }
         // 4. The claim lets go once its address is gone.
@@ -663,7 +681,10 @@ impl ClaimJob<'_> {
             {
                 Ok(_) => writes += 1,
                 Err(e) if is_not_found(&e) => {}
-                Err(e) => { fail("patch", "IPAddressClaim", e); return (writes, true); },
+                Err(e) => {
+                    fail("patch", "IPAddressClaim", e);
+                    return (writes, true);
+                }
             }
         }
         write_succeeded(ctx, "IPAddressClaim", &name);

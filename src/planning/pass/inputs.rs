@@ -283,7 +283,11 @@ pub(super) async fn gather(
         }
     }
     let (addresses, shown) = super::claims::stored_addresses(ctx, &pool_inputs);
-    stored.extend(shown.into_iter().filter(|s| !frozen_pools.contains(&s.pool)));
+    stored.extend(
+        shown
+            .into_iter()
+            .filter(|s| !frozen_pools.contains(&s.pool)),
+    );
     merge_records(&mut stored, records, &frozen_pools, cache);
     let (claim_inputs, claims) = super::claims::inputs(
         ctx,

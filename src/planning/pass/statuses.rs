@@ -218,6 +218,17 @@ pub(super) fn pool_status_updates(
     {
         conflicts_of.entry(d.pool.as_str()).or_default().push(d);
     }
+    // Machines' claims among the holders, by (pool, datacenter).
+    let mut claims_of: HashMap<(&str, &str), i64> = HashMap::new();
+    for d in plan.decisions.iter().filter(|d| {
+        d.held.is_some()
+            && d.change != Change::Release
+            && crate::resources::capi::claim_of_holder(&d.cluster).is_some()
+    }) {
+        *claims_of
+            .entry((d.pool.as_str(), d.datacenter.as_str()))
+            .or_default() += 1;
+    }
     let mut updates = Vec::new();
     for p in pools {
         if p.metadata.deletion_timestamp.is_some() {
@@ -231,7 +242,7 @@ pub(super) fn pool_status_updates(
             None => Ok(()),
         };
         let conflicts = conflicts_of.remove(name.as_str()).unwrap_or_default();
-        let (next, events) = status::pool_status(
+        let (mut next, events) = status::pool_status(
             &name,
             p.metadata.generation,
             validation,
@@ -241,6 +252,16 @@ pub(super) fn pool_status_updates(
             p.status.as_ref(),
             now,
         );
+        let mut claims = 0;
+        for (dc, usage) in next.datacenters.iter_mut() {
+            let n = claims_of
+                .get(&(name.as_str(), dc.as_str()))
+                .copied()
+                .unwrap_or(0);
+            usage.claims = (n > 0).then_some(n);
+            claims += n;
+        }
+        next.claims = (claims > 0).then_some(claims);
         if p.status.as_ref() == Some(&next) {
             // Nothing to write: an earlier failure is over (its backoff entry would otherwise
             // stay due forever and make every pass ask for another one at once).

@@ -152,7 +152,9 @@ pub fn claim_input(
         ClaimPool::Invalid(why) => {
             return waiting(ClaimWait::new(
                 "PoolInvalid",
-                format!("IPAMPool {pool_name} is invalid ({why}); the claim is served once it is fixed"),
+                format!(
+                    "IPAMPool {pool_name} is invalid ({why}); the claim is served once it is fixed"
+                ),
             ));
         }
     };
@@ -196,12 +198,9 @@ fn annotation<'a>(claim: &'a IPAddressClaim, key: &str) -> Option<&'a str> {
 
 fn holds_exactly(held: &Allocation, asked: &str) -> bool {
     match held {
-        Allocation::Prefix(c) => asked
-            .parse::<Cidr>()
-            .map(|a| a == *c)
-            .unwrap_or_else(|_| {
-                parse_address(asked).is_ok_and(|(f, a)| f == c.family() && a == c.first())
-            }),
+        Allocation::Prefix(c) => asked.parse::<Cidr>().map(|a| a == *c).unwrap_or_else(|_| {
+            parse_address(asked).is_ok_and(|(f, a)| f == c.family() && a == c.first())
+        }),
         Allocation::Range(pieces) => {
             pieces.len() == 1
                 && parse_address(asked).is_ok_and(|(f, a)| {
@@ -297,9 +296,8 @@ fn requested(
             if let Ok(cidr) = asked.parse::<Cidr>() {
                 return Ok(Some(PoolOverride::PinnedCidr(cidr)));
             }
-            let (family, a) = parse_address(asked).map_err(|e| {
-                invalid(format!("is neither an address nor a CIDR ({e})"))
-            })?;
+            let (family, a) = parse_address(asked)
+                .map_err(|e| invalid(format!("is neither an address nor a CIDR ({e})")))?;
             let len = (*allocation_prefix).min(family.bits());
             let host_bits = u32::from(family.bits() - len);
             let network = if host_bits >= 128 {

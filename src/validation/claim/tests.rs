@@ -62,9 +62,23 @@ fn a_range_claim_asks_one_address_of_its_one_pool() {
 #[test]
 fn the_datacenter_comes_from_the_annotation_then_the_kipam_cluster_never_a_guess() {
     let p = two_dcs();
-    let from_cluster = claim_input(&claim(&[]), "nodes", ClaimPool::Ready(&p), Some("fra"), false, None);
+    let from_cluster = claim_input(
+        &claim(&[]),
+        "nodes",
+        ClaimPool::Ready(&p),
+        Some("fra"),
+        false,
+        None,
+    );
     assert_eq!(from_cluster.input.expect("served").datacenter, "fra");
-    let ambiguous = claim_input(&claim(&[]), "nodes", ClaimPool::Ready(&p), None, false, None);
+    let ambiguous = claim_input(
+        &claim(&[]),
+        "nodes",
+        ClaimPool::Ready(&p),
+        None,
+        false,
+        None,
+    );
     assert!(ambiguous.input.is_none());
     let wait = ambiguous.wait.expect("waits");
     assert_eq!(wait.reason, "DatacenterAmbiguous");
@@ -119,7 +133,9 @@ fn a_requested_address_is_a_pin_and_in_a_prefix_pool_its_subnet() {
     );
     assert_eq!(
         read.input.expect("served").overrides.get("nodes"),
-        Some(&PoolOverride::PinnedAddresses(vec!["10.0.0.7".parse().unwrap()]))
+        Some(&PoolOverride::PinnedAddresses(vec![
+            "10.0.0.7".parse().unwrap()
+        ]))
     );
     let n = subnets();
     let read = claim_input(
