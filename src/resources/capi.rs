@@ -158,7 +158,8 @@ pub struct CapiClusterSpec {
 impl CapiCluster {
     /// Its reconciliation is paused (`spec.paused` or the pause annotation).
     pub fn is_paused(&self) -> bool {
-        self.spec.paused == Some(true) || has_key(&self.metadata.annotations, ANNOTATION_CAPI_PAUSED)
+        self.spec.paused == Some(true)
+            || has_key(&self.metadata.annotations, ANNOTATION_CAPI_PAUSED)
     }
 }
 
@@ -199,7 +200,10 @@ mod tests {
         assert_eq!(h, "claim/machines/web-0-eth0");
         assert_eq!(claim_of_holder(&h), Some(("machines", "web-0-eth0")));
         assert_eq!(claim_of_holder("web"), None);
-        assert_eq!(claim_of_holder("quarantined/web@2025-01-01T00:00:00Z"), None);
+        assert_eq!(
+            claim_of_holder("quarantined/web@2025-01-01T00:00:00Z"),
+            None
+        );
     }
 
     #[test]
