@@ -2,7 +2,7 @@
 //! a kipam pool, written by anyone but kipam: [`check`], pure.
 //!
 //! kipam writes an `IPAddress` only after it has committed the address to the pool record
-//! under the claim's holder name (`claim/<namespace>/<name>`, see `docs/capi.md`). A hand-made
+//! under the claim's holder name (`claim/<namespace>/<name>`, [`claim_holder`]). A hand-made
 //! one is refused when the pool does not exist, when `spec.address` does not parse or lies in
 //! none of the pool's datacenters' CIDRs, or when the address is held by anyone else: an entry
 //! of the pool's records other than the claim's own (a quarantine entry counts as held, the
@@ -85,9 +85,22 @@ fn holding(entry: &str) -> String {
     }
 }
 
-fn holds(held: &Allocation, family: Family, at: u128) -> bool {
-    held.ranges()
-        .any(|r| r.family() == family && r.first() <= at && at <= r.last())
+/// The piece of `held` holding the address `at`, as a message shows it: the subnet of a
+/// prefix allocation, an address alone, or `first-last`.
+fn piece_holding(held: &Allocation, family: Family, at: u128) -> Option<String> {
+    if let Allocation::Prefix(cidr) = held {
+        return cidr
+            .contains(&AddrRange::new(family, at, at)?)
+            .then(|| cidr.to_string());
+    }
+    let piece = held
+        .ranges()
+        .find(|r| r.family() == family && r.first() <= at && at <= r.last())?;
+    Some(if piece.first() == piece.last() {
+        family.display(at).to_string()
+    } else {
+        piece.to_string()
+    })
 }
 
 /// The decision for a create or update of `object` (an `IPAddress`, as JSON) in `namespace`
@@ -205,9 +218,9 @@ pub fn check(object: &Value, namespace: Option<&str>, held: Held<'_>) -> Result<
                 let Ok(recorded) = allocation_of(reservation) else {
                     continue;
                 };
-                if holds(&recorded, family, at) {
+                if let Some(piece) = piece_holding(&recorded, family, at) {
                     return refuse(format!(
-                        "{} in IPAMPool {pool_name}/{dc} (IPAMPoolRecord {}: {recorded})",
+                        "{} in IPAMPool {pool_name}/{dc} (IPAMPoolRecord {}: {piece})",
                         holding(entry),
                         record.metadata.name.as_deref().unwrap_or_default()
                     ));
@@ -221,11 +234,13 @@ pub fn check(object: &Value, namespace: Option<&str>, held: Held<'_>) -> Result<
             if stored.pool != pool_name || stored.datacenter != *dc {
                 continue;
             }
-            if let Some(h) = &stored.held
-                && holds(h, family, at)
+            if let Some(piece) = stored
+                .held
+                .as_ref()
+                .and_then(|h| piece_holding(h, family, at))
             {
                 return refuse(format!(
-                    "held by cluster {} in IPAMPool {pool_name}/{dc} (IPAMAllocation {}/{}: {h})",
+                    "held by cluster {} in IPAMPool {pool_name}/{dc} (IPAMAllocation {}/{}: {piece})",
                     stored.cluster,
                     allocation.metadata.namespace.as_deref().unwrap_or_default(),
                     allocation.metadata.name.as_deref().unwrap_or_default(),
@@ -370,14 +385,12 @@ mod tests {
     #[test]
     fn an_address_held_by_another_claim_or_a_cluster_is_refused_naming_the_holder() {
         let lan = lan();
-        refused(
-            judge(&address("v1beta2", "web-5", json!("10.0.0.8")), Some(&lan)),
-            &[
-                "IPAddress machines/web-5",
-                "spec.address \"10.0.0.8\"",
-                "held by claim machines/web-0",
-                "IPAMPoolRecord lan.dc-1",
-            ],
+        let v = judge(&address("v1beta2", "web-5", json!("10.0.0.8")), Some(&lan))
+            .expect_err("another claim's address");
+        assert_eq!(
+            v.message,
+            "IPAddress machines/web-5: spec.address \"10.0.0.8\": held by claim machines/web-0 \
+             in IPAMPool lan/dc-1 (IPAMPoolRecord lan.dc-1: 10.0.0.8)"
         );
         refused(
             judge(&address("v1beta2", "web-5", json!("10.0.0.3")), Some(&lan)),
