@@ -55,6 +55,11 @@ pub struct Permission {
 }
 
 const IPAM: &str = "ipam.kipam.dev";
+/// Cluster API's IPAM group (`IPAddressClaim`, `IPAddress`): kipam serves claims naming its
+/// pools.
+const CAPI_IPAM: &str = "ipam.cluster.x-k8s.io";
+/// Cluster API's core group (`Cluster`: kipam reads only whether it is paused).
+const CAPI: &str = "cluster.x-k8s.io";
 
 const fn rule(
     group: &'static str,
@@ -134,6 +139,33 @@ pub const PERMISSIONS: &[Permission] = &[
         "addons/status",
         &["patch"],
         "applier/sync.rs addon status",
+    ),
+    rule(
+        CAPI_IPAM,
+        "ipaddressclaims",
+        &["get", "list", "watch", "patch"],
+        "src/seed/watches.rs cache of Cluster API claims (list/watch); \
+         src/planning/pass/claims.rs get, finalizer ReleaseAddress (patch)",
+    ),
+    rule(
+        CAPI_IPAM,
+        "ipaddressclaims/status",
+        &["patch"],
+        "src/planning/pass/claims.rs claim status (addressRef, Ready condition)",
+    ),
+    rule(
+        CAPI_IPAM,
+        "ipaddresses",
+        &["get", "list", "watch", "create", "patch", "delete"],
+        "src/seed/watches.rs cache of IPAddresses (list/watch); src/planning/pass/claims.rs \
+         get, create, finalizer ProtectAddress (patch), delete",
+    ),
+    rule(
+        CAPI,
+        "clusters",
+        &["get", "list", "watch"],
+        "src/seed/watches.rs cache of Cluster API clusters (list/watch), \
+         src/planning/pass/claims.rs (get): whether a claim's cluster is paused",
     ),
     rule(
         "",

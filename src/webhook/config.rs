@@ -1,9 +1,10 @@
-//! The `ValidatingWebhookConfiguration` that sends kipam's kinds to the webhook
-//! (`kipam webhook-config`).
+//! The `ValidatingWebhookConfiguration` that sends kipam's kinds, and Cluster API's
+//! `IPAddress`es, to the webhook (`kipam webhook-config`).
 
 use serde_json::{Value, json};
 
 use super::PATH;
+use super::ipaddress;
 use super::rules::GROUP;
 
 /// Where the API server reaches the webhook.
@@ -56,9 +57,9 @@ pub fn configuration(options: &ConfigOptions) -> Value {
     };
     let mut client = client;
     client["caBundle"] = json!(options.ca_bundle.as_deref().unwrap_or(CA_PLACEHOLDER));
-    let rule = |resources: &[&str], operations: &[&str], scope: &str| {
+    let rule = |group: &str, resources: &[&str], operations: &[&str], scope: &str| {
         json!({
-            "apiGroups": [GROUP],
+            "apiGroups": [group],
             "apiVersions": ["*"],
             "resources": resources,
             "operations": operations,
@@ -87,9 +88,11 @@ pub fn configuration(options: &ConfigOptions) -> Value {
             "admissionReviewVersions": ["v1"],
             "clientConfig": client,
             "rules": [
-                rule(&["ipampools", "clusters"], &["CREATE", "UPDATE"], "Cluster"),
-                rule(&["ipamallocations"], &["CREATE", "UPDATE", "DELETE"], "Namespaced"),
-                rule(&["ipampoolrecords"], &["CREATE", "UPDATE", "DELETE"], "Cluster"),
+                rule(GROUP, &["ipampools", "clusters"], &["CREATE", "UPDATE"], "Cluster"),
+                rule(GROUP, &["ipamallocations"], &["CREATE", "UPDATE", "DELETE"], "Namespaced"),
+                rule(GROUP, &["ipampoolrecords"], &["CREATE", "UPDATE", "DELETE"], "Cluster"),
+                // Cluster API's: a rule for a kind whose CRD is not installed selects nothing.
+                rule(ipaddress::GROUP, &[ipaddress::RESOURCE], &["CREATE", "UPDATE"], "Namespaced"),
             ],
             "matchConditions": [{
                 "name": "not-kipam",

@@ -10,6 +10,7 @@
 //! pure: [`rules::decide`].
 
 pub mod config;
+pub mod ipaddress;
 pub mod review;
 pub mod rules;
 pub mod selfsigned;

@@ -10,6 +10,9 @@
 //!   addresses cannot be changed, and it cannot be deleted while its cluster lives.
 //! - `IPAMPoolRecord`: written by kipam alone; others may only delete the record of a pool (or
 //!   datacenter) that is gone, as the garbage collector does.
+//! - Cluster API's `IPAddress` (`ipam.cluster.x-k8s.io`) naming a kipam pool, created or updated
+//!   by anyone but kipam: [`ipaddress::check`] (the pool exists, the address lies in it and
+//!   nobody else holds it).
 //!
 //! An update that leaves `spec` unchanged (labels, finalizers) is always let through, so an
 //! object stored before a rule existed can still be cleaned up.
@@ -24,6 +27,7 @@ use crate::reservations::allocation_of;
 use crate::resources::{Cluster, IPAMAllocation, IPAMPool, IPAMPoolRecord, cluster_of_namespace};
 use crate::validation::{self, FieldError};
 
+use super::ipaddress;
 use super::review::{AdmissionRequest, Verdict};
 
 /// The API group of kipam's kinds.
@@ -61,6 +65,14 @@ fn object_name(obj: Option<&Value>) -> Option<String> {
 
 /// What [`decide`] will need for `request`.
 pub fn wants(request: &AdmissionRequest) -> Wants {
+    if request.resource.group == ipaddress::GROUP
+        && request.resource.resource == ipaddress::RESOURCE
+    {
+        return Wants {
+            pool: request.object.as_ref().and_then(ipaddress::kipam_pool),
+            ..Wants::default()
+        };
+    }
     if request.resource.group != GROUP {
         return Wants::default();
     }
@@ -119,25 +131,56 @@ pub fn decide(request: &AdmissionRequest, view: &View, kipam: &str) -> Verdict {
     if request.user_info.username == kipam {
         return Verdict::allow();
     }
-    if request.resource.group != GROUP
-        || request
-            .sub_resource
-            .as_deref()
-            .is_some_and(|s| !s.is_empty())
+    if request
+        .sub_resource
+        .as_deref()
+        .is_some_and(|s| !s.is_empty())
     {
         return Verdict::allow();
     }
-    let result = match request.resource.resource.as_str() {
-        "ipampools" => pool(request, view),
-        "clusters" => cluster(request),
-        "ipamallocations" => allocation(request, view),
-        "ipampoolrecords" => record(request, view, kipam),
+    let result = match (
+        request.resource.group.as_str(),
+        request.resource.resource.as_str(),
+    ) {
+        (ipaddress::GROUP, ipaddress::RESOURCE) => ip_address(request, view),
+        (GROUP, _) => kipam_kind(request, view, kipam),
         _ => Ok(()),
     };
     match result {
         Ok(()) => Verdict::allow(),
         Err(v) => v,
     }
+}
+
+/// kipam's own kinds.
+fn kipam_kind(request: &AdmissionRequest, view: &View, kipam: &str) -> Result<(), Verdict> {
+    match request.resource.resource.as_str() {
+        "ipampools" => pool(request, view),
+        "clusters" => cluster(request),
+        "ipamallocations" => allocation(request, view),
+        "ipampoolrecords" => record(request, view, kipam),
+        _ => Ok(()),
+    }
+}
+
+/// Cluster API's `IPAddress`: created or updated (spec changed) by hand, it must name an
+/// address of its kipam pool that nobody else holds.
+fn ip_address(request: &AdmissionRequest, view: &View) -> Result<(), Verdict> {
+    if !matches!(request.operation.as_str(), "CREATE" | "UPDATE") || spec_unchanged(request) {
+        return Ok(());
+    }
+    let Some(object) = request.object.as_ref() else {
+        return Err(Verdict::invalid("the review carries no IPAddress"));
+    };
+    ipaddress::check(
+        object,
+        request.namespace.as_deref(),
+        ipaddress::Held {
+            pool: view.pool.as_ref(),
+            allocations: &view.allocations,
+            records: &view.records,
+        },
+    )
 }
 
 fn spec_unchanged(request: &AdmissionRequest) -> bool {

@@ -82,6 +82,13 @@ fn the_default_configuration_reaches_the_service_with_a_ca_placeholder() {
         assert_eq!(r["operations"], serde_json::json!(ops), "{resource}");
         assert_eq!(r["scope"], scope, "{resource}");
     }
+    // Cluster API's IPAddresses naming a kipam pool, every version.
+    let r = find("ipaddresses");
+    assert_eq!(r["apiGroups"], serde_json::json!(["ipam.cluster.x-k8s.io"]));
+    assert_eq!(r["apiVersions"], serde_json::json!(["*"]));
+    assert_eq!(r["resources"], serde_json::json!(["ipaddresses"]));
+    assert_eq!(r["operations"], serde_json::json!(["CREATE", "UPDATE"]));
+    assert_eq!(r["scope"], "Namespaced");
 }
 
 #[test]

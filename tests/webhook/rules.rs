@@ -734,3 +734,149 @@ fn a_holding_already_outside_the_pool_blocks_no_other_edit() {
         Some(grown_pool()),
     )));
 }
+
+/// metallb/dc-1 as in [`seed`], plus claim machines/web-0 holding 10.0.0.8 and a quarantine
+/// for claim machines/web-1 over 10.0.0.9.
+fn claims_seed() -> Seed {
+    seed().record(record_json(
+        "metallb",
+        "dc-1",
+        json!({
+            "claim/machines/web-0": {"addresses": ["10.0.0.8"]},
+            "quarantined/claim/machines/web-1@2026-11-25T18:00:00Z": {"addresses": ["10.0.0.9"]},
+        }),
+    ))
+}
+
+#[test]
+fn a_hand_made_ip_address_of_a_kipam_pool_is_checked_in_every_version() {
+    let seed = claims_seed();
+    for version in ["v1beta1", "v1beta2"] {
+        let review = |claim: &str, address: &str| {
+            seed.decide(&ip_address_request(
+                version,
+                "CREATE",
+                HUMAN,
+                Some(ip_address_json(version, claim, "metallb", address)),
+                None,
+            ))
+        };
+        // Its own claim's recorded address, or a free one: admitted.
+        allowed(&review("web-0", "10.0.0.8"));
+        allowed(&review("web-7", "10.0.0.100"));
+        refused(
+            &review("web-7", "10.0.0.8"),
+            422,
+            &[
+                "IPAddress machines/web-7",
+                "spec.address \"10.0.0.8\"",
+                "held by claim machines/web-0",
+            ],
+        );
+        refused(
+            &review("web-7", "10.0.0.2"),
+            422,
+            &["spec.address \"10.0.0.2\"", "held by cluster c1"],
+        );
+        refused(
+            &review("web-1", "10.0.0.9"),
+            422,
+            &["quarantined for claim machines/web-1"],
+        );
+        refused(
+            &review("web-7", "10.0.0.250"),
+            422,
+            &["excluded from IPAMPool metallb/dc-1"],
+        );
+        refused(
+            &review("web-7", "10.1.0.1"),
+            422,
+            &["spec.address \"10.1.0.1\"", "lies in none of the CIDRs"],
+        );
+        refused(
+            &review("web-7", "ten"),
+            422,
+            &["spec.address \"ten\"", "is not an IP address"],
+        );
+    }
+    let v = seed.decide(&ip_address_request(
+        "v1beta2",
+        "CREATE",
+        HUMAN,
+        Some(ip_address_json("v1beta2", "web-7", "gone", "10.0.0.100")),
+        None,
+    ));
+    refused(
+        &v,
+        422,
+        &["spec.poolRef.name \"gone\"", "no IPAMPool gone exists"],
+    );
+}
+
+#[test]
+fn an_ip_address_update_is_checked_unless_its_spec_is_unchanged() {
+    let seed = claims_seed();
+    let old = ip_address_json("v1beta2", "web-7", "metallb", "10.0.0.100");
+    let mut moved = old.clone();
+    moved["spec"]["address"] = json!("10.0.0.3");
+    let v = seed.decide(&ip_address_request(
+        "v1beta2",
+        "UPDATE",
+        HUMAN,
+        Some(moved),
+        Some(old),
+    ));
+    refused(&v, 422, &["held by cluster c1"]);
+    // An object that got in before the rule can still lose its finalizer.
+    let stuck = ip_address_json("v1beta2", "web-7", "metallb", "10.0.0.3");
+    let mut released = stuck.clone();
+    released["metadata"]["finalizers"] = json!([]);
+    allowed(&seed.decide(&ip_address_request(
+        "v1beta2",
+        "UPDATE",
+        HUMAN,
+        Some(released),
+        Some(stuck),
+    )));
+}
+
+#[test]
+fn kipam_s_own_ip_addresses_and_those_of_other_pools_pass() {
+    let seed = claims_seed();
+    let taken = ip_address_json("v1beta2", "web-7", "metallb", "10.0.0.8");
+    allowed(&seed.decide(&ip_address_request(
+        "v1beta2",
+        "CREATE",
+        KIPAM,
+        Some(taken.clone()),
+        None,
+    )));
+    let mut other = taken.clone();
+    other["spec"]["poolRef"] =
+        json!({"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": "metallb"});
+    allowed(&seed.decide(&ip_address_request(
+        "v1beta2",
+        "CREATE",
+        HUMAN,
+        Some(other),
+        None,
+    )));
+    // v1beta1 without apiGroup: the core group, not kipam's.
+    let mut core = taken.clone();
+    core["spec"]["poolRef"] = json!({"kind": "IPAMPool", "name": "metallb"});
+    allowed(&seed.decide(&ip_address_request(
+        "v1beta1",
+        "CREATE",
+        HUMAN,
+        Some(core),
+        None,
+    )));
+    // Deletes are not judged.
+    allowed(&seed.decide(&ip_address_request(
+        "v1beta2",
+        "DELETE",
+        HUMAN,
+        None,
+        Some(taken),
+    )));
+}

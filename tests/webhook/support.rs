@@ -85,6 +85,35 @@ pub fn request(
     .unwrap()
 }
 
+/// A Cluster API `IPAddress` in `machines` for claim `claim`, from kipam pool `pool`.
+pub fn ip_address_json(version: &str, claim: &str, pool: &str, address: &str) -> Value {
+    json!({
+        "apiVersion": format!("ipam.cluster.x-k8s.io/{version}"),
+        "kind": "IPAddress",
+        "metadata": {"name": claim, "namespace": "machines"},
+        "spec": {
+            "claimRef": {"name": claim},
+            "poolRef": {"apiGroup": "ipam.kipam.dev", "kind": "IPAMPool", "name": pool},
+            "address": address,
+            "prefix": 24,
+        },
+    })
+}
+
+/// A review of an `ipaddresses` write (group `ipam.cluster.x-k8s.io`, `version`).
+pub fn ip_address_request(
+    version: &str,
+    operation: &str,
+    user: &str,
+    object: Option<Value>,
+    old: Option<Value>,
+) -> AdmissionRequest {
+    let mut r = request("ipaddresses", operation, user, object, old);
+    r.resource.group = "ipam.cluster.x-k8s.io".into();
+    r.resource.version = version.into();
+    r
+}
+
 pub fn review_json(request: &AdmissionRequest) -> Value {
     json!({
         "apiVersion": "admission.k8s.io/v1",

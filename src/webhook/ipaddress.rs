@@ -1,0 +1,556 @@
+//! The rule for Cluster API's `IPAddress` (`ipam.cluster.x-k8s.io`, any version) when it names
+//! a kipam pool, written by anyone but kipam: [`check`], pure.
+//!
+//! kipam writes an `IPAddress` only after it has committed the address to the pool record
+//! under the claim's holder name (`claim/<namespace>/<name>`, [`claim_holder`]). A hand-made
+//! one is refused when the pool does not exist, when `spec.address` does not parse or lies in
+//! none of the pool's datacenters' CIDRs, or when the address is held by anyone else: an entry
+//! of the pool's records other than the claim's own (a quarantine entry counts as held, the
+//! claim's own included: kipam hands it back itself), an `IPAMAllocation` of the pool, or an
+//! exclusion.
+//!
+//! The object is read as JSON, so `v1alpha1`, `v1beta1` and `v1beta2` (same shape for the
+//! fields read here) all pass; a `poolRef` without `apiGroup` (optional in `v1beta1`) names the
+//! core group, never a kipam pool. Nothing here needs Cluster API's CRDs: what is held comes
+//! from kipam's own records and ledger.
+
+use serde_json::Value;
+
+use crate::address::{AddrRange, Family, parse_address};
+use crate::allocator::Allocation;
+use crate::reservations::{allocation_of, parse_quarantine_key};
+use crate::resources::capi::{
+    LABEL_ADDRESS_DATACENTER, PoolReference, claim_holder, claim_of_holder,
+};
+use crate::resources::{AllocationType, IPAMAllocation, IPAMPool, IPAMPoolRecord};
+use crate::validation::{self, FieldError};
+
+use super::review::Verdict;
+
+/// Cluster API's IPAM group, whose `ipaddresses` the webhook reviews.
+pub use crate::resources::capi::CAPI_IPAM_GROUP as GROUP;
+
+/// The plural resource reviewed.
+pub const RESOURCE: &str = "ipaddresses";
+
+/// The kipam pool an `IPAddress` object (JSON) names in `spec.poolRef`, if it names one.
+pub fn kipam_pool(object: &Value) -> Option<String> {
+    let pool_ref = object.get("spec")?.get("poolRef")?;
+    // An unreadable reference names no kipam pool; Cluster API's schema judges it.
+    let pool_ref: PoolReference = serde_json::from_value(pool_ref.clone()).ok()?;
+    pool_ref.kipam_pool().map(str::to_string)
+}
+
+/// What the pool holds, as the webhook's caches show it.
+#[derive(Clone, Copy, Debug)]
+pub struct Held<'a> {
+    /// The pool `spec.poolRef` names, when it exists.
+    pub pool: Option<&'a IPAMPool>,
+    /// The `IPAMAllocation`s of that pool (the ledger).
+    pub allocations: &'a [IPAMAllocation],
+    /// The `IPAMPoolRecord`s of that pool.
+    pub records: &'a [IPAMPoolRecord],
+}
+
+fn text<'a>(value: &'a Value, path: &[&str]) -> Option<&'a str> {
+    path.iter()
+        .try_fold(value, |v, key| v.get(key))
+        .and_then(Value::as_str)
+}
+
+fn joined(errors: &[FieldError]) -> String {
+    errors
+        .iter()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The holder a record entry's name (or a planner holder's) stands for: `cluster c1`,
+/// `claim ns/name`.
+fn holder(entry: &str) -> String {
+    match claim_of_holder(entry) {
+        Some((namespace, name)) => format!("claim {namespace}/{name}"),
+        None => format!("cluster {entry}"),
+    }
+}
+
+/// What a record entry does with its addresses: `held by <holder>`, or `quarantined for
+/// <former holder> (<entry>)`.
+fn holding(entry: &str) -> String {
+    match parse_quarantine_key(entry) {
+        Some(Ok((former, _))) => format!("quarantined for {} ({entry})", holder(former)),
+        Some(Err(_)) => format!("quarantined ({entry})"),
+        None => format!("held by {}", holder(entry)),
+    }
+}
+
+/// The piece of `held` holding the address `at`, as a message shows it: the subnet of a
+/// prefix allocation, an address alone, or `first-last`.
+fn piece_holding(held: &Allocation, family: Family, at: u128) -> Option<String> {
+    if let Allocation::Prefix(cidr) = held {
+        return cidr
+            .contains(&AddrRange::new(family, at, at)?)
+            .then(|| cidr.to_string());
+    }
+    let piece = held
+        .ranges()
+        .find(|r| r.family() == family && r.first() <= at && at <= r.last())?;
+    Some(if piece.first() == piece.last() {
+        family.display(at).to_string()
+    } else {
+        piece.to_string()
+    })
+}
+
+/// The decision for a create or update of `object` (an `IPAddress`, as JSON) in `namespace`
+/// (the request's, used when the object does not say), given what its pool holds.
+/// `Ok` when it names no kipam pool.
+pub fn check(object: &Value, namespace: Option<&str>, held: Held<'_>) -> Result<(), Verdict> {
+    let Some(pool_name) = kipam_pool(object) else {
+        return Ok(());
+    };
+    let namespace = text(object, &["metadata", "namespace"])
+        .filter(|n| !n.is_empty())
+        .or(namespace)
+        .unwrap_or("");
+    let name = text(object, &["metadata", "name"]).unwrap_or("");
+    let label = format!("IPAddress {namespace}/{name}");
+    let Some(pool) = held.pool else {
+        return Err(Verdict::invalid(format!(
+            "{label}: spec.poolRef.name {pool_name:?}: no IPAMPool {pool_name} exists"
+        )));
+    };
+    let address = match object.get("spec").and_then(|s| s.get("address")) {
+        Some(Value::String(a)) => a.as_str(),
+        None | Some(Value::Null) => {
+            return Err(Verdict::invalid(format!(
+                "{label}: spec.address: missing; an IPAddress of IPAMPool {pool_name} names one address"
+            )));
+        }
+        Some(other) => {
+            return Err(Verdict::invalid(format!(
+                "{label}: spec.address {other}: is not a string"
+            )));
+        }
+    };
+    let (family, at) = parse_address(address).map_err(|e| {
+        Verdict::invalid(format!(
+            "{label}: spec.address {address:?}: {e} (one address, no prefix length: that is spec.prefix)"
+        ))
+    })?;
+    let input = validation::pool_input(pool).map_err(|e| {
+        Verdict::invalid(format!(
+            "{label}: IPAMPool {pool_name} is invalid, so nothing can be checked against it: {}",
+            joined(&e)
+        ))
+    })?;
+    let single = AddrRange::new(family, at, at);
+    // The datacenters whose CIDRs hold the address; the datacenter label kipam writes narrows
+    // them when it names one of these (datacenters of one pool may share CIDRs).
+    let mut dcs: Vec<&str> = input
+        .datacenters
+        .iter()
+        .filter(|(_, dc)| {
+            dc.config
+                .cidrs()
+                .any(|c| single.as_ref().is_some_and(|r| c.contains(r)))
+        })
+        .map(|(dc, _)| dc.as_str())
+        .collect();
+    if dcs.is_empty() {
+        let cidrs: Vec<String> = pool
+            .spec
+            .datacenters
+            .iter()
+            .map(|(dc, s)| {
+                let mut all = vec![s.pool_cidr.clone()];
+                all.extend(s.additional_cidrs.iter().cloned());
+                format!("{dc}: {}", all.join(", "))
+            })
+            .collect();
+        return Err(Verdict::invalid(format!(
+            "{label}: spec.address {address:?}: lies in none of the CIDRs of IPAMPool {pool_name} ({})",
+            cidrs.join("; ")
+        )));
+    }
+    if let Some(dc) = text(object, &["metadata", "labels", LABEL_ADDRESS_DATACENTER])
+        && dcs.contains(&dc)
+    {
+        dcs = vec![dc];
+    }
+    let own = claim_holder(
+        namespace,
+        text(object, &["spec", "claimRef", "name"]).unwrap_or(""),
+    );
+    let refuse = |what: String| {
+        Err(Verdict::invalid(format!(
+            "{label}: spec.address {address:?}: {what}"
+        )))
+    };
+    for dc in &dcs {
+        let (Some(settings), Some(dc_input)) =
+            (pool.spec.datacenters.get(*dc), input.datacenters.get(*dc))
+        else {
+            continue;
+        };
+        let (field, written) = match settings.type_ {
+            AllocationType::Range => ("excludeRanges", &settings.exclude_ranges),
+            AllocationType::Prefix => ("excludePrefixes", &settings.exclude_prefixes),
+        };
+        for (i, e) in dc_input.exclusions.iter().enumerate() {
+            if e.family() == family && e.first() <= at && at <= e.last() {
+                let shown = written.get(i).cloned().unwrap_or_else(|| e.to_string());
+                return refuse(format!(
+                    "is excluded from IPAMPool {pool_name}/{dc} (spec.datacenters[{dc}].{field}[{i}] {shown:?})"
+                ));
+            }
+        }
+        for record in held
+            .records
+            .iter()
+            .filter(|r| r.spec.pool == pool_name && r.spec.datacenter == *dc)
+        {
+            for (entry, reservation) in &record.spec.reservations {
+                if *entry == own {
+                    continue;
+                }
+                let Ok(recorded) = allocation_of(reservation) else {
+                    continue;
+                };
+                if let Some(piece) = piece_holding(&recorded, family, at) {
+                    return refuse(format!(
+                        "{} in IPAMPool {pool_name}/{dc} (IPAMPoolRecord {}: {piece})",
+                        holding(entry),
+                        record.metadata.name.as_deref().unwrap_or_default()
+                    ));
+                }
+            }
+        }
+        for allocation in held.allocations {
+            let Ok(stored) = validation::stored_allocation(allocation) else {
+                continue;
+            };
+            if stored.pool != pool_name || stored.datacenter != *dc {
+                continue;
+            }
+            if let Some(piece) = stored
+                .held
+                .as_ref()
+                .and_then(|h| piece_holding(h, family, at))
+            {
+                return refuse(format!(
+                    "held by cluster {} in IPAMPool {pool_name}/{dc} (IPAMAllocation {}/{}: {piece})",
+                    stored.cluster,
+                    allocation.metadata.namespace.as_deref().unwrap_or_default(),
+                    allocation.metadata.name.as_deref().unwrap_or_default(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pool(dcs: Value) -> IPAMPool {
+        serde_json::from_value(json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1",
+            "kind": "IPAMPool",
+            "metadata": {"name": "lan"},
+            "spec": {"datacenters": dcs},
+        }))
+        .unwrap()
+    }
+
+    /// `lan`: dc-1 range 10.0.0.0/24 plus 10.9.0.0/28, excluding 10.0.0.250; dc-2 prefix
+    /// 10.1.0.0/16 in /28s.
+    fn lan() -> IPAMPool {
+        pool(json!({
+            "dc-1": {"type": "range", "poolCidr": "10.0.0.0/24", "additionalCidrs": ["10.9.0.0/28"],
+                     "allocationRange": 8, "excludeRanges": ["10.0.0.250"]},
+            "dc-2": {"type": "prefix", "poolCidr": "10.1.0.0/16", "allocationPrefix": 28},
+        }))
+    }
+
+    fn record(dc: &str, entries: Value) -> IPAMPoolRecord {
+        serde_json::from_value(json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1",
+            "kind": "IPAMPoolRecord",
+            "metadata": {"name": format!("lan.{dc}")},
+            "spec": {"pool": "lan", "datacenter": dc, "reservations": entries},
+        }))
+        .unwrap()
+    }
+
+    fn records() -> Vec<IPAMPoolRecord> {
+        vec![
+            record(
+                "dc-1",
+                json!({
+                    "c1": {"addresses": ["10.0.0.0-10.0.0.7"]},
+                    "claim/machines/web-0": {"addresses": ["10.0.0.8"]},
+                    "quarantined/claim/machines/web-1@2026-11-25T18:00:00Z": {"addresses": ["10.0.0.9"]},
+                    "quarantined/c2@2026-11-25T18:00:00Z": {"addresses": ["10.0.0.16-10.0.0.23"]},
+                }),
+            ),
+            record(
+                "dc-2",
+                json!({"claim/machines/db-0": {"cidr": "10.1.0.16/28"}}),
+            ),
+        ]
+    }
+
+    fn allocations() -> Vec<IPAMAllocation> {
+        vec![
+            serde_json::from_value(json!({
+                "apiVersion": "ipam.kipam.dev/v1alpha1",
+                "kind": "IPAMAllocation",
+                "metadata": {"name": "lan", "namespace": "cluster-c3"},
+                "spec": {"type": "range", "dc": "dc-1", "addresses": ["10.0.0.32-10.0.0.39"]},
+            }))
+            .unwrap(),
+        ]
+    }
+
+    /// An `IPAddress` in `machines` for claim `claim`, as `version` writes it.
+    fn address(version: &str, claim: &str, address: Value) -> Value {
+        json!({
+            "apiVersion": format!("ipam.cluster.x-k8s.io/{version}"),
+            "kind": "IPAddress",
+            "metadata": {"name": claim, "namespace": "machines"},
+            "spec": {
+                "claimRef": {"name": claim},
+                "poolRef": {"apiGroup": "ipam.kipam.dev", "kind": "IPAMPool", "name": "lan"},
+                "address": address,
+                "prefix": 24,
+            },
+        })
+    }
+
+    fn judge(object: &Value, pool: Option<&IPAMPool>) -> Result<(), Verdict> {
+        let records = records();
+        let allocations = allocations();
+        check(
+            object,
+            Some("machines"),
+            Held {
+                pool,
+                allocations: &allocations,
+                records: &records,
+            },
+        )
+    }
+
+    #[track_caller]
+    fn refused(result: Result<(), Verdict>, parts: &[&str]) {
+        let v = result.expect_err("expected a refusal");
+        assert_eq!(v.code, 422, "{v:?}");
+        for p in parts {
+            assert!(v.message.contains(p), "{:?} lacks {p:?}", v.message);
+        }
+    }
+
+    #[test]
+    fn a_free_address_inside_the_pool_is_admitted_in_every_version() {
+        let lan = lan();
+        for version in ["v1alpha1", "v1beta1", "v1beta2"] {
+            for a in ["10.0.0.100", "10.9.0.3", "10.1.0.40"] {
+                assert_eq!(
+                    judge(&address(version, "web-9", json!(a)), Some(&lan)),
+                    Ok(())
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_claims_own_record_entry_is_not_a_collision() {
+        let lan = lan();
+        assert_eq!(
+            judge(&address("v1beta2", "web-0", json!("10.0.0.8")), Some(&lan)),
+            Ok(())
+        );
+        // In a prefix datacenter, an address of the claim's subnet.
+        assert_eq!(
+            judge(&address("v1beta1", "db-0", json!("10.1.0.16")), Some(&lan)),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn an_address_held_by_another_claim_or_a_cluster_is_refused_naming_the_holder() {
+        let lan = lan();
+        let v = judge(&address("v1beta2", "web-5", json!("10.0.0.8")), Some(&lan))
+            .expect_err("another claim's address");
+        assert_eq!(
+            v.message,
+            "IPAddress machines/web-5: spec.address \"10.0.0.8\": held by claim machines/web-0 \
+             in IPAMPool lan/dc-1 (IPAMPoolRecord lan.dc-1: 10.0.0.8)"
+        );
+        refused(
+            judge(&address("v1beta2", "web-5", json!("10.0.0.3")), Some(&lan)),
+            &[
+                "spec.address \"10.0.0.3\"",
+                "held by cluster c1",
+                "10.0.0.0-10.0.0.7",
+            ],
+        );
+        refused(
+            judge(&address("v1beta2", "web-5", json!("10.1.0.20")), Some(&lan)),
+            &["held by claim machines/db-0", "lan/dc-2", "10.1.0.16/28"],
+        );
+        // The same claim name in another namespace is another holder.
+        let mut elsewhere = address("v1beta2", "web-0", json!("10.0.0.8"));
+        elsewhere["metadata"]["namespace"] = json!("other");
+        refused(
+            judge(&elsewhere, Some(&lan)),
+            &["held by claim machines/web-0"],
+        );
+    }
+
+    #[test]
+    fn quarantined_addresses_count_as_held_even_for_their_former_claim() {
+        let lan = lan();
+        refused(
+            judge(&address("v1beta2", "web-1", json!("10.0.0.9")), Some(&lan)),
+            &[
+                "spec.address \"10.0.0.9\"",
+                "quarantined for claim machines/web-1",
+            ],
+        );
+        refused(
+            judge(&address("v1beta2", "web-5", json!("10.0.0.20")), Some(&lan)),
+            &["quarantined for cluster c2"],
+        );
+    }
+
+    #[test]
+    fn an_address_of_an_allocation_object_only_is_refused() {
+        let lan = lan();
+        refused(
+            judge(&address("v1beta2", "web-5", json!("10.0.0.33")), Some(&lan)),
+            &[
+                "spec.address \"10.0.0.33\"",
+                "held by cluster c3",
+                "IPAMAllocation cluster-c3/lan",
+            ],
+        );
+    }
+
+    #[test]
+    fn an_excluded_address_is_refused_naming_the_exclusion() {
+        let lan = lan();
+        refused(
+            judge(
+                &address("v1beta2", "web-5", json!("10.0.0.250")),
+                Some(&lan),
+            ),
+            &[
+                "spec.address \"10.0.0.250\"",
+                "excluded from IPAMPool lan/dc-1",
+                "spec.datacenters[dc-1].excludeRanges[0] \"10.0.0.250\"",
+            ],
+        );
+    }
+
+    #[test]
+    fn an_address_outside_every_cidr_or_unreadable_is_refused() {
+        let lan = lan();
+        refused(
+            judge(
+                &address("v1beta2", "web-5", json!("192.168.0.1")),
+                Some(&lan),
+            ),
+            &[
+                "spec.address \"192.168.0.1\"",
+                "lies in none of the CIDRs of IPAMPool lan",
+                "dc-1: 10.0.0.0/24, 10.9.0.0/28",
+                "dc-2: 10.1.0.0/16",
+            ],
+        );
+        refused(
+            judge(
+                &address("v1beta2", "web-5", json!("10.0.0.300")),
+                Some(&lan),
+            ),
+            &["spec.address \"10.0.0.300\"", "is not an IP address"],
+        );
+        refused(
+            judge(
+                &address("v1beta2", "web-5", json!("10.0.0.5/24")),
+                Some(&lan),
+            ),
+            &["spec.address \"10.0.0.5/24\""],
+        );
+        refused(
+            judge(&address("v1beta2", "web-5", json!(17)), Some(&lan)),
+            &["spec.address 17", "is not a string"],
+        );
+        let mut none = address("v1beta2", "web-5", Value::Null);
+        none["spec"].as_object_mut().unwrap().remove("address");
+        refused(judge(&none, Some(&lan)), &["spec.address: missing"]);
+    }
+
+    #[test]
+    fn a_missing_pool_is_refused_and_other_pools_are_left_alone() {
+        refused(
+            judge(&address("v1beta2", "web-5", json!("10.0.0.100")), None),
+            &["spec.poolRef.name \"lan\"", "no IPAMPool lan exists"],
+        );
+        // v1beta1 without apiGroup names the core group: not kipam's.
+        let mut core = address("v1beta1", "web-5", json!("10.0.0.3"));
+        core["spec"]["poolRef"]
+            .as_object_mut()
+            .unwrap()
+            .remove("apiGroup");
+        assert_eq!(judge(&core, None), Ok(()));
+        let mut other = address("v1beta2", "web-5", json!("10.0.0.3"));
+        other["spec"]["poolRef"] =
+            json!({"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": "lan"});
+        assert_eq!(judge(&other, None), Ok(()));
+        let mut unreadable = address("v1beta2", "web-5", json!("10.0.0.3"));
+        unreadable["spec"]["poolRef"] = json!("lan");
+        assert_eq!(judge(&unreadable, None), Ok(()));
+    }
+
+    #[test]
+    fn the_datacenter_label_narrows_datacenters_that_share_cidrs() {
+        // dc-1 and dc-2 are separate networks with the same CIDR; c1 holds .3 in dc-1 only.
+        let shared = pool(json!({
+            "dc-1": {"type": "range", "poolCidr": "10.0.0.0/24", "allocationRange": 8},
+            "dc-2": {"type": "range", "poolCidr": "10.0.0.0/24", "allocationRange": 8},
+        }));
+        let mut a = address("v1beta2", "web-5", json!("10.0.0.3"));
+        refused(
+            judge(&a, Some(&shared)),
+            &["held by cluster c1", "lan/dc-1"],
+        );
+        a["metadata"]["labels"] = json!({"ipam.kipam.dev/datacenter": "dc-2"});
+        assert_eq!(judge(&a, Some(&shared)), Ok(()));
+        a["metadata"]["labels"] = json!({"ipam.kipam.dev/datacenter": "dc-1"});
+        refused(judge(&a, Some(&shared)), &["held by cluster c1"]);
+    }
+
+    #[test]
+    fn the_namespace_comes_from_the_request_when_the_object_lacks_it() {
+        let lan = lan();
+        let mut a = address("v1beta2", "web-0", json!("10.0.0.8"));
+        a["metadata"].as_object_mut().unwrap().remove("namespace");
+        assert_eq!(judge(&a, Some(&lan)), Ok(()));
+    }
+
+    #[test]
+    fn kipam_pool_reads_the_reference_of_any_version() {
+        assert_eq!(
+            kipam_pool(&address("v1beta1", "x", json!("10.0.0.1"))),
+            Some("lan".to_string())
+        );
+        assert_eq!(kipam_pool(&json!({"spec": {}})), None);
+        assert_eq!(kipam_pool(&Value::Null), None);
+    }
+}
