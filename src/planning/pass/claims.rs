@@ -16,8 +16,8 @@ use serde_json::json;
 
 use super::*;
 use crate::allocator::{Allocation, PoolKind};
-use crate::desired::address::{AddressFor, address_object, claim_status};
-use crate::planner::{Change, ClusterInput, Decision, PoolInput, StoredAllocation};
+use crate::desired::address::{AddressFor, MANAGED_BY, address_object, claim_status};
+use crate::planner::{Change, ClusterInput, Decision, HeldElsewhere, PoolInput, StoredAllocation};
 use crate::planning::records::RecordKey;
 use crate::resources::capi::{
     ADDRESS_FINALIZER, CLAIM_FINALIZER, IPAddress, IPAddressClaim, IPAddressClaimStatus,
@@ -59,7 +59,11 @@ fn key_of<K: kube::Resource>(o: &K) -> ClaimKey {
 pub(super) fn stored_addresses(
     ctx: &Context,
     pools: &[PoolInput],
-) -> (HashMap<String, Arc<IPAddress>>, Vec<StoredAllocation>) {
+) -> (
+    HashMap<String, Arc<IPAddress>>,
+    Vec<StoredAllocation>,
+    Vec<HeldElsewhere>,
+) {
     let kinds: HashMap<(&str, &str), &PoolKind> = pools
         .iter()
         .flat_map(|p| {
@@ -70,13 +74,33 @@ pub(super) fn stored_addresses(
         .collect();
     let mut by_holder = HashMap::new();
     let mut stored = Vec::new();
+    let mut hand_made = Vec::new();
     for a in ctx.capi.addresses.state() {
         let Some(pool) = a.spec.pool_ref.kipam_pool() else {
             continue;
         };
-        let Some(dc) = a.labels().get(LABEL_DATACENTER).cloned() else {
-            // Not written by kipam: the admission webhook keeps such objects off what kipam
-            // holds; they are not kipam's to keep or delete.
+        let ours = a.labels().get(MANAGED_BY.0).map(String::as_str) == Some(MANAGED_BY.1);
+        let Some(dc) = a.labels().get(LABEL_DATACENTER).cloned().filter(|_| ours) else {
+            // Not written by kipam: the admission webhook refuses one that overlaps what kipam
+            // holds; one it let in is set aside, in every datacenter of the pool holding its
+            // address, so kipam never hands that address out. It is not kipam's to keep or
+            // delete.
+            if let Some(Allocation::Range(r)) = held_by(&a, None) {
+                let (namespace, name) = key_of(a.as_ref());
+                for p in pools.iter().filter(|p| p.name == pool) {
+                    for (dc, d) in &p.datacenters {
+                        if d.config.cidrs().any(|c| r.iter().all(|piece| c.contains(piece))) {
+                            hand_made.push(HeldElsewhere {
+                                // Not a pool name: set aside in this pool too.
+                                pool: format!("{pool} (IPAddress {namespace}/{name})"),
+                                datacenter: dc.clone(),
+                                holder: format!("{namespace}/{name}"),
+                                addresses: r.clone(),
+                            });
+                        }
+                    }
+                }
+            }
             continue;
         };
         let (namespace, name) = key_of(a.as_ref());
@@ -99,7 +123,7 @@ pub(super) fn stored_addresses(
         });
         by_holder.insert(holder, a);
     }
-    (by_holder, stored)
+    (by_holder, stored, hand_made)
 }
 
 /// What an `IPAddress` holds: its address, or in a prefix pool its subnet.

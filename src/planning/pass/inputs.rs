@@ -282,7 +282,8 @@ pub(super) async fn gather(
             }
         }
     }
-    let (addresses, shown) = super::claims::stored_addresses(ctx, &pool_inputs);
+    let (addresses, shown, hand_made) = super::claims::stored_addresses(ctx, &pool_inputs);
+    held_elsewhere.extend(hand_made);
     stored.extend(
         shown
             .into_iter()
