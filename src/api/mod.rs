@@ -519,9 +519,9 @@ async fn list_allocations(
     ];
     admit(&state, &headers, &seed, &access).await?;
     caches_ready(&state.ctx).await?;
-    if cached_pool(&state.ctx, &name).is_none() {
+    let Some(pool) = cached_pool(&state.ctx, &name) else {
         return Err(not_found(&name));
-    }
+    };
     let mut list: Vec<AllocationView> = {
         let ledger = state.ctx.ledger.lock().await;
         ledger
@@ -529,6 +529,24 @@ async fn list_allocations(
             .map(|a| AllocationView::of(&a.to_object()))
             .collect()
     };
+    // Machines' claims hold addresses of the pool too: their `IPAddress`es.
+    for address in state.ctx.capi.addresses.state() {
+        if address.spec.pool_ref.kipam_pool() != Some(name.as_str()) {
+            continue;
+        }
+        let claim = state.ctx.capi.claims.get(
+            &kube::runtime::reflector::ObjectRef::new(&address.spec.claim_ref.name)
+                .within(address.metadata.namespace.as_deref().unwrap_or_default()),
+        );
+        let prefix = address
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(crate::resources::LABEL_DATACENTER))
+            .and_then(|dc| pool.spec.datacenters.get(dc))
+            .is_some_and(|d| d.type_ == crate::resources::AllocationType::Prefix);
+        list.extend(AllocationView::of_claim(&address, claim.as_deref(), prefix));
+    }
     list.sort_by(|a, b| (&a.datacenter, &a.cluster).cmp(&(&b.datacenter, &b.cluster)));
     Ok(axum::Json(list).into_response())
 }

@@ -8,8 +8,10 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::desired::address::MANAGED_BY;
 use crate::resources::PoolGrowth;
 use crate::resources::PoolNetwork;
+use crate::resources::capi::IPAddress;
 use crate::resources::{
     AllocationPhase, AllocationType, IPAMAllocation, IPAMPool, IPAMPoolDatacenter, IPAMPoolSpec,
     LABEL_CLUSTER, PoolStrategy, ReclaimPolicy, cluster_of_namespace,
@@ -219,6 +221,9 @@ pub struct UsageView {
     /// Addresses quarantined for their former holders (`reuseAfter`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quarantined: Option<String>,
+    /// Of `allocations`, those held by machines' Cluster API `IPAddressClaim`s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claims: Option<i64>,
 }
 
 /// Usage of one CIDR of a pool datacenter.
@@ -266,6 +271,17 @@ pub struct AllocationView {
     pub phase: Option<AllocationPhase>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Held by a machine's Cluster API `IPAddressClaim` (rather than a user cluster); its
+    /// `cluster` is the claim's Cluster API cluster, if it names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<ClaimView>,
+}
+
+/// The claim holding an address.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ClaimView {
+    pub namespace: String,
+    pub name: String,
 }
 
 impl PoolView {
@@ -287,6 +303,7 @@ impl PoolView {
                     allocations: u.allocations,
                     cidrs: u.cidrs.iter().map(CidrUsageView::of).collect(),
                     quarantined: u.quarantined.clone(),
+                    claims: u.claims,
                 });
                 let view = DatacenterView {
                     type_: s.type_,
@@ -516,7 +533,58 @@ impl AllocationView {
             addresses: obj.spec.addresses.clone(),
             phase: Some(obj.phase()),
             message: obj.status.as_ref().and_then(|s| s.message.clone()),
+            claim: None,
         }
+    }
+
+    /// The address kipam wrote for a claim (`None` for an `IPAddress` kipam did not write);
+    /// `prefix_pool`: its pool datacenter hands out subnets.
+    pub fn of_claim(
+        address: &IPAddress,
+        claim: Option<&crate::resources::capi::IPAddressClaim>,
+        prefix_pool: bool,
+    ) -> Option<AllocationView> {
+        let labels = address.metadata.labels.as_ref()?;
+        if labels.get(MANAGED_BY.0).map(String::as_str) != Some(MANAGED_BY.1) {
+            return None;
+        }
+        let datacenter = labels.get(crate::resources::LABEL_DATACENTER)?.clone();
+        let ready = claim.and_then(|c| {
+            c.status
+                .as_ref()?
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Ready")
+                .cloned()
+        });
+        Some(AllocationView {
+            cluster: claim
+                .and_then(|c| c.cluster_name())
+                .unwrap_or_default()
+                .to_string(),
+            datacenter,
+            type_: if prefix_pool {
+                AllocationType::Prefix
+            } else {
+                AllocationType::Range
+            },
+            cidr: prefix_pool.then(|| format!("{}/{}", address.spec.address, address.spec.prefix)),
+            addresses: if prefix_pool {
+                Vec::new()
+            } else {
+                vec![address.spec.address.clone()]
+            },
+            phase: Some(if ready.as_ref().is_some_and(|r| r.status == "True") {
+                AllocationPhase::Allocated
+            } else {
+                AllocationPhase::Pending
+            }),
+            message: ready.map(|r| r.message).filter(|m| !m.is_empty()),
+            claim: Some(ClaimView {
+                namespace: address.metadata.namespace.clone().unwrap_or_default(),
+                name: address.spec.claim_ref.name.clone(),
+            }),
+        })
     }
 }
 

@@ -69,6 +69,8 @@ pub struct Metrics {
     pub pool_utilization: Family<PoolLabels, FloatGauge>,
     pub pool_largest_free_block: Family<PoolLabels, FloatGauge>,
     pub allocations: Family<PhaseLabels, Gauge>,
+    /// Machines' Cluster API claims holding an address, per pool datacenter.
+    pub claims: Family<PoolLabels, Gauge>,
     /// The (pool, datacenter) pairs published by the last pass, to remove those that went.
     published: Mutex<BTreeSet<(String, String)>>,
     /// Fragmentation per pool datacenter, and the figures of each of its CIDRs.
@@ -116,6 +118,8 @@ pub struct PoolFigures {
     pub quarantined: f64,
     /// Addresses held through another pool of the same address space.
     pub shared: f64,
+    /// Machines' Cluster API claims holding an address.
+    pub claims: u64,
 }
 
 /// An exact address count as the nearest `f64` (see the module documentation).
@@ -131,7 +135,17 @@ pub fn count_to_f64(count: AddressCount) -> f64 {
 /// sorted by pool then datacenter. Pure: plain data in, plain data out.
 pub fn pool_gauges(plan: &Plan) -> Vec<PoolFigures> {
     let mut phases: HashMap<(&str, &str), [u64; PUBLISHED_PHASES.len()]> = HashMap::new();
+    let mut claims: HashMap<(&str, &str), u64> = HashMap::new();
     for d in &plan.decisions {
+        if crate::resources::capi::claim_of_holder(&d.cluster).is_some() {
+            // A machine's claim: counted on its own, not as an `IPAMAllocation`.
+            if d.held.is_some() && d.change != crate::planner::Change::Release {
+                *claims
+                    .entry((d.pool.as_str(), d.datacenter.as_str()))
+                    .or_default() += 1;
+            }
+            continue;
+        }
         let Some(phase) = crate::desired::phase_of(d) else {
             continue;
         };
@@ -148,7 +162,12 @@ pub fn pool_gauges(plan: &Plan) -> Vec<PoolFigures> {
                 .get(&(r.pool.as_str(), r.datacenter.as_str()))
                 .copied()
                 .unwrap_or_default();
-            usage_figures(r, PUBLISHED_PHASES.iter().copied().zip(counts).collect())
+            let mut f = usage_figures(r, PUBLISHED_PHASES.iter().copied().zip(counts).collect());
+            f.claims = claims
+                .get(&(r.pool.as_str(), r.datacenter.as_str()))
+                .copied()
+                .unwrap_or(0);
+            f
         })
         .collect()
 }
@@ -176,6 +195,7 @@ fn usage_figures(
                 available: count_to_f64(u.available),
                 utilization,
                 largest_free_block: count_to_f64(u.largest_free_block),
+                claims: 0,
                 phases,
                 quarantined: count_to_f64(u.quarantined),
                 shared: count_to_f64(u.shared),
@@ -255,6 +275,7 @@ impl Metrics {
             pool_utilization: Family::default(),
             pool_largest_free_block: Family::default(),
             allocations: Family::default(),
+            claims: Family::default(),
             published: Mutex::new(BTreeSet::new()),
             cidrs: CidrGauges::default(),
             growths: Family::default(),
@@ -333,6 +354,11 @@ impl Metrics {
                 "IPAMAllocations per pool, datacenter and phase",
                 m.allocations.clone(),
             );
+            registry.register(
+                "claims",
+                "Cluster API IPAddressClaims holding an address, per pool and datacenter",
+                m.claims.clone(),
+            );
             m.cidrs.register(registry);
         });
         Arc::new(m)
@@ -363,6 +389,7 @@ impl Metrics {
                         .get_or_create(&phase_labels(&labels, *phase))
                         .set(*count as i64);
                 }
+                self.claims.get_or_create(&labels).set(f.claims as i64);
             }
             *published = now;
         }
@@ -467,6 +494,7 @@ impl Metrics {
         for phase in PUBLISHED_PHASES {
             self.allocations.remove(&phase_labels(&labels, phase));
         }
+        self.claims.remove(&labels);
     }
 
     /// Records whether this replica leads. A replica that does not lead publishes no pool

@@ -89,7 +89,10 @@ pub(super) fn stored_addresses(
                 let (namespace, name) = key_of(a.as_ref());
                 for p in pools.iter().filter(|p| p.name == pool) {
                     for (dc, d) in &p.datacenters {
-                        if d.config.cidrs().any(|c| r.iter().all(|piece| c.contains(piece))) {
+                        if d.config
+                            .cidrs()
+                            .any(|c| r.iter().all(|piece| c.contains(piece)))
+                        {
                             hand_made.push(HeldElsewhere {
                                 // Not a pool name: set aside in this pool too.
                                 pool: format!("{pool} (IPAddress {namespace}/{name})"),
