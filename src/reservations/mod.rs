@@ -186,6 +186,16 @@ mod tests {
     }
 }
 
+/// Adds to `desired` (a record's entries after a plan) what an object of `holder` still shows:
+/// the entry keeps covering it, appended, until the object is gone.
+pub fn keep_shown(desired: &mut BTreeMap<String, Reservation>, holder: &str, shown: &Allocation) {
+    let next = match desired.get(holder).map(allocation_of) {
+        Some(Ok(h)) => with_recorded(&h, shown),
+        _ => shown.clone(),
+    };
+    desired.insert(holder.to_string(), reservation_of(&next));
+}
+
 /// How a record names a quarantine entry: `quarantined/<former holder>@<release time, RFC 3339>`.
 /// A `/` never appears in a cluster name, so no cluster's entry can be taken for one.
 pub const QUARANTINE_PREFIX: &str = "quarantined/";

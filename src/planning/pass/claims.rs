@@ -129,6 +129,34 @@ pub(super) fn stored_addresses(
     (by_holder, stored, hand_made)
 }
 
+/// What kipam's `IPAddress`es of claims show in (`pool`, `datacenter`), by holder: the record
+/// keeps covering an address while an object shows it (a released claim's until its
+/// `IPAddress` is gone).
+pub(super) fn shown_in(
+    ctx: &Context,
+    pool: &str,
+    datacenter: &str,
+    kind: Option<&PoolKind>,
+) -> Vec<(String, Allocation)> {
+    ctx.capi
+        .addresses
+        .state()
+        .iter()
+        .filter(|a| {
+            a.spec.pool_ref.kipam_pool() == Some(pool)
+                && a.labels().get(MANAGED_BY.0).map(String::as_str) == Some(MANAGED_BY.1)
+                && a.labels().get(LABEL_DATACENTER).map(String::as_str) == Some(datacenter)
+        })
+        .filter_map(|a| {
+            let (namespace, _) = key_of(a.as_ref());
+            Some((
+                claim_holder(&namespace, &a.spec.claim_ref.name),
+                held_by(a, kind)?,
+            ))
+        })
+        .collect()
+}
+
 /// What an `IPAddress` holds: its address, or in a prefix pool its subnet.
 fn held_by(a: &IPAddress, kind: Option<&PoolKind>) -> Option<Allocation> {
     let (family, value) = crate::address::parse_address(a.spec.address.trim()).ok()?;
@@ -296,13 +324,19 @@ pub(super) fn to_create(
         if read.paused.contains(&d.cluster) || d.change == Change::Release {
             continue;
         }
-        let shows = read
-            .addresses
-            .get(&d.cluster)
-            .and_then(|a| held_by(a, None))
-            .map(|h| h.ranges().collect::<Vec<_>>());
-        let wants = d.held.as_ref().map(|h| h.ranges().collect::<Vec<_>>());
-        if wants.is_some() && shows != wants {
+        let Some(wants) = &d.held else {
+            continue;
+        };
+        let prefix_pool = matches!(wants, Allocation::Prefix(_));
+        let shows = read.addresses.get(&d.cluster).and_then(|a| {
+            held_by(
+                a,
+                prefix_pool.then_some(&PoolKind::Prefix {
+                    allocation_prefix: 0,
+                }),
+            )
+        });
+        if shows.as_ref() != Some(wants) {
             out.entry((d.pool.clone(), d.datacenter.clone()))
                 .or_default()
                 .insert(d.cluster.clone());

@@ -76,6 +76,7 @@ pub(super) async fn commit_records(
         for dc in input.datacenters.keys() {
             let key = (input.name.clone(), dc.clone());
             let check = to_write.get(&key).cloned().unwrap_or_default();
+            let kind = input.datacenters.get(dc).map(|d| &d.config.kind);
             let pool = (*pool).clone();
             let fences: Vec<(IPAMPool, RecordKey)> = siblings
                 .get(&key)
@@ -97,6 +98,9 @@ pub(super) async fn commit_records(
                         .iter()
                         .map(|o| (o.namespace(), o.name(), o.spec())),
                 );
+                for (holder, shown) in super::claims::shown_in(ctx, &key.0, &key.1, kind) {
+                    reservations::keep_shown(&mut desired, &holder, &shown);
+                }
                 reservations::add_quarantine(&mut desired, &key.0, &key.1, &plan.quarantined);
                 let r = records::commit_shared(ctx, &pool, &key, desired, check, &fences).await;
                 (key, r.map_err(Some))
