@@ -465,6 +465,14 @@ pub(super) async fn write(
                     job.address = AddressWant::Remove;
                 }
                 job.release_claim = has_finalizer && deleting;
+                if !deleting {
+                    // Its pool or datacenter went: the claim says so and waits.
+                    let (reason, message) = match read.waits.get(&holder) {
+                        Some(w) => (w.reason, format!("{}; {}", d.message, w.message)),
+                        None => ("AddressReleased", d.message.clone()),
+                    };
+                    job.status = ready(reason, message, None, false);
+                }
             }
             Some(d) => {
                 let Some(held) = &d.held else {

@@ -147,7 +147,17 @@ pub(super) async fn release_finalizers(
             let retained = a.annotation(ANNOTATION_RECLAIM_POLICY).as_deref() == Some("Retain");
             !(retained && p.spec.reclaim_policy == ReclaimPolicy::Retain)
         });
-        if !pending {
+        // Machines' addresses of the pool are released (their `IPAddress`es deleted) first,
+        // unless the pool retains what it handed out.
+        let claims_pending = p.spec.reclaim_policy != ReclaimPolicy::Retain
+            && ctx.capi.addresses.state().iter().any(|a| {
+                a.spec.pool_ref.kipam_pool() == Some(name.as_str())
+                    && a.labels()
+                        .get(crate::desired::address::MANAGED_BY.0)
+                        .map(String::as_str)
+                        == Some(crate::desired::address::MANAGED_BY.1)
+            });
+        if !pending && !claims_pending {
             pool_done.push(p.clone());
         }
     }
