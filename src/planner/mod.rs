@@ -507,15 +507,17 @@ impl<'a> Planner<'a> {
             self.decide(cluster, pool, Change::Fail, held, moved_from, why);
             return;
         }
-        // A former holder asking again gets its quarantined addresses first.
+        // A former holder asking again gets its quarantined addresses first, the newest
+        // release first: what it held last, whatever order the record lists them in.
         let lifted = if held.is_none() {
             self.lift_quarantine(&key, &cluster.name)
         } else {
             None
         };
-        let preferred: Vec<AddrRange> = lifted
-            .iter()
-            .flatten()
+        let mut newest_first: Vec<&(i64, Vec<AddrRange>)> = lifted.iter().flatten().collect();
+        newest_first.sort_by_key(|(at, r)| (std::cmp::Reverse(*at), r.first().copied()));
+        let preferred: Vec<AddrRange> = newest_first
+            .into_iter()
             .flat_map(|(_, r)| r.iter().copied())
             .collect();
         let Some(Ok(allocator)) = self.allocators.get_mut(&key) else {
