@@ -7,7 +7,6 @@ mod support;
 mod addons;
 mod addons_off;
 mod api;
-mod claims_smoke;
 mod crashes;
 mod get_ipa;
 mod growth;
