@@ -222,6 +222,9 @@ fn recorded_for_claim(
         .is_some_and(|p| p.iter().any(|(f, l)| (*f..=*l).contains(&a)))
 }
 
+/// An inclusive range of addresses and who holds it.
+type Held = (u128, u128, String);
+
 /// The checker over everything that holds addresses, per pool datacenter:
 /// - no two holders' pieces in the records overlap;
 /// - no two IPAddresses, nor an IPAddress and a cluster's allocation, share an address;
@@ -230,7 +233,7 @@ fn recorded_for_claim(
 ///
 /// Returns the number of IPAddresses checked.
 fn assert_consistent(seed: &Seed) -> usize {
-    let mut held: BTreeMap<(String, String), Vec<(u128, u128, String)>> = BTreeMap::new();
+    let mut held: BTreeMap<(String, String), Vec<Held>> = BTreeMap::new();
     let mut checked = 0;
     for v in seed.api.list(ADDRESSES, None) {
         let a: IPAddress = serde_json::from_value(v).expect("IPAddress parses");
@@ -282,7 +285,7 @@ fn assert_consistent(seed: &Seed) -> usize {
         }
     }
     for (pool, dc) in all_records(seed) {
-        let mut pieces: Vec<(u128, u128, String)> = Vec::new();
+        let mut pieces: Vec<Held> = Vec::new();
         for (holder, spans) in record_entries(seed, &pool, &dc) {
             if let Some((ns, name)) = claim_of_holder(&holder) {
                 assert!(
@@ -300,7 +303,7 @@ fn assert_consistent(seed: &Seed) -> usize {
     checked
 }
 
-fn no_overlap(what: &str, mut pieces: Vec<(u128, u128, String)>) {
+fn no_overlap(what: &str, mut pieces: Vec<Held>) {
     pieces.sort();
     for pair in pieces.windows(2) {
         assert!(
