@@ -45,7 +45,7 @@ spec:
       type: range
       poolCidr: 10.0.0.0/16
       allocationRange: 8
-      network: {gateway: 10.0.255.254, prefixLength: 16}
+      network: {gateway: 10.255.255.254, prefixLength: 8}
 ";
 
 fn free_port() -> u16 {
@@ -95,10 +95,12 @@ fn is_ready(c: &Value) -> bool {
     })
 }
 
+/// Allocations that hold addresses and read as `Allocated`.
 fn allocated(api: &ApiServer) -> usize {
     api.list("ipamallocations", None)
-        .iter()
-        .filter(|a| a["status"]["phase"] == "Allocated")
+        .into_iter()
+        .filter_map(|v| serde_json::from_value::<kipam::resources::IPAMAllocation>(v).ok())
+        .filter(|a| a.phase() == kipam::resources::AllocationPhase::Allocated)
         .count()
 }
 
@@ -120,7 +122,8 @@ fn arg(n: usize, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-fn main() {
+/// The whole run; the controller is killed when it returns (`process::exit` would skip that).
+fn run() -> bool {
     let claims = arg(0, 10_000);
     let clusters = arg(1, 1_000);
     let sequential = arg(2, 200);
@@ -229,7 +232,7 @@ fn main() {
     );
     if ready < claims {
         println!("burst: {} claims not served (FAILED)", claims - ready);
-        std::process::exit(1);
+        return false;
     }
 
     // Steady state: one claim at a time, timed from its creation to its IPAddress on a watch.
@@ -276,7 +279,7 @@ fn main() {
         Some(latencies)
     });
     let Some(mut latencies) = latencies else {
-        std::process::exit(1);
+        return false;
     };
     latencies.sort();
     let p99 = percentile_ms(&latencies, 99);
@@ -287,4 +290,11 @@ fn main() {
         if p99 < 100.0 { "met" } else { "MISSED" }
     );
     let _ = std::fs::remove_dir_all(&dir);
+    true
+}
+
+fn main() {
+    if !run() {
+        std::process::exit(1);
+    }
 }
