@@ -7,6 +7,7 @@ mod support;
 mod addons;
 mod addons_off;
 mod api;
+mod capi;
 mod crashes;
 mod get_ipa;
 mod growth;
