@@ -1186,3 +1186,31 @@ async fn the_consistency_checker_sees_an_address_held_twice() {
         "an IPAddress inside a cluster's range is caught"
     );
 }
+
+/// `docs/capi.md`'s example, applied as it is: the addresses the page shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_example_gives_the_documented_addresses() {
+    let seed = capi_seed("capi-example").await;
+    let _ctl = seed.controller("ctl");
+    seed.apply(include_str!("../../docs/examples/capi.yaml"));
+    let doc = include_str!("../../docs/capi.md");
+    for (name, address) in [
+        ("edge-1-cp-0-eth0", "10.20.0.2"),
+        ("edge-1-lb-0-eth0", "10.20.0.200"),
+    ] {
+        assert_eq!(
+            wait_served(&seed, "ctl", "edge-clusters", name).await,
+            address
+        );
+        let a = get_address(&seed, "edge-clusters", name).expect("IPAddress");
+        assert_eq!(a.spec.prefix, 22);
+        assert_eq!(a.spec.gateway.as_deref(), Some("10.20.0.1"));
+        let row = format!("{name}   {address}");
+        assert!(
+            doc.lines()
+                .any(|l| l.starts_with(&row) && l.contains(" 22 ") && l.ends_with("10.20.0.1")),
+            "docs/capi.md shows no row {row:?} with prefix 22 and gateway 10.20.0.1"
+        );
+    }
+    assert_eq!(settled(&seed).await, 2);
+}
