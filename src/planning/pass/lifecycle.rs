@@ -148,15 +148,15 @@ pub(super) async fn release_finalizers(
             !(retained && p.spec.reclaim_policy == ReclaimPolicy::Retain)
         });
         // Machines' addresses of the pool are released (their `IPAddress`es deleted) first,
-        // unless the pool retains what it handed out.
-        let claims_pending = p.spec.reclaim_policy != ReclaimPolicy::Retain
-            && ctx.capi.addresses.state().iter().any(|a| {
-                a.spec.pool_ref.kipam_pool() == Some(name.as_str())
-                    && a.labels()
-                        .get(crate::desired::address::MANAGED_BY.0)
-                        .map(String::as_str)
-                        == Some(crate::desired::address::MANAGED_BY.1)
-            });
+        // whatever the reclaim policy: an `IPAddress` is owned by its pool (Cluster API's
+        // contract), so Kubernetes' garbage collector deletes it with the pool anyway.
+        let claims_pending = ctx.capi.addresses.state().iter().any(|a| {
+            a.spec.pool_ref.kipam_pool() == Some(name.as_str())
+                && a.labels()
+                    .get(crate::desired::address::MANAGED_BY.0)
+                    .map(String::as_str)
+                    == Some(crate::desired::address::MANAGED_BY.1)
+        });
         if !pending && !claims_pending {
             pool_done.push(p.clone());
         }
