@@ -145,7 +145,8 @@ pub const PERMISSIONS: &[Permission] = &[
         "ipaddressclaims",
         &["get", "list", "watch", "patch"],
         "src/seed/watches.rs cache of Cluster API claims (list/watch); \
-         src/planning/pass/claims.rs get, finalizer ReleaseAddress (patch)",
+         src/planning/pass/claims.rs get (a holder missing from the cache), finalizer \
+         ReleaseAddress (patch)",
     ),
     rule(
         CAPI_IPAM,
@@ -156,16 +157,16 @@ pub const PERMISSIONS: &[Permission] = &[
     rule(
         CAPI_IPAM,
         "ipaddresses",
-        &["get", "list", "watch", "create", "patch", "delete"],
+        &["list", "watch", "create", "patch", "delete"],
         "src/seed/watches.rs cache of IPAddresses (list/watch); src/planning/pass/claims.rs \
-         get, create, finalizer ProtectAddress (patch), delete",
+         create, finalizer ProtectAddress (patch), delete",
     ),
     rule(
         CAPI,
         "clusters",
-        &["get", "list", "watch"],
-        "src/seed/watches.rs cache of Cluster API clusters (list/watch), \
-         src/planning/pass/claims.rs (get): whether a claim's cluster is paused",
+        &["list", "watch"],
+        "src/seed/watches.rs cache of Cluster API clusters (list/watch): whether a claim's \
+         cluster is paused (src/planning/pass/claims.rs)",
     ),
     rule(
         "",
