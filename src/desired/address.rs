@@ -36,6 +36,13 @@ pub struct AddressFor<'a> {
 /// address of a prefix pool's subnet with the subnet's length. `Err` when the holding is not
 /// one address or one subnet (a claim never holds more; the message says what it holds).
 pub fn address_object(a: &AddressFor<'_>) -> Result<IPAddress, String> {
+    let spec = address_spec(a)?;
+    Ok(object_of(a, spec))
+}
+
+/// The `spec` of [`address_object`] alone: what decides whether a stored `IPAddress` needs a
+/// write, without building the rest.
+pub fn address_spec(a: &AddressFor<'_>) -> Result<IPAddressSpec, String> {
     let (address, prefix) = match a.held {
         Allocation::Prefix(cidr) => (
             cidr.family().display(cidr.first()).to_string(),
@@ -60,12 +67,25 @@ pub fn address_object(a: &AddressFor<'_>) -> Result<IPAddress, String> {
             (one.family().display(one.first()).to_string(), prefix)
         }
     };
+    Ok(IPAddressSpec {
+        claim_ref: LocalReference {
+            name: a.claim.to_string(),
+        },
+        pool_ref: PoolReference::to_pool(a.pool),
+        address,
+        prefix: i32::from(prefix),
+        gateway: a.gateway.map(str::to_string),
+    })
+}
+
+/// The `IPAddress` around `spec`: its name, labels, owners and finalizer.
+pub fn object_of(a: &AddressFor<'_>, spec: IPAddressSpec) -> IPAddress {
     let labels = BTreeMap::from([
         (LABEL_POOL.to_string(), a.pool.to_string()),
         (LABEL_DATACENTER.to_string(), a.datacenter.to_string()),
         (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
     ]);
-    Ok(IPAddress {
+    IPAddress {
         metadata: ObjectMeta {
             name: Some(a.claim.to_string()),
             namespace: Some(a.namespace.to_string()),
@@ -91,16 +111,8 @@ pub fn address_object(a: &AddressFor<'_>) -> Result<IPAddress, String> {
             ]),
             ..Default::default()
         },
-        spec: IPAddressSpec {
-            claim_ref: LocalReference {
-                name: a.claim.to_string(),
-            },
-            pool_ref: PoolReference::to_pool(a.pool),
-            address,
-            prefix: i32::from(prefix),
-            gateway: a.gateway.map(str::to_string),
-        },
-    })
+        spec,
+    }
 }
 
 /// The spec fields that say which address an `IPAddress` hands out: equal means the stored

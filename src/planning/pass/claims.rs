@@ -16,7 +16,7 @@ use serde_json::json;
 
 use super::*;
 use crate::allocator::{Allocation, PoolKind};
-use crate::desired::address::{AddressFor, MANAGED_BY, address_object, claim_status};
+use crate::desired::address::{AddressFor, MANAGED_BY, address_spec, claim_status, object_of};
 use crate::planner::{Change, ClusterInput, Decision, HeldElsewhere, PoolInput, StoredAllocation};
 use crate::planning::records::RecordKey;
 use crate::resources::capi::{
@@ -507,7 +507,7 @@ pub(super) async fn write(
                     .and_then(|p| p.uid())
                     .unwrap_or_default();
                 let claim_uid = c.uid().unwrap_or_default();
-                let desired = address_object(&AddressFor {
+                let wanted = AddressFor {
                     namespace: &namespace,
                     claim: &name,
                     claim_uid: &claim_uid,
@@ -523,8 +523,8 @@ pub(super) async fn write(
                         .and_then(|n| n.prefix_length)
                         .and_then(|n| u8::try_from(n).ok()),
                     gateway: network.as_ref().and_then(|n| n.gateway.as_deref()),
-                });
-                match desired {
+                };
+                match address_spec(&wanted) {
                     Err(why) => {
                         job.status = ready(
                             "AllocationFailed",
@@ -533,16 +533,16 @@ pub(super) async fn write(
                             false,
                         );
                     }
-                    Ok(desired) => {
+                    Ok(spec) => {
                         job.wants_finalizer = !deleting;
-                        let same = existing.as_ref().is_some_and(|e| e.spec == desired.spec);
-                        if !same {
-                            job.address = AddressWant::Have(Box::new(desired.clone()));
-                        }
                         let mut message = format!(
                             "{}/{} from pool {} in datacenter {}",
-                            desired.spec.address, desired.spec.prefix, d.pool, d.datacenter
+                            spec.address, spec.prefix, d.pool, d.datacenter
                         );
+                        let same = existing.as_ref().is_some_and(|e| e.spec == spec);
+                        if !same {
+                            job.address = AddressWant::Have(Box::new(object_of(&wanted, spec)));
+                        }
                         if let Some(note) = read.notes.get(&holder) {
                             message.push_str("; ");
                             message.push_str(note);
