@@ -166,7 +166,11 @@ fn run() -> bool {
             .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
             .args(["--api-addr", &format!("127.0.0.1:{}", free_port())])
             .args(["--identity", "bench"])
-            .env("RUST_LOG", "warn")
+            // `KIPAM_BENCH_LOG=kipam::planning=debug` shows each pass's steps.
+            .env(
+                "RUST_LOG",
+                std::env::var("KIPAM_BENCH_LOG").unwrap_or_else(|_| "warn".to_string()),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

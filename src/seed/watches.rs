@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Namespace;
+use kube::Resource;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
@@ -19,9 +20,7 @@ use tokio::sync::Notify;
 
 use super::metrics::Metrics;
 use super::{Context, Dirty, preconditions};
-use crate::resources::capi::{
-    ADDRESS_FINALIZER, CLAIM_FINALIZER, CapiCluster, IPAddress, IPAddressClaim,
-};
+use crate::resources::capi::{CLAIM_FINALIZER, CapiCluster, IPAddress, IPAddressClaim};
 use crate::resources::{
     CLUSTER_FINALIZER, Cluster, IPAMAllocation, IPAMPool, LABEL_CLUSTER, POOL_FINALIZER,
 };
@@ -223,6 +222,9 @@ fn planned_content<K: kube::Resource>(obj: &K, spec: impl serde::Serialize, own:
 enum Wakes<K> {
     /// Changes to what [`planned_content`] reads (given the spec and kipam's finalizer).
     Content(fn(&K) -> u64),
+    /// Any change to an object the function does not call kipam's own (an echo of kipam's
+    /// write wakes nobody), and every deletion.
+    Foreign(fn(&K) -> bool),
     /// Deletions and re-lists only (kipam's namespaces: their creation is kipam's own write).
     Deletions,
 }
@@ -244,7 +246,7 @@ fn cached<K>(
     reporter: Arc<WatchReporter>,
     wakes: Wakes<K>,
     dirty: Arc<Dirty>,
-    by_name: bool,
+    by_name: Option<fn(&K) -> Option<String>>,
     listed: Option<Arc<AtomicBool>>,
 ) -> (Store<K>, impl Stream<Item = ()>)
 where
@@ -268,6 +270,7 @@ where
                 seen.insert(reflector::ObjectRef::from(o), fingerprint) != Some(fingerprint)
             }
             (Ok(Event::Apply(_)) | Ok(Event::InitApply(_)), Wakes::Deletions) => false,
+            (Ok(Event::Apply(o)) | Ok(Event::InitApply(o)), Wakes::Foreign(own)) => !own(o),
             (Ok(Event::Delete(o)), _) => {
                 seen.remove(&reflector::ObjectRef::from(o));
                 true
@@ -279,9 +282,11 @@ where
             // A content change of a cluster is placed by name; anything else (a pool, a
             // deletion, a re-list, an error) asks the next pass to look at everything.
             match &ev {
-                Ok(Event::Apply(o)) | Ok(Event::InitApply(o)) if by_name => {
-                    tracing::trace!(target: "kipam::seed::dirty", cluster = ?o.meta().name, "changed");
-                    dirty.cluster(o.meta().name.clone().unwrap_or_default())
+                Ok(Event::Apply(o)) | Ok(Event::InitApply(o))
+                    if let Some(name) = by_name.and_then(|f| f(o)) =>
+                {
+                    tracing::trace!(target: "kipam::seed::dirty", holder = %name, "changed");
+                    dirty.cluster(name)
                 }
                 _ => dirty.other(),
             }
@@ -317,7 +322,7 @@ pub fn caches(
         WatchReporter::new("ipampools.ipam.kipam.dev", metrics.clone()),
         Wakes::Content(|p: &IPAMPool| planned_content(p, &p.spec, POOL_FINALIZER)),
         dirty.clone(),
-        false,
+        None,
         None,
     );
     let (clusters, cluster_events) = cached(
@@ -327,7 +332,7 @@ pub fn caches(
         WatchReporter::new("clusters.ipam.kipam.dev", metrics.clone()),
         Wakes::Content(|c: &Cluster| planned_content(c, &c.spec, CLUSTER_FINALIZER)),
         dirty.clone(),
-        true,
+        Some(|c: &Cluster| c.meta().name.clone()),
         None,
     );
     let (namespaces, namespace_events) = cached(
@@ -337,7 +342,7 @@ pub fn caches(
         WatchReporter::new("namespaces", metrics.clone()),
         Wakes::Deletions,
         dirty.clone(),
-        false,
+        None,
         None,
     );
     let claims_listed = Arc::new(AtomicBool::new(false));
@@ -349,7 +354,15 @@ pub fn caches(
         WatchReporter::optional("ipaddressclaims.ipam.cluster.x-k8s.io", metrics.clone()),
         Wakes::Content(claim_content),
         dirty.clone(),
-        false,
+        // A claim of a kipam pool is named (its holder name) so that new claims can take the
+        // short pass; others do not concern the planner.
+        Some(|c: &IPAddressClaim| {
+            c.spec.pool_ref.kipam_pool()?;
+            Some(crate::resources::capi::claim_holder(
+                c.meta().namespace.as_deref()?,
+                c.meta().name.as_deref()?,
+            ))
+        }),
         Some(claims_listed.clone()),
     );
     let (addresses, address_events) = cached(
@@ -357,9 +370,18 @@ pub fn caches(
         watcher::Config::default(),
         wake.clone(),
         WatchReporter::optional("ipaddresses.ipam.cluster.x-k8s.io", metrics.clone()),
-        Wakes::Content(|a: &IPAddress| planned_content(a, &a.spec, ADDRESS_FINALIZER)),
+        // kipam's own `IPAddress`es change only by kipam's writes (a hand edit is repaired by
+        // the periodic full pass); anybody else's, and every deletion, are planned.
+        Wakes::Foreign(|a: &IPAddress| {
+            a.meta()
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(crate::desired::address::MANAGED_BY.0))
+                .map(String::as_str)
+                == Some(crate::desired::address::MANAGED_BY.1)
+        }),
         dirty.clone(),
-        false,
+        None,
         Some(addresses_listed.clone()),
     );
     let (capi_clusters, capi_cluster_events) = cached(
@@ -374,7 +396,7 @@ pub fn caches(
             h.finish()
         }),
         dirty.clone(),
-        false,
+        None,
         None,
     );
     Caches {

@@ -6,7 +6,9 @@
 //! pool record, and only then does this step write the `IPAddress`. A claim of a paused Cluster
 //! API cluster is left alone: it keeps what it holds and nothing of it is written.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use kube::runtime::reflector::ObjectRef;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -311,6 +313,74 @@ pub(super) async fn inputs(
         }
     }
     Ok((inputs, read))
+}
+
+/// The named claims as planner input for the short pass, when every one of them is new and
+/// plainly served (see `fast::run_claims`); `None` sends the pass to the full plan.
+pub(super) fn newcomers(
+    ctx: &Context,
+    pools: &[PoolInput],
+    known: &[ClusterInput],
+    records: &crate::seed::records::Records,
+    holders: &BTreeSet<String>,
+) -> Option<(Vec<ClusterInput>, ClaimsRead)> {
+    if !ctx.capi.listed() {
+        return None;
+    }
+    let known: HashMap<&str, &ClusterInput> = known.iter().map(|c| (c.name.as_str(), c)).collect();
+    let mut read = ClaimsRead::default();
+    let mut new = Vec::new();
+    let paused_clusters: HashSet<ClaimKey> = ctx
+        .capi
+        .clusters
+        .state()
+        .iter()
+        .filter(|c| c.is_paused())
+        .map(|c| key_of(c.as_ref()))
+        .collect();
+    for holder in holders {
+        let (ns, name) = claim_of_holder(holder)?;
+        let claim = ctx.capi.claims.get(&ObjectRef::new(name).within(ns))?;
+        let pool_name = claim.spec.pool_ref.kipam_pool()?;
+        let paused = claim.is_paused()
+            || claim
+                .cluster_name()
+                .is_some_and(|n| paused_clusters.contains(&(ns.to_string(), n.to_string())));
+        if paused || claim.metadata.deletion_timestamp.is_some() || records.holds(holder) {
+            return None;
+        }
+        if ctx
+            .capi
+            .addresses
+            .get(&ObjectRef::new(name).within(ns))
+            .is_some()
+        {
+            return None;
+        }
+        let pool = ClaimPool::Ready(pools.iter().find(|p| p.name == pool_name)?);
+        let cluster_dc = claim.cluster_name().and_then(|n| {
+            ctx.clusters
+                .get(&ObjectRef::new(n))
+                .map(|c| c.spec.datacenter.clone())
+        });
+        let r =
+            validation::claim_input(&claim, pool_name, pool, cluster_dc.as_deref(), false, None);
+        let input = r.input.filter(|_| r.wait.is_none())?;
+        match known.get(holder.as_str()) {
+            Some(before) if **before == input => continue,
+            Some(_) => return None,
+            None => {}
+        }
+        if !matches!(
+            input.overrides.get(pool_name),
+            None | Some(crate::planner::PoolOverride::Addresses(_))
+        ) {
+            return None; // a requested address: the full plan places pins
+        }
+        read.claims.insert(holder.clone(), claim);
+        new.push(input);
+    }
+    Some((new, read))
 }
 
 /// The claims' `IPAddress` creates the plan asks for, by the record that must be committed

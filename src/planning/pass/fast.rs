@@ -94,6 +94,102 @@ pub(super) async fn run(
     Some(Ok(settle(ctx, state, outcome).await))
 }
 
+/// The short pass for machines' claims new to the seed (`holders`, named
+/// `claim/<namespace>/<name>`): like the clusters', served from the kept allocators, committed
+/// entry by entry to the pool records, then given their finalizer, `IPAddress` and status
+/// (`claims::write`). `None` when the full pass must run (nothing was done): a claim that is
+/// gone, paused, being deleted, waiting, asking for a particular address, changed, or holding
+/// something already.
+pub(super) async fn run_claims(
+    ctx: &Arc<Context>,
+    term: u64,
+    state: &mut PassState,
+    holders: &BTreeSet<String>,
+) -> Option<Result<PassOutcome, PassError>> {
+    let mut steps = Steps::start();
+    let limit = state.write_concurrency;
+    let (new, read) = {
+        let (inputs, _) = state.previous.as_ref()?;
+        let records = ctx.records.lock().await;
+        claims::newcomers(ctx, &inputs.pools, &inputs.clusters, &records, holders)?
+    };
+    let added = serve(state, new)?;
+    steps.done("serve");
+
+    let mut outcome = PassOutcome::default();
+    let now = crate::resources::now_rfc3339();
+    let mut changes: BTreeMap<RecordKey, BTreeMap<String, Option<Reservation>>> = BTreeMap::new();
+    for d in &added {
+        if let Some(held) = &d.held {
+            changes
+                .entry((d.pool.clone(), d.datacenter.clone()))
+                .or_default()
+                .insert(d.cluster.clone(), Some(reservation_of(held)));
+        }
+    }
+    let committed: Vec<(RecordKey, Option<u64>)> = futures::stream::iter(
+        changes
+            .into_iter()
+            .map(|(key, entries)| commit_one(ctx, key, entries)),
+    )
+    .buffer_unordered(limit)
+    .collect()
+    .await;
+    let mut current: HashSet<RecordKey> = HashSet::new();
+    for (key, sent) in committed {
+        if let Some(n) = sent {
+            outcome.writes += n;
+            current.insert(key);
+        } else {
+            outcome.again = true;
+            state.retry_pools.insert(key.0);
+        }
+    }
+    steps.done("records");
+
+    let pools = ctx.pools.state();
+    let served = planner::Plan {
+        decisions: added.clone(),
+        usage: state
+            .previous
+            .as_ref()
+            .map(|(_, plan)| plan.usage.clone())
+            .unwrap_or_default(),
+        quarantined: Vec::new(),
+    };
+    let inputs = state
+        .previous
+        .as_ref()
+        .map(|(inputs, _)| inputs.pools.clone())
+        .unwrap_or_default();
+    claims::write(
+        ctx,
+        term,
+        &served,
+        &read,
+        &current,
+        &pools,
+        &inputs,
+        &now,
+        limit,
+        &mut outcome,
+    )
+    .await;
+    steps.done("claims");
+
+    note_usage(state, &added);
+    outcome.status_after = start_statuses(ctx, state, &now);
+    steps.done("pool status");
+    tracing::debug!(
+        claims = holders.len(),
+        decisions = added.len(),
+        writes = outcome.writes,
+        "short pass steps for claims (µs since start): {:?}",
+        steps.0
+    );
+    Some(Ok(settle(ctx, state, outcome).await))
+}
+
 /// The clusters the watches named, each new or unchanged as far as the planner reads it.
 struct Named {
     /// Every named cluster.

@@ -150,12 +150,24 @@ pub async fn run(
         // planning.
         return Ok(fast::flush_statuses(ctx, state).await);
     }
-    if changed.only_clusters()
-        && state.can_skip_planning()
-        && !growth::needs_full_plan(ctx)
-        && let Some(result) = fast::run(ctx, term, state, &changed.clusters).await
-    {
-        return result;
+    if changed.only_clusters() && state.can_skip_planning() && !growth::needs_full_plan(ctx) {
+        // Machines' claims are named by their holder name (`claim/<ns>/<name>`): a short pass
+        // serves either new clusters or new claims; both at once take the full pass.
+        let (claims, clusters): (BTreeSet<String>, BTreeSet<String>) = changed
+            .clusters
+            .iter()
+            .cloned()
+            .partition(|n| crate::resources::capi::claim_of_holder(n).is_some());
+        let short = if clusters.is_empty() {
+            fast::run_claims(ctx, term, state, &claims).await
+        } else if claims.is_empty() {
+            fast::run(ctx, term, state, &clusters).await
+        } else {
+            None
+        };
+        if let Some(result) = short {
+            return result;
+        }
     }
     full(ctx, term, state).await
 }
