@@ -1214,3 +1214,41 @@ async fn the_documented_example_gives_the_documented_addresses() {
     }
     assert_eq!(settled(&seed).await, 2);
 }
+
+/// A new claim in a quiet seed takes the short pass (served from the kept allocators, its
+/// entry committed alone) rather than a plan of the whole seed, and is written as fully as
+/// by the full pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_claim_in_a_quiet_seed_takes_the_short_pass() {
+    let seed = capi_seed("capi-short").await;
+    seed.apply(MACHINES_POOL);
+    seed.cluster("alpha", "dc-1");
+    let _ctl = seed.controller("ctl");
+    claim(&seed, "first", "machines");
+    wait_served(&seed, "ctl", NS, "first").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = seed
+        .full_log("ctl")
+        .matches("short pass steps for claims")
+        .count();
+    claim(&seed, "second", "machines");
+    let address = wait_served(&seed, "ctl", NS, "second").await;
+    let log = seed.full_log("ctl");
+    assert!(
+        log.matches("short pass steps for claims").count() > before,
+        "the new claim took no short pass:\n{}",
+        seed.log("ctl")
+    );
+    let c = get_claim(&seed, NS, "second").expect("claim");
+    assert!(
+        c.metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&CLAIM_FINALIZER.to_string())
+    );
+    assert!(recorded_for_claim(
+        &seed, "machines", "dc-1", NS, "second", &address
+    ));
+    // The two claims' addresses (the cluster's range is checked, not counted).
+    assert_eq!(settled(&seed).await, 2);
+}
