@@ -96,6 +96,18 @@ pub async fn lookup(ctx: &Context, query: &Query) -> view::LookupView {
             .map(|p| (p.to_string(), ledger.in_pool(p)))
             .collect::<Vec<_>>()
     };
+    // Machines' claims hold addresses of the pools too (their `IPAddress`es).
+    let claims: Vec<Holding> = ctx
+        .pools
+        .state()
+        .iter()
+        .filter(|p| {
+            candidates
+                .iter()
+                .any(|c| Some(c.pool.as_str()) == p.metadata.name.as_deref())
+        })
+        .flat_map(|p| super::claim_holdings(ctx, p))
+        .collect();
     let holdings: Vec<Vec<Holding>> = candidates
         .iter()
         .map(|c| {
@@ -105,6 +117,12 @@ pub async fn lookup(ctx: &Context, query: &Query) -> view::LookupView {
                 .flat_map(|(_, list)| list.iter())
                 .filter(|e| e.spec().dc == c.datacenter)
                 .map(|e| Holding::of(e.namespace(), e.name(), e.spec(), e.status()))
+                .chain(
+                    claims
+                        .iter()
+                        .filter(|h| h.pool == c.pool && h.datacenter == c.datacenter)
+                        .cloned(),
+                )
                 .collect()
         })
         .collect();

@@ -503,6 +503,46 @@ async fn delete_pool(
     Ok(StatusCode::OK.into_response())
 }
 
+/// What machines' claims hold in `pool` (every datacenter), from kipam's `IPAddress`es, for
+/// the page and the lookup.
+pub(crate) fn claim_holdings(
+    ctx: &Context,
+    pool: &crate::resources::IPAMPool,
+) -> Vec<crate::page::Holding> {
+    let name = pool.metadata.name.as_deref().unwrap_or_default();
+    let mut out = Vec::new();
+    for address in ctx.capi.addresses.state() {
+        if address.spec.pool_ref.kipam_pool() != Some(name) {
+            continue;
+        }
+        let namespace = address.metadata.namespace.as_deref().unwrap_or_default();
+        let claim = ctx.capi.claims.get(
+            &kube::runtime::reflector::ObjectRef::new(&address.spec.claim_ref.name)
+                .within(namespace),
+        );
+        let Some(view) = AllocationView::of_claim(&address, claim.as_deref(), false) else {
+            continue;
+        };
+        let prefix_pool = pool
+            .spec
+            .datacenters
+            .get(&view.datacenter)
+            .is_some_and(|d| d.type_ == crate::resources::AllocationType::Prefix);
+        out.push(crate::page::Holding::claim(crate::page::ClaimShown {
+            namespace,
+            name: &address.spec.claim_ref.name,
+            pool: name,
+            datacenter: &view.datacenter,
+            address: &address.spec.address,
+            prefix: address.spec.prefix,
+            prefix_pool,
+            ready: view.phase == Some(crate::resources::AllocationPhase::Allocated),
+            message: view.message.unwrap_or_default(),
+        }));
+    }
+    out
+}
+
 async fn list_allocations(
     State(state): State<Shared>,
     path: Result<Path<(String, String)>, PathRejection>,

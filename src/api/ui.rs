@@ -233,7 +233,8 @@ async fn summary(
         .iter()
         .zip(&entries)
         .map(|(pool, entries)| {
-            let holdings: Vec<Holding> = entries.iter().map(|e| holding(e)).collect();
+            let mut holdings: Vec<Holding> = entries.iter().map(|e| holding(e)).collect();
+            holdings.extend(super::claim_holdings(&state.ctx, pool));
             view::pool_summary(pool, &holdings)
         })
         .collect();
@@ -278,12 +279,17 @@ async fn detail(
     let mut pool_dc = page::pool_dc(&name, &dc, spec);
     pool_dc.quarantined_count = page::status_quarantined(&pool, &dc);
     let entries = state.ctx.ledger.lock().await.in_pool(&name);
-    let holdings: Vec<Holding> = entries
+    let mut holdings: Vec<Holding> = entries
         .iter()
         .filter(|e| e.spec().dc == dc)
         .map(|e| holding(e))
         .collect();
     drop(entries);
+    holdings.extend(
+        super::claim_holdings(&state.ctx, &pool)
+            .into_iter()
+            .filter(|h| h.datacenter == dc),
+    );
     let refs: Vec<&Holding> = holdings.iter().collect();
     let slice = match (&params.from, &params.to, pool_dc.cidr) {
         (None, None, _) => None,

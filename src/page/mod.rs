@@ -30,7 +30,23 @@ use crate::resources::{
     IPAMPoolDatacenter, allocation_phase, cluster_of_namespace,
 };
 
-/// One allocation as the page shows it.
+/// What the page reads of a claim's `IPAddress` ([`Holding::claim`]).
+pub struct ClaimShown<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub pool: &'a str,
+    pub datacenter: &'a str,
+    /// `spec.address` and `spec.prefix`.
+    pub address: &'a str,
+    pub prefix: i32,
+    /// Its pool datacenter hands out subnets: the address and prefix are one.
+    pub prefix_pool: bool,
+    /// The claim is `Ready`.
+    pub ready: bool,
+    pub message: String,
+}
+
+/// One allocation (or a machine's claim) as the page shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holding {
     pub cluster: String,
@@ -52,6 +68,65 @@ pub struct Holding {
 impl Holding {
     /// Reads an allocation's parts. A piece that does not parse is skipped and named in
     /// [`Holding::unreadable`]; nothing is guessed.
+    /// What a machine's claim holds, from its `IPAddress` (a subnet in a prefix pool): named
+    /// by its holder name, `claim/<namespace>/<name>`.
+    pub fn claim(c: ClaimShown<'_>) -> Holding {
+        let ClaimShown {
+            namespace,
+            name,
+            pool,
+            datacenter,
+            address,
+            prefix,
+            prefix_pool,
+            ready,
+            message,
+        } = c;
+        let parsed = crate::address::parse_address(address.trim());
+        let (ranges, unreadable, addresses) = match parsed {
+            Ok((family, value)) if prefix_pool => {
+                match u8::try_from(prefix)
+                    .ok()
+                    .and_then(|len| Cidr::new(family, value, len))
+                {
+                    Some(c) => (vec![c.range()], None, c.to_string()),
+                    None => (
+                        Vec::new(),
+                        Some(format!(
+                            "spec.prefix: {prefix} does not make a subnet of {address}"
+                        )),
+                        format!("{address}/{prefix}"),
+                    ),
+                }
+            }
+            Ok((family, value)) => (
+                AddrRange::new(family, value, value).into_iter().collect(),
+                None,
+                address.to_string(),
+            ),
+            Err(e) => (
+                Vec::new(),
+                Some(format!("spec.address: {e}")),
+                address.to_string(),
+            ),
+        };
+        Holding {
+            cluster: crate::resources::capi::claim_holder(namespace, name),
+            namespace: namespace.to_string(),
+            pool: pool.to_string(),
+            datacenter: datacenter.to_string(),
+            ranges,
+            addresses,
+            phase: if ready {
+                AllocationPhase::Allocated
+            } else {
+                AllocationPhase::Pending
+            },
+            message,
+            unreadable,
+        }
+    }
+
     pub fn of(
         namespace: &str,
         pool: &str,

@@ -1252,3 +1252,83 @@ async fn a_new_claim_in_a_quiet_seed_takes_the_short_pass() {
     // The two claims' addresses (the cluster's range is checked, not counted).
     assert_eq!(settled(&seed).await, 2);
 }
+
+/// Claims are seen where pools are seen: the pool's status and `Claims` column, the
+/// `kipam_claims` series, the REST API's allocations (with namespace and name) and usage, and
+/// the address lookup (which names the claim, not "free").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_are_counted_and_listed_where_pools_are_seen() {
+    let seed = capi_seed("capi-seen").await;
+    super::api::script_auth(&seed);
+    seed.apply(MACHINES_POOL);
+    seed.cluster("alpha", "dc-1");
+    let ctl = seed.controller("ctl");
+    claim(&seed, "m0", "machines");
+    let address = wait_served(&seed, "ctl", NS, "m0").await;
+    seed.wait_for("pool status counts the claim", WAIT, "ctl", |s| {
+        s.get("ipampools.ipam.kipam.dev", None, "machines")
+            .is_some_and(|p| p.pointer("/status/claims") == Some(&json!(1)))
+    })
+    .await;
+    let pool = seed
+        .get("ipampools.ipam.kipam.dev", None, "machines")
+        .expect("pool");
+    assert_eq!(
+        pool.pointer("/status/allocations"),
+        Some(&json!(2)),
+        "{pool}"
+    );
+    assert_eq!(
+        pool.pointer("/status/datacenters/dc-1/claims"),
+        Some(&json!(1)),
+        "{pool}"
+    );
+    assert_eq!(
+        Seed::metric(
+            ctl.metrics_port,
+            "kipam_claims{pool=\"machines\",datacenter=\"dc-1\"}"
+        )
+        .await,
+        Some(1.0)
+    );
+    let base = "/api/v2/seeds/seed/ipampools/machines";
+    let (code, list) = super::api::http(
+        ctl.api_port,
+        "GET",
+        &format!("{base}/allocations"),
+        Some("reader-token"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 200, "{list}");
+    let claims: Vec<&Value> = list
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter(|a| a.get("claim").is_some())
+        .collect();
+    assert_eq!(claims.len(), 1, "{list}");
+    assert_eq!(claims[0]["claim"], json!({"namespace": NS, "name": "m0"}));
+    assert_eq!(claims[0]["addresses"], json!([address]));
+    let (code, view) =
+        super::api::http(ctl.api_port, "GET", base, Some("reader-token"), None).await;
+    assert_eq!(code, 200, "{view}");
+    assert_eq!(
+        view["datacenters"]["dc-1"]["usage"]["claims"],
+        json!(1),
+        "{view}"
+    );
+    let (code, found) = super::api::http(
+        ctl.api_port,
+        "GET",
+        &format!("/api/v2/seeds/seed/addresses/{address}"),
+        Some("reader-token"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 200, "{found}");
+    assert!(
+        found.to_string().contains(&claim_holder(NS, "m0")),
+        "the lookup names the claim: {found}"
+    );
+}
