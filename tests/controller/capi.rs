@@ -1332,3 +1332,72 @@ async fn claims_are_counted_and_listed_where_pools_are_seen() {
         "the lookup names the claim: {found}"
     );
 }
+
+/// Two replicas; the leader is frozen (SIGSTOP) past its lease while claims and clusters keep
+/// arriving, the other takes over, and the frozen one thaws in the middle of it: at every
+/// look, no address is held twice and every `IPAddress` is in its claim's record entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_leader_thawing_hands_no_claim_address_out_twice() {
+    let seed = capi_seed("capi-sigstop").await;
+    seed.apply(
+        "
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: big}
+spec:
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.70.0.0/24, allocationRange: 4}
+",
+    );
+    let ctls = [seed.controller("r0"), seed.controller("r1")];
+    seed.wait_for("a leader", WAIT, "r0", |s| !s.lease_holder().is_empty())
+        .await;
+    let idx = if seed.lease_holder() == "r0" { 0 } else { 1 };
+    let claims = std::cell::Cell::new(0usize);
+    let more = |seed: &Seed, n: usize| {
+        for _ in 0..n {
+            let i = claims.get();
+            claim(seed, &format!("vm-{i:03}"), "big");
+            claims.set(i + 1);
+            if i % 3 == 0 {
+                seed.cluster(&format!("k{:02}", i / 3), "dc-1");
+            }
+        }
+    };
+    more(&seed, 20);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    ctls[idx].signal("STOP");
+    assert_consistent(&seed);
+    more(&seed, 15);
+    let other = format!("r{}", 1 - idx);
+    let served =
+        |s: &Seed, n: usize| (0..n).all(|i| address_of(s, NS, &format!("vm-{i:03}")).is_some());
+    let n = claims.get();
+    seed.wait_for(
+        "the other replica serves every claim",
+        Duration::from_secs(40),
+        &other,
+        |s| served(s, n),
+    )
+    .await;
+    assert_consistent(&seed);
+    more(&seed, 10);
+    ctls[idx].signal("CONT");
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_consistent(&seed);
+    }
+    let n = claims.get();
+    seed.wait_for(
+        "everything converges",
+        Duration::from_secs(40),
+        &other,
+        |s| served(s, n),
+    )
+    .await;
+    let addresses: BTreeSet<String> = (0..n)
+        .filter_map(|i| address_of(&seed, NS, &format!("vm-{i:03}")))
+        .collect();
+    assert_eq!(addresses.len(), n, "{n} distinct addresses");
+    assert_eq!(settled(&seed).await, n);
+}
