@@ -1359,7 +1359,7 @@ spec:
             let i = claims.get();
             claim(seed, &format!("vm-{i:03}"), "big");
             claims.set(i + 1);
-            if i % 3 == 0 {
+            if i.is_multiple_of(3) {
                 seed.cluster(&format!("k{:02}", i / 3), "dc-1");
             }
         }

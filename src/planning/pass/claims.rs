@@ -49,6 +49,17 @@ pub(super) struct ClaimsRead {
     pub addresses: HashMap<String, Arc<IPAddress>>,
 }
 
+/// The Cluster API clusters that are paused, by (namespace, name).
+fn paused_clusters(ctx: &Context) -> HashSet<ClaimKey> {
+    ctx.capi
+        .clusters
+        .state()
+        .iter()
+        .filter(|c| c.is_paused())
+        .map(|c| key_of(c.as_ref()))
+        .collect()
+}
+
 fn key_of<K: kube::Resource>(o: &K) -> ClaimKey {
     (
         o.meta().namespace.clone().unwrap_or_default(),
@@ -244,14 +255,7 @@ pub(super) async fn inputs(
         .iter()
         .map(|c| (c.name_any(), c.spec.datacenter.as_str()))
         .collect();
-    let paused_clusters: HashSet<ClaimKey> = ctx
-        .capi
-        .clusters
-        .state()
-        .iter()
-        .filter(|c| c.is_paused())
-        .map(|c| key_of(c.as_ref()))
-        .collect();
+    let paused_clusters = paused_clusters(ctx);
     let mut inputs = Vec::with_capacity(read.claims.len() + frozen.len());
     for (holder, why) in frozen {
         if let Some((pool, dc, _)) = held.get(holder.as_str()) {
@@ -330,14 +334,7 @@ pub(super) fn newcomers(
     let known: HashMap<&str, &ClusterInput> = known.iter().map(|c| (c.name.as_str(), c)).collect();
     let mut read = ClaimsRead::default();
     let mut new = Vec::new();
-    let paused_clusters: HashSet<ClaimKey> = ctx
-        .capi
-        .clusters
-        .state()
-        .iter()
-        .filter(|c| c.is_paused())
-        .map(|c| key_of(c.as_ref()))
-        .collect();
+    let paused_clusters = paused_clusters(ctx);
     for holder in holders {
         let (ns, name) = claim_of_holder(holder)?;
         let claim = ctx.capi.claims.get(&ObjectRef::new(name).within(ns))?;

@@ -118,33 +118,15 @@ pub(super) async fn run_claims(
 
     let mut outcome = PassOutcome::default();
     let now = crate::resources::now_rfc3339();
-    let mut changes: BTreeMap<RecordKey, BTreeMap<String, Option<Reservation>>> = BTreeMap::new();
-    for d in &added {
-        if let Some(held) = &d.held {
-            changes
-                .entry((d.pool.clone(), d.datacenter.clone()))
-                .or_default()
-                .insert(d.cluster.clone(), Some(reservation_of(held)));
-        }
-    }
     let committed: Vec<(RecordKey, Option<u64>)> = futures::stream::iter(
-        changes
+        entries_of(&added)
             .into_iter()
             .map(|(key, entries)| commit_one(ctx, key, entries)),
     )
     .buffer_unordered(limit)
     .collect()
     .await;
-    let mut current: HashSet<RecordKey> = HashSet::new();
-    for (key, sent) in committed {
-        if let Some(n) = sent {
-            outcome.writes += n;
-            current.insert(key);
-        } else {
-            outcome.again = true;
-            state.retry_pools.insert(key.0);
-        }
-    }
+    let current = landed(state, committed, &mut outcome);
     steps.done("records");
 
     let pools = ctx.pools.state();
@@ -270,16 +252,7 @@ async fn commit_newcomers(
                 .is_some_and(|n| n.metadata.deletion_timestamp.is_none())
         })
         .collect();
-    let mut changes: BTreeMap<RecordKey, BTreeMap<String, Option<Reservation>>> = BTreeMap::new();
-    for d in added {
-        if let Some(held) = &d.held {
-            changes
-                .entry((d.pool.clone(), d.datacenter.clone()))
-                .or_default()
-                .insert(d.cluster.clone(), Some(reservation_of(held)));
-        }
-    }
-    let commits = changes
+    let commits = entries_of(added)
         .into_iter()
         .map(|(key, entries)| commit_one(ctx, key, entries));
     let (mut finalized, mut spaces) = (PassOutcome::default(), PassOutcome::default());
@@ -294,6 +267,32 @@ async fn commit_newcomers(
         outcome.writes += o.writes;
         outcome.again |= o.again;
     }
+    let current = landed(state, committed, outcome);
+    (current, finalized_versions)
+}
+
+/// The record entries the newcomers' decisions add, by pool datacenter.
+fn entries_of(
+    added: &[planner::Decision],
+) -> BTreeMap<RecordKey, BTreeMap<String, Option<Reservation>>> {
+    let mut changes: BTreeMap<RecordKey, BTreeMap<String, Option<Reservation>>> = BTreeMap::new();
+    for d in added {
+        if let Some(held) = &d.held {
+            changes
+                .entry((d.pool.clone(), d.datacenter.clone()))
+                .or_default()
+                .insert(d.cluster.clone(), Some(reservation_of(held)));
+        }
+    }
+    changes
+}
+
+/// The pool datacenters whose commit landed; the others are retried by the full pass.
+fn landed(
+    state: &mut PassState,
+    committed: Vec<(RecordKey, Option<u64>)>,
+    outcome: &mut PassOutcome,
+) -> HashSet<RecordKey> {
     let mut current: HashSet<RecordKey> = HashSet::new();
     for (key, sent) in committed {
         if let Some(n) = sent {
@@ -304,7 +303,7 @@ async fn commit_newcomers(
             state.retry_pools.insert(key.0);
         }
     }
-    (current, finalized_versions)
+    current
 }
 
 /// Commits new entries to one pool datacenter's record; the writes sent, or `None` when it
