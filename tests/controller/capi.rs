@@ -1,4 +1,4 @@
-//! kipam as a Cluster API IPAM provider, end to end (`/work/notes/capi-contract.md`, issue 28):
+//! kipam as a Cluster API IPAM provider, end to end ([docs/capi.md](../../docs/capi.md)):
 //! the real controller serves `IPAddressClaim`s whose `poolRef` names a kipam `IPAMPool`, with
 //! Cluster API's own CRDs (`tests/fixtures/capi/`) installed into the seed as they are.
 //!
