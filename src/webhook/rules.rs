@@ -172,6 +172,22 @@ fn ip_address(request: &AdmissionRequest, view: &View) -> Result<(), Verdict> {
     let Some(object) = request.object.as_ref() else {
         return Err(Verdict::invalid("the review carries no IPAddress"));
     };
+    // Once written for a kipam pool, the address is what the pool record holds for its claim:
+    // moving it by hand would leave the claim holding two (Cluster API's own webhook keeps the
+    // spec immutable too, where it is installed).
+    if request.operation == "UPDATE"
+        && let Some(pool) = request.old_object.as_ref().and_then(ipaddress::kipam_pool)
+    {
+        let name = object
+            .pointer("/metadata/name")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default();
+        return Err(Verdict::invalid(format!(
+            "IPAddress {}/{name}: spec is immutable once written for IPAMPool {pool}: delete the \
+             claim to release its address, and create a new claim for another one",
+            request.namespace.as_deref().unwrap_or_default()
+        )));
+    }
     ipaddress::check(
         object,
         request.namespace.as_deref(),

@@ -824,7 +824,32 @@ fn an_ip_address_update_is_checked_unless_its_spec_is_unchanged() {
         "UPDATE",
         HUMAN,
         Some(moved),
-        Some(old),
+        Some(old.clone()),
+    ));
+    refused(&v, 422, &["spec is immutable", "IPAMPool metallb"]);
+    // Moved to a free address: still refused (the record holds the old one for the claim).
+    let mut free = old.clone();
+    free["spec"]["address"] = json!("10.0.0.101");
+    let v = seed.decide(&ip_address_request(
+        "v1beta2",
+        "UPDATE",
+        HUMAN,
+        Some(free),
+        Some(old.clone()),
+    ));
+    refused(&v, 422, &["spec is immutable"]);
+    // An object of another provider's pool pointed at a kipam pool is checked like a create.
+    let mut foreign = old.clone();
+    foreign["spec"]["poolRef"] =
+        json!({"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": "x"});
+    let mut taken = old;
+    taken["spec"]["address"] = json!("10.0.0.3");
+    let v = seed.decide(&ip_address_request(
+        "v1beta2",
+        "UPDATE",
+        HUMAN,
+        Some(taken),
+        Some(foreign),
     ));
     refused(&v, 422, &["held by cluster c1"]);
     // An object that got in before the rule can still lose its finalizer.
