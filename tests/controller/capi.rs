@@ -1331,6 +1331,20 @@ async fn claims_are_counted_and_listed_where_pools_are_seen() {
         found.to_string().contains(&claim_holder(NS, "m0")),
         "the lookup names the claim: {found}"
     );
+    // The pool page's detail of the datacenter lists the claim among the holders.
+    let (code, detail) = super::api::http(
+        ctl.api_port,
+        "GET",
+        "/ui/api/pools/machines/datacenters/dc-1",
+        Some("reader-token"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 200, "{detail}");
+    assert!(
+        detail.to_string().contains(&claim_holder(NS, "m0")),
+        "the page lists the claim: {detail}"
+    );
 }
 
 /// Two replicas; the leader is frozen (SIGSTOP) past its lease while claims and clusters keep
