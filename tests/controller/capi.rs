@@ -944,9 +944,66 @@ async fn a_claim_beyond_capacity_is_served_when_another_is_deleted() {
     wait_reason(&seed, "ctl", "e", "PoolExhausted").await;
     assert!(get_address(&seed, NS, "e").is_none());
     let c_address = address_of(&seed, NS, "c").expect("c");
+    // Every IPAddress event from here on, in the API server's order.
+    let ips = dynamic(
+        &client(&seed).await,
+        "ipam.cluster.x-k8s.io",
+        "v1beta2",
+        "IPAddress",
+        "ipaddresses",
+    );
+    let rv = seed.api.resource_version().to_string();
+    let mut events = ips
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .expect("watch")
+        .boxed();
+    let mut live: BTreeMap<String, String> = get_addresses(&seed);
     seed.delete(CLAIMS, Some(NS), "c");
     assert_eq!(wait_served(&seed, "ctl", NS, "e").await, c_address);
+    // At no moment did two IPAddresses show c's address: e's was created only once c's was
+    // gone (without a quarantine the address goes straight to the claim that waits).
+    while let Ok(Some(Ok(event))) =
+        tokio::time::timeout(Duration::from_millis(300), events.next()).await
+    {
+        match event {
+            WatchEvent::Added(o) | WatchEvent::Modified(o) => {
+                let name = o.metadata.name.clone().unwrap_or_default();
+                let address = o.data["spec"]["address"].as_str().unwrap_or("").to_string();
+                live.insert(name, address);
+            }
+            WatchEvent::Deleted(o) => {
+                live.remove(&o.metadata.name.clone().unwrap_or_default());
+            }
+            _ => {}
+        }
+        let holders: Vec<&String> = live
+            .iter()
+            .filter(|(_, a)| **a == c_address)
+            .map(|(n, _)| n)
+            .collect();
+        assert!(
+            holders.len() <= 1,
+            "{c_address} shown by {holders:?} at once"
+        );
+    }
+    assert_eq!(live.get("e"), Some(&c_address));
+    assert!(!live.contains_key("c"));
     assert_eq!(settled(&seed).await, 4);
+}
+
+/// Every IPAddress of the namespace, by name, with its address.
+fn get_addresses(seed: &Seed) -> BTreeMap<String, String> {
+    seed.api
+        .list(ADDRESSES, Some(NS))
+        .into_iter()
+        .filter_map(|v| {
+            Some((
+                v["metadata"]["name"].as_str()?.to_string(),
+                v["spec"]["address"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
 }
 
 /// f) `ipam.kipam.dev/requested-address`: honoured when free, refused when a cluster's range

@@ -295,7 +295,16 @@ pub(super) async fn inputs(
             held: h,
         });
         let cluster_dc = claim.cluster_name().and_then(|n| kipam_dc.get(n).copied());
-        let r = validation::claim_input(claim, pool_name, pool, cluster_dc, paused, holding);
+        let mut r = validation::claim_input(claim, pool_name, pool, cluster_dc, paused, holding);
+        // A claim being deleted keeps its address until its `IPAddress` is gone: released
+        // before, the address could go to another claim while the old object still shows it.
+        if let Some(input) = r.input.as_mut()
+            && input.deleting
+            && read.addresses.contains_key(holder)
+        {
+            input.deleting = false;
+            input.invalid = Some("being deleted: its IPAddress goes first".to_string());
+        }
         if let Some(input) = &r.input
             && matches!(
                 input.overrides.get(pool_name),
@@ -539,6 +548,12 @@ pub(super) async fn write(
                         None => ("AddressReleased", d.message.clone()),
                     };
                     job.status = ready(reason, message, None, false);
+                }
+            }
+            Some(_) if deleting => {
+                // Kept (frozen) until its `IPAddress` is gone; then the plan releases it.
+                if existing.is_some() {
+                    job.address = AddressWant::Remove;
                 }
             }
             Some(d) => {
