@@ -72,3 +72,85 @@ async fn reclaim_policies_datacenter_removal_and_cluster_deletion() {
     assert_eq!(seed.held("c", "metallb-ipv6"), "2001:db8::10-2001:db8::1f");
     seed.assert_no_overlap_no_leak();
 }
+
+/// A cluster deleted from a full pool while another waits: at no moment do two
+/// `IPAMAllocation`s show the same address (the waiting cluster's is written only once the
+/// deleted cluster's is gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_clusters_range_goes_to_a_waiting_cluster_only_once_its_object_is_gone() {
+    use futures::StreamExt;
+    use kipam::resources::IPAMAllocation;
+    use kube::api::{Api, WatchEvent, WatchParams};
+
+    let seed = Seed::start("lifecycle-handover").await;
+    seed.apply(
+        "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata: {name: small}\nspec:\n  datacenters:\n    dc-1: {type: range, poolCidr: 10.9.0.0/29, allocationRange: 4}\n",
+    );
+    let _ctl = seed.controller("ctl");
+    seed.cluster("a", "dc-1");
+    seed.cluster("b", "dc-1");
+    seed.wait_for("a and b allocated", WAIT, "ctl", |s| {
+        s.phase("a", "small") == "Allocated" && s.phase("b", "small") == "Allocated"
+    })
+    .await;
+    seed.cluster("c", "dc-1");
+    seed.wait_for("c waits", WAIT, "ctl", |s| {
+        s.condition("clusters.ipam.kipam.dev", "c", "IPAMReady")
+            .is_some_and(|c| c["status"] == "False")
+    })
+    .await;
+    assert_ne!(seed.phase("c", "small"), "Allocated");
+    let a_held = seed.held("a", "small");
+
+    let path = seed.dir().join("kubeconfig");
+    let kubeconfig = kube::config::Kubeconfig::read_from(&path).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("config");
+    let client = kube::Client::try_from(config).expect("client");
+    let api: Api<IPAMAllocation> = Api::all(client);
+    let rv = seed.api.resource_version().to_string();
+    let mut events = api
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .expect("watch")
+        .boxed();
+    let mut live: std::collections::BTreeMap<String, String> = seed
+        .allocations()
+        .into_iter()
+        .map(|a| {
+            (
+                a.metadata.namespace.clone().unwrap_or_default(),
+                a.spec.addresses.join(","),
+            )
+        })
+        .collect();
+    seed.delete("clusters.ipam.kipam.dev", None, "a");
+    seed.wait_for("c allocated", WAIT, "ctl", |s| {
+        s.phase("c", "small") == "Allocated"
+    })
+    .await;
+    assert_eq!(seed.held("c", "small"), a_held);
+    while let Ok(Some(Ok(event))) =
+        tokio::time::timeout(Duration::from_millis(300), events.next()).await
+    {
+        match event {
+            WatchEvent::Added(o) | WatchEvent::Modified(o) => {
+                live.insert(
+                    o.metadata.namespace.clone().unwrap_or_default(),
+                    o.spec.addresses.join(","),
+                );
+            }
+            WatchEvent::Deleted(o) => {
+                live.remove(&o.metadata.namespace.clone().unwrap_or_default());
+            }
+            _ => {}
+        }
+        let holders: Vec<&String> = live
+            .iter()
+            .filter(|(_, a)| !a.is_empty() && **a == a_held)
+            .map(|(n, _)| n)
+            .collect();
+        assert!(holders.len() <= 1, "{a_held} shown by {holders:?} at once");
+    }
+}

@@ -282,6 +282,7 @@ pub(super) async fn gather(
             }
         }
     }
+    held_elsewhere.extend(being_released(&pool_inputs, &cluster_inputs, &stored));
     let (addresses, shown, hand_made) = super::claims::stored_addresses(ctx, &pool_inputs);
     held_elsewhere.extend(hand_made);
     stored.extend(
@@ -332,6 +333,46 @@ pub(super) async fn gather(
         cluster_errors,
         stored,
     })
+}
+
+/// What the objects of clusters being deleted (or gone) still show, in pool datacenters without
+/// a quarantine: set aside for this plan in every pool of the datacenter. The plan releases
+/// those allocations and the pass deletes their objects; without this, the same plan could hand
+/// the addresses to a waiting cluster whose object is then written while the old one still
+/// shows them. Once the objects are gone, the next plan hands them out. (With `reuseAfter`, the
+/// quarantine keeps them from others already.)
+fn being_released(
+    pools: &[PoolInput],
+    clusters: &[ClusterInput],
+    stored: &[StoredAllocation],
+) -> Vec<HeldElsewhere> {
+    let present: HashMap<&str, bool> = clusters
+        .iter()
+        .map(|c| (c.name.as_str(), c.deleting))
+        .collect();
+    let quarantines: HashSet<(&str, &str)> = pools
+        .iter()
+        .flat_map(|p| {
+            p.datacenters
+                .iter()
+                .filter(|(_, d)| d.reuse_after > 0)
+                .map(move |(dc, _)| (p.name.as_str(), dc.as_str()))
+        })
+        .collect();
+    stored
+        .iter()
+        .filter(|s| present.get(s.cluster.as_str()).copied().unwrap_or(true))
+        .filter(|s| !quarantines.contains(&(s.pool.as_str(), s.datacenter.as_str())))
+        .filter_map(|s| {
+            Some(HeldElsewhere {
+                // Not a pool name: set aside in this pool too.
+                pool: format!("{} (being released by {})", s.pool, s.cluster),
+                datacenter: s.datacenter.clone(),
+                holder: s.cluster.clone(),
+                addresses: s.held.as_ref()?.ranges().collect(),
+            })
+        })
+        .collect()
 }
 
 /// Adds what the pool records hold to the stored allocations: an entry whose object was never
