@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::desired::address::MANAGED_BY;
 use crate::resources::PoolGrowth;
 use crate::resources::PoolNetwork;
 use crate::resources::capi::IPAddress;
@@ -544,10 +543,10 @@ impl AllocationView {
         claim: Option<&crate::resources::capi::IPAddressClaim>,
         prefix_pool: bool,
     ) -> Option<AllocationView> {
-        let labels = address.metadata.labels.as_ref()?;
-        if labels.get(MANAGED_BY.0).map(String::as_str) != Some(MANAGED_BY.1) {
+        if !address.written_by_kipam() {
             return None;
         }
+        let labels = address.metadata.labels.as_ref()?;
         let datacenter = labels.get(crate::resources::LABEL_DATACENTER)?.clone();
         let ready = claim.and_then(|c| {
             c.status

@@ -7,13 +7,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use crate::address::Cidr;
 use crate::allocator::Allocation;
 use crate::resources::capi::{
-    ADDRESS_FINALIZER, IPAddress, IPAddressClaimStatus, IPAddressSpec, LocalReference,
+    ADDRESS_FINALIZER, IPAddress, IPAddressClaimStatus, IPAddressSpec, LocalReference, MANAGED_BY,
     PoolReference,
 };
 use crate::resources::{API_VERSION, Condition, LABEL_DATACENTER, LABEL_POOL};
-
-/// `app.kubernetes.io/managed-by` on every `IPAddress` kipam writes.
-pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "kipam");
 
 /// What an `IPAddress` is made of.
 pub struct AddressFor<'a> {
@@ -113,12 +110,6 @@ pub fn object_of(a: &AddressFor<'_>, spec: IPAddressSpec) -> IPAddress {
         },
         spec,
     }
-}
-
-/// The spec fields that say which address an `IPAddress` hands out: equal means the stored
-/// object needs no write.
-pub fn same_address(a: &IPAddress, b: &IPAddress) -> bool {
-    a.spec == b.spec
 }
 
 /// The claim's status: `addressRef` (when served) and its `Ready` condition, keeping the

@@ -32,6 +32,8 @@ pub const ANNOTATION_REQUESTED_ADDRESS: &str = "ipam.kipam.dev/requested-address
 pub const ANNOTATION_CAPI_PAUSED: &str = "cluster.x-k8s.io/paused";
 /// The older way a claim names its Cluster API cluster (before `spec.clusterName`).
 pub const LABEL_CAPI_CLUSTER_NAME: &str = "cluster.x-k8s.io/cluster-name";
+/// `app.kubernetes.io/managed-by: kipam` on every `IPAddress` kipam writes.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "kipam");
 /// Label on an `IPAddress` kipam wrote: the datacenter of the pool it came from.
 pub use super::LABEL_DATACENTER as LABEL_ADDRESS_DATACENTER;
 
@@ -165,6 +167,18 @@ impl CapiCluster {
 
 fn has_key(map: &Option<BTreeMap<String, String>>, key: &str) -> bool {
     map.as_ref().is_some_and(|m| m.contains_key(key))
+}
+
+impl IPAddress {
+    /// kipam wrote it (its `managed-by` label): its address is what a pool record holds for
+    /// its claim.
+    pub fn written_by_kipam(&self) -> bool {
+        self.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(MANAGED_BY.0))
+            .is_some_and(|v| v == MANAGED_BY.1)
+    }
 }
 
 impl IPAddressClaim {

@@ -372,14 +372,7 @@ pub fn caches(
         WatchReporter::optional("ipaddresses.ipam.cluster.x-k8s.io", metrics.clone()),
         // kipam's own `IPAddress`es change only by kipam's writes (a hand edit is repaired by
         // the periodic full pass); anybody else's, and every deletion, are planned.
-        Wakes::Foreign(|a: &IPAddress| {
-            a.meta()
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(crate::desired::address::MANAGED_BY.0))
-                .map(String::as_str)
-                == Some(crate::desired::address::MANAGED_BY.1)
-        }),
+        Wakes::Foreign(IPAddress::written_by_kipam),
         dirty.clone(),
         None,
         Some(addresses_listed.clone()),

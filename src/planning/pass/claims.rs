@@ -18,7 +18,7 @@ use serde_json::json;
 
 use super::*;
 use crate::allocator::{Allocation, PoolKind};
-use crate::desired::address::{AddressFor, MANAGED_BY, address_spec, claim_status, object_of};
+use crate::desired::address::{AddressFor, address_spec, claim_status, object_of};
 use crate::planner::{Change, ClusterInput, Decision, HeldElsewhere, PoolInput, StoredAllocation};
 use crate::planning::records::RecordKey;
 use crate::resources::capi::{
@@ -92,13 +92,13 @@ pub(super) fn stored_addresses(
         let Some(pool) = a.spec.pool_ref.kipam_pool() else {
             continue;
         };
-        let ours = a.labels().get(MANAGED_BY.0).map(String::as_str) == Some(MANAGED_BY.1);
+        let ours = a.written_by_kipam();
         let Some(dc) = a.labels().get(LABEL_DATACENTER).cloned().filter(|_| ours) else {
             // Not written by kipam: the admission webhook refuses one that overlaps what kipam
             // holds; one it let in is set aside, in every datacenter of the pool holding its
             // address, so kipam never hands that address out. It is not kipam's to keep or
             // delete.
-            if let Some(Allocation::Range(r)) = held_by(&a, None) {
+            if let Some(Allocation::Range(r)) = held_by(&a, false) {
                 let (namespace, name) = key_of(a.as_ref());
                 for p in pools.iter().filter(|p| p.name == pool) {
                     for (dc, d) in &p.datacenters {
@@ -121,7 +121,11 @@ pub(super) fn stored_addresses(
         };
         let (namespace, name) = key_of(a.as_ref());
         let holder = claim_holder(&namespace, &a.spec.claim_ref.name);
-        let held = held_by(&a, kinds.get(&(pool, dc.as_str())).copied());
+        let prefix_pool = matches!(
+            kinds.get(&(pool, dc.as_str())),
+            Some(PoolKind::Prefix { .. })
+        );
+        let held = held_by(&a, prefix_pool);
         stored.push(StoredAllocation {
             cluster: holder.clone(),
             pool: pool.to_string(),
@@ -157,23 +161,23 @@ pub(super) fn shown_in(
         .iter()
         .filter(|a| {
             a.spec.pool_ref.kipam_pool() == Some(pool)
-                && a.labels().get(MANAGED_BY.0).map(String::as_str) == Some(MANAGED_BY.1)
+                && a.written_by_kipam()
                 && a.labels().get(LABEL_DATACENTER).map(String::as_str) == Some(datacenter)
         })
         .filter_map(|a| {
             let (namespace, _) = key_of(a.as_ref());
             Some((
                 claim_holder(&namespace, &a.spec.claim_ref.name),
-                held_by(a, kind)?,
+                held_by(a, matches!(kind, Some(PoolKind::Prefix { .. })))?,
             ))
         })
         .collect()
 }
 
-/// What an `IPAddress` holds: its address, or in a prefix pool its subnet.
-fn held_by(a: &IPAddress, kind: Option<&PoolKind>) -> Option<Allocation> {
+/// What an `IPAddress` holds: its address, or in a prefix pool (`prefix_pool`) its subnet.
+fn held_by(a: &IPAddress, prefix_pool: bool) -> Option<Allocation> {
     let (family, value) = crate::address::parse_address(a.spec.address.trim()).ok()?;
-    if let Some(PoolKind::Prefix { .. }) = kind {
+    if prefix_pool {
         let len = u8::try_from(a.spec.prefix).ok()?;
         if let Some(cidr) = crate::address::Cidr::new(family, value, len) {
             return Some(Allocation::Prefix(cidr));
@@ -404,14 +408,10 @@ pub(super) fn to_create(
             continue;
         };
         let prefix_pool = matches!(wants, Allocation::Prefix(_));
-        let shows = read.addresses.get(&d.cluster).and_then(|a| {
-            held_by(
-                a,
-                prefix_pool.then_some(&PoolKind::Prefix {
-                    allocation_prefix: 0,
-                }),
-            )
-        });
+        let shows = read
+            .addresses
+            .get(&d.cluster)
+            .and_then(|a| held_by(a, prefix_pool));
         if shows.as_ref() != Some(wants) {
             out.entry((d.pool.clone(), d.datacenter.clone()))
                 .or_default()

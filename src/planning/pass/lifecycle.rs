@@ -150,13 +150,10 @@ pub(super) async fn release_finalizers(
         // Machines' addresses of the pool are released (their `IPAddress`es deleted) first,
         // whatever the reclaim policy: an `IPAddress` is owned by its pool (Cluster API's
         // contract), so Kubernetes' garbage collector deletes it with the pool anyway.
-        let claims_pending = ctx.capi.addresses.state().iter().any(|a| {
-            a.spec.pool_ref.kipam_pool() == Some(name.as_str())
-                && a.labels()
-                    .get(crate::desired::address::MANAGED_BY.0)
-                    .map(String::as_str)
-                    == Some(crate::desired::address::MANAGED_BY.1)
-        });
+        let claims_pending =
+            ctx.capi.addresses.state().iter().any(|a| {
+                a.spec.pool_ref.kipam_pool() == Some(name.as_str()) && a.written_by_kipam()
+            });
         if !pending && !claims_pending {
             pool_done.push(p.clone());
         }
