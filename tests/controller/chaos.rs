@@ -61,9 +61,15 @@ pub struct Config {
 }
 
 impl Config {
-    /// `KIPAM_HISTORY_SEED` (else a fresh seed), `KIPAM_HISTORY_SECONDS`, `KIPAM_HISTORY_OPS`
-    /// (comma-separated kinds), over the given defaults.
+    /// `KIPAM_HISTORY_SEED` (else a fresh seed), `KIPAM_HISTORY_SECONDS`,
+    /// `KIPAM_HISTORY_REPLICAS`, `KIPAM_HISTORY_OPS` (comma-separated kinds), over the given
+    /// defaults.
     pub fn from_env(seconds: u64, replicas: usize) -> Config {
+        let replicas = std::env::var("KIPAM_HISTORY_REPLICAS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(replicas)
+            .max(1);
         let seed = std::env::var("KIPAM_HISTORY_SEED")
             .ok()
             .and_then(|s| s.parse().ok())
@@ -513,11 +519,11 @@ fn shown_by(kind: Kind, obj: &DynamicObject) -> Result<Shown, String> {
                 Some(held) => (
                     held.ranges().map(|r| (r.first(), r.last())).collect(),
                     match &a.spec.cidr {
-                        Some(c) => c.clone(),
-                        None => a.spec.addresses.join(","),
+                        Some(c) => format!("{c} ({})", a.phase().as_str()),
+                        None => format!("{} ({})", a.spec.addresses.join(","), a.phase().as_str()),
                     },
                 ),
-                None => (Vec::new(), String::new()),
+                None => (Vec::new(), format!("nothing ({})", a.phase().as_str())),
             };
             Ok(Shown {
                 holder: format!("cluster {} through {}", s.cluster, s.pool),
@@ -935,7 +941,7 @@ pub async fn run(name: &str, config: &Config) -> Report {
     let doubles_found = doubles.len();
     for (a, b) in doubles.iter().take(8) {
         failures.push(format!(
-            "double holding in {}:\n    {} ({}) showed {} over rv [{}, {})\n    {} ({}) showed {} over rv [{}, {})\n  operations and faults around it:\n{}\n  the last operations on {} and {} before it:\n{}",
+            "double holding in {}:\n    {} ({}) showed {} over rv [{}, {})\n    {} ({}) showed {} over rv [{}, {})\n  operations and faults around it:\n{}\n  the last operations on {} and {} before it:\n{}\n  their versions:\n{}\n{}",
             a.dc,
             a.object,
             a.holder,
@@ -950,7 +956,9 @@ pub async fn run(name: &str, config: &Config) -> Report {
             around(&log, a.start.max(b.start)),
             a.who,
             b.who,
-            of_holders(&log, &[&a.who, &b.who], a.start.max(b.start))
+            of_holders(&log, &[&a.who, &b.who], a.start.max(b.start)),
+            history_of(&versions, &a.object, a.start.max(b.start)),
+            history_of(&versions, &b.object, a.start.max(b.start)),
         ));
     }
     if doubles_found > 8 {
@@ -998,6 +1006,24 @@ fn around(log: &[Logged], rv: u64) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// The versions of `object` around revision `rv`.
+fn history_of(versions: &[Version], object: &str, rv: u64) -> String {
+    let mine: Vec<&Version> = versions.iter().filter(|v| v.object == object).collect();
+    let i = mine.partition_point(|v| v.rv < rv);
+    let list = mine[i.saturating_sub(3)..(i + 3).min(mine.len())]
+        .iter()
+        .map(|v| {
+            format!(
+                "rv {} {}",
+                v.rv,
+                v.shown.as_ref().map_or("deleted", |s| s.text.as_str())
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    format!("    {object}: {list}")
 }
 
 /// The last few log lines naming one of `who`, up to revision `rv`.
