@@ -99,6 +99,10 @@ pub(crate) fn plan_keeping_of(
     planner.set_aside_elsewhere(elsewhere);
     planner.settle_quarantine(quarantined);
     planner.place_pins();
+    // Again: what a changed pin gave up is free only now, and it must not go to anybody else
+    // while its object still shows it (the inputs list it, see `given_up_by_pin`). What is
+    // set aside already is not taken twice.
+    planner.set_aside_elsewhere(elsewhere);
     planner.serve_requests();
     planner.finish()
 }
@@ -184,83 +188,16 @@ impl<'a> Planner<'a> {
             // Left exactly as it is (the writer touches its status only) and reported.
             return Some(decide(Change::Conflict, None, why.clone()));
         }
-        let Some(cluster) = self.by_name.get(s.cluster.as_str()).copied() else {
-            return Some(decide(
-                Change::Release,
-                None,
-                format!("cluster {} no longer exists", s.cluster),
-            ));
+        let cluster = self.by_name.get(s.cluster.as_str()).copied();
+        let pool = self.pools.get(s.pool.as_str()).copied();
+        match settle(s, cluster, pool) {
+            Some(Settle::Release(why)) => return Some(decide(Change::Release, None, why)),
+            Some(Settle::Retain(why)) => return Some(decide(Change::Retain, s.held.clone(), why)),
+            None => {}
+        }
+        let Some(cluster) = cluster else {
+            return None; // `settle` releases what a cluster that is gone holds
         };
-        // Before the pool's reclaim policy: `Retain` keeps addresses for clusters that stay,
-        // and a cluster being deleted waits for every allocation it holds to go.
-        if cluster.deleting {
-            return Some(decide(
-                Change::Release,
-                None,
-                format!("cluster {} is being deleted", s.cluster),
-            ));
-        }
-        let Some(pool) = self.pools.get(s.pool.as_str()).copied() else {
-            let retain = s.reclaim_policy == Some(ReclaimPolicy::Retain) && s.held.is_some();
-            return Some(if retain {
-                decide(
-                    Change::Retain,
-                    s.held.clone(),
-                    format!(
-                        "pool {} no longer exists; kept by reclaimPolicy Retain",
-                        s.pool
-                    ),
-                )
-            } else {
-                decide(
-                    Change::Release,
-                    None,
-                    format!("pool {} no longer exists", s.pool),
-                )
-            });
-        };
-        if !pool.datacenters.contains_key(&s.datacenter) {
-            let retain = pool.reclaim_policy == ReclaimPolicy::Retain && s.held.is_some();
-            let why = format!(
-                "datacenter {} was removed from pool {}",
-                s.datacenter, s.pool
-            );
-            return Some(if retain {
-                decide(
-                    Change::Retain,
-                    s.held.clone(),
-                    format!("{why}; kept by reclaimPolicy Retain"),
-                )
-            } else {
-                decide(Change::Release, None, why)
-            });
-        }
-        if !cluster.frozen() {
-            if cluster.datacenter != s.datacenter {
-                return Some(decide(
-                    Change::Release,
-                    None,
-                    format!(
-                        "cluster {} moved from datacenter {} to {}",
-                        s.cluster, s.datacenter, cluster.datacenter
-                    ),
-                ));
-            }
-            if cluster.overrides.get(&s.pool) == Some(&PoolOverride::OptOut) {
-                return Some(decide(
-                    Change::Release,
-                    None,
-                    format!("cluster {} opted out of pool {}", s.cluster, s.pool),
-                ));
-            }
-            if let Some(only) = cluster.only_pool.as_deref().filter(|p| *p != s.pool) {
-                return Some(decide(
-                    Change::Release,
-                    None,
-                    format!("{} now asks pool {only}, not {}", s.cluster, s.pool),
-                ));
-            }
-        }
         let Some(held) = s.held.clone() else {
             // A request that failed or waits: the later steps try again, unless paused.
             return cluster
@@ -747,6 +684,116 @@ impl<'a> Planner<'a> {
             PoolStates::from_map(states),
         )
     }
+}
+
+/// What step 1 does with a stored allocation for an explicit reason, if it does not simply
+/// keep it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Settle {
+    /// Released, for this reason: its cluster is gone or being deleted, its pool or
+    /// datacenter is gone, the cluster moved to another datacenter, opted out, or (a claim)
+    /// asks another pool now.
+    Release(String),
+    /// Kept by `reclaimPolicy: Retain` although its pool or datacenter is gone.
+    Retain(String),
+}
+
+/// The one rule deciding whether a stored allocation is released or retained (`None`: it
+/// stays with its cluster, which may still grow, shrink or re-pin it). `cluster` and `pool`
+/// are the cluster and pool it names, if they exist. The planner settles stored allocations
+/// by it, and the controller uses it to know, before planning, which addresses the plan will
+/// release while objects still show them (they must not go to another holder in the same
+/// plan: see `docs/design.md`, "A released address waits for its object").
+pub fn settle(
+    s: &StoredAllocation,
+    cluster: Option<&ClusterInput>,
+    pool: Option<&PoolInput>,
+) -> Option<Settle> {
+    if s.unreadable.is_some() {
+        return None;
+    }
+    let Some(cluster) = cluster else {
+        return Some(Settle::Release(format!(
+            "cluster {} no longer exists",
+            s.cluster
+        )));
+    };
+    // Before the pool's reclaim policy: `Retain` keeps addresses for clusters that stay, and
+    // a cluster being deleted waits for every allocation it holds to go.
+    if cluster.deleting {
+        return Some(Settle::Release(format!(
+            "cluster {} is being deleted",
+            s.cluster
+        )));
+    }
+    let Some(pool) = pool else {
+        return Some(
+            if s.reclaim_policy == Some(ReclaimPolicy::Retain) && s.held.is_some() {
+                Settle::Retain(format!(
+                    "pool {} no longer exists; kept by reclaimPolicy Retain",
+                    s.pool
+                ))
+            } else {
+                Settle::Release(format!("pool {} no longer exists", s.pool))
+            },
+        );
+    };
+    if !pool.datacenters.contains_key(&s.datacenter) {
+        let why = format!(
+            "datacenter {} was removed from pool {}",
+            s.datacenter, s.pool
+        );
+        return Some(
+            if pool.reclaim_policy == ReclaimPolicy::Retain && s.held.is_some() {
+                Settle::Retain(format!("{why}; kept by reclaimPolicy Retain"))
+            } else {
+                Settle::Release(why)
+            },
+        );
+    }
+    if cluster.frozen() {
+        return None;
+    }
+    if cluster.datacenter != s.datacenter {
+        return Some(Settle::Release(format!(
+            "cluster {} moved from datacenter {} to {}",
+            s.cluster, s.datacenter, cluster.datacenter
+        )));
+    }
+    if cluster.overrides.get(&s.pool) == Some(&PoolOverride::OptOut) {
+        return Some(Settle::Release(format!(
+            "cluster {} opted out of pool {}",
+            s.cluster, s.pool
+        )));
+    }
+    if let Some(only) = cluster.only_pool.as_deref().filter(|p| *p != s.pool) {
+        return Some(Settle::Release(format!(
+            "{} now asks pool {only}, not {}",
+            s.cluster, s.pool
+        )));
+    }
+    None
+}
+
+/// What of `s` a pin of its cluster gives up in this plan: the stored addresses the pin no
+/// longer covers, when its cluster pins (`addresses` / `cidr`) other addresses of the same
+/// pool datacenter. The pin may still be refused, in which case nothing is given up.
+pub fn given_up_by_pin(s: &StoredAllocation, cluster: &ClusterInput) -> Vec<AddrRange> {
+    let Some(held) = &s.held else {
+        return Vec::new();
+    };
+    if cluster.deleting || cluster.frozen() || cluster.datacenter != s.datacenter {
+        return Vec::new();
+    }
+    let wanted = match cluster.overrides.get(&s.pool) {
+        Some(PoolOverride::PinnedAddresses(pieces)) => Allocation::Range(pieces.clone()),
+        Some(PoolOverride::PinnedCidr(cidr)) => Allocation::Prefix(*cidr),
+        _ => return Vec::new(),
+    };
+    spaces::minus(
+        &held.ranges().collect::<Vec<_>>(),
+        &wanted.ranges().collect::<Vec<_>>(),
+    )
 }
 
 fn frozen_message(cluster: &ClusterInput) -> String {

@@ -21,6 +21,7 @@ mod preconditions;
 mod promise;
 mod quiet;
 mod records;
+mod releases;
 mod selfsigned;
 mod serving;
 mod spaces;

@@ -282,7 +282,6 @@ pub(super) async fn gather(
             }
         }
     }
-    held_elsewhere.extend(being_released(&pool_inputs, &cluster_inputs, &stored));
     let (addresses, shown, hand_made) = super::claims::stored_addresses(ctx, &pool_inputs);
     held_elsewhere.extend(hand_made);
     stored.extend(
@@ -302,6 +301,7 @@ pub(super) async fn gather(
     )
     .await?;
     cluster_inputs.extend(claim_inputs);
+    held_elsewhere.extend(being_released(&pool_inputs, &cluster_inputs, &stored));
     let quarantined = quarantine_of_records(records, &frozen_pools, cache);
     for (pool, dc) in records.keys() {
         if !frozen_pools.contains(pool) {
@@ -335,44 +335,58 @@ pub(super) async fn gather(
     })
 }
 
-/// What the objects of clusters being deleted (or gone) still show, in pool datacenters without
-/// a quarantine: set aside for this plan in every pool of the datacenter. The plan releases
-/// those allocations and the pass deletes their objects; without this, the same plan could hand
-/// the addresses to a waiting cluster whose object is then written while the old one still
-/// shows them. Once the objects are gone, the next plan hands them out. (With `reuseAfter`, the
-/// quarantine keeps them from others already.)
+/// What the objects this plan releases still show, in pool datacenters without a quarantine:
+/// set aside for this plan in every pool of the datacenter. Every release the planner makes
+/// for an explicit reason (`planner::settle`: a cluster deleted or gone, moved to another
+/// datacenter, opted out, a claim asking another pool, a pool or datacenter removed) and what
+/// a changed pin gives up (`planner::given_up_by_pin`) is deleted or rewritten by the pass
+/// that plans it; were the addresses free in that same plan, a waiting holder's new object
+/// could be written while the old one still shows them. Once no object shows them, the next
+/// plan hands them out. (With `reuseAfter`, the quarantine keeps them from others already.)
 fn being_released(
     pools: &[PoolInput],
     clusters: &[ClusterInput],
     stored: &[StoredAllocation],
 ) -> Vec<HeldElsewhere> {
-    let present: HashMap<&str, bool> = clusters
-        .iter()
-        .map(|c| (c.name.as_str(), c.deleting))
-        .collect();
-    let quarantines: HashSet<(&str, &str)> = pools
-        .iter()
-        .flat_map(|p| {
-            p.datacenters
-                .iter()
-                .filter(|(_, d)| d.reuse_after > 0)
-                .map(move |(dc, _)| (p.name.as_str(), dc.as_str()))
-        })
-        .collect();
-    stored
-        .iter()
-        .filter(|s| present.get(s.cluster.as_str()).copied().unwrap_or(true))
-        .filter(|s| !quarantines.contains(&(s.pool.as_str(), s.datacenter.as_str())))
-        .filter_map(|s| {
-            Some(HeldElsewhere {
-                // Not a pool name: set aside in this pool too.
-                pool: format!("{} (being released by {})", s.pool, s.cluster),
-                datacenter: s.datacenter.clone(),
-                holder: s.cluster.clone(),
-                addresses: s.held.as_ref()?.ranges().collect(),
-            })
-        })
-        .collect()
+    let clusters: HashMap<&str, &ClusterInput> =
+        clusters.iter().map(|c| (c.name.as_str(), c)).collect();
+    let pools: HashMap<&str, &PoolInput> = pools.iter().map(|p| (p.name.as_str(), p)).collect();
+    let quarantined = |pool: &str, dc: &str| {
+        pools
+            .get(pool)
+            .and_then(|p| p.datacenters.get(dc))
+            .is_some_and(|d| d.reuse_after > 0)
+    };
+    let mut out = Vec::new();
+    for s in stored {
+        let Some(held) = &s.held else {
+            continue;
+        };
+        if quarantined(&s.pool, &s.datacenter) {
+            continue;
+        }
+        let cluster = clusters.get(s.cluster.as_str()).copied();
+        let pool = pools.get(s.pool.as_str()).copied();
+        let (why, addresses) = match planner::settle(s, cluster, pool) {
+            Some(planner::Settle::Release(_)) => ("being released", held.ranges().collect()),
+            Some(planner::Settle::Retain(_)) => continue,
+            None => match cluster {
+                Some(c) => ("given up by a pin", planner::given_up_by_pin(s, c)),
+                None => continue,
+            },
+        };
+        if addresses.is_empty() {
+            continue;
+        }
+        out.push(HeldElsewhere {
+            // Not a pool name: set aside in this pool too.
+            pool: format!("{} ({why} by {})", s.pool, s.cluster),
+            datacenter: s.datacenter.clone(),
+            holder: s.cluster.clone(),
+            addresses,
+        });
+    }
+    out
 }
 
 /// Adds what the pool records hold to the stored allocations: an entry whose object was never
