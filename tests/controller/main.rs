@@ -18,6 +18,7 @@ mod network;
 mod preconditions;
 mod promise;
 mod quiet;
+mod rbac;
 mod records;
 mod selfsigned;
 mod serving;

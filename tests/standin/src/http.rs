@@ -249,10 +249,10 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> R
 
     let caller = match authenticate(&shared, &parts.headers, require_auth) {
         Ok(c) => c,
-        Err(e) => return error_response(&e),
+        Err(e) => return refused(&shared, &e, &verb, &path),
     };
     if require_auth && let Err(e) = authorize(&shared, &caller, &route, &verb, &path) {
-        return error_response(&e);
+        return refused(&shared, &e, &verb, &path);
     }
 
     let bytes = match axum::body::to_bytes(body, MAX_BODY).await {
@@ -319,6 +319,16 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> R
         run_get_hook(&shared, rp);
     }
     result.unwrap_or_else(|e| error_response(&e))
+}
+
+/// Answers a refusal for want of credentials or permission, and keeps its message for
+/// `ApiServer::refusals`.
+fn refused(shared: &Shared, e: &ApiError, verb: &str, path: &str) -> Response {
+    shared
+        .control_lock()
+        .refusals
+        .push(format!("{} {verb} {path}: {}", e.code, e.message));
+    error_response(e)
 }
 
 /// Runs what a test asked to happen right after this GET (see `ApiServer::after_next_get`),
@@ -763,7 +773,13 @@ async fn handle_admitted(
             old_object: attrs.old_object.as_ref(),
             user: &attrs.user,
         };
-        ownerrefs::check(shared, &write, |r| decide(shared, r))?;
+        if let Err(e) = ownerrefs::check(shared, &write, |r| decide(shared, r)) {
+            shared.control_lock().refusals.push(format!(
+                "{} {operation} {}: {}",
+                e.code, rt.plural, e.message
+            ));
+            return Err(e);
+        }
     }
     if !hooks.is_empty() {
         admission::review(&hooks, &attrs, &uid).await?;

@@ -114,6 +114,8 @@ pub(crate) struct Control {
     pub owner_references_enforcement: bool,
     /// Tokens known besides the scripted token review (service accounts, users).
     pub tokens: BTreeMap<String, UserInfo>,
+    /// Every request refused by authentication, authorisation or the owner-reference plugin.
+    pub refusals: Vec<String>,
     pub latency: Duration,
     pub bookmark_interval: Duration,
     pub watch_delay: Duration,
@@ -238,6 +240,7 @@ impl ApiServer {
             rbac: false,
             owner_references_enforcement: false,
             tokens: BTreeMap::new(),
+            refusals: Vec::new(),
             latency: Duration::ZERO,
             bookmark_interval: Duration::from_secs(5),
             watch_delay: Duration::ZERO,
@@ -423,6 +426,13 @@ impl ApiServer {
     /// ([`ApiServer::enable_rbac`]), else from the scripted access review.
     pub fn enable_owner_references_permission_enforcement(&self) {
         self.shared().control_lock().owner_references_enforcement = true;
+    }
+
+    /// The messages of every request refused so far for want of credentials (401) or
+    /// permission (403 by RBAC or the owner-reference plugin), oldest first: a test that runs a
+    /// client with exactly the permissions it ships asserts this stays empty.
+    pub fn refusals(&self) -> Vec<String> {
+        self.shared().control_lock().refusals.clone()
     }
 
     /// Makes `token` authenticate as `user`, whatever the scripted token review says.
