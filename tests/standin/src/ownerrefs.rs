@@ -176,7 +176,7 @@ mod tests {
             newly_blocking(&[a.clone(), b.clone()], None),
             vec![a.clone()]
         );
-        assert!(newly_blocking(&[a.clone(), b.clone()], Some(&[a.clone()])).is_empty());
+        assert!(newly_blocking(&[a.clone(), b.clone()], Some(std::slice::from_ref(&a))).is_empty());
         assert_eq!(
             newly_blocking(&[a.clone(), b_blocking.clone()], Some(&[a.clone(), b])),
             vec![b_blocking]
