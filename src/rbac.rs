@@ -91,6 +91,13 @@ pub const PERMISSIONS: &[Permission] = &[
     ),
     rule(
         IPAM,
+        "ipampools/finalizers",
+        &["update"],
+        "src/desired/address.rs: an IPAddress's owner reference to its pool (blockOwnerDeletion, \
+         as Cluster API's contract asks; OwnerReferencesPermissionEnforcement)",
+    ),
+    rule(
+        IPAM,
         "ipampools/status",
         &["update"],
         "controller/pass/statuses.rs pool usage and conditions (replace_status)",
@@ -101,6 +108,14 @@ pub const PERMISSIONS: &[Permission] = &[
         &["get", "list", "watch", "patch"],
         "controller and applier caches (list/watch); pass/inputs.rs and applier/sync.rs \
          fresh reads (get); pass/lifecycle.rs finalizers (patch)",
+    ),
+    rule(
+        IPAM,
+        "clusters/finalizers",
+        &["update"],
+        "pass/lifecycle.rs: the namespace cluster-<name> is owned by its Cluster with \
+         blockOwnerDeletion, which a server running OwnerReferencesPermissionEnforcement allows \
+         only to who may update the owner's finalizers",
     ),
     rule(
         IPAM,
@@ -147,6 +162,13 @@ pub const PERMISSIONS: &[Permission] = &[
         "src/seed/watches.rs cache of Cluster API claims (list/watch); \
          src/planning/pass/claims.rs get (a holder missing from the cache), finalizer \
          ReleaseAddress (patch)",
+    ),
+    rule(
+        CAPI_IPAM,
+        "ipaddressclaims/finalizers",
+        &["update"],
+        "src/desired/address.rs: an IPAddress's owner reference to its claim \
+         (blockOwnerDeletion; OwnerReferencesPermissionEnforcement)",
     ),
     rule(
         CAPI_IPAM,
@@ -251,6 +273,27 @@ pub const PERMISSIONS: &[Permission] = &[
     },
 ];
 
+/// The owners kipam marks `blockOwnerDeletion: true`, by the kind of the object it writes:
+/// `(group, resource)` of each. A server running the `OwnerReferencesPermissionEnforcement`
+/// admission plugin lets a client set that only with `update` on the owner's `finalizers`
+/// subresource, which [`PERMISSIONS`] grants for each of them (a test checks).
+pub const BLOCKING_OWNERS: &[(&str, &[(&str, &str)])] = &[
+    (
+        "IPAddress",
+        &[(CAPI_IPAM, "ipaddressclaims"), (IPAM, "ipampools")],
+    ),
+    ("Namespace", &[(IPAM, "clusters")]),
+];
+
+/// The owners of [`BLOCKING_OWNERS`] for objects of `kind`.
+pub fn blocking_owners(kind: &str) -> &'static [(&'static str, &'static str)] {
+    BLOCKING_OWNERS
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .map(|(_, owners)| *owners)
+        .unwrap_or(&[])
+}
+
 /// One granted verb, flattened: (scope, group, resource, verb, names).
 pub type Grant = (Scope, &'static str, &'static str, &'static str, Names);
 
@@ -288,5 +331,24 @@ mod tests {
             }
         }
         assert!(grants(false).len() < all.len());
+    }
+
+    #[test]
+    fn every_blocking_owner_s_finalizers_may_be_updated() {
+        let all = grants(false);
+        for (kind, owners) in BLOCKING_OWNERS {
+            for (group, resource) in *owners {
+                let finalizers = format!("{resource}/finalizers");
+                assert!(
+                    all.iter().any(|g| g.0 == Scope::Cluster
+                        && g.1 == *group
+                        && g.2 == finalizers
+                        && g.3 == "update"
+                        && g.4 == Names::Any),
+                    "{kind} is written with blockOwnerDeletion on its {resource} owner: \
+                     `update` on {finalizers} ({group}) must be granted"
+                );
+            }
+        }
     }
 }

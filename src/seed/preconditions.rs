@@ -48,6 +48,22 @@ pub fn short(e: &Error) -> String {
     }
 }
 
+/// What the `OwnerReferencesPermissionEnforcement` plugin says when an owner's finalizers may
+/// not be updated.
+const BLOCK_OWNER_DELETION: &str = "cannot set blockOwnerDeletion";
+/// …and when the object itself may not be deleted (an update changing owner references).
+const OWNER_REF_NEEDS_DELETE: &str = "cannot set an ownerRef on a resource you can't delete";
+
+/// The verb, resource (with its subresource) and group an authoriser's refusal names:
+/// `… User "u" cannot update resource "ipaddressclaims/finalizers" in API group "g" …`.
+fn refused_permission(message: &str) -> Option<(&str, &str, &str)> {
+    let rest = &message[message.find("\" cannot ")? + "\" cannot ".len()..];
+    let (verb, rest) = rest.split_once(" resource \"")?;
+    let (resource, rest) = rest.split_once("\" in API group \"")?;
+    let (group, _) = rest.split_once('"')?;
+    Some((verb, resource, group))
+}
+
 /// What to do about a failed `verb` on `resource` (`name` for messages), in one line.
 pub fn explain(e: &Error, verb: &str, resource: &str, name: &str) -> String {
     match e {
@@ -68,10 +84,44 @@ pub fn explain(e: &Error, verb: &str, resource: &str, name: &str) -> String {
                 s.message
             )
         }
-        Error::Api(s) if s.code == 403 => format!(
-            "RBAC forbids `{verb}` on {resource}: grant kipam's service account that verb ({})",
+        // The OwnerReferencesPermissionEnforcement admission plugin: what is missing is
+        // `update` on the owners' finalizers (or `delete` on the object), not `verb`.
+        Error::Api(s) if s.code == 403 && s.message.contains(BLOCK_OWNER_DELETION) => {
+            let owners: Vec<String> = crate::rbac::blocking_owners(resource)
+                .iter()
+                .map(|(group, plural)| format!("`update` on `{plural}/finalizers` ({group})"))
+                .collect();
+            let grant = if owners.is_empty() {
+                "`update` on the finalizers of the owners it sets blockOwnerDeletion on".to_string()
+            } else {
+                owners.join(" and ")
+            };
+            format!(
+                "{verb} {resource} {name}: the API server lets only who may update an owner's \
+                 finalizers set blockOwnerDeletion on its owner references \
+                 (OwnerReferencesPermissionEnforcement): grant kipam's service account {grant} \
+                 ({})",
+                s.message
+            )
+        }
+        Error::Api(s) if s.code == 403 && s.message.contains(OWNER_REF_NEEDS_DELETE) => format!(
+            "{verb} {resource} {name}: the API server lets only who may delete an object change \
+             its owner references (OwnerReferencesPermissionEnforcement): grant kipam's service \
+             account `delete` on it ({})",
             s.message
         ),
+        Error::Api(s) if s.code == 403 => match refused_permission(&s.message) {
+            Some((verb, resource, group)) => format!(
+                "RBAC forbids `{verb}` on `{resource}` (API group \"{group}\"): grant kipam's \
+                 service account that verb ({})",
+                s.message
+            ),
+            None => format!(
+                "RBAC forbids `{verb}` on {resource}: grant kipam's service account that verb \
+                 ({})",
+                s.message
+            ),
+        },
         Error::Api(s) if s.code == 401 => format!(
             "the API server does not accept kipam's credentials: check the kubeconfig or the \
              service account token ({})",
@@ -118,6 +168,59 @@ mod tests {
         assert!(
             explain(&api(403), "list", "clusters.ipam.kipam.dev", "")
                 .contains("RBAC forbids `list`")
+        );
+    }
+
+    fn forbidden(message: &str) -> Error {
+        Error::Api(
+            kube::core::Status::failure(message, "Forbidden")
+                .with_code(403)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn a_refused_block_owner_deletion_names_the_owners_finalizers() {
+        let e = forbidden(
+            "ipaddresses.ipam.cluster.x-k8s.io \"m-1\" is forbidden: cannot set \
+             blockOwnerDeletion if an ownerReference refers to a resource you can't set \
+             finalizers on: , <nil>",
+        );
+        let message = explain(&e, "create", "IPAddress", "machines/m-1");
+        assert!(!message.contains("`create`"), "{message}");
+        assert!(
+            message.contains(
+                "grant kipam's service account `update` on `ipaddressclaims/finalizers` \
+                 (ipam.cluster.x-k8s.io) and `update` on `ipampools/finalizers` (ipam.kipam.dev)"
+            ),
+            "{message}"
+        );
+        let message = explain(&e, "create", "Namespace", "cluster-a");
+        assert!(
+            message.contains("`update` on `clusters/finalizers` (ipam.kipam.dev)"),
+            "{message}"
+        );
+        let e = forbidden(
+            "ipampoolrecords.ipam.kipam.dev \"r\" is forbidden: cannot set an ownerRef on a \
+             resource you can't delete: , <nil>",
+        );
+        let message = explain(&e, "patch", "IPAMPoolRecord", "r");
+        assert!(message.contains("`delete` on it"), "{message}");
+    }
+
+    #[test]
+    fn an_rbac_refusal_names_the_permission_the_server_names() {
+        let e = forbidden(
+            "clusters.ipam.kipam.dev \"a\" is forbidden: User \"system:serviceaccount:k:k\" \
+             cannot patch resource \"clusters/status\" in API group \"ipam.kipam.dev\" at the \
+             cluster scope",
+        );
+        let message = explain(&e, "write", "Cluster", "a");
+        assert!(
+            message.starts_with(
+                "RBAC forbids `patch` on `clusters/status` (API group \"ipam.kipam.dev\")"
+            ),
+            "{message}"
         );
     }
 

@@ -94,16 +94,45 @@ pub fn configuration(options: &ConfigOptions) -> Value {
                 // Cluster API's: a rule for a kind whose CRD is not installed selects nothing.
                 rule(ipaddress::GROUP, &[ipaddress::RESOURCE], &["CREATE", "UPDATE"], "Namespaced"),
             ],
-            "matchConditions": [{
-                "name": "not-kipam",
-                "expression": format!("request.userInfo.username != {}", cel_string(&options.service_account)),
-            }],
+            "matchConditions": [
+                {
+                    "name": "not-kipam",
+                    "expression": format!("request.userInfo.username != {}", cel_string(&options.service_account)),
+                },
+                {
+                    "name": "kipam-pools-only",
+                    "expression": kipam_pools_only(),
+                },
+            ],
             "failurePolicy": options.failure_policy,
             "matchPolicy": "Equivalent",
             "sideEffects": "None",
             "timeoutSeconds": options.timeout_seconds,
         }],
     })
+}
+
+/// The condition that keeps Cluster API `IPAddress`es of other providers' pools away from the
+/// webhook, so that kipam being down blocks nothing that is not kipam's: every request of
+/// another group passes it; an `IPAddress` passes it only when its `spec.poolRef.apiGroup`, in
+/// the new object or the old one, is kipam's. The old object covers an update that moves an
+/// address away from a kipam pool (refused by the webhook) and a finalizer removal, where the
+/// new object is the one without the finalizer (on a delete `object` is null). Each field is
+/// tested with `has` before it is read: a `v1beta1` `poolRef` may lack `apiGroup`, and an
+/// evaluation error would count as a failed call, refusing the write under `Fail`.
+pub fn kipam_pools_only() -> String {
+    let names_kipam = |o: &str| {
+        format!(
+            "({o} != null && has({o}.spec) && has({o}.spec.poolRef) && \
+             has({o}.spec.poolRef.apiGroup) && {o}.spec.poolRef.apiGroup == '{GROUP}')"
+        )
+    };
+    format!(
+        "request.resource.group != '{}' || {} || {}",
+        ipaddress::GROUP,
+        names_kipam("object"),
+        names_kipam("oldObject")
+    )
 }
 
 /// A CEL string literal.

@@ -20,6 +20,7 @@ mod network;
 mod preconditions;
 mod promise;
 mod quiet;
+mod rbac;
 mod records;
 mod releases;
 mod selfsigned;

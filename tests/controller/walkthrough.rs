@@ -106,7 +106,10 @@ fn quick_start_allocations(readme: &str) -> BTreeMap<(String, String), (String, 
 /// directory in name order, the documents of each file in order. A new object is created with
 /// kubectl's field manager, strict field validation and the last-applied annotation; one that
 /// exists is merge-patched. Returns kubectl's lines, errors included.
-async fn kubectl_apply(client: &kube::Client, path: &Path) -> Vec<Result<String, String>> {
+pub(super) async fn kubectl_apply(
+    client: &kube::Client,
+    path: &Path,
+) -> Vec<Result<String, String>> {
     let mut files: Vec<_> = if path.is_dir() {
         std::fs::read_dir(path)
             .expect("directory")
@@ -220,7 +223,7 @@ async fn apply_one(
     }
 }
 
-async fn client_of(api: &ApiServer) -> kube::Client {
+pub(super) async fn client_of(api: &ApiServer) -> kube::Client {
     let kc = kube::config::Kubeconfig::from_yaml(&api.kubeconfig_yaml()).expect("kubeconfig");
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
@@ -236,7 +239,7 @@ fn condition(obj: &Value, type_: &str) -> Option<Value> {
         .cloned()
 }
 
-fn condition_status(obj: &Value, type_: &str) -> String {
+pub(super) fn condition_status(obj: &Value, type_: &str) -> String {
     condition(obj, type_)
         .and_then(|c| c["status"].as_str().map(str::to_string))
         .unwrap_or_default()

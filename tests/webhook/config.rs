@@ -141,3 +141,117 @@ fn base64_matches_the_standard_alphabet() {
     assert_eq!(base64(b"foobar"), "Zm9vYmFy");
     assert_eq!(base64(&[0xff, 0xfe]), "//4=");
 }
+
+/// An `IPAddress` of pool `pool` in group `group` (`None`: a `v1beta1` reference without
+/// `apiGroup`), with a finalizer as providers put on them.
+fn ip_address(name: &str, group: Option<&str>, pool: &str) -> Value {
+    let mut pool_ref = serde_json::json!({"kind": "InClusterIPPool", "name": pool});
+    let version = match group {
+        Some(g) => {
+            pool_ref["apiGroup"] = serde_json::json!(g);
+            if g == "ipam.kipam.dev" {
+                pool_ref["kind"] = serde_json::json!("IPAMPool");
+            }
+            "v1beta2"
+        }
+        None => "v1beta1",
+    };
+    serde_json::json!({
+        "apiVersion": format!("ipam.cluster.x-k8s.io/{version}"),
+        "kind": "IPAddress",
+        "metadata": {"name": name, "namespace": "machines", "finalizers": ["example.com/protect"]},
+        "spec": {"address": "10.1.2.3", "prefix": 24, "claimRef": {"name": name}, "poolRef": pool_ref},
+    })
+}
+
+/// kipam's webhook down (its URL answers nothing, `failurePolicy: Fail`): another provider's
+/// `IPAddress`es are created, have their finalizer removed and go, while one naming a kipam
+/// pool is refused — the generated configuration, applied to an API server that evaluates its
+/// `matchConditions`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_webhook_down_only_kipam_s_ip_addresses_are_blocked() {
+    use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+    use kube::core::{ApiResource, GroupVersionKind};
+
+    let server = kube_standin::ApiServer::start().await.expect("stand-in");
+    server
+        .apply_yaml(include_str!("../fixtures/capi/capi-ipam-ipaddresses.yaml"))
+        .expect("Cluster API's IPAddress CRD");
+    server
+        .apply(&serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "machines"}}))
+        .expect("namespace");
+    // Nothing listens on this port: every call to the webhook fails.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let (ok, config, err) = config(&["--url", &format!("https://127.0.0.1:{closed}")]);
+    assert!(ok, "{err}");
+    assert_eq!(config["webhooks"][0]["failurePolicy"], "Fail");
+    server.apply(&config).expect("the configuration applies");
+
+    let kc = kube::config::Kubeconfig::from_yaml(&server.kubeconfig_yaml()).expect("kubeconfig");
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("config");
+    let client = kube::Client::try_from(cfg).expect("client");
+    let api = |version: &str| -> Api<DynamicObject> {
+        let gvk = GroupVersionKind::gvk("ipam.cluster.x-k8s.io", version, "IPAddress");
+        Api::namespaced_with(client.clone(), "machines", &ApiResource::from_gvk(&gvk))
+    };
+    let create = |version: &str, obj: Value| {
+        let api = api(version);
+        async move {
+            let obj: DynamicObject = serde_json::from_value(obj).expect("object");
+            api.create(&PostParams::default(), &obj).await
+        }
+    };
+
+    // Another provider's, v1beta2 and v1beta1 (no apiGroup): created, finalizer removed, gone.
+    for (name, version, group) in [
+        ("other-0", "v1beta2", Some("ipam.cluster.x-k8s.io")),
+        ("other-1", "v1beta1", None),
+    ] {
+        create(version, ip_address(name, group, "in-cluster"))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: another provider's IPAddress refused: {e}"));
+        api(version)
+            .delete(name, &Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("{name}: delete refused: {e}"));
+        api(version)
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{name}: finalizer removal refused: {e}"));
+        assert!(
+            server
+                .get("ipaddresses.ipam.cluster.x-k8s.io", Some("machines"), name)
+                .is_none(),
+            "{name} is gone"
+        );
+    }
+
+    // One naming a kipam pool: the API server must ask kipam, cannot, and refuses.
+    let e = create(
+        "v1beta2",
+        ip_address("kipam-0", Some("ipam.kipam.dev"), "machines"),
+    )
+    .await
+    .expect_err("a kipam pool's IPAddress with the webhook down");
+    let kube::Error::Api(status) = e else {
+        panic!("not an API error: {e}");
+    };
+    assert_eq!(status.code, 500, "{status:?}");
+    assert!(
+        status
+            .message
+            .contains("failed calling webhook \"validate.ipam.kipam.dev\""),
+        "{}",
+        status.message
+    );
+}

@@ -183,7 +183,8 @@ pub(super) async fn ensure_namespaces(
     limit: usize,
     outcome: &mut PassOutcome,
 ) {
-    // RBAC: src/rbac.rs (namespaces: create, patch).
+    // RBAC: src/rbac.rs (namespaces: create, patch; clusters/finalizers: update, for the
+    // owner reference with blockOwnerDeletion).
     let api: Api<Namespace> = Api::all(ctx.writer.clone());
     let mut jobs = Vec::new();
     for c in clusters {

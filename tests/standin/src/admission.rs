@@ -220,7 +220,10 @@ pub(crate) async fn review(
     }
     let null = Value::Null;
     for hook in hooks {
+        // As the real server: any condition false skips the webhook; otherwise an error in
+        // one applies the failure policy; all true calls it.
         let mut selected = true;
+        let mut error = None;
         for (name, expression) in &hook.conditions {
             let vars = [
                 ("object", attrs.object.as_ref().unwrap_or(&null)),
@@ -230,13 +233,18 @@ pub(crate) async fn review(
             match crate::cel::evaluate_bool(expression, &vars) {
                 Ok(true) => {}
                 Ok(false) => selected = false,
-                Err(e) if hook.fail => {
-                    return Err(failed_call(hook, format!("matchCondition {name}: {e}")));
+                Err(e) => {
+                    error.get_or_insert(format!("matchCondition {name}: {e}"));
                 }
-                Err(_) => selected = false,
             }
         }
         if !selected {
+            continue;
+        }
+        if let Some(e) = error {
+            if hook.fail {
+                return Err(failed_call(hook, e));
+            }
             continue;
         }
         match call(hook, &request).await {

@@ -143,6 +143,22 @@ impl ApiError {
         Self::new(403, message)
     }
 
+    /// A refusal of a request on `group`/`plural` (object `name`, when there is one), worded
+    /// as the real server's `NewForbidden`: `plural.group "name" is forbidden: why`, or
+    /// `forbidden: why` for a request outside resources.
+    pub(crate) fn forbidden_on(group: &str, plural: &str, name: &str, why: &str) -> Self {
+        if plural.is_empty() {
+            return Self::new(403, format!("forbidden: {why}"));
+        }
+        let what = qualified(group, plural);
+        let message = if name.is_empty() {
+            format!("{what} is forbidden: {why}")
+        } else {
+            format!("{what} \"{name}\" is forbidden: {why}")
+        };
+        Self::new(403, message).with_details(group, plural, name)
+    }
+
     pub(crate) fn unsupported_media_type(content_type: &str) -> Self {
         Self::new(
             415,

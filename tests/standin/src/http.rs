@@ -6,7 +6,9 @@ use crate::Shared;
 use crate::admission;
 use crate::discovery;
 use crate::error::ApiError;
+use crate::ownerrefs;
 use crate::patch::PatchKind;
+use crate::rbac::{self, Decision};
 use crate::resources::{Behaviour, ResourceType};
 use crate::reviews::{
     self, AccessRequest, AccessReviewKind, NonResourceAttributes, ResourceAttributes, UserInfo,
@@ -247,10 +249,10 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> R
 
     let caller = match authenticate(&shared, &parts.headers, require_auth) {
         Ok(c) => c,
-        Err(e) => return error_response(&e),
+        Err(e) => return refused(&shared, &e, &verb, &path),
     };
     if require_auth && let Err(e) = authorize(&shared, &caller, &route, &verb, &path) {
-        return error_response(&e);
+        return refused(&shared, &e, &verb, &path);
     }
 
     let bytes = match axum::body::to_bytes(body, MAX_BODY).await {
@@ -319,6 +321,16 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> R
     result.unwrap_or_else(|e| error_response(&e))
 }
 
+/// Answers a refusal for want of credentials or permission, and keeps its message for
+/// `ApiServer::refusals`.
+fn refused(shared: &Shared, e: &ApiError, verb: &str, path: &str) -> Response {
+    shared
+        .control_lock()
+        .refusals
+        .push(format!("{} {verb} {path}: {}", e.code, e.message));
+    error_response(e)
+}
+
 /// Runs what a test asked to happen right after this GET (see `ApiServer::after_next_get`),
 /// before the answer goes out.
 fn run_get_hook(shared: &Shared, rp: &ResourcePath) {
@@ -334,6 +346,16 @@ fn run_get_hook(shared: &Shared, rp: &ResourcePath) {
     }
 }
 
+/// The user a token stands for: a token made known with `add_token` or
+/// `service_account_token`, else whatever the scripted token review says.
+pub(crate) fn user_of_token(shared: &Shared, token: &str) -> Option<UserInfo> {
+    let (known, authn) = {
+        let c = shared.control_lock();
+        (c.tokens.get(token).cloned(), c.token_review.clone())
+    };
+    known.or_else(|| authn(token))
+}
+
 /// Resolves the caller from the bearer token. Without `require_auth`, unknown or missing
 /// tokens are let through (as the admin, or anonymous).
 fn authenticate(
@@ -341,12 +363,40 @@ fn authenticate(
     headers: &HeaderMap,
     require_auth: bool,
 ) -> Result<Option<UserInfo>, ApiError> {
-    let authn = shared.control_lock().token_review.clone();
-    let user = bearer(headers).and_then(|t| authn(t));
+    let user = bearer(headers).and_then(|t| user_of_token(shared, t));
     if require_auth && user.is_none() {
         return Err(ApiError::new(401, "Unauthorized"));
     }
     Ok(user)
+}
+
+/// The authoriser: RBAC over the stored roles when it is on, else the scripted function.
+pub(crate) fn decide(shared: &Shared, req: &AccessRequest) -> Decision {
+    let (rbac_on, authz) = {
+        let c = shared.control_lock();
+        (c.rbac, c.access_review.clone())
+    };
+    if rbac_on {
+        return rbac::authorize(&shared.lock_store(), req);
+    }
+    Decision {
+        allowed: authz(req),
+        reason: String::new(),
+    }
+}
+
+/// A refusal by the authoriser, worded as the real server's: the resource (and object name)
+/// refused, who asked, the verb, the resource with its subresource, group and scope, and the
+/// authoriser's reason when it gave one.
+pub(crate) fn forbidden(req: &AccessRequest, reason: &str) -> ApiError {
+    let mut why = rbac::forbidden_message(req);
+    if !reason.is_empty() {
+        why = format!("{why}: {reason}");
+    }
+    match &req.resource {
+        Some(r) => ApiError::forbidden_on(&r.group, &r.resource, &r.name, &why),
+        None => ApiError::forbidden_on("", "", "", &why),
+    }
 }
 
 fn authorize(
@@ -356,11 +406,9 @@ fn authorize(
     verb: &str,
     path: &str,
 ) -> Result<(), ApiError> {
-    let authz = shared.control_lock().access_review.clone();
     let user = caller
         .clone()
         .unwrap_or_else(|| UserInfo::new("system:anonymous"));
-    let username = user.username.clone();
     let req = match route {
         Route::Resource(rp) => AccessRequest {
             user,
@@ -384,27 +432,11 @@ fn authorize(
             }),
         },
     };
-    if authz(&req) {
+    let decision = decide(shared, &req);
+    if decision.allowed {
         return Ok(());
     }
-    let message = match &req.resource {
-        Some(r) => {
-            let scope = if r.namespace.is_empty() {
-                "at the cluster scope".to_string()
-            } else {
-                format!("in the namespace \"{}\"", r.namespace)
-            };
-            format!(
-                "{} is forbidden: User \"{username}\" cannot {} resource \"{}\" in API group \"{}\" {scope}",
-                crate::error::qualified(&r.group, &r.resource),
-                r.verb,
-                r.resource,
-                r.group
-            )
-        }
-        None => format!("forbidden: User \"{username}\" cannot {verb} path \"{path}\""),
-    };
-    Err(ApiError::forbidden(message))
+    Err(forbidden(&req, &decision.reason))
 }
 
 struct ResourceRequest<'a> {
@@ -646,7 +678,9 @@ async fn handle_admitted(
         return handle_resource(shared, req);
     }
     let hooks = admission::matching(shared, &rt, rp.sub.as_deref(), operation);
-    if hooks.is_empty() {
+    let owner_plugin = shared.control_lock().owner_references_enforcement
+        && matches!(operation, "CREATE" | "UPDATE");
+    if hooks.is_empty() && !owner_plugin {
         return handle_resource(shared, req);
     }
     let ns = if rt.namespaced {
@@ -658,8 +692,15 @@ async fn handle_admitted(
         .name
         .as_deref()
         .and_then(|n| shared.lock_store().object(&rt, ns, n));
-    if operation != "CREATE" && old.is_none() {
-        // Nothing to update or delete (a PUT that creates a Lease aside): let the store say so.
+    // A PUT or apply patch that creates: the owner-reference plugin sees a create; webhooks
+    // are not called for it (see README).
+    let (operation, hooks) = if operation == "UPDATE" && old.is_none() {
+        ("CREATE", Vec::new())
+    } else {
+        (operation, hooks)
+    };
+    if (operation != "CREATE" && old.is_none()) || (hooks.is_empty() && !owner_plugin) {
+        // Nothing to update or delete: let the store say so.
         return handle_resource(shared, req);
     }
     let object = if operation == "DELETE" {
@@ -721,7 +762,28 @@ async fn handle_admitted(
             .unwrap_or_else(|| UserInfo::new("system:anonymous")),
         dry_run: req.query.get("dryRun").is_some_and(|v| v == "All"),
     };
-    admission::review(&hooks, &attrs, &uid).await?;
+    if owner_plugin {
+        let write = ownerrefs::Write {
+            rt: &rt,
+            sub: rp.sub.as_deref(),
+            operation,
+            namespace: namespace.as_deref(),
+            name: &name,
+            object: attrs.object.as_ref(),
+            old_object: attrs.old_object.as_ref(),
+            user: &attrs.user,
+        };
+        if let Err(e) = ownerrefs::check(shared, &write, |r| decide(shared, r)) {
+            shared.control_lock().refusals.push(format!(
+                "{} {operation} {}: {}",
+                e.code, rt.plural, e.message
+            ));
+            return Err(e);
+        }
+    }
+    if !hooks.is_empty() {
+        admission::review(&hooks, &attrs, &uid).await?;
+    }
     handle_resource(shared, req)
 }
 
@@ -737,10 +799,8 @@ fn handle_review(
         )));
     }
     let body = parse_body(req.body, req.content_type)?;
-    let (authn, authz) = {
-        let c = shared.control_lock();
-        (c.token_review.clone(), c.access_review.clone())
-    };
+    let authn = |token: &str| user_of_token(shared, token);
+    let authz = |req: &AccessRequest| decide(shared, req);
     let v = match (rt.behaviour, rt.plural.as_str()) {
         (Behaviour::TokenReview, _) => reviews::token_review(&body, &authn)?,
         (Behaviour::SubjectAccessReview, "localsubjectaccessreviews") => reviews::access_review(

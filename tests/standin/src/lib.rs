@@ -12,7 +12,9 @@ mod discovery;
 mod error;
 mod http;
 pub mod https;
+mod ownerrefs;
 mod patch;
+mod rbac;
 mod resources;
 mod reviews;
 mod schema;
@@ -106,6 +108,14 @@ pub(crate) struct Control {
     pub token_review: TokenReviewFn,
     pub access_review: AccessReviewFn,
     pub require_auth: bool,
+    /// Requests and access reviews are decided by the stored RBAC objects.
+    pub rbac: bool,
+    /// The `OwnerReferencesPermissionEnforcement` admission plugin is on.
+    pub owner_references_enforcement: bool,
+    /// Tokens known besides the scripted token review (service accounts, users).
+    pub tokens: BTreeMap<String, UserInfo>,
+    /// Every request refused by authentication, authorisation or the owner-reference plugin.
+    pub refusals: Vec<String>,
     pub latency: Duration,
     pub bookmark_interval: Duration,
     pub watch_delay: Duration,
@@ -227,6 +237,10 @@ impl ApiServer {
             }),
             access_review: Arc::new(|_: &AccessRequest| true),
             require_auth: false,
+            rbac: false,
+            owner_references_enforcement: false,
+            tokens: BTreeMap::new(),
+            refusals: Vec::new(),
             latency: Duration::ZERO,
             bookmark_interval: Duration::from_secs(5),
             watch_delay: Duration::ZERO,
@@ -384,6 +398,69 @@ impl ApiServer {
     /// (else 401) and be allowed by the access-review function (else 403). Off by default.
     pub fn set_require_auth(&self, on: bool) {
         self.shared().control_lock().require_auth = on;
+    }
+
+    /// Turns on authorisation by RBAC, as a real API server runs it: from now on every request
+    /// must carry a known token (else 401) and be allowed by the `ClusterRole`s, `Role`s and
+    /// bindings stored in this instance (else 403 `Forbidden` with the real message), and
+    /// `SubjectAccessReview`s are answered the same way. The kubeconfig's token stays the admin
+    /// (`system:masters`, allowed everything); other users come from [`ApiServer::add_token`],
+    /// [`ApiServer::service_account_token`] or the scripted token review. The bootstrap roles a
+    /// real cluster grants every authenticated user (discovery, `/version`, health, self
+    /// reviews) are stored as well. Off by default; it cannot be turned off again.
+    pub fn enable_rbac(&self) {
+        for obj in rbac::bootstrap_objects() {
+            // The registry always has the RBAC kinds; a bootstrap object cannot fail to apply.
+            let _ = self.apply(&obj);
+        }
+        let mut c = self.shared().control_lock();
+        c.rbac = true;
+        c.require_auth = true;
+    }
+
+    /// Turns on the `OwnerReferencesPermissionEnforcement` admission plugin (OpenShift and many
+    /// hardened clusters run it): a create or update that makes an owner reference
+    /// `blockOwnerDeletion: true` needs `update` on the owner's `finalizers` subresource, and an
+    /// update that changes owner references at all needs `delete` on the object itself;
+    /// otherwise 403 with the real plugin's message. Decisions come from RBAC when it is on
+    /// ([`ApiServer::enable_rbac`]), else from the scripted access review.
+    pub fn enable_owner_references_permission_enforcement(&self) {
+        self.shared().control_lock().owner_references_enforcement = true;
+    }
+
+    /// The messages of every request refused so far for want of credentials (401) or
+    /// permission (403 by RBAC or the owner-reference plugin), oldest first: a test that runs a
+    /// client with exactly the permissions it ships asserts this stays empty.
+    pub fn refusals(&self) -> Vec<String> {
+        self.shared().control_lock().refusals.clone()
+    }
+
+    /// Makes `token` authenticate as `user`, whatever the scripted token review says.
+    pub fn add_token(&self, token: &str, user: UserInfo) {
+        self.shared()
+            .control_lock()
+            .tokens
+            .insert(token.to_string(), user);
+    }
+
+    /// A new token for the service account `namespace/name`: it authenticates as
+    /// `system:serviceaccount:<namespace>:<name>` in the groups `system:serviceaccounts`,
+    /// `system:serviceaccounts:<namespace>` and `system:authenticated`, as a real projected
+    /// token does. (The ServiceAccount object itself is not required.)
+    pub fn service_account_token(&self, namespace: &str, name: &str) -> String {
+        let token = self.shared().lock_store().ids().token();
+        let user = UserInfo {
+            username: format!("system:serviceaccount:{namespace}:{name}"),
+            uid: self.shared().lock_store().ids().uid(),
+            groups: vec![
+                "system:serviceaccounts".to_string(),
+                format!("system:serviceaccounts:{namespace}"),
+                "system:authenticated".to_string(),
+            ],
+            extra: BTreeMap::new(),
+        };
+        self.add_token(&token, user);
+        token
     }
 
     /// Makes the next `count` requests matching `verb` and `resource` (either may be `"*"`)

@@ -2,6 +2,7 @@
 //! stored, the answer comes from functions a test scripts.
 
 use crate::error::ApiError;
+use crate::rbac::Decision;
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -139,7 +140,10 @@ fn review_object(body: &Value, api_version: &str, kind: &str, status: Value) -> 
 }
 
 /// Answers a `TokenReview` with the scripted authenticator.
-pub(crate) fn token_review(body: &Value, authn: &TokenReviewFn) -> Result<Value, ApiError> {
+pub(crate) fn token_review(
+    body: &Value,
+    authn: &dyn Fn(&str) -> Option<UserInfo>,
+) -> Result<Value, ApiError> {
     let spec = body.get("spec").cloned().unwrap_or(Value::Null);
     let token = str_of(&spec, "token");
     if token.is_empty() {
@@ -199,7 +203,7 @@ pub(crate) fn access_review(
     kind: AccessReviewKind,
     path_namespace: Option<&str>,
     caller: Option<UserInfo>,
-    authz: &AccessReviewFn,
+    authz: &dyn Fn(&AccessRequest) -> Decision,
 ) -> Result<Value, ApiError> {
     let spec = body.get("spec").cloned().unwrap_or(Value::Null);
     let (resource, non_resource) = parse_attributes(&spec);
@@ -244,11 +248,11 @@ pub(crate) fn access_review(
         resource,
         non_resource,
     };
-    let allowed = authz(&req);
-    let status = json!({
-        "allowed": allowed,
-        "reason": if allowed { "allowed by the stand-in's access review script" } else { "denied by the stand-in's access review script" },
-    });
+    let decision = authz(&req);
+    let mut status = json!({ "allowed": decision.allowed });
+    if !decision.reason.is_empty() {
+        status["reason"] = json!(decision.reason);
+    }
     let mut out = review_object(body, "authorization.k8s.io/v1", kind_name, status);
     if kind == AccessReviewKind::SelfReview {
         // A self review reports no user in its spec: the caller is implied.
