@@ -362,8 +362,14 @@ mod tests {
         ]
     }
 
-    /// An `IPAddress` in `machines` for claim `claim`, as `version` writes it.
+    /// An `IPAddress` in `machines` for claim `claim`, as `version` writes it: prefix 24, or in
+    /// `lan`'s prefix datacenter (10.1.0.0/16) the /28 subnet starting at the address.
     fn address(version: &str, claim: &str, address: Value) -> Value {
+        let prefix = if address.as_str().is_some_and(|a| a.starts_with("10.1.")) {
+            28
+        } else {
+            24
+        };
         json!({
             "apiVersion": format!("ipam.cluster.x-k8s.io/{version}"),
             "kind": "IPAddress",
@@ -372,7 +378,7 @@ mod tests {
                 "claimRef": {"name": claim},
                 "poolRef": {"apiGroup": "ipam.kipam.dev", "kind": "IPAMPool", "name": "lan"},
                 "address": address,
-                "prefix": 24,
+                "prefix": prefix,
             },
         })
     }
@@ -405,7 +411,7 @@ mod tests {
     fn a_free_address_inside_the_pool_is_admitted_in_every_version() {
         let lan = lan();
         for version in ["v1alpha1", "v1beta1", "v1beta2"] {
-            for a in ["10.0.0.100", "10.9.0.3", "10.1.0.40"] {
+            for a in ["10.0.0.100", "10.9.0.3", "10.1.0.48"] {
                 assert_eq!(
                     judge(&address(version, "web-9", json!(a)), Some(&lan)),
                     Ok(())
@@ -446,8 +452,10 @@ mod tests {
                 "10.0.0.0-10.0.0.7",
             ],
         );
+        let mut inside = address("v1beta2", "web-5", json!("10.1.0.20"));
+        inside["spec"]["prefix"] = json!(30);
         refused(
-            judge(&address("v1beta2", "web-5", json!("10.1.0.20")), Some(&lan)),
+            judge(&inside, Some(&lan)),
             &["held by claim machines/db-0", "lan/dc-2", "10.1.0.16/28"],
         );
         // The same claim name in another namespace is another holder.
