@@ -395,6 +395,51 @@ pub fn cluster_ipam_condition(decisions: &[&Decision]) -> (bool, String, String)
     (false, reason.into(), message)
 }
 
+/// Whether the reserved addresses leave a machine's claim nothing in this pool datacenter: every
+/// address of its CIDRs is excluded or is one no machine gets (network, broadcast, gateway).
+/// Only `range` datacenters have such addresses; a large pool is never short of them.
+pub fn no_machine_room(dc: &crate::planner::DatacenterInput) -> bool {
+    if dc.machine_reserved.is_empty() {
+        return false;
+    }
+    for cidr in dc.config.cidrs() {
+        // At most a few reserved addresses and the exclusions: a CIDR wider than a /24 (v4)
+        // always has room left, whatever the exclusions, only if they leave some; count.
+        let Some(size) = cidr.size().to_u128() else {
+            return false;
+        };
+        let inside = |r: &AddrRange| {
+            let first = r.first().max(cidr.first());
+            let last = r.last().min(cidr.last());
+            (first <= last).then_some((first, last))
+        };
+        let mut taken: Vec<(u128, u128)> = dc
+            .exclusions
+            .iter()
+            .chain(dc.machine_reserved.iter().map(|(r, _)| r))
+            .filter(|r| r.family() == cidr.family())
+            .filter_map(inside)
+            .collect();
+        taken.sort();
+        let mut covered: u128 = 0;
+        let mut upto: Option<u128> = None;
+        for (first, last) in taken {
+            let start = match upto {
+                Some(u) if first <= u => u.saturating_add(1),
+                _ => first,
+            };
+            if start <= last {
+                covered = covered.saturating_add(last - start + 1);
+            }
+            upto = Some(upto.map_or(last, |u| u.max(last)));
+        }
+        if covered < size {
+            return false;
+        }
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -441,12 +486,43 @@ mod tests {
                             config,
                             exclusions: vec![],
                             reuse_after: 0,
+                            machine_reserved: vec![],
                         },
                     )
                 })
                 .collect(),
             address_space: String::new(),
         }
+    }
+
+    #[test]
+    fn a_pool_whose_reserved_addresses_leave_no_machine_anything_is_told_apart() {
+        use crate::allocator::{PoolKind, Strategy};
+        let dc = |cidr: &str, excluded: &[&str]| {
+            let config = crate::allocator::PoolConfig::new(
+                cidr.parse().unwrap(),
+                PoolKind::Range {
+                    allocation_range: 1,
+                },
+                Strategy::FirstFit,
+            );
+            let settings: crate::resources::IPAMPoolDatacenter = serde_json::from_value(
+                serde_json::json!({"type": "range", "poolCidr": cidr, "allocationRange": 1}),
+            )
+            .unwrap();
+            crate::planner::DatacenterInput {
+                machine_reserved: crate::validation::machine_reserved(&config, "dc", &settings),
+                config,
+                exclusions: excluded.iter().map(|e| e.parse().unwrap()).collect(),
+                reuse_after: 0,
+            }
+        };
+        // A /30: network .0 and broadcast .3 reserved; .1 and .2 excluded leave nothing.
+        assert!(no_machine_room(&dc("10.0.0.0/30", &["10.0.0.1-10.0.0.2"])));
+        assert!(!no_machine_room(&dc("10.0.0.0/30", &["10.0.0.1"])));
+        assert!(!no_machine_room(&dc("10.0.0.0/24", &[])));
+        // A /31 has no network or broadcast address: both are hosts.
+        assert!(!no_machine_room(&dc("10.0.0.0/31", &[])));
     }
 
     #[test]

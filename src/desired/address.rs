@@ -7,8 +7,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use crate::address::Cidr;
 use crate::allocator::Allocation;
 use crate::resources::capi::{
-    ADDRESS_FINALIZER, IPAddress, IPAddressClaimStatus, IPAddressSpec, LocalReference, MANAGED_BY,
-    PoolReference,
+    ADDRESS_FINALIZER, IPAddress, IPAddressClaimStatus, IPAddressSpec, LABEL_CAPI_CLUSTER_NAME,
+    LocalReference, MANAGED_BY, PoolReference,
 };
 use crate::resources::{API_VERSION, Condition, LABEL_DATACENTER, LABEL_POOL};
 
@@ -27,6 +27,10 @@ pub struct AddressFor<'a> {
     /// `network.prefixLength` and `network.gateway`, when the datacenter has a network.
     pub prefix_length: Option<u8>,
     pub gateway: Option<&'a str>,
+    /// The claim's `cluster.x-k8s.io/cluster-name` label (else its `spec.clusterName`),
+    /// copied onto the `IPAddress` as the reference provider does (`clusterctl move` and
+    /// users select a cluster's objects by it).
+    pub cluster_name: Option<&'a str>,
 }
 
 /// The `IPAddress` for a claim holding `held`: one address of a range pool, or the first
@@ -77,11 +81,14 @@ pub fn address_spec(a: &AddressFor<'_>) -> Result<IPAddressSpec, String> {
 
 /// The `IPAddress` around `spec`: its name, labels, owners and finalizer.
 pub fn object_of(a: &AddressFor<'_>, spec: IPAddressSpec) -> IPAddress {
-    let labels = BTreeMap::from([
+    let mut labels = BTreeMap::from([
         (LABEL_POOL.to_string(), a.pool.to_string()),
         (LABEL_DATACENTER.to_string(), a.datacenter.to_string()),
         (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
     ]);
+    if let Some(cluster) = a.cluster_name {
+        labels.insert(LABEL_CAPI_CLUSTER_NAME.to_string(), cluster.to_string());
+    }
     IPAddress {
         metadata: ObjectMeta {
             name: Some(a.claim.to_string()),
@@ -103,13 +110,67 @@ pub fn object_of(a: &AddressFor<'_>, spec: IPAddressSpec) -> IPAddress {
                     name: a.pool.to_string(),
                     uid: a.pool_uid.to_string(),
                     controller: Some(false),
-                    block_owner_deletion: None,
+                    // The contract: `blockOwnerDeletion: true` on the pool's reference too.
+                    block_owner_deletion: Some(true),
                 },
             ]),
             ..Default::default()
         },
         spec,
     }
+}
+
+/// The JSON merge patch that gives `existing` what `wanted` (from [`object_of`]) says of its
+/// metadata: kipam's labels, the protecting finalizer and the owner references to the claim
+/// and the pool; `None` when it has them all. Its `spec` is never touched (Cluster API keeps an
+/// `IPAddress`'s spec immutable). Labels, finalizers and owner references of others are kept;
+/// the patch names the `resourceVersion` it was computed on, so it applies to that version only.
+/// This adopts an `IPAddress` made before its claim, and brings one written by an older kipam
+/// up to date.
+pub fn metadata_patch(existing: &IPAddress, wanted: &IPAddress) -> Option<serde_json::Value> {
+    let mut patch = serde_json::Map::new();
+    let have_labels = existing.metadata.labels.clone().unwrap_or_default();
+    let labels: serde_json::Map<String, serde_json::Value> = wanted
+        .metadata
+        .labels
+        .iter()
+        .flatten()
+        .filter(|(k, v)| have_labels.get(*k) != Some(*v))
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .collect();
+    if !labels.is_empty() {
+        patch.insert("labels".into(), serde_json::Value::Object(labels));
+    }
+    let mut finalizers = existing.metadata.finalizers.clone().unwrap_or_default();
+    if !finalizers.iter().any(|f| f == ADDRESS_FINALIZER) {
+        finalizers.push(ADDRESS_FINALIZER.to_string());
+        patch.insert("finalizers".into(), serde_json::json!(finalizers));
+    }
+    let have = existing
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default();
+    let want = wanted.metadata.owner_references.clone().unwrap_or_default();
+    let ours = |o: &OwnerReference| {
+        want.iter().any(|w| {
+            w.kind == o.kind && w.api_version.split('/').next() == o.api_version.split('/').next()
+        })
+    };
+    let mut refs: Vec<OwnerReference> = have.iter().filter(|o| !ours(o)).cloned().collect();
+    refs.extend(want.iter().cloned());
+    let same = refs.len() == have.len() && want.iter().all(|w| have.contains(w));
+    if !same {
+        patch.insert("ownerReferences".into(), serde_json::json!(refs));
+    }
+    if patch.is_empty() {
+        return None;
+    }
+    patch.insert(
+        "resourceVersion".into(),
+        serde_json::json!(existing.metadata.resource_version),
+    );
+    Some(serde_json::json!({ "metadata": patch }))
 }
 
 /// The claim's status: `addressRef` (when served) and its `Ready` condition, keeping the
@@ -157,6 +218,7 @@ mod tests {
             cidrs,
             prefix_length: None,
             gateway: None,
+            cluster_name: Some("edge"),
         }
     }
 
@@ -177,13 +239,65 @@ mod tests {
         assert_eq!(refs[0].controller, Some(true));
         assert_eq!(refs[0].block_owner_deletion, Some(true));
         assert_eq!(refs[1].controller, Some(false));
-        assert_eq!(obj.metadata.finalizers.unwrap(), vec![ADDRESS_FINALIZER]);
+        assert_eq!(
+            refs[1].block_owner_deletion,
+            Some(true),
+            "the contract's must"
+        );
+        assert_eq!(
+            obj.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_CAPI_CLUSTER_NAME))
+                .map(String::as_str),
+            Some("edge")
+        );
+        assert_eq!(
+            obj.metadata.finalizers.clone().unwrap(),
+            vec![ADDRESS_FINALIZER]
+        );
         let mut with_net = for_held(&held, &cidrs);
         with_net.prefix_length = Some(22);
         with_net.gateway = Some("10.0.0.1");
         let obj = address_object(&with_net).unwrap();
         assert_eq!(obj.spec.prefix, 22);
         assert_eq!(obj.spec.gateway.as_deref(), Some("10.0.0.1"));
+    }
+
+    #[test]
+    fn an_address_made_by_hand_is_adopted_by_a_metadata_patch_keeping_what_others_set() {
+        let held = Allocation::Range(vec!["10.0.1.9".parse().unwrap()]);
+        let cidrs = ["10.0.1.0/24".parse().unwrap()];
+        let wanted = address_object(&for_held(&held, &cidrs)).unwrap();
+        let mut found = wanted.clone();
+        found.metadata.labels = Some(BTreeMap::from([("team".to_string(), "a".to_string())]));
+        found.metadata.finalizers = Some(vec!["example.com/keep".to_string()]);
+        found.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "infrastructure.cluster.x-k8s.io/v1beta1".into(),
+            kind: "VSphereMachine".into(),
+            name: "m0".into(),
+            uid: "u-machine".into(),
+            ..Default::default()
+        }]);
+        found.metadata.resource_version = Some("41".into());
+        let patch = metadata_patch(&found, &wanted).expect("a patch");
+        let meta = &patch["metadata"];
+        assert_eq!(meta["resourceVersion"], "41");
+        assert_eq!(meta["labels"]["app.kubernetes.io/managed-by"], "kipam");
+        assert!(
+            meta["labels"].get("team").is_none(),
+            "others' labels untouched"
+        );
+        assert_eq!(
+            meta["finalizers"],
+            serde_json::json!(["example.com/keep", ADDRESS_FINALIZER])
+        );
+        let refs = meta["ownerReferences"].as_array().unwrap();
+        assert_eq!(refs.len(), 3);
+        assert_eq!(refs[0]["kind"], "VSphereMachine");
+        assert!(patch.get("spec").is_none(), "the spec is never touched");
+        // Nothing to do once it carries everything.
+        assert_eq!(metadata_patch(&wanted, &wanted), None);
     }
 
     #[test]

@@ -25,6 +25,12 @@ pub struct DatacenterInput {
     pub exclusions: Vec<AddrRange>,
     /// `reuseAfter`, in seconds: how long a released address stays quarantined.
     pub reuse_after: u64,
+    /// Addresses no machine's claim is ever given, whatever the exclusions say, each with what
+    /// it is (`the network address of 10.0.0.0/24`): the network address, the IPv4 broadcast
+    /// address and the gateway of the datacenter's `network` (without one, of each CIDR).
+    /// Clusters' ranges may still hold them. Empty for `prefix` pools (a claim there gets a
+    /// subnet, not a host address).
+    pub machine_reserved: Vec<(AddrRange, String)>,
 }
 
 /// One user cluster.

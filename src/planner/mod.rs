@@ -137,6 +137,17 @@ struct Planner<'a> {
     shared_tags: HashMap<String, Key>,
     /// (pool, datacenter) -> former holder -> its quarantined addresses.
     quarantine: BTreeMap<Key, BTreeMap<String, spaces::Entries>>,
+    /// Claim holder -> the tag under which the hand-made `IPAddress` it may adopt is set
+    /// aside: its pin lifts that set in the pool it pins in, nobody else's does.
+    adoptable: HashMap<String, String>,
+}
+
+/// The tag under which the addresses no machine gets are set aside while a claim is served.
+const MACHINE_RESERVED_TAG: &str = "reserved for the network (no machine gets it)";
+
+/// A holder is a machine's claim (it asks one pool and never grows).
+fn is_machine(cluster: &ClusterInput) -> bool {
+    cluster.only_pool.is_some() && crate::resources::capi::claim_of_holder(&cluster.name).is_some()
 }
 
 impl<'a> Planner<'a> {
@@ -301,11 +312,35 @@ impl<'a> Planner<'a> {
             self.decide(cluster, pool, Change::Fail, held, moved_from, why);
             return;
         }
+        // No machine is pinned to its network's network, broadcast or gateway address.
+        if is_machine(cluster) && held.is_none() {
+            let reserved = self
+                .pools
+                .get(pool)
+                .and_then(|p| p.datacenters.get(&dc))
+                .and_then(|d| {
+                    d.machine_reserved
+                        .iter()
+                        .find(|(r, _)| wanted.ranges().any(|w| w.overlaps(r)))
+                });
+            if let Some((r, what)) = reserved {
+                let why = format!("pinned {wanted} refused: {r} is {what}; no machine gets it");
+                self.decide(cluster, pool, Change::Fail, None, moved_from, why);
+                return;
+            }
+        }
         // Its own quarantined addresses are its to pin.
         let lifted = self.lift_quarantine(&key, &cluster.name);
+        let adoptable = self.adoptable.get(&cluster.name).cloned();
         let Some(Ok(allocator)) = self.allocators.get_mut(&key) else {
             return;
         };
+        // The hand-made `IPAddress` it adopts is set aside under its name: lifted for its own
+        // pin only, and set aside again if the pin is refused.
+        let adopting = adoptable.map(|tag| {
+            let ranges = allocator.give_back(&tag);
+            (tag, ranges)
+        });
         let decision = match held {
             Some(current) if same_addresses(&current, &wanted) => {
                 (Change::Keep, Some(current), None, "pinned".to_string())
@@ -352,6 +387,12 @@ impl<'a> Planner<'a> {
             },
         };
         let (change, held, previous, message) = decision;
+        if let Some((tag, ranges)) = adopting
+            && change == Change::Fail
+            && let Some(Ok(allocator)) = self.allocators.get_mut(&key)
+        {
+            allocator.set_aside(&tag, crate::allocator::Aside::Shared, ranges);
+        }
         if change == Change::Replace
             && let (Some(old), Some(new)) = (&previous, &held)
         {
@@ -457,9 +498,28 @@ impl<'a> Planner<'a> {
             .into_iter()
             .flat_map(|(_, r)| r.iter().copied())
             .collect();
+        // A machine never gets its network's network, broadcast or gateway address: set aside
+        // for this request only (the same allocator; clusters' ranges may still take them).
+        let reserved: Vec<AddrRange> = if is_machine(cluster) && held.is_none() {
+            self.pools
+                .get(pool)
+                .and_then(|p| p.datacenters.get(&dc))
+                .map(|d| d.machine_reserved.iter().map(|(r, _)| *r).collect())
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
         let Some(Ok(allocator)) = self.allocators.get_mut(&key) else {
             return;
         };
+        let set_aside = !reserved.is_empty()
+            && !allocator
+                .set_aside(
+                    MACHINE_RESERVED_TAG,
+                    crate::allocator::Aside::Shared,
+                    reserved,
+                )
+                .is_empty();
         let (change, now, previous, message) = match (held, request) {
             (Some(current @ Allocation::Range(_)), Request::Addresses(n)) => {
                 match allocator.grow(&cluster.name, n) {
@@ -510,10 +570,21 @@ impl<'a> Planner<'a> {
                         };
                         (Change::Create, Some(got.clone()), moved_from, message)
                     }
+                    Err(e) if set_aside => (
+                        Change::Fail,
+                        None,
+                        moved_from,
+                        format!(
+                            "{e} (a machine is never given its network's network, broadcast or gateway address)"
+                        ),
+                    ),
                     Err(e) => (Change::Fail, None, moved_from, e.to_string()),
                 }
             }
         };
+        if set_aside {
+            allocator.give_back(MACHINE_RESERVED_TAG);
+        }
         match lifted {
             Some(entries) => self.restore_quarantine(&key, &cluster.name, entries),
             None => self.mirror(&key, &cluster.name),
@@ -607,6 +678,7 @@ impl<'a> Planner<'a> {
             now: 0,
             shared_tags: HashMap::new(),
             quarantine: BTreeMap::new(),
+            adoptable: HashMap::new(),
         }
     }
 

@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use super::{HeldElsewhere, Key, Planner, PoolInput, Quarantined};
 use crate::address::AddrRange;
 use crate::allocator::Aside;
+use crate::resources::capi::ADOPTABLE_PREFIX;
 
 /// The tag under which a cluster's quarantined addresses are set aside in its pool.
 pub(super) fn quarantine_tag(holder: &str) -> String {
@@ -233,6 +234,9 @@ impl Planner<'_> {
     pub(super) fn set_aside_elsewhere(&mut self, elsewhere: &[&HeldElsewhere]) {
         for e in elsewhere {
             let tag = shared_tag(&e.pool, &e.holder);
+            if let Some(claim) = e.holder.strip_prefix(ADOPTABLE_PREFIX) {
+                self.adoptable.insert(claim.to_string(), tag.clone());
+            }
             for ((pool, dc), allocator) in self.allocators.iter_mut() {
                 if *dc != e.datacenter || *pool == e.pool {
                     continue;

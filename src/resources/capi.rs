@@ -52,6 +52,11 @@ pub fn claim_of_holder(holder: &str) -> Option<(&str, &str)> {
     holder.strip_prefix(CLAIM_HOLDER_PREFIX)?.split_once('/')
 }
 
+/// The prefix of the holder name under which a hand-made `IPAddress` that a claim may adopt is
+/// set aside (`adoptable/claim/<namespace>/<name>`): the claim's own pin may take its address,
+/// nobody else.
+pub const ADOPTABLE_PREFIX: &str = "adoptable/";
+
 /// A reference to a pool (`spec.poolRef`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -155,6 +160,13 @@ pub struct IPAddressSpec {
 pub struct CapiClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<bool>,
+}
+
+/// An object (a pool) carries Cluster API's pause annotation.
+pub fn has_pause_annotation(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> bool {
+    has_key(&meta.annotations, ANNOTATION_CAPI_PAUSED)
 }
 
 impl CapiCluster {

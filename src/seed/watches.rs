@@ -320,7 +320,11 @@ pub fn caches(
         watcher::Config::default(),
         wake.clone(),
         WatchReporter::new("ipampools.ipam.kipam.dev", metrics.clone()),
-        Wakes::Content(|p: &IPAMPool| planned_content(p, &p.spec, POOL_FINALIZER)),
+        // Cluster API's pause annotation on a pool stops and resumes its claims.
+        Wakes::Content(|p: &IPAMPool| {
+            planned_content(p, &p.spec, POOL_FINALIZER)
+                ^ u64::from(crate::resources::capi::has_pause_annotation(&p.metadata))
+        }),
         dirty.clone(),
         None,
         None,
@@ -347,6 +351,7 @@ pub fn caches(
     );
     let claims_listed = Arc::new(AtomicBool::new(false));
     let addresses_listed = Arc::new(AtomicBool::new(false));
+    let clusters_listed = Arc::new(AtomicBool::new(false));
     let (claims, claim_events) = cached(
         Api::<IPAddressClaim>::all(client.clone()),
         watcher::Config::default(),
@@ -390,7 +395,7 @@ pub fn caches(
         }),
         dirty.clone(),
         None,
-        None,
+        Some(clusters_listed.clone()),
     );
     Caches {
         pools,
@@ -402,6 +407,7 @@ pub fn caches(
             clusters: capi_clusters,
             claims_listed,
             addresses_listed,
+            clusters_listed,
         },
         events: futures::stream::select_all(vec![
             pool_events.boxed(),
@@ -425,6 +431,9 @@ pub struct CapiCaches {
     pub clusters: Store<CapiCluster>,
     pub claims_listed: Arc<AtomicBool>,
     pub addresses_listed: Arc<AtomicBool>,
+    /// Cluster API's `Cluster`s listed once: until then a claim's missing Cluster proves
+    /// nothing, and the claim is left alone.
+    pub clusters_listed: Arc<AtomicBool>,
 }
 
 impl Default for CapiCaches {
@@ -436,6 +445,7 @@ impl Default for CapiCaches {
             clusters: reflector::store().0,
             claims_listed: Default::default(),
             addresses_listed: Default::default(),
+            clusters_listed: Default::default(),
         }
     }
 }
@@ -444,6 +454,11 @@ impl CapiCaches {
     /// Both caches are complete (they listed once; later they stay current or re-list).
     pub fn listed(&self) -> bool {
         self.claims_listed.load(Ordering::Acquire) && self.addresses_listed.load(Ordering::Acquire)
+    }
+
+    /// Cluster API's `Cluster`s have been listed once.
+    pub fn clusters_listed(&self) -> bool {
+        self.clusters_listed.load(Ordering::Acquire)
     }
 }
 

@@ -16,11 +16,16 @@ mod schema;
 pub mod strict;
 
 pub use allocation::{AllocationParts, stored_allocation, stored_allocation_of};
-pub use claim::{ClaimHeld, ClaimPool, ClaimRead, ClaimWait, claim_input};
+pub use claim::{
+    ADDRESS_NOT_ADOPTABLE, CLUSTER_NOT_FOUND, ClaimHeld, ClaimPool, ClaimRead, ClaimWait, Found,
+    POOL_NOT_READY, adoption, claim_input, cluster_wait,
+};
 pub use cluster::cluster_input;
 pub use growth::{cluster_growth, datacenter_growth};
 pub use network::{DatacenterNetwork, datacenter_network};
-pub use pool::{parse_reuse_after, pool_input, validate_pool, validate_pool_with_clusters};
+pub use pool::{
+    machine_reserved, parse_reuse_after, pool_input, validate_pool, validate_pool_with_clusters,
+};
 pub use references::override_pools;
 
 use std::fmt;

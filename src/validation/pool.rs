@@ -257,11 +257,65 @@ fn datacenter_input(
     let config = PoolConfig::new(cidr, kind?, strategy)
         .with_label(format!("{pool}/{dc} ({cidr})"))
         .with_additional(additional?);
+    let machine_reserved = match config.kind {
+        PoolKind::Range { .. } => machine_reserved(&config, dc, settings),
+        PoolKind::Prefix { .. } => Vec::new(),
+    };
     Some(DatacenterInput {
         config,
         exclusions: exclusions?,
         reuse_after: reuse_after?,
+        machine_reserved,
     })
+}
+
+/// What no machine's claim is given in a `range` pool datacenter, whatever the exclusions: the
+/// network address and (IPv4) the broadcast address of the datacenter's `network`, and its
+/// gateway; without a `network`, the network and broadcast addresses of each CIDR of the pool
+/// (the network a claim's `IPAddress` then shows). A /31 or /32 (/127, /128 in IPv6) has no
+/// such addresses: every address of it is a host.
+pub fn machine_reserved(
+    config: &PoolConfig,
+    dc: &str,
+    settings: &IPAMPoolDatacenter,
+) -> Vec<(AddrRange, String)> {
+    let one = |family, a| AddrRange::new(family, a, a);
+    let mut out: Vec<(AddrRange, String)> = Vec::new();
+    let edges = |net: Cidr, out: &mut Vec<(AddrRange, String)>| {
+        let family = net.family();
+        if net.prefix_len() + 1 >= family.bits() {
+            return;
+        }
+        if let Some(r) = one(family, net.first()) {
+            out.push((r, format!("the network address of {net}")));
+        }
+        if family == crate::address::Family::V4
+            && let Some(r) = one(family, net.last())
+        {
+            out.push((r, format!("the broadcast address of {net}")));
+        }
+    };
+    match super::datacenter_network(dc, settings) {
+        Ok(Some(network)) => {
+            edges(network.cidr, &mut out);
+            if let Some((family, at)) = network
+                .gateway
+                .as_deref()
+                .and_then(|g| crate::address::parse_address(g).ok())
+                && let Some(r) = one(family, at)
+            {
+                out.push((r, format!("the gateway of {}", network.cidr)));
+            }
+        }
+        _ => {
+            for c in config.cidrs() {
+                edges(c, &mut out);
+            }
+        }
+    }
+    out.sort_by_key(|(r, _)| r.first());
+    out.dedup_by_key(|(r, _)| r.first());
+    out
 }
 
 /// `reuseAfter` in whole seconds: a duration such as `90s`, `10m`, `1h30m`, `7d` (or ISO

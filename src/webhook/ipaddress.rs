@@ -16,7 +16,7 @@
 
 use serde_json::Value;
 
-use crate::address::{AddrRange, Family, parse_address};
+use crate::address::{AddrRange, parse_address};
 use crate::allocator::Allocation;
 use crate::reservations::{allocation_of, parse_quarantine_key};
 use crate::resources::capi::{
@@ -50,6 +50,8 @@ pub struct Held<'a> {
     pub allocations: &'a [IPAMAllocation],
     /// The `IPAMPoolRecord`s of that pool.
     pub records: &'a [IPAMPoolRecord],
+    /// The other pools of its address space; `allocations` and `records` hold theirs too.
+    pub space: &'a [IPAMPool],
 }
 
 fn text<'a>(value: &'a Value, path: &[&str]) -> Option<&'a str> {
@@ -85,19 +87,19 @@ fn holding(entry: &str) -> String {
     }
 }
 
-/// The piece of `held` holding the address `at`, as a message shows it: the subnet of a
-/// prefix allocation, an address alone, or `first-last`.
-fn piece_holding(held: &Allocation, family: Family, at: u128) -> Option<String> {
+/// The piece of `held` overlapping `shown` (the address, or the subnet of a prefix pool's
+/// `IPAddress`), as a message shows it: the subnet of a prefix allocation, an address alone,
+/// or `first-last`.
+fn piece_holding(held: &Allocation, shown: &AddrRange) -> Option<String> {
+    let family = shown.family();
     if let Allocation::Prefix(cidr) = held {
-        return cidr
-            .contains(&AddrRange::new(family, at, at)?)
-            .then(|| cidr.to_string());
+        return cidr.range().overlaps(shown).then(|| cidr.to_string());
     }
     let piece = held
         .ranges()
-        .find(|r| r.family() == family && r.first() <= at && at <= r.last())?;
+        .find(|r| r.family() == family && r.overlaps(shown))?;
     Some(if piece.first() == piece.last() {
-        family.display(at).to_string()
+        family.display(piece.first()).to_string()
     } else {
         piece.to_string()
     })
@@ -145,17 +147,43 @@ pub fn check(object: &Value, namespace: Option<&str>, held: Held<'_>) -> Result<
             joined(&e)
         ))
     })?;
-    let single = AddrRange::new(family, at, at);
+    let Some(single) = AddrRange::new(family, at, at) else {
+        return Err(Verdict::invalid(format!(
+            "{label}: spec.address {address:?}: is not an address"
+        )));
+    };
+    // What it shows in a `prefix` datacenter: the subnet `spec.address/spec.prefix`, checked
+    // whole (a subnet that only starts free may still cover somebody's addresses).
+    let subnet = |dc: &str| -> Result<AddrRange, Verdict> {
+        let prefix_dc = pool
+            .spec
+            .datacenters
+            .get(dc)
+            .is_some_and(|s| s.type_ == AllocationType::Prefix);
+        if !prefix_dc {
+            return Ok(single);
+        }
+        let prefix = object
+            .get("spec")
+            .and_then(|s| s.get("prefix"))
+            .and_then(Value::as_i64);
+        prefix
+            .and_then(|p| u8::try_from(p).ok())
+            .and_then(|len| crate::address::Cidr::new(family, at, len))
+            .map(|c| c.range())
+            .ok_or_else(|| {
+                Verdict::invalid(format!(
+                    "{label}: spec.address {address:?} with spec.prefix {}: is not a subnet (IPAMPool {pool_name}/{dc} hands out subnets: the first address and the length)",
+                    prefix.map_or("missing".to_string(), |p| p.to_string())
+                ))
+            })
+    };
     // The datacenters whose CIDRs hold the address; the datacenter label kipam writes narrows
     // them when it names one of these (datacenters of one pool may share CIDRs).
     let mut dcs: Vec<&str> = input
         .datacenters
         .iter()
-        .filter(|(_, dc)| {
-            dc.config
-                .cidrs()
-                .any(|c| single.as_ref().is_some_and(|r| c.contains(r)))
-        })
+        .filter(|(_, dc)| dc.config.cidrs().any(|c| c.contains(&single)))
         .map(|(dc, _)| dc.as_str())
         .collect();
     if dcs.is_empty() {
@@ -194,57 +222,74 @@ pub fn check(object: &Value, namespace: Option<&str>, held: Held<'_>) -> Result<
         else {
             continue;
         };
+        let shown = subnet(dc)?;
+        if !dc_input.config.cidrs().any(|c| c.contains(&shown)) {
+            return refuse(format!(
+                "the subnet {shown} does not lie in one CIDR of IPAMPool {pool_name}/{dc}"
+            ));
+        }
         let (field, written) = match settings.type_ {
             AllocationType::Range => ("excludeRanges", &settings.exclude_ranges),
             AllocationType::Prefix => ("excludePrefixes", &settings.exclude_prefixes),
         };
         for (i, e) in dc_input.exclusions.iter().enumerate() {
-            if e.family() == family && e.first() <= at && at <= e.last() {
+            if e.family() == family && e.overlaps(&shown) {
                 let shown = written.get(i).cloned().unwrap_or_else(|| e.to_string());
                 return refuse(format!(
                     "is excluded from IPAMPool {pool_name}/{dc} (spec.datacenters[{dc}].{field}[{i}] {shown:?})"
                 ));
             }
         }
-        for record in held
-            .records
+        // Its own pool, then every other pool of the address space serving this datacenter.
+        let others = held
+            .space
             .iter()
-            .filter(|r| r.spec.pool == pool_name && r.spec.datacenter == *dc)
-        {
-            for (entry, reservation) in &record.spec.reservations {
-                if *entry == own {
-                    continue;
+            .filter(|p| p.spec.datacenters.contains_key(*dc))
+            .filter_map(|p| p.metadata.name.as_deref());
+        for holder_pool in std::iter::once(pool_name.as_str()).chain(others) {
+            let through = if holder_pool == pool_name {
+                format!("IPAMPool {pool_name}/{dc}")
+            } else {
+                format!(
+                    "IPAMPool {holder_pool}/{dc}, which shares IPAMPool {pool_name}'s addresses"
+                )
+            };
+            for record in held
+                .records
+                .iter()
+                .filter(|r| r.spec.pool == holder_pool && r.spec.datacenter == *dc)
+            {
+                for (entry, reservation) in &record.spec.reservations {
+                    if *entry == own && holder_pool == pool_name {
+                        continue;
+                    }
+                    let Ok(recorded) = allocation_of(reservation) else {
+                        continue;
+                    };
+                    if let Some(piece) = piece_holding(&recorded, &shown) {
+                        return refuse(format!(
+                            "{} in {through} (IPAMPoolRecord {}: {piece})",
+                            holding(entry),
+                            record.metadata.name.as_deref().unwrap_or_default()
+                        ));
+                    }
                 }
-                let Ok(recorded) = allocation_of(reservation) else {
+            }
+            for allocation in held.allocations {
+                let Ok(stored) = validation::stored_allocation(allocation) else {
                     continue;
                 };
-                if let Some(piece) = piece_holding(&recorded, family, at) {
+                if stored.pool != holder_pool || stored.datacenter != *dc {
+                    continue;
+                }
+                if let Some(piece) = stored.held.as_ref().and_then(|h| piece_holding(h, &shown)) {
                     return refuse(format!(
-                        "{} in IPAMPool {pool_name}/{dc} (IPAMPoolRecord {}: {piece})",
-                        holding(entry),
-                        record.metadata.name.as_deref().unwrap_or_default()
+                        "held by cluster {} in {through} (IPAMAllocation {}/{}: {piece})",
+                        stored.cluster,
+                        allocation.metadata.namespace.as_deref().unwrap_or_default(),
+                        allocation.metadata.name.as_deref().unwrap_or_default(),
                     ));
                 }
-            }
-        }
-        for allocation in held.allocations {
-            let Ok(stored) = validation::stored_allocation(allocation) else {
-                continue;
-            };
-            if stored.pool != pool_name || stored.datacenter != *dc {
-                continue;
-            }
-            if let Some(piece) = stored
-                .held
-                .as_ref()
-                .and_then(|h| piece_holding(h, family, at))
-            {
-                return refuse(format!(
-                    "held by cluster {} in IPAMPool {pool_name}/{dc} (IPAMAllocation {}/{}: {piece})",
-                    stored.cluster,
-                    allocation.metadata.namespace.as_deref().unwrap_or_default(),
-                    allocation.metadata.name.as_deref().unwrap_or_default(),
-                ));
             }
         }
     }
@@ -317,8 +362,14 @@ mod tests {
         ]
     }
 
-    /// An `IPAddress` in `machines` for claim `claim`, as `version` writes it.
+    /// An `IPAddress` in `machines` for claim `claim`, as `version` writes it: prefix 24, or in
+    /// `lan`'s prefix datacenter (10.1.0.0/16) the /28 subnet starting at the address.
     fn address(version: &str, claim: &str, address: Value) -> Value {
+        let prefix = if address.as_str().is_some_and(|a| a.starts_with("10.1.")) {
+            28
+        } else {
+            24
+        };
         json!({
             "apiVersion": format!("ipam.cluster.x-k8s.io/{version}"),
             "kind": "IPAddress",
@@ -327,7 +378,7 @@ mod tests {
                 "claimRef": {"name": claim},
                 "poolRef": {"apiGroup": "ipam.kipam.dev", "kind": "IPAMPool", "name": "lan"},
                 "address": address,
-                "prefix": 24,
+                "prefix": prefix,
             },
         })
     }
@@ -342,6 +393,7 @@ mod tests {
                 pool,
                 allocations: &allocations,
                 records: &records,
+                space: &[],
             },
         )
     }
@@ -359,7 +411,7 @@ mod tests {
     fn a_free_address_inside_the_pool_is_admitted_in_every_version() {
         let lan = lan();
         for version in ["v1alpha1", "v1beta1", "v1beta2"] {
-            for a in ["10.0.0.100", "10.9.0.3", "10.1.0.40"] {
+            for a in ["10.0.0.100", "10.9.0.3", "10.1.0.48"] {
                 assert_eq!(
                     judge(&address(version, "web-9", json!(a)), Some(&lan)),
                     Ok(())
@@ -400,8 +452,10 @@ mod tests {
                 "10.0.0.0-10.0.0.7",
             ],
         );
+        let mut inside = address("v1beta2", "web-5", json!("10.1.0.20"));
+        inside["spec"]["prefix"] = json!(30);
         refused(
-            judge(&address("v1beta2", "web-5", json!("10.1.0.20")), Some(&lan)),
+            judge(&inside, Some(&lan)),
             &["held by claim machines/db-0", "lan/dc-2", "10.1.0.16/28"],
         );
         // The same claim name in another namespace is another holder.
@@ -542,6 +596,76 @@ mod tests {
         let mut a = address("v1beta2", "web-0", json!("10.0.0.8"));
         a["metadata"].as_object_mut().unwrap().remove("namespace");
         assert_eq!(judge(&a, Some(&lan)), Ok(()));
+    }
+
+    #[test]
+    fn a_prefix_pools_address_is_checked_as_its_whole_subnet() {
+        let lan = lan();
+        // 10.1.0.0/27 starts free but covers db-0's 10.1.0.16/28.
+        let mut a = address("v1beta2", "web-5", json!("10.1.0.0"));
+        a["spec"]["prefix"] = json!(27);
+        refused(
+            judge(&a, Some(&lan)),
+            &["held by claim machines/db-0", "10.1.0.16/28"],
+        );
+        a["spec"]["prefix"] = json!(28);
+        assert_eq!(judge(&a, Some(&lan)), Ok(()), "10.1.0.0/28 is free");
+        a["spec"]["address"] = json!("10.1.0.3");
+        refused(judge(&a, Some(&lan)), &["is not a subnet"]);
+    }
+
+    #[test]
+    fn an_address_held_through_another_pool_of_the_space_is_refused() {
+        let lan = lan();
+        let other: IPAMPool = serde_json::from_value(json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1",
+            "kind": "IPAMPool",
+            "metadata": {"name": "other"},
+            "spec": {"datacenters": {"dc-1": {"type": "range", "poolCidr": "10.0.0.0/24", "allocationRange": 8}}},
+        }))
+        .unwrap();
+        let mut allocations = allocations();
+        allocations.push(
+            serde_json::from_value(json!({
+                "apiVersion": "ipam.kipam.dev/v1alpha1",
+                "kind": "IPAMAllocation",
+                "metadata": {"name": "other", "namespace": "cluster-c9"},
+                "spec": {"type": "range", "dc": "dc-1", "addresses": ["10.0.0.100-10.0.0.107"]},
+            }))
+            .unwrap(),
+        );
+        let records = records();
+        let object = address("v1beta2", "web-5", json!("10.0.0.101"));
+        let verdict = check(
+            &object,
+            Some("machines"),
+            Held {
+                pool: Some(&lan),
+                allocations: &allocations,
+                records: &records,
+                space: std::slice::from_ref(&other),
+            },
+        );
+        refused(
+            verdict,
+            &[
+                "held by cluster c9",
+                "IPAMPool other/dc-1",
+                "shares IPAMPool lan",
+            ],
+        );
+        // Without the other pool in its space, the same address is free in lan.
+        let alone = check(
+            &object,
+            Some("machines"),
+            Held {
+                pool: Some(&lan),
+                allocations: &allocations,
+                records: &records,
+                space: &[],
+            },
+        );
+        assert_eq!(alone, Ok(()));
     }
 
     #[test]

@@ -102,6 +102,13 @@ pub struct StaticSource {
     pub terminating_namespaces: Vec<String>,
 }
 
+/// Two pools share their addresses where their datacenters meet: the same `addressSpace`
+/// (none being the default one).
+fn same_space(a: &IPAMPool, b: &IPAMPool) -> bool {
+    a.spec.address_space.as_deref().unwrap_or_default()
+        == b.spec.address_space.as_deref().unwrap_or_default()
+}
+
 fn named<K: kube::Resource>(k: &K, name: &str) -> bool {
     k.meta().name.as_deref() == Some(name)
 }
@@ -109,20 +116,36 @@ fn named<K: kube::Resource>(k: &K, name: &str) -> bool {
 impl Source for StaticSource {
     async fn view(&self, wants: &Wants) -> Result<View, String> {
         let pool = wants.pool.as_deref().unwrap_or("");
+        let found = self.pools.iter().find(|p| named(*p, pool)).cloned();
+        let space: Vec<IPAMPool> = match (&found, wants.space) {
+            (Some(p), true) => self
+                .pools
+                .iter()
+                .filter(|o| !named(*o, pool) && same_space(o, p))
+                .cloned()
+                .collect(),
+            _ => Vec::new(),
+        };
+        let mut names: Vec<&str> = space
+            .iter()
+            .filter_map(|p| p.metadata.name.as_deref())
+            .collect();
+        names.push(pool);
         Ok(View {
-            pool: self.pools.iter().find(|p| named(*p, pool)).cloned(),
+            pool: found.clone(),
             allocations: self
                 .allocations
                 .iter()
-                .filter(|a| named(*a, pool))
+                .filter(|a| names.iter().any(|n| named(*a, n)))
                 .cloned()
                 .collect(),
             records: self
                 .records
                 .iter()
-                .filter(|r| r.spec.pool == pool)
+                .filter(|r| names.contains(&r.spec.pool.as_str()))
                 .cloned()
                 .collect(),
+            space,
             cluster: wants
                 .cluster
                 .as_deref()
@@ -154,21 +177,43 @@ impl Source for CacheSource {
             );
         }
         let pool = wants.pool.as_deref().unwrap_or("");
-        // Shared under the lock, copied after it.
-        let allocations = self.ctx.ledger.lock().await.in_pool(pool);
-        Ok(View {
-            pool: self
+        let found = self
+            .pools
+            .get(&ObjectRef::new(pool))
+            .map(|p| p.as_ref().clone());
+        // The other pools of its address space, when asked: an `IPAddress` overlapping what
+        // they hold is refused too.
+        let space: Vec<IPAMPool> = match (&found, wants.space) {
+            (Some(p), true) => self
                 .pools
-                .get(&ObjectRef::new(pool))
-                .map(|p| p.as_ref().clone()),
+                .state()
+                .iter()
+                .filter(|o| o.metadata.name.as_deref() != Some(pool) && same_space(o, p))
+                .map(|o| o.as_ref().clone())
+                .collect(),
+            _ => Vec::new(),
+        };
+        let mut names: Vec<String> = space
+            .iter()
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        names.push(pool.to_string());
+        // Shared under the lock, copied after it.
+        let allocations: Vec<_> = {
+            let ledger = self.ctx.ledger.lock().await;
+            names.iter().flat_map(|n| ledger.in_pool(n)).collect()
+        };
+        Ok(View {
+            pool: found,
             allocations: allocations.iter().map(|a| a.to_object()).collect(),
             records: self
                 .records
                 .state()
                 .into_iter()
-                .filter(|r| r.spec.pool == pool)
+                .filter(|r| names.contains(&r.spec.pool))
                 .map(|r| r.as_ref().clone())
                 .collect(),
+            space,
             cluster: wants
                 .cluster
                 .as_deref()

@@ -46,6 +46,10 @@ pub struct View {
     pub cluster: Option<Cluster>,
     /// The namespace of the request is being deleted.
     pub namespace_terminating: bool,
+    /// For an `IPAddress`: the other pools of the same address space as `pool` (their
+    /// `IPAMAllocation`s and records are in `allocations` and `records` too): an address held
+    /// through one of them is held.
+    pub space: Vec<IPAMPool>,
 }
 
 /// Which pool and cluster a request concerns, so the caller can gather the [`View`].
@@ -54,6 +58,8 @@ pub struct Wants {
     pub pool: Option<String>,
     pub cluster: Option<String>,
     pub namespace: Option<String>,
+    /// The other pools of `pool`'s address space, with what they hold, are needed too.
+    pub space: bool,
 }
 
 fn object_name(obj: Option<&Value>) -> Option<String> {
@@ -70,6 +76,7 @@ pub fn wants(request: &AdmissionRequest) -> Wants {
     {
         return Wants {
             pool: request.object.as_ref().and_then(ipaddress::kipam_pool),
+            space: true,
             ..Wants::default()
         };
     }
@@ -96,6 +103,7 @@ pub fn wants(request: &AdmissionRequest) -> Wants {
                     .and_then(cluster_of_namespace)
                     .map(str::to_string),
                 namespace,
+                space: false,
             }
         }
         "ipampoolrecords" => {
@@ -195,6 +203,7 @@ fn ip_address(request: &AdmissionRequest, view: &View) -> Result<(), Verdict> {
             pool: view.pool.as_ref(),
             allocations: &view.allocations,
             records: &view.records,
+            space: &view.space,
         },
     )
 }

@@ -744,13 +744,15 @@ async fn deleted_rv(
     None
 }
 
+/// Four addresses a machine may have: 10.20.0.1-10.20.0.4 (the /29's network and broadcast
+/// addresses are no machine's; .5 and .6 excluded).
 const TINY_POOL: &str = "
 apiVersion: ipam.kipam.dev/v1alpha1
 kind: IPAMPool
 metadata: {name: tiny}
 spec:
   datacenters:
-    dc-1: {type: range, poolCidr: 10.20.0.0/30, allocationRange: 1}
+    dc-1: {type: range, poolCidr: 10.20.0.0/29, excludeRanges: [10.20.0.5-10.20.0.6], allocationRange: 1}
 ";
 
 /// c) With `reuseAfter`, a released address is kept from new claims until the quarantine
@@ -767,7 +769,7 @@ async fn a_quarantined_address_returns_to_its_claim_and_waits_for_others() {
     for name in ["a", "b", "c", "d"] {
         taken.insert(wait_served(&seed, "ctl", NS, name).await);
     }
-    assert_eq!(taken.len(), 4, "four distinct addresses fill the /30");
+    assert_eq!(taken.len(), 4, "four distinct addresses fill the pool");
     let b_address = address_of(&seed, NS, "b").expect("b");
 
     seed.delete(CLAIMS, Some(NS), "b");
@@ -815,7 +817,7 @@ async fn a_claim_made_before_its_pool_is_served_when_the_pool_appears() {
     let seed = capi_seed("capi-pool-later").await;
     let _ctl = seed.controller("ctl");
     claim(&seed, "early", "machines");
-    wait_reason(&seed, "ctl", "early", "PoolNotFound").await;
+    wait_reason(&seed, "ctl", "early", "PoolNotReady").await;
     assert!(get_address(&seed, NS, "early").is_none());
     assert!(
         !ready_message(&seed, "early").is_empty(),
@@ -845,6 +847,8 @@ async fn the_datacenter_comes_from_the_annotation_or_the_kipam_cluster_never_a_g
     let seed = capi_seed("capi-datacenter").await;
     seed.apply(TWO_DC_POOL);
     seed.cluster("edge", "dc-2");
+    // The claims' Cluster API Cluster (kipam's `Cluster` of the same name gives the datacenter).
+    capi_cluster(&seed, "edge", false, false);
     let _ctl = seed.controller("ctl");
     claim(&seed, "vague", "two");
     claim_in(
@@ -1471,4 +1475,493 @@ spec:
         .collect();
     assert_eq!(addresses.len(), n, "{n} distinct addresses");
     assert_eq!(settled(&seed).await, n);
+}
+
+// ---- Issue 36: held to Cluster API's contract and the reference provider ----
+
+/// A hand-made `IPAddress` in `machines` (no `managed-by` label: not kipam's).
+fn hand_made(seed: &Seed, name: &str, claim_ref: &str, pool: &str, address: &str, prefix: i32) {
+    seed.api
+        .create(&json!({
+            "apiVersion": "ipam.cluster.x-k8s.io/v1beta2",
+            "kind": "IPAddress",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {
+                "claimRef": {"name": claim_ref},
+                "poolRef": {"apiGroup": "ipam.kipam.dev", "kind": "IPAMPool", "name": pool},
+                "address": address,
+                "prefix": prefix,
+            },
+        }))
+        .expect("hand-made IPAddress");
+}
+
+fn uid_of(seed: &Seed, resource: &str, name: &str) -> Option<String> {
+    seed.get(resource, Some(NS), name)
+        .and_then(|v| v["metadata"]["uid"].as_str().map(str::to_string))
+}
+
+fn resource_version_of(seed: &Seed, resource: &str, name: &str) -> Option<String> {
+    seed.get(resource, Some(NS), name).and_then(|v| {
+        v["metadata"]["resourceVersion"]
+            .as_str()
+            .map(str::to_string)
+    })
+}
+
+/// 36.2: a claim whose Cluster API `Cluster` does not exist waits (`ClusterNotFound`, naming
+/// it) and is served once the Cluster exists and is not paused. A claim that holds an address
+/// keeps it when its Cluster goes (a lagging cache must never free it), and a claim being
+/// deleted is still released without its Cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_of_a_missing_cluster_waits_and_a_held_address_outlives_its_cluster() {
+    let seed = capi_seed("capi-no-cluster").await;
+    seed.apply(MACHINES_POOL);
+    capi_cluster(&seed, "there", false, false);
+    let _ctl = seed.controller("ctl");
+    claim_in(
+        &seed,
+        NS,
+        "held",
+        "machines",
+        json!({}),
+        json!({"clusterName": "there"}),
+    );
+    let held = wait_served(&seed, "ctl", NS, "held").await;
+    claim_in(
+        &seed,
+        NS,
+        "ghost-0",
+        "machines",
+        json!({}),
+        json!({"clusterName": "ghost"}),
+    );
+    claim_in(
+        &seed,
+        NS,
+        "ghost-1",
+        "machines",
+        json!({"labels": {LABEL_CAPI_CLUSTER_NAME: "ghost"}}),
+        json!({}),
+    );
+    for name in ["ghost-0", "ghost-1"] {
+        wait_reason(&seed, "ctl", name, "ClusterNotFound").await;
+        assert!(
+            get_address(&seed, NS, name).is_none(),
+            "{name} got an address"
+        );
+        let message = ready_message(&seed, name);
+        assert!(
+            message.contains("machines/ghost"),
+            "names the Cluster: {message}"
+        );
+    }
+    // The Cluster appears paused: still nothing; unpaused: served.
+    capi_cluster(&seed, "ghost", true, false);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        get_address(&seed, NS, "ghost-0").is_none(),
+        "served while paused"
+    );
+    let c = client(&seed).await;
+    let clusters = dynamic(&c, "cluster.x-k8s.io", "v1beta2", "Cluster", "clusters");
+    merge_patch(
+        clusters.clone(),
+        "ghost",
+        json!({"spec": {"paused": false}}),
+    )
+    .await;
+    wait_served(&seed, "ctl", NS, "ghost-0").await;
+    wait_served(&seed, "ctl", NS, "ghost-1").await;
+
+    // The Cluster of a claim that holds an address goes: the address stays the claim's.
+    clusters
+        .delete("there", &Default::default())
+        .await
+        .expect("Cluster deleted");
+    claim(&seed, "witness", "machines");
+    wait_served(&seed, "ctl", NS, "witness").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(address_of(&seed, NS, "held"), Some(held.clone()), "kept");
+    assert!(recorded_for_claim(
+        &seed, "machines", "dc-1", NS, "held", &held
+    ));
+    // Deleted without its Cluster: released all the same.
+    seed.delete(CLAIMS, Some(NS), "held");
+    seed.wait_for("the claim and its IPAddress gone", WAIT, "ctl", |s| {
+        get_claim(s, NS, "held").is_none() && get_address(s, NS, "held").is_none()
+    })
+    .await;
+    assert_eq!(settled(&seed).await, 3);
+}
+
+/// 36.3: an `IPAddress` made before its claim (naming the claim and the kipam pool, inside the
+/// pool, held by nobody else) is adopted: same object (uid), same address, now protected and
+/// owned, in the record under the claim, and the claim Ready with `addressRef`. One that
+/// cannot be adopted (it names another claim) is said in the claim's condition, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ip_address_made_before_its_claim_is_adopted_or_the_claim_says_why_not_once() {
+    let seed = capi_seed("capi-adopt").await;
+    seed.apply(MACHINES_POOL);
+    let _ctl = seed.controller("ctl");
+    hand_made(&seed, "pinned", "pinned", "machines", "10.10.0.9", 24);
+    hand_made(
+        &seed,
+        "stray",
+        "somebody-else",
+        "machines",
+        "10.10.0.11",
+        24,
+    );
+    let uid = uid_of(&seed, ADDRESSES, "pinned").expect("uid");
+    // The hand-made addresses are set aside: a plain claim never gets them.
+    claim(&seed, "plain", "machines");
+    let plain = wait_served(&seed, "ctl", NS, "plain").await;
+    assert!(plain != "10.10.0.9" && plain != "10.10.0.11", "{plain}");
+
+    claim(&seed, "pinned", "machines");
+    assert_eq!(wait_served(&seed, "ctl", NS, "pinned").await, "10.10.0.9");
+    let adopted = get_address(&seed, NS, "pinned").expect("IPAddress");
+    assert_eq!(adopted.metadata.uid.as_ref(), Some(&uid), "the same object");
+    assert!(
+        adopted
+            .metadata
+            .finalizers
+            .clone()
+            .unwrap_or_default()
+            .contains(&ADDRESS_FINALIZER.to_string())
+    );
+    let owners = adopted
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        owners
+            .iter()
+            .any(|o| o.kind == "IPAddressClaim" && o.controller == Some(true))
+    );
+    assert!(owners.iter().any(|o| o.kind == "IPAMPool"));
+    assert!(recorded_for_claim(
+        &seed,
+        "machines",
+        "dc-1",
+        NS,
+        "pinned",
+        "10.10.0.9"
+    ));
+    let status = get_claim(&seed, NS, "pinned")
+        .and_then(|c| c.status)
+        .expect("status");
+    assert_eq!(
+        status.address_ref.map(|r| r.name).as_deref(),
+        Some("pinned")
+    );
+
+    claim(&seed, "stray", "machines");
+    wait_reason(&seed, "ctl", "stray", "AddressNotAdoptable").await;
+    let message = ready_message(&seed, "stray");
+    assert!(message.contains("somebody-else"), "{message}");
+    assert_eq!(
+        get_address(&seed, NS, "stray")
+            .map(|a| a.spec.address)
+            .as_deref(),
+        Some("10.10.0.11"),
+        "left as it was"
+    );
+    // Said once: the claim is not written again and again.
+    let rv = resource_version_of(&seed, CLAIMS, "stray");
+    claim(&seed, "later", "machines");
+    wait_served(&seed, "ctl", NS, "later").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        resource_version_of(&seed, CLAIMS, "stray"),
+        rv,
+        "written again"
+    );
+    // The consistency check over what kipam holds (the stray one is not kipam's).
+    assert_consistent(&seed);
+}
+
+const SHARED_NODES: &str = "
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: second}
+spec:
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.10.0.0/28, allocationRange: 1}
+";
+
+/// 36.4: deleting a pool never pulls addresses from under running machines: the pool stays
+/// (Terminating, its status saying which claims hold its addresses), each claim keeps its
+/// address and `IPAddress`, and no other holder of the address space gets one while its
+/// `IPAddress` exists; once the claims are deleted, the pool goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_pool_keeps_its_claims_addresses_until_the_claims_go() {
+    let seed = capi_seed("capi-pool-delete").await;
+    seed.apply(MACHINES_POOL);
+    let _ctl = seed.controller("ctl");
+    claim(&seed, "a", "machines");
+    claim(&seed, "b", "machines");
+    let a = wait_served(&seed, "ctl", NS, "a").await;
+    let b = wait_served(&seed, "ctl", NS, "b").await;
+    let uid_a = uid_of(&seed, ADDRESSES, "a");
+    seed.delete("ipampools", None, "machines");
+    // The same addresses through another pool of the space: claims there fill it.
+    seed.apply(SHARED_NODES);
+    for i in 0..16 {
+        claim(&seed, &format!("s{i:02}"), "second");
+    }
+    seed.wait_for("the pool says who holds its addresses", WAIT, "ctl", |s| {
+        s.condition("ipampools", "machines", "Deleting")
+            .is_some_and(|c| {
+                c["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("machines/a"))
+            })
+    })
+    .await;
+    seed.wait_for("the second pool is full", WAIT, "ctl", |s| {
+        (0..16).any(|i| not_ready_because(s, &format!("s{i:02}"), "PoolExhausted"))
+    })
+    .await;
+    let pool = seed
+        .get("ipampools", None, "machines")
+        .expect("the pool stays");
+    assert!(pool["metadata"]["deletionTimestamp"].is_string());
+    assert_eq!(address_of(&seed, NS, "a"), Some(a.clone()));
+    assert_eq!(address_of(&seed, NS, "b"), Some(b.clone()));
+    assert_eq!(uid_of(&seed, ADDRESSES, "a"), uid_a, "never re-created");
+    let others: BTreeMap<String, String> = get_addresses(&seed)
+        .into_iter()
+        .filter(|(n, _)| n.starts_with('s'))
+        .collect();
+    assert!(
+        !others.values().any(|x| *x == a || *x == b),
+        "a held address was handed out again: {others:?}"
+    );
+    // The claims go: their addresses are released, and the pool goes with the last.
+    seed.delete(CLAIMS, Some(NS), "a");
+    seed.wait_for("a gone", WAIT, "ctl", |s| {
+        get_claim(s, NS, "a").is_none() && get_address(s, NS, "a").is_none()
+    })
+    .await;
+    assert!(
+        seed.get("ipampools", None, "machines").is_some(),
+        "b still holds"
+    );
+    seed.delete(CLAIMS, Some(NS), "b");
+    seed.wait_for("the pool goes once no claim holds", WAIT, "ctl", |s| {
+        s.get("ipampools", None, "machines").is_none()
+    })
+    .await;
+}
+
+/// 36.6: no machine gets its network's network address, IPv4 broadcast address or gateway,
+/// whatever the exclusions (here none, and no `network`: those of the CIDR); a cluster's range
+/// keeps today's first fit from the CIDR's first address. A pool whose reserved addresses leave
+/// nothing says so in its status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_machine_gets_the_network_broadcast_or_gateway_address() {
+    let seed = capi_seed("capi-reserved").await;
+    seed.apply(
+        "
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: eight}
+spec:
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.80.0.0/29, allocationRange: 2}
+---
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: ranges}
+spec:
+  addressSpace: other
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.81.0.0/29, allocationRange: 2}
+---
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: none}
+spec:
+  addressSpace: third
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.82.0.0/30, allocationRange: 1, excludeRanges: [10.82.0.1-10.82.0.2]}
+",
+    );
+    let _ctl = seed.controller("ctl");
+    for i in 0..7 {
+        claim(&seed, &format!("m{i}"), "eight");
+    }
+    // Asking for the network address by name is refused too.
+    claim_in(
+        &seed,
+        NS,
+        "asks-network",
+        "eight",
+        json!({"annotations": {ANNOTATION_REQUESTED_ADDRESS: "10.80.0.0"}}),
+        json!({}),
+    );
+    seed.wait_for("six claims served, one waits", WAIT, "ctl", |s| {
+        (0..7)
+            .filter(|i| address_of(s, NS, &format!("m{i}")).is_some())
+            .count()
+            == 6
+            && (0..7).any(|i| not_ready_because(s, &format!("m{i}"), "PoolExhausted"))
+    })
+    .await;
+    let given: BTreeSet<String> = (0..7)
+        .filter_map(|i| address_of(&seed, NS, &format!("m{i}")))
+        .collect();
+    assert!(
+        !given.contains("10.80.0.0") && !given.contains("10.80.0.7"),
+        "{given:?}"
+    );
+    wait_reason(&seed, "ctl", "asks-network", "RequestedAddressUnavailable").await;
+    assert!(ready_message(&seed, "asks-network").contains("network address"));
+    // A cluster's range: today's behaviour, from the first address.
+    seed.cluster("lb", "dc-1");
+    seed.wait_for("lb allocated", WAIT, "ctl", |s| {
+        s.phase("lb", "ranges") == "Allocated"
+    })
+    .await;
+    assert_eq!(seed.held("lb", "ranges"), "10.81.0.0-10.81.0.1");
+    seed.wait_for(
+        "the pool says nothing is left for machines",
+        WAIT,
+        "ctl",
+        |s| {
+            s.condition("ipampools", "none", "MachineAddressesAvailable")
+                .is_some_and(|c| c["status"] == "False" && c["reason"] == "AllReserved")
+        },
+    )
+    .await;
+    assert!(
+        seed.condition("ipampools", "eight", "MachineAddressesAvailable")
+            .is_none(),
+        "only where it is so"
+    );
+}
+
+/// 36.7: the `IPAddress` as the contract's users read it: the claim's cluster label copied,
+/// the pool's owner reference blocking its deletion; the contract's `PoolNotReady` for a pool
+/// that is missing or invalid; a pool annotated `cluster.x-k8s.io/paused` serves no new claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ip_address_reads_as_the_contract_says_and_a_paused_pool_serves_nothing_new() {
+    let seed = capi_seed("capi-contract").await;
+    seed.apply(MACHINES_POOL);
+    capi_cluster(&seed, "work", false, false);
+    let _ctl = seed.controller("ctl");
+    claim_in(
+        &seed,
+        NS,
+        "labelled",
+        "machines",
+        json!({"labels": {LABEL_CAPI_CLUSTER_NAME: "work"}}),
+        json!({"clusterName": "work"}),
+    );
+    wait_served(&seed, "ctl", NS, "labelled").await;
+    let a = get_address(&seed, NS, "labelled").expect("IPAddress");
+    assert_eq!(
+        a.metadata
+            .labels
+            .clone()
+            .unwrap_or_default()
+            .get(LABEL_CAPI_CLUSTER_NAME)
+            .map(String::as_str),
+        Some("work")
+    );
+    let by_pool = a
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|o| o.kind == "IPAMPool")
+        .expect("pool owner");
+    assert_eq!(by_pool.block_owner_deletion, Some(true));
+
+    claim(&seed, "nowhere", "missing");
+    wait_reason(&seed, "ctl", "nowhere", "PoolNotReady").await;
+    assert!(ready_message(&seed, "nowhere").contains("does not exist"));
+
+    let c = client(&seed).await;
+    let pools = Api::<DynamicObject>::all_with(
+        c.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("ipam.kipam.dev", "v1alpha1", "IPAMPool"),
+            "ipampools",
+        ),
+    );
+    merge_patch(
+        pools.clone(),
+        "machines",
+        json!({"metadata": {"annotations": {ANNOTATION_CAPI_PAUSED: ""}}}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    claim(&seed, "while-paused", "machines");
+    claim(&seed, "witness", "missing");
+    wait_reason(&seed, "ctl", "witness", "PoolNotReady").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        untouched(&seed, "while-paused"),
+        "a paused pool served a claim"
+    );
+    assert!(
+        address_of(&seed, NS, "labelled").is_some(),
+        "what is held stays"
+    );
+    merge_patch(
+        pools,
+        "machines",
+        json!({"metadata": {"annotations": {ANNOTATION_CAPI_PAUSED: null}}}),
+    )
+    .await;
+    wait_served(&seed, "ctl", NS, "while-paused").await;
+}
+
+/// 36.8: editing a pool's network keeps every `IPAddress` as it is (same object, same spec:
+/// immutable in Cluster API); new claims get the new network, and the pool's status counts the
+/// `IPAddress`es still showing the old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editing_a_pool_network_keeps_ip_addresses_and_counts_the_old_ones() {
+    let seed = capi_seed("capi-network-edit").await;
+    seed.apply(MACHINES_POOL);
+    let _ctl = seed.controller("ctl");
+    claim(&seed, "before", "machines");
+    wait_served(&seed, "ctl", NS, "before").await;
+    let uid = uid_of(&seed, ADDRESSES, "before");
+    let rv = resource_version_of(&seed, ADDRESSES, "before");
+    seed.apply(&MACHINES_POOL.replace(
+        "network: {gateway: 10.10.0.254, prefixLength: 24}",
+        "network: {gateway: 10.10.0.253, prefixLength: 24}",
+    ));
+    seed.wait_for("the pool counts the old IPAddress", WAIT, "ctl", |s| {
+        s.condition("ipampools", "machines", "IPAddressesOutdated")
+            .is_some_and(|c| {
+                c["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("1 IPAddresses"))
+            })
+    })
+    .await;
+    claim(&seed, "after", "machines");
+    wait_served(&seed, "ctl", NS, "after").await;
+    assert_eq!(
+        get_address(&seed, NS, "after")
+            .and_then(|a| a.spec.gateway)
+            .as_deref(),
+        Some("10.10.0.253")
+    );
+    let old = get_address(&seed, NS, "before").expect("kept");
+    assert_eq!(old.spec.gateway.as_deref(), Some("10.10.0.254"));
+    assert_eq!(uid_of(&seed, ADDRESSES, "before"), uid, "never re-created");
+    assert_eq!(
+        resource_version_of(&seed, ADDRESSES, "before"),
+        rv,
+        "never written"
+    );
+    assert_eq!(settled(&seed).await, 2);
 }

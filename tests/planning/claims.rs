@@ -362,9 +362,14 @@ impl World {
         let Ok(quarantined) = self.quarantine(&plan.quarantined) else {
             return false;
         };
+        let reserved = &self.pool(pool).datacenters[CLAIM_DC].machine_reserved;
         wanted.iter().all(|a| {
             let slot = (space.clone(), dc.clone(), *a);
-            self.inside(pool, CLAIM_DC, *a)
+            // No machine gets its network's network, broadcast or gateway address.
+            !reserved
+                .iter()
+                .any(|(r, _)| r.first() <= *a && *a <= r.last())
+                && self.inside(pool, CLAIM_DC, *a)
                 && held.get(&slot).is_none_or(|(h, _)| h == holder)
                 && quarantined
                     .get(&slot)
@@ -650,6 +655,18 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 }
             }
             if let Some(h) = &d.held {
+                let reserved = &w.pool(pool).datacenters[CLAIM_DC].machine_reserved;
+                for a in addresses(h) {
+                    prop_assert!(
+                        !reserved
+                            .iter()
+                            .any(|(r, _)| r.first() <= a && a <= r.last()),
+                        "{}: claim {} holds {}, which no machine may have",
+                        ctx,
+                        holder,
+                        ip(a)
+                    );
+                }
                 if let Some(before) = holding.get(*holder) {
                     prop_assert_eq!(before, h, "{}: claim {} moved", ctx, holder);
                 }

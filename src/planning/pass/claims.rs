@@ -18,7 +18,7 @@ use serde_json::json;
 
 use super::*;
 use crate::allocator::{Allocation, PoolKind};
-use crate::desired::address::{AddressFor, address_spec, claim_status, object_of};
+use crate::desired::address::{AddressFor, address_spec, claim_status, metadata_patch, object_of};
 use crate::planner::{Change, ClusterInput, Decision, HeldElsewhere, PoolInput, StoredAllocation};
 use crate::planning::records::RecordKey;
 use crate::resources::capi::{
@@ -47,6 +47,18 @@ pub(super) struct ClaimsRead {
     pub pinned: HashSet<String>,
     /// kipam's `IPAddress`es of claims, by holder.
     pub addresses: HashMap<String, Arc<IPAddress>>,
+    /// `IPAddress`es made before their claim that the claim adopts (the plan pins their
+    /// address), by holder.
+    pub adopt: HashMap<String, Arc<IPAddress>>,
+    /// Claims that hold an address of a pool being deleted: they keep it, untouched, until
+    /// they are deleted themselves (the pool waits for them).
+    pub in_deleting_pool: HashSet<String>,
+}
+
+/// A hand-made `IPAddress` naming a kipam pool, and how it is set aside.
+pub(super) struct HandMade {
+    pub object: Arc<IPAddress>,
+    pub aside: Vec<HeldElsewhere>,
 }
 
 /// The Cluster API clusters that are paused, by (namespace, name).
@@ -58,6 +70,24 @@ fn paused_clusters(ctx: &Context) -> HashSet<ClaimKey> {
         .filter(|c| c.is_paused())
         .map(|c| key_of(c.as_ref()))
         .collect()
+}
+
+/// The Cluster API cluster a claim names exists (in its namespace), as the cache shows it.
+fn cluster_found(ctx: &Context, namespace: &str, claim: &IPAddressClaim) -> bool {
+    claim.cluster_name().is_none_or(|n| {
+        ctx.capi
+            .clusters
+            .get(&ObjectRef::new(n).within(namespace))
+            .is_some()
+    })
+}
+
+/// The kipam pool carries Cluster API's pause annotation: it serves no new claim, and its
+/// claims are left alone as those of a paused cluster are.
+fn pool_paused(ctx: &Context, pool: &str) -> bool {
+    ctx.pools
+        .get(&ObjectRef::new(pool))
+        .is_some_and(|p| crate::resources::capi::has_pause_annotation(&p.metadata))
 }
 
 fn key_of<K: kube::Resource>(o: &K) -> ClaimKey {
@@ -75,7 +105,7 @@ pub(super) fn stored_addresses(
 ) -> (
     HashMap<String, Arc<IPAddress>>,
     Vec<StoredAllocation>,
-    Vec<HeldElsewhere>,
+    Vec<HandMade>,
 ) {
     let kinds: HashMap<(&str, &str), &PoolKind> = pools
         .iter()
@@ -98,25 +128,32 @@ pub(super) fn stored_addresses(
             // holds; one it let in is set aside, in every datacenter of the pool holding its
             // address, so kipam never hands that address out. It is not kipam's to keep or
             // delete.
-            if let Some(Allocation::Range(r)) = held_by(&a, false) {
-                let (namespace, name) = key_of(a.as_ref());
-                for p in pools.iter().filter(|p| p.name == pool) {
-                    for (dc, d) in &p.datacenters {
-                        if d.config
-                            .cidrs()
-                            .any(|c| r.iter().all(|piece| c.contains(piece)))
-                        {
-                            hand_made.push(HeldElsewhere {
-                                // Not a pool name: set aside in this pool too.
-                                pool: format!("{pool} (IPAddress {namespace}/{name})"),
-                                datacenter: dc.clone(),
-                                holder: format!("{namespace}/{name}"),
-                                addresses: r.clone(),
-                            });
-                        }
+            let mut aside = Vec::new();
+            let (namespace, name) = key_of(a.as_ref());
+            for p in pools.iter().filter(|p| p.name == pool) {
+                for (dc, d) in &p.datacenters {
+                    // What it shows: its address, or in a prefix pool its subnet.
+                    let prefix_pool = matches!(d.config.kind, PoolKind::Prefix { .. });
+                    let Some(shown) = held_by(&a, prefix_pool).or_else(|| held_by(&a, false))
+                    else {
+                        continue;
+                    };
+                    let r: Vec<crate::address::AddrRange> = shown.ranges().collect();
+                    if d.config
+                        .cidrs()
+                        .any(|c| r.iter().all(|piece| c.contains(piece)))
+                    {
+                        aside.push(HeldElsewhere {
+                            // Not a pool name: set aside in this pool too.
+                            pool: format!("{pool} (IPAddress {namespace}/{name})"),
+                            datacenter: dc.clone(),
+                            holder: format!("{namespace}/{name}"),
+                            addresses: r,
+                        });
                     }
                 }
             }
+            hand_made.push(HandMade { object: a, aside });
             continue;
         };
         let (namespace, name) = key_of(a.as_ref());
@@ -174,6 +211,91 @@ pub(super) fn shown_in(
         .collect()
 }
 
+/// kipam's `IPAddress`es of each pool (by pool, then datacenter) whose spec shows another
+/// network than the pool datacenter's current one (prefix length or gateway): `IPAddress.spec`
+/// is immutable in Cluster API, so they keep what they were written with; new claims get the
+/// new network.
+pub(super) fn outdated_addresses(
+    ctx: &Context,
+    pools: &[Arc<IPAMPool>],
+    inputs: &[PoolInput],
+) -> HashMap<String, BTreeMap<String, usize>> {
+    let objects: HashMap<String, &Arc<IPAMPool>> =
+        pools.iter().map(|p| (p.name_any(), p)).collect();
+    let inputs: HashMap<&str, &PoolInput> = inputs.iter().map(|p| (p.name.as_str(), p)).collect();
+    let mut out: HashMap<String, BTreeMap<String, usize>> = HashMap::new();
+    for a in ctx.capi.addresses.state() {
+        if !a.written_by_kipam() {
+            continue;
+        }
+        let (Some(pool), Some(dc)) = (
+            a.spec.pool_ref.kipam_pool(),
+            a.labels().get(LABEL_DATACENTER),
+        ) else {
+            continue;
+        };
+        let (Some(object), Some(input)) = (objects.get(pool), inputs.get(pool)) else {
+            continue;
+        };
+        let (Some(settings), Some(dc_input)) =
+            (object.spec.datacenters.get(dc), input.datacenters.get(dc))
+        else {
+            continue;
+        };
+        let prefix_pool = matches!(dc_input.config.kind, PoolKind::Prefix { .. });
+        let Some(held) = held_by(&a, prefix_pool) else {
+            continue;
+        };
+        let network = validation::datacenter_network(dc, settings).ok().flatten();
+        let cidrs: Vec<crate::address::Cidr> = dc_input.config.cidrs().collect();
+        let (namespace, name) = key_of(a.as_ref());
+        let now = AddressFor {
+            namespace: &namespace,
+            claim: &name,
+            claim_uid: "",
+            pool,
+            pool_uid: "",
+            datacenter: dc,
+            held: &held,
+            cidrs: &cidrs,
+            prefix_length: settings
+                .network
+                .as_ref()
+                .and_then(|n| n.prefix_length)
+                .and_then(|n| u8::try_from(n).ok()),
+            gateway: network.as_ref().and_then(|n| n.gateway.as_deref()),
+            cluster_name: None,
+        };
+        let outdated = address_spec(&now)
+            .is_ok_and(|want| want.prefix != a.spec.prefix || want.gateway != a.spec.gateway);
+        if outdated {
+            *out.entry(pool.to_string())
+                .or_default()
+                .entry(dc.clone())
+                .or_default() += 1;
+        }
+    }
+    out
+}
+
+/// The claims holding addresses of a pool being deleted, by pool: kipam's `IPAddress`es that
+/// name it (the pool waits for them).
+pub(super) fn holding_in(ctx: &Context, pool: &str) -> Vec<String> {
+    let mut out: Vec<String> = ctx
+        .capi
+        .addresses
+        .state()
+        .iter()
+        .filter(|a| a.written_by_kipam() && a.spec.pool_ref.kipam_pool() == Some(pool))
+        .map(|a| {
+            let (ns, _) = key_of(a.as_ref());
+            format!("{ns}/{}", a.spec.claim_ref.name)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 /// What an `IPAddress` holds: its address, or in a prefix pool (`prefix_pool`) its subnet.
 fn held_by(a: &IPAddress, prefix_pool: bool) -> Option<Allocation> {
     let (family, value) = crate::address::parse_address(a.spec.address.trim()).ok()?;
@@ -199,11 +321,17 @@ pub(super) async fn inputs(
     clusters: &[Arc<Cluster>],
     stored: &[StoredAllocation],
     addresses: HashMap<String, Arc<IPAddress>>,
-) -> Result<(Vec<ClusterInput>, ClaimsRead), PassError> {
+    hand_made: Vec<HandMade>,
+) -> Result<(Vec<ClusterInput>, ClaimsRead, Vec<HeldElsewhere>), PassError> {
     let mut read = ClaimsRead {
         addresses,
         ..Default::default()
     };
+    // Hand-made `IPAddress`es by (namespace, name): one named like a claim may be adopted.
+    let mut hand_made: HashMap<ClaimKey, HandMade> = hand_made
+        .into_iter()
+        .map(|h| (key_of(h.object.as_ref()), h))
+        .collect();
     for c in ctx.capi.claims.state() {
         if c.spec.pool_ref.kipam_pool().is_some() {
             let (ns, name) = key_of(c.as_ref());
@@ -260,6 +388,7 @@ pub(super) async fn inputs(
         .map(|c| (c.name_any(), c.spec.datacenter.as_str()))
         .collect();
     let paused_clusters = paused_clusters(ctx);
+    let clusters_listed = ctx.capi.clusters_listed();
     let mut inputs = Vec::with_capacity(read.claims.len() + frozen.len());
     for (holder, why) in frozen {
         if let Some((pool, dc, _)) = held.get(holder.as_str()) {
@@ -273,12 +402,32 @@ pub(super) async fn inputs(
             continue;
         };
         let namespace = claim.namespace().unwrap_or_default();
+        let holds = held.contains_key(holder.as_str());
+        let deleting = claim.metadata.deletion_timestamp.is_some();
+        // A claim whose Cluster the cache does not show (yet) holds nothing new: it waits.
+        // Until the Clusters have been listed once, such a claim is left alone.
+        let cluster_wait =
+            validation::cluster_wait(claim, holds, cluster_found(ctx, &namespace, claim));
         let paused = claim.is_paused()
             || claim
                 .cluster_name()
-                .is_some_and(|n| paused_clusters.contains(&(namespace.clone(), n.to_string())));
+                .is_some_and(|n| paused_clusters.contains(&(namespace.clone(), n.to_string())))
+            || pool_paused(ctx, pool_name)
+            || (cluster_wait.is_some() && !clusters_listed);
         if paused {
             read.paused.insert(holder.clone());
+        }
+        if let Some(wait) = cluster_wait.filter(|_| !paused) {
+            read.waits.insert(holder.clone(), wait);
+            continue;
+        }
+        // A claim holding an address of a pool being deleted keeps it: the pool waits for
+        // the claim. Released once the claim is deleted (its `IPAddress` first).
+        if let Some((p, _, _)) = held.get(holder.as_str())
+            && deleting_pools.contains_key(*p)
+        {
+            read.in_deleting_pool.insert(holder.clone());
+            continue;
         }
         let pool = match pools.get(pool_name) {
             Some(p) => ClaimPool::Ready(p),
@@ -299,7 +448,55 @@ pub(super) async fn inputs(
             held: h,
         });
         let cluster_dc = claim.cluster_name().and_then(|n| kipam_dc.get(n).copied());
+        let ready_pool = match &pool {
+            ClaimPool::Ready(p) => Some(*p),
+            _ => None,
+        };
         let mut r = validation::claim_input(claim, pool_name, pool, cluster_dc, paused, holding);
+        // An `IPAddress` made before the claim, under its name: adopted (its address pinned
+        // for the claim, so the plan commits it to the record like any request), or the claim
+        // says why not and gets nothing else (its `IPAddress` name is taken).
+        let name = claim.name_any();
+        if !holds
+            && !deleting
+            && let Some(found) = hand_made.get_mut(&(namespace.clone(), name.clone()))
+        {
+            // Only a claim that would be served now adopts; one that waits says why it waits.
+            let adopt = match (&mut r.input, ready_pool) {
+                (Some(input), Some(p)) if r.wait.is_none() => {
+                    let pool_ref = found.object.spec.pool_ref.kipam_pool();
+                    let seen = validation::Found {
+                        name: &name,
+                        claim_ref: &found.object.spec.claim_ref.name,
+                        pool: pool_ref,
+                        address: &found.object.spec.address,
+                        prefix: found.object.spec.prefix,
+                    };
+                    Some(
+                        validation::adoption(&name, pool_name, p, &input.datacenter, &seen).map(
+                            |pin| {
+                                input.overrides.insert(pool_name.to_string(), pin);
+                            },
+                        ),
+                    )
+                }
+                _ => None,
+            };
+            match adopt {
+                None => {}
+                Some(Ok(())) => {
+                    // Set aside for this claim only: its pin lifts it.
+                    for e in &mut found.aside {
+                        e.holder = format!("{}{holder}", crate::resources::capi::ADOPTABLE_PREFIX);
+                    }
+                    read.adopt.insert(holder.clone(), found.object.clone());
+                }
+                Some(Err(wait)) => {
+                    r.input = None;
+                    r.wait = Some(wait);
+                }
+            }
+        }
         // A claim being deleted keeps its address until its `IPAddress` is gone: released
         // before, the address could go to another claim while the old object still shows it.
         if let Some(input) = r.input.as_mut()
@@ -329,7 +526,8 @@ pub(super) async fn inputs(
             inputs.push(input);
         }
     }
-    Ok((inputs, read))
+    let aside = hand_made.into_values().flat_map(|h| h.aside).collect();
+    Ok((inputs, read, aside))
 }
 
 /// The named claims as planner input for the short pass, when every one of them is new and
@@ -356,7 +554,12 @@ pub(super) fn newcomers(
             || claim
                 .cluster_name()
                 .is_some_and(|n| paused_clusters.contains(&(ns.to_string(), n.to_string())));
-        if paused || claim.metadata.deletion_timestamp.is_some() || records.holds(holder) {
+        if paused
+            || claim.metadata.deletion_timestamp.is_some()
+            || records.holds(holder)
+            || !cluster_found(ctx, ns, &claim)
+            || pool_paused(ctx, pool_name)
+        {
             return None;
         }
         if ctx
@@ -447,6 +650,9 @@ struct ClaimJob<'a> {
 enum AddressWant {
     Keep,
     Have(Box<IPAddress>),
+    /// Keep the object and its spec; merge-patch its metadata (adoption, or kipam's labels,
+    /// finalizer and owner references brought up to date).
+    Patch(String, serde_json::Value),
     Remove,
 }
 
@@ -473,6 +679,31 @@ pub(super) async fn write(
     let decisions: HashMap<&str, &Decision> = claim_decisions(plan)
         .map(|d| (d.cluster.as_str(), d))
         .collect();
+    // Hand-made `IPAddress`es, by the address space of the pool they name, with what they show:
+    // kipam does not write a claim's `IPAddress` over one of them (see `hand_made_over`).
+    let space_of = |pool: &str| {
+        pool_objects
+            .get(pool)
+            .map(|p| p.spec.address_space.clone().unwrap_or_default())
+    };
+    let hand_made: Vec<(String, Allocation, String)> = ctx
+        .capi
+        .addresses
+        .state()
+        .iter()
+        .filter(|a| !a.written_by_kipam())
+        .filter_map(|a| {
+            let pool = a.spec.pool_ref.kipam_pool()?;
+            let prefix_pool = pool_inputs.get(pool).is_some_and(|p| {
+                p.datacenters
+                    .values()
+                    .any(|d| matches!(d.config.kind, PoolKind::Prefix { .. }))
+            });
+            let shown = held_by(a, prefix_pool).or_else(|| held_by(a, false))?;
+            let (ns, name) = key_of(a.as_ref());
+            Some((space_of(pool)?, shown, format!("{ns}/{name}")))
+        })
+        .collect();
     let mut jobs = Vec::new();
     // Holders with a decision but no claim (it is gone): their addresses are removed.
     let gone: Vec<String> = decisions
@@ -482,6 +713,14 @@ pub(super) async fn write(
         .collect();
     for holder in read.claims.keys().cloned().chain(gone) {
         if read.paused.contains(&holder) {
+            continue;
+        }
+        let deleting_claim = read
+            .claims
+            .get(&holder)
+            .is_some_and(|c| c.metadata.deletion_timestamp.is_some());
+        if read.in_deleting_pool.contains(&holder) && !deleting_claim {
+            // Its pool is being deleted: it keeps its address, untouched, until it goes.
             continue;
         }
         let claim = read.claims.get(&holder).cloned();
@@ -557,9 +796,23 @@ pub(super) async fn write(
                 }
             }
             Some(d) => {
+                let adopting = read.adopt.get(&holder);
                 let Some(held) = &d.held else {
-                    let reason = fail_reason(d, read.pinned.contains(&holder), plan);
-                    job.status = ready(reason, d.message.clone(), None, false);
+                    let (reason, message) = match adopting {
+                        Some(found) => (
+                            validation::ADDRESS_NOT_ADOPTABLE,
+                            format!(
+                                "IPAddress {} exists under the claim's name but cannot be adopted: {}; delete it, and the claim is served",
+                                found.name_any(),
+                                d.message
+                            ),
+                        ),
+                        None => (
+                            fail_reason(d, read.pinned.contains(&holder), plan),
+                            d.message.clone(),
+                        ),
+                    };
+                    job.status = ready(reason, message, None, false);
                     push(&mut jobs, job);
                     continue;
                 };
@@ -605,6 +858,12 @@ pub(super) async fn write(
                         .and_then(|n| n.prefix_length)
                         .and_then(|n| u8::try_from(n).ok()),
                     gateway: network.as_ref().and_then(|n| n.gateway.as_deref()),
+                    cluster_name: c
+                        .labels()
+                        .get(crate::resources::capi::LABEL_CAPI_CLUSTER_NAME)
+                        .map(String::as_str)
+                        .or(c.spec.cluster_name.as_deref())
+                        .filter(|n| !n.is_empty()),
                 };
                 match address_spec(&wanted) {
                     Err(why) => {
@@ -617,13 +876,73 @@ pub(super) async fn write(
                     }
                     Ok(spec) => {
                         job.wants_finalizer = !deleting;
-                        let mut message = format!(
-                            "{}/{} from pool {} in datacenter {}",
-                            spec.address, spec.prefix, d.pool, d.datacenter
-                        );
-                        let same = existing.as_ref().is_some_and(|e| e.spec == spec);
-                        if !same {
-                            job.address = AddressWant::Have(Box::new(object_of(&wanted, spec)));
+                        let prefix_pool = matches!(held, Allocation::Prefix(_));
+                        // An `IPAddress` that shows what the claim holds stays as it is:
+                        // its spec is immutable in Cluster API, so a network edited since
+                        // (gateway, prefix length) reaches new claims only (the pool's status
+                        // counts those left on the old one). Only its metadata may change.
+                        let shown = existing
+                            .as_ref()
+                            .or(adopting)
+                            .filter(|e| held_by(e, prefix_pool).as_ref() == Some(held));
+                        let mut message = match shown {
+                            Some(e) => format!(
+                                "{}/{} from pool {} in datacenter {}",
+                                e.spec.address, e.spec.prefix, d.pool, d.datacenter
+                            ),
+                            None => format!(
+                                "{}/{} from pool {} in datacenter {}",
+                                spec.address, spec.prefix, d.pool, d.datacenter
+                            ),
+                        };
+                        match shown {
+                            Some(e) => {
+                                let current =
+                                    adopting.is_none() && metadata_current(e, wanted.cluster_name);
+                                if !current {
+                                    let whole = object_of(&wanted, e.spec.clone());
+                                    if let Some(patch) = metadata_patch(e, &whole) {
+                                        job.address = AddressWant::Patch(e.name_any(), patch);
+                                    }
+                                }
+                                if adopting.is_some() {
+                                    message.push_str(
+                                        " (adopted: the IPAddress was made before the claim)",
+                                    );
+                                }
+                            }
+                            None if adopting.is_some() => {
+                                // The plan holds another address than the one made by hand
+                                // (never, as the pin is its address): nothing is written.
+                                outcome.again = true;
+                                continue;
+                            }
+                            None => {
+                                // A hand-made `IPAddress` admitted while this address was
+                                // being handed to the claim shows it already: kipam does not
+                                // write a second object showing it; a person resolves it.
+                                let space = space_of(&d.pool).unwrap_or_default();
+                                let over = hand_made.iter().find(|(s, shown, _)| {
+                                    *s == space
+                                        && shown
+                                            .ranges()
+                                            .any(|r| held.ranges().any(|h| h.overlaps(&r)))
+                                });
+                                if let Some((_, shown, object)) = over {
+                                    job.status = ready(
+                                        "AddressConflict",
+                                        format!(
+                                            "{held} of pool {} is the claim's in the pool record, but IPAddress {object} (not written by kipam) shows {shown}: kipam writes no IPAddress for the claim while it exists; delete one of them",
+                                            d.pool
+                                        ),
+                                        None,
+                                        false,
+                                    );
+                                    push(&mut jobs, job);
+                                    continue;
+                                }
+                                job.address = AddressWant::Have(Box::new(object_of(&wanted, spec)));
+                            }
                         }
                         if let Some(note) = read.notes.get(&holder) {
                             message.push_str("; ");
@@ -667,10 +986,30 @@ fn push<'a>(jobs: &mut Vec<ClaimJob<'a>>, job: ClaimJob<'a>) {
     }
 }
 
+/// kipam's `IPAddress` carries what kipam writes on it beside the spec: the protecting
+/// finalizer, the claim's cluster label, and owner references that block their owners'
+/// deletion. (Cheap: checked for every claim on every pass; [`metadata_patch`] builds the rest.)
+fn metadata_current(a: &IPAddress, cluster: Option<&str>) -> bool {
+    a.finalizers().iter().any(|f| f == ADDRESS_FINALIZER)
+        && a.labels()
+            .get(crate::resources::capi::LABEL_CAPI_CLUSTER_NAME)
+            .map(String::as_str)
+            == cluster
+        && a.owner_references()
+            .iter()
+            .filter(|o| o.block_owner_deletion == Some(true))
+            .count()
+            >= 2
+}
+
 /// Why a claim's request failed, as its `Ready` reason.
 fn fail_reason(d: &Decision, pinned: bool, plan: &planner::Plan) -> &'static str {
     if pinned {
         return "RequestedAddressUnavailable";
+    }
+    // Free addresses remain, but only those no machine gets (network, broadcast, gateway).
+    if d.message.contains("a machine is never given") {
+        return "PoolExhausted";
     }
     let full = plan
         .usage
@@ -776,6 +1115,27 @@ impl ClaimJob<'_> {
                     }
                     Err(e) => {
                         fail("create", "IPAddress", e);
+                        return (writes, true);
+                    }
+                }
+            }
+            AddressWant::Patch(address_name, patch) => {
+                if !fence() {
+                    return (writes, false);
+                }
+                ctx.metrics.wrote("patch", "ipaddresses");
+                // RBAC: src/rbac.rs (ipaddresses patch).
+                match addresses
+                    .patch(address_name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                {
+                    Ok(_) => writes += 1,
+                    Err(e) if is_conflict(&e) || is_not_found(&e) => {
+                        // Changed or gone since the cache saw it: the next pass looks again.
+                        return (writes, true);
+                    }
+                    Err(e) => {
+                        fail("patch", "IPAddress", e);
                         return (writes, true);
                     }
                 }

@@ -283,14 +283,13 @@ pub(super) async fn gather(
         }
     }
     let (addresses, shown, hand_made) = super::claims::stored_addresses(ctx, &pool_inputs);
-    held_elsewhere.extend(hand_made);
     stored.extend(
         shown
             .into_iter()
             .filter(|s| !frozen_pools.contains(&s.pool)),
     );
     merge_records(&mut stored, records, &frozen_pools, cache);
-    let (claim_inputs, claims) = super::claims::inputs(
+    let (claim_inputs, claims, hand_made) = super::claims::inputs(
         ctx,
         &pool_inputs,
         &pool_errors,
@@ -298,9 +297,29 @@ pub(super) async fn gather(
         clusters,
         &stored,
         addresses,
+        hand_made,
     )
     .await?;
+    held_elsewhere.extend(hand_made);
     cluster_inputs.extend(claim_inputs);
+    // Machines' addresses in a pool being deleted stay theirs until their claims are deleted
+    // (the pool waits for them): left out of the plan, so never released by it, and set aside
+    // in every other pool of the datacenter while anything shows them.
+    if !deleting_pools.is_empty() {
+        stored.retain(|s| {
+            let keep = !(deleting_pools.contains_key(&s.pool)
+                && crate::resources::capi::claim_of_holder(&s.cluster).is_some());
+            if !keep && let Some(held) = &s.held {
+                held_elsewhere.push(HeldElsewhere {
+                    pool: s.pool.clone(),
+                    datacenter: s.datacenter.clone(),
+                    holder: s.cluster.clone(),
+                    addresses: held.ranges().collect(),
+                });
+            }
+            keep
+        });
+    }
     held_elsewhere.extend(being_released(&pool_inputs, &cluster_inputs, &stored));
     let quarantined = quarantine_of_records(records, &frozen_pools, cache);
     for (pool, dc) in records.keys() {

@@ -1,6 +1,6 @@
 //! Cluster and pool status: conditions, usage, capacity events.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -230,8 +230,14 @@ pub(super) fn pool_status_updates(
             .or_default() += 1;
     }
     let mut updates = Vec::new();
+    let outdated = super::claims::outdated_addresses(ctx, pools, inputs);
     for p in pools {
         if p.metadata.deletion_timestamp.is_some() {
+            // A pool being deleted waits for the claims that hold its addresses; its status
+            // says which.
+            if let Some(update) = deleting_pool_status(ctx, p, now) {
+                updates.push(update);
+            }
             continue;
         }
         let name = p.name_any();
@@ -262,6 +268,13 @@ pub(super) fn pool_status_updates(
             claims += n;
         }
         next.claims = (claims > 0).then_some(claims);
+        machine_conditions(
+            &mut next,
+            inputs.iter().find(|i| i.name == name),
+            outdated.get(&name),
+            p.metadata.generation,
+            now,
+        );
         if p.status.as_ref() == Some(&next) {
             // Nothing to write: an earlier failure is over (its backoff entry would otherwise
             // stay due forever and make every pass ask for another one at once).
@@ -277,6 +290,109 @@ pub(super) fn pool_status_updates(
         }
     }
     updates
+}
+
+/// Condition type: the pool is being deleted and waits for claims holding its addresses.
+pub const CONDITION_DELETING: &str = "Deleting";
+/// Condition type, present only while it is so: some datacenter leaves a machine's claim no
+/// address (every one is excluded or reserved: network, broadcast, gateway).
+pub const CONDITION_MACHINE_ROOM: &str = "MachineAddressesAvailable";
+/// Condition type, present only while it is so: `IPAddress`es written before the last
+/// `network` edit still show the old prefix length or gateway.
+pub const CONDITION_OUTDATED: &str = "IPAddressesOutdated";
+
+/// The conditions about machines' claims on a live pool's status: no room left by the
+/// reserved addresses, and `IPAddress`es showing an earlier network. Each is present only
+/// while it holds.
+fn machine_conditions(
+    next: &mut crate::resources::IPAMPoolStatus,
+    input: Option<&PoolInput>,
+    outdated: Option<&BTreeMap<String, usize>>,
+    generation: Option<i64>,
+    now: &str,
+) {
+    let full: Vec<&str> = input
+        .map(|i| {
+            i.datacenters
+                .iter()
+                .filter(|(_, d)| status::no_machine_room(d))
+                .map(|(dc, _)| dc.as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    next.conditions
+        .retain(|c| c.type_ != CONDITION_MACHINE_ROOM);
+    if !full.is_empty() {
+        status::set_condition(
+            &mut next.conditions,
+            CONDITION_MACHINE_ROOM,
+            false,
+            "AllReserved",
+            format!(
+                "datacenter {}: every address is excluded or is one no machine gets (the network's network, broadcast or gateway address); no claim can be served there",
+                full.join(", ")
+            ),
+            generation,
+            now,
+        );
+    }
+    next.conditions.retain(|c| c.type_ != CONDITION_OUTDATED);
+    if let Some(by_dc) = outdated.filter(|m| !m.is_empty()) {
+        let total: usize = by_dc.values().sum();
+        let each: Vec<String> = by_dc.iter().map(|(dc, n)| format!("{dc}: {n}")).collect();
+        status::set_condition(
+            &mut next.conditions,
+            CONDITION_OUTDATED,
+            true,
+            "NetworkChanged",
+            format!(
+                "{total} IPAddresses still show an earlier network ({}); an IPAddress's spec never changes, so they keep it until their claims are re-created, and new claims get the current network",
+                each.join(", ")
+            ),
+            generation,
+            now,
+        );
+    }
+}
+
+/// The status of a pool being deleted while claims still hold its addresses: `Deleting`, with
+/// how many and which. `None` when nothing is to be written.
+fn deleting_pool_status(ctx: &Context, p: &Arc<IPAMPool>, now: &str) -> Option<PoolStatusUpdate> {
+    let holding = super::claims::holding_in(ctx, &p.name_any());
+    if holding.is_empty() {
+        return None;
+    }
+    let mut next = p.status.clone().unwrap_or_default();
+    let shown: Vec<&str> = holding.iter().take(10).map(String::as_str).collect();
+    let more = holding.len().saturating_sub(shown.len());
+    status::set_condition(
+        &mut next.conditions,
+        CONDITION_DELETING,
+        true,
+        "ClaimsHoldAddresses",
+        format!(
+            "being deleted: waits for {} IPAddressClaims that still hold its addresses ({}{}); their machines keep them until the claims are deleted, then the pool goes",
+            holding.len(),
+            shown.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        ),
+        p.metadata.generation,
+        now,
+    );
+    if p.status.as_ref() == Some(&next) {
+        return None;
+    }
+    let mut update = p.as_ref().clone();
+    update.status = Some(next);
+    Some(PoolStatusUpdate {
+        pool: p.clone(),
+        update,
+        events: Vec::new(),
+    })
 }
 
 /// Writes `updates` (each pool's status is its own object: at most `limit` at once) and

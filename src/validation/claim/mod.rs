@@ -9,6 +9,14 @@ use crate::resources::capi::{
     ANNOTATION_CLAIM_DATACENTER, ANNOTATION_REQUESTED_ADDRESS, IPAddressClaim, claim_holder,
 };
 
+/// The contract's reason for a claim whose pool is missing, invalid, being deleted or paused
+/// (kipam's detail is in the message).
+pub const POOL_NOT_READY: &str = "PoolNotReady";
+/// The reason of a claim whose Cluster API `Cluster` does not exist (yet).
+pub const CLUSTER_NOT_FOUND: &str = "ClusterNotFound";
+/// The reason of a claim whose `IPAddress` was made before it and cannot be adopted.
+pub const ADDRESS_NOT_ADOPTABLE: &str = "AddressNotAdoptable";
+
 /// Why a claim is not served, as its `Ready=False` condition says it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimWait {
@@ -137,7 +145,7 @@ pub fn claim_input(
         ClaimPool::Ready(p) => p,
         ClaimPool::Missing => {
             return waiting(ClaimWait::new(
-                "PoolNotFound",
+                POOL_NOT_READY,
                 format!(
                     "IPAMPool {pool_name} does not exist; the claim is served once it is created"
                 ),
@@ -145,13 +153,13 @@ pub fn claim_input(
         }
         ClaimPool::Deleting => {
             return waiting(ClaimWait::new(
-                "PoolNotFound",
+                POOL_NOT_READY,
                 format!("IPAMPool {pool_name} is being deleted; point the claim at another pool"),
             ));
         }
         ClaimPool::Invalid(why) => {
             return waiting(ClaimWait::new(
-                "PoolInvalid",
+                POOL_NOT_READY,
                 format!(
                     "IPAMPool {pool_name} is invalid ({why}); the claim is served once it is fixed"
                 ),
@@ -310,6 +318,119 @@ fn requested(
             Ok(Some(PoolOverride::PinnedCidr(cidr)))
         }
     }
+}
+
+/// A claim that holds nothing and is not being deleted waits while the Cluster API `Cluster`
+/// it names (`spec.clusterName`, or the older label) does not exist: the contract says to stop
+/// there (a mistyped name, a `clusterctl move` half done, or a claim seen before its Cluster).
+/// `found` says whether that Cluster exists in the claim's namespace. A claim that holds an
+/// address keeps it (a cache that lags must never free a machine's address), and a claim being
+/// deleted is still released: neither gets a wait here.
+pub fn cluster_wait(claim: &IPAddressClaim, holds: bool, found: bool) -> Option<ClaimWait> {
+    let cluster = claim.cluster_name()?;
+    if found || holds || claim.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+    Some(ClaimWait::new(
+        CLUSTER_NOT_FOUND,
+        format!(
+            "Cluster API Cluster {namespace}/{cluster} (the claim's cluster) does not exist; the claim is served once it exists and is not paused"
+        ),
+    ))
+}
+
+/// An `IPAddress` found under a claim's name that kipam did not write: what the claim would
+/// adopt.
+pub struct Found<'a> {
+    /// `metadata.name`, `spec.claimRef.name`, the kipam pool `spec.poolRef` names (if any),
+    /// `spec.address` and `spec.prefix`.
+    pub name: &'a str,
+    pub claim_ref: &'a str,
+    pub pool: Option<&'a str>,
+    pub address: &'a str,
+    pub prefix: i32,
+}
+
+/// The pin that adopts `found` for a claim of pool `pool` served from `datacenter`: its own
+/// address (in a `prefix` pool, its subnet), so the planner commits exactly that address to the
+/// record through the same allocator as any request. `Err` says, for the claim's condition,
+/// why it cannot be adopted: it names another claim or pool, does not read, or lies outside
+/// the pool datacenter. Whether somebody else holds it is the allocator's to say.
+pub fn adoption(
+    claim_name: &str,
+    pool_name: &str,
+    pool: &PoolInput,
+    datacenter: &str,
+    found: &Found<'_>,
+) -> Result<PoolOverride, ClaimWait> {
+    let not = |why: String| {
+        ClaimWait::new(
+            ADDRESS_NOT_ADOPTABLE,
+            format!(
+                "IPAddress {} exists under the claim's name but cannot be adopted: {why}; delete it or correct it, and the claim is served",
+                found.name
+            ),
+        )
+    };
+    if found.claim_ref != claim_name {
+        return Err(not(format!(
+            "its spec.claimRef.name is {:?}, not {claim_name:?}",
+            found.claim_ref
+        )));
+    }
+    if found.pool != Some(pool_name) {
+        return Err(not(format!(
+            "its spec.poolRef names {}, not IPAMPool {pool_name}",
+            found
+                .pool
+                .map_or("no kipam pool".to_string(), |p| format!("IPAMPool {p}"))
+        )));
+    }
+    let Some(dc) = pool.datacenters.get(datacenter) else {
+        return Err(not(format!(
+            "pool {pool_name} has no datacenter {datacenter}"
+        )));
+    };
+    let (family, at) = parse_address(found.address.trim())
+        .map_err(|e| not(format!("spec.address {:?}: {e}", found.address)))?;
+    let wanted = match dc.config.kind {
+        PoolKind::Range { .. } => {
+            let one = AddrRange::new(family, at, at).ok_or_else(|| {
+                not(format!(
+                    "spec.address {:?} is not an address",
+                    found.address
+                ))
+            })?;
+            Allocation::Range(vec![one])
+        }
+        PoolKind::Prefix { .. } => {
+            let cidr = u8::try_from(found.prefix)
+                .ok()
+                .and_then(|len| Cidr::new(family, at, len))
+                .ok_or_else(|| {
+                    not(format!(
+                        "spec.address {:?} with spec.prefix {} is not a subnet",
+                        found.address, found.prefix
+                    ))
+                })?;
+            Allocation::Prefix(cidr)
+        }
+    };
+    let inside = wanted
+        .ranges()
+        .all(|r| dc.config.cidrs().any(|c| c.contains(&r)));
+    if !inside {
+        let cidrs: Vec<String> = dc.config.cidrs().map(|c| c.to_string()).collect();
+        return Err(not(format!(
+            "{wanted} lies outside pool {pool_name} in datacenter {datacenter} ({})",
+            cidrs.join(", ")
+        )));
+    }
+    Ok(match wanted {
+        Allocation::Range(pieces) => PoolOverride::PinnedAddresses(pieces),
+        Allocation::Prefix(cidr) => PoolOverride::PinnedCidr(cidr),
+    })
 }
 
 #[cfg(test)]

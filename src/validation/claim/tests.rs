@@ -98,8 +98,15 @@ fn the_datacenter_comes_from_the_annotation_then_the_kipam_cluster_never_a_guess
 
 #[test]
 fn a_missing_pool_or_a_bad_requested_address_waits_with_a_reason() {
+    // The contract's reason, whatever is wrong with the pool; kipam's detail in the message.
     let missing = claim_input(&claim(&[]), "nodes", ClaimPool::Missing, None, false, None);
-    assert_eq!(missing.wait.expect("waits").reason, "PoolNotFound");
+    let wait = missing.wait.expect("waits");
+    assert_eq!(wait.reason, "PoolNotReady");
+    assert!(wait.message.contains("does not exist"), "{}", wait.message);
+    for pool in [ClaimPool::Deleting, ClaimPool::Invalid("bad cidr".into())] {
+        let read = claim_input(&claim(&[]), "nodes", pool, None, false, None);
+        assert_eq!(read.wait.expect("waits").reason, "PoolNotReady");
+    }
     let p = two_dcs();
     let bad = claim_input(
         &claim(&[
@@ -210,4 +217,80 @@ fn a_paused_claim_being_deleted_keeps_what_it_holds() {
     .input
     .expect("released by the plan");
     assert!(running.deleting);
+}
+
+#[test]
+fn a_claim_of_a_missing_cluster_waits_unless_it_holds_or_is_deleted() {
+    let c = claim(&[]);
+    let wait = cluster_wait(&c, false, false).expect("waits");
+    assert_eq!(wait.reason, "ClusterNotFound");
+    assert!(wait.message.contains("capi/edge"), "{}", wait.message);
+    assert_eq!(cluster_wait(&c, false, true), None, "found: served");
+    assert_eq!(cluster_wait(&c, true, false), None, "holds: keeps it");
+    let mut deleted = c.clone();
+    deleted.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-01-01T00:00:00Z".parse().unwrap(),
+        ));
+    assert_eq!(cluster_wait(&deleted, false, false), None, "released");
+    let mut no_cluster = c;
+    no_cluster.spec.cluster_name = None;
+    assert_eq!(cluster_wait(&no_cluster, false, false), None, "names none");
+}
+
+#[test]
+fn an_address_made_first_is_adopted_by_a_pin_of_its_own_address_or_refused_saying_why() {
+    let p = two_dcs();
+    let found =
+        |claim_ref: &'static str, pool: Option<&'static str>, address: &'static str| Found {
+            name: "m0-eth0",
+            claim_ref,
+            pool,
+            address,
+            prefix: 24,
+        };
+    let pin = adoption(
+        "m0-eth0",
+        "nodes",
+        &p,
+        "fra",
+        &found("m0-eth0", Some("nodes"), "10.0.0.9"),
+    )
+    .expect("adopted");
+    assert_eq!(
+        pin,
+        PoolOverride::PinnedAddresses(vec!["10.0.0.9".parse().unwrap()])
+    );
+    for (f, says) in [
+        (found("other", Some("nodes"), "10.0.0.9"), "\"other\""),
+        (found("m0-eth0", Some("else"), "10.0.0.9"), "IPAMPool else"),
+        (found("m0-eth0", None, "10.0.0.9"), "no kipam pool"),
+        (
+            found("m0-eth0", Some("nodes"), "10.1.0.9"),
+            "outside pool nodes",
+        ),
+        (found("m0-eth0", Some("nodes"), "ten"), "spec.address"),
+    ] {
+        let wait = adoption("m0-eth0", "nodes", &p, "fra", &f).expect_err("refused");
+        assert_eq!(wait.reason, "AddressNotAdoptable");
+        assert!(wait.message.contains(says), "{} lacks {says}", wait.message);
+        assert!(
+            wait.message.contains("IPAddress m0-eth0"),
+            "{}",
+            wait.message
+        );
+    }
+    // A prefix pool adopts the subnet the address and prefix name.
+    let nets = subnets();
+    let sub = Found {
+        name: "m0-eth0",
+        claim_ref: "m0-eth0",
+        pool: Some("nets"),
+        address: "10.2.0.16",
+        prefix: 28,
+    };
+    assert_eq!(
+        adoption("m0-eth0", "nets", &nets, "fra", &sub),
+        Ok(PoolOverride::PinnedCidr("10.2.0.16/28".parse().unwrap()))
+    );
 }
