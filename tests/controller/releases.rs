@@ -314,3 +314,35 @@ async fn a_changed_pin_frees_what_it_gave_up_only_once_its_object_changed() {
     history.finish(&seed).await;
     assert_eq!(seed.held("c", "small"), "10.9.0.2-10.9.0.3");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allocation_kept_by_retain_stays_a_holder_for_the_other_pools_of_its_datacenter() {
+    // `kept` (reclaimPolicy Retain) and `other` share dc-1's addresses; `a` holds half through
+    // each. Deleting `kept` leaves a's allocation of it in place, unmanaged: its addresses are
+    // still a's, so `c` must not get them through `other`.
+    let pools = "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata: {name: kept}\nspec:\n  reclaimPolicy: Retain\n  datacenters:\n    dc-1: {type: range, poolCidr: 10.9.0.0/29, allocationRange: 4}\n---\napiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata: {name: other}\nspec:\n  datacenters:\n    dc-1: {type: range, poolCidr: 10.9.0.0/29, allocationRange: 4}\n";
+    let seed = Seed::start("release-retain").await;
+    let _ctl = seed.controller("ctl");
+    full_pool(&seed, pools, &[("a", "")], ("c", "")).await;
+    let a_kept = seed.held("a", "kept");
+    let history = History::start(&seed).await;
+    seed.delete("ipampools.ipam.kipam.dev", None, "kept");
+    seed.wait_for("pool kept gone", WAIT, "ctl", |s| {
+        s.get("ipampools.ipam.kipam.dev", None, "kept").is_none()
+    })
+    .await;
+    // Passes run on every change; give the controller time to (wrongly) serve c.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        seed.held("a", "kept"),
+        a_kept,
+        "the retained allocation stays"
+    );
+    assert_ne!(
+        seed.phase("c", "other"),
+        "Allocated",
+        "c got addresses through pool other: {}",
+        seed.held("c", "other")
+    );
+    history.finish(&seed).await;
+}

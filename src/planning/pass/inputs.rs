@@ -362,6 +362,10 @@ pub(super) async fn gather(
 /// that plans it; were the addresses free in that same plan, a waiting holder's new object
 /// could be written while the old one still shows them. Once no object shows them, the next
 /// plan hands them out. (With `reuseAfter`, the quarantine keeps them from others already.)
+///
+/// Also what allocations kept by `reclaimPolicy: Retain` hold after their pool or datacenter
+/// went: they stay holders until a person deletes them, so they are set aside in every pool of
+/// the datacenter for as long as they exist.
 fn being_released(
     pools: &[PoolInput],
     clusters: &[ClusterInput],
@@ -388,7 +392,11 @@ fn being_released(
         let pool = pools.get(s.pool.as_str()).copied();
         let (why, addresses) = match planner::settle(s, cluster, pool) {
             Some(planner::Settle::Release(_)) => ("being released", held.ranges().collect()),
-            Some(planner::Settle::Retain(_)) => continue,
+            // Kept for a pool (or datacenter) that is gone: still a holder, which no pool
+            // of the datacenter plans any more, so every pool of it keeps clear of it.
+            Some(planner::Settle::Retain(_)) => {
+                ("kept by reclaimPolicy Retain", held.ranges().collect())
+            }
             None => match cluster {
                 Some(c) => ("given up by a pin", planner::given_up_by_pin(s, c)),
                 None => continue,
