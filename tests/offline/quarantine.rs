@@ -114,6 +114,29 @@ fn fits(pool: &str, dc: &str, big: bool, room: &BTreeSet<u128>) -> bool {
     }
 }
 
+/// IPv4 addresses as runs, for messages: `10.9.0.0-10.9.0.3, 10.9.0.8`.
+fn shown(addresses: &BTreeSet<u128>) -> String {
+    let ip = |a: u128| std::net::Ipv4Addr::from(a as u32).to_string();
+    let mut runs: Vec<(u128, u128)> = Vec::new();
+    for &a in addresses {
+        match runs.last_mut() {
+            Some((_, last)) if *last + 1 == a => *last = a,
+            _ => runs.push((a, a)),
+        }
+    }
+    let runs: Vec<String> = runs
+        .into_iter()
+        .map(|(f, l)| {
+            if f == l {
+                ip(f)
+            } else {
+                format!("{}-{}", ip(f), ip(l))
+            }
+        })
+        .collect();
+    format!("[{}]", runs.join(", "))
+}
+
 /// A removed cluster: its datacenter, when, and pool -> the addresses it held.
 type Gone = (String, i64, BTreeMap<String, BTreeSet<u128>>);
 
@@ -263,14 +286,14 @@ fn run_events(events: &[Event], w: &Workdir) -> Result<usize, TestCaseError> {
                     let room = room_for(&report.plan, &next, p, &dc, &name(c));
                     prop_assert!(
                         !fits(p, &dc, big, &room),
-                        "step {} ({:?}): {} re-created in {} was refused in {} though {:?} were free for it (it held {:?})",
+                        "step {} ({:?}): {} re-created in {} was refused in {} though {} were free for it (it held {})",
                         step,
                         e,
                         name(c),
                         dc,
                         p,
-                        room,
-                        old
+                        shown(&room),
+                        shown(old)
                     );
                     continue;
                 }
@@ -291,18 +314,18 @@ fn run_events(events: &[Event], w: &Workdir) -> Result<usize, TestCaseError> {
     Ok(refusals)
 }
 
-/// The work directory of one case: in memory (`/dev/shm`) where the machine has it, as each
-/// step syncs the state file to its disk, which costs far more than the run itself.
-fn workdir() -> Workdir {
+/// The work directory `name` of one case: in memory (`/dev/shm`) where the machine has it, as
+/// each step syncs the state file to its disk, which costs far more than the run itself.
+fn workdir(name: &str) -> Workdir {
     let shm = Path::new("/dev/shm");
     if !shm.is_dir() {
-        return Workdir::new("quarantine-prop");
+        return Workdir::new(name);
     }
-    let dir = shm.join(format!("kipam-test-{}-quarantine-prop", std::process::id()));
+    let dir = shm.join(format!("kipam-test-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     match std::fs::create_dir_all(&dir) {
         Ok(()) => Workdir(dir),
-        Err(_) => Workdir::new("quarantine-prop"),
+        Err(_) => Workdir::new(name),
     }
 }
 
@@ -311,7 +334,7 @@ proptest! {
 
     #[test]
     fn offline_runs_keep_quarantine_and_address_spaces(events in proptest::collection::vec(event(), 1..30)) {
-        let w = workdir();
+        let w = workdir("quarantine-prop");
         run_events(&events, &w)?;
     }
 }
@@ -329,7 +352,7 @@ fn a_former_holder_asking_more_than_a_full_pool_has_is_refused() {
         Event::Tick { minutes: 10 },
         Event::Add { c: 0, dc: 0 },
     ]);
-    match run_events(&events, &workdir()) {
+    match run_events(&events, &workdir("quarantine-full")) {
         Ok(refusals) => assert!(refusals > 0, "c0 was not refused: the pool had room"),
         Err(e) => panic!("{e}"),
     }

@@ -181,6 +181,29 @@ fn fits(pools: &BTreeMap<String, PoolInput>, pool: &str, dc: &str, room: &BTreeS
     }
 }
 
+/// IPv4 addresses as runs, for messages: `10.9.0.0-10.9.0.3, 10.9.0.8`.
+fn shown(addresses: &BTreeSet<u128>) -> String {
+    let ip = |a: u128| std::net::Ipv4Addr::from(a as u32).to_string();
+    let mut runs: Vec<(u128, u128)> = Vec::new();
+    for &a in addresses {
+        match runs.last_mut() {
+            Some((_, last)) if *last + 1 == a => *last = a,
+            _ => runs.push((a, a)),
+        }
+    }
+    let runs: Vec<String> = runs
+        .into_iter()
+        .map(|(f, l)| {
+            if f == l {
+                ip(f)
+            } else {
+                format!("{}-{}", ip(f), ip(l))
+            }
+        })
+        .collect();
+    format!("[{}]", runs.join(", "))
+}
+
 /// A cluster that went away, and what it held then.
 struct Gone {
     dc: String,
@@ -438,15 +461,15 @@ fn run(events: Vec<Event>) -> Result<usize, TestCaseError> {
                         let room = room_for(&w.pools, &plan, p, &gone.dc, &name(c));
                         prop_assert!(
                             !fits(&w.pools, p, &gone.dc, &room),
-                            "step {} ({:?}): {} re-created in {} was refused in {} ({}) though {:?} were free for it (it held {:?})",
+                            "step {} ({:?}): {} re-created in {} was refused in {} ({}) though {} were free for it (it held {})",
                             step,
                             event,
                             name(c),
                             gone.dc,
                             p,
                             d.message,
-                            room,
-                            old
+                            shown(&room),
+                            shown(old)
                         );
                         continue;
                     }
