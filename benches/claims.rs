@@ -14,7 +14,9 @@
 //!   creation to its `IPAddress` appearing on a watch, p50, p99 and worst (target: p99 under
 //!   100 ms).
 //!
-//! Exits non-zero when a claim is not served.
+//! Every figure printed was measured: when one cannot be (the controller died, its `/metrics`
+//! could not be read, the clusters were not all allocated), the bench says which and exits
+//! non-zero instead of printing it. Exits non-zero too when a claim is not served.
 
 use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
@@ -55,23 +57,54 @@ fn free_port() -> u16 {
         .expect("a free port")
 }
 
-/// The sum of every sample of a metric family on the controller's `/metrics`.
-fn metric_sum(port: u16, family: &str) -> Option<f64> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    Some(
-        body.lines()
-            .filter(|l| {
-                l.strip_prefix(family)
-                    .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-            })
-            .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-            .sum(),
-    )
+/// The sum of every sample of a metric family on the controller's `/metrics`; an error when
+/// the page cannot be read or does not have the family.
+fn metric_sum(port: u16, family: &str) -> Result<f64, String> {
+    let read = || -> std::io::Result<String> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+        let mut body = String::new();
+        s.read_to_string(&mut body)?;
+        Ok(body)
+    };
+    let text = read().map_err(|e| format!("GET /metrics on port {port}: {e}"))?;
+    let status = text.lines().next().unwrap_or_default();
+    if status.split_whitespace().nth(1) != Some("200") {
+        return Err(format!("GET /metrics on port {port} answered {status:?}"));
+    }
+    let samples: Vec<f64> = text
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(family)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .map(|l| {
+            l.split_whitespace()
+                .last()
+                .and_then(|v| v.parse::<f64>().ok())
+                .ok_or_else(|| format!("/metrics: {l:?} has no value"))
+        })
+        .collect::<Result<_, _>>()?;
+    // A family the page declares without a sample is a measured zero (a counter nothing has
+    // counted yet); one it does not declare is not measured at all.
+    let declared = |name: &str| {
+        text.lines()
+            .any(|l| l.starts_with(&format!("# TYPE {name} ")))
+    };
+    if samples.is_empty() && !declared(family) && !declared(family.trim_end_matches("_total")) {
+        return Err(format!("/metrics on port {port} has no {family}"));
+    }
+    Ok(samples.iter().sum())
+}
+
+/// Fails unless the controller still runs: figures of a dead process are not figures.
+fn alive(ctl: &mut Controller, when: &str) -> Result<(), String> {
+    match ctl.0.try_wait() {
+        Ok(None) => Ok(()),
+        Ok(Some(status)) => Err(format!("the controller exited ({status}) {when}")),
+        Err(e) => Err(format!("the controller's state cannot be read {when}: {e}")),
+    }
 }
 
 fn percentile_ms(sorted: &[Duration], n: usize) -> f64 {
@@ -123,10 +156,14 @@ fn arg(n: usize, default: usize) -> usize {
 }
 
 /// The whole run; the controller is killed when it returns (`process::exit` would skip that).
-fn run() -> bool {
+/// `Ok(false)` when a claim was not served, `Err` when a figure could not be measured.
+fn run() -> Result<bool, String> {
     let claims = arg(0, 10_000);
     let clusters = arg(1, 1_000);
     let sequential = arg(2, 200);
+    if claims == 0 {
+        return Err("CLAIMS must be at least 1: writes per claim are measured over them".into());
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -159,7 +196,7 @@ fn run() -> bool {
     let kubeconfig = dir.join("kubeconfig");
     seed.write_kubeconfig(&kubeconfig).expect("kubeconfig");
     let metrics_port = free_port();
-    let _ctl = Controller(
+    let mut ctl = Controller(
         Command::new(env!("CARGO_BIN_EXE_kipam"))
             .args(["controller", "--kubeconfig"])
             .arg(&kubeconfig)
@@ -178,17 +215,26 @@ fn run() -> bool {
     );
     let start = Instant::now();
     while allocated(&seed) < clusters && start.elapsed() < Duration::from_secs(300) {
+        alive(&mut ctl, "while the clusters were allocated")?;
         std::thread::sleep(Duration::from_millis(100));
     }
+    let held = allocated(&seed);
+    if held < clusters {
+        return Err(format!(
+            "only {held} of {clusters} clusters hold their range after {:.0} s",
+            start.elapsed().as_secs_f64()
+        ));
+    }
     println!(
-        "{} of {clusters} clusters hold their range of 8 after {:.1} s",
-        allocated(&seed),
+        "{clusters} clusters hold their range of 8 after {:.1} s",
         start.elapsed().as_secs_f64()
     );
     std::thread::sleep(Duration::from_secs(1));
 
     // The burst.
-    let writes_before = metric_sum(metrics_port, "kipam_api_writes_total").unwrap_or(0.0);
+    alive(&mut ctl, "before the burst")?;
+    let writes_before = metric_sum(metrics_port, "kipam_api_writes_total")
+        .map_err(|e| format!("writes before the burst: {e}"))?;
     let server_writes_before = seed.stats().writes();
     let start = Instant::now();
     for i in 0..claims {
@@ -217,7 +263,10 @@ fn run() -> bool {
         std::thread::sleep(Duration::from_millis(100));
     }
     let all_ready = start.elapsed();
-    let writes = metric_sum(metrics_port, "kipam_api_writes_total").unwrap_or(0.0) - writes_before;
+    alive(&mut ctl, "during the burst")?;
+    let writes = metric_sum(metrics_port, "kipam_api_writes_total")
+        .map_err(|e| format!("writes after the burst: {e}"))?
+        - writes_before;
     let server_writes = seed.stats().writes() - server_writes_before;
     println!(
         "{claims} claims created in {:.2} s; {ready} Ready after {:.2} s (target < 30 s: {})",
@@ -236,7 +285,10 @@ fn run() -> bool {
     );
     if ready < claims {
         println!("burst: {} claims not served (FAILED)", claims - ready);
-        return false;
+        return Ok(false);
+    }
+    if sequential == 0 {
+        return Ok(true);
     }
 
     // Steady state: one claim at a time, timed from its creation to its IPAddress on a watch.
@@ -283,22 +335,31 @@ fn run() -> bool {
         Some(latencies)
     });
     let Some(mut latencies) = latencies else {
-        return false;
+        return Ok(false);
     };
+    alive(&mut ctl, "after the steady state")?;
     latencies.sort();
+    let Some(worst) = latencies.last().copied() else {
+        return Err("no steady-state latency was measured".into());
+    };
     let p99 = percentile_ms(&latencies, 99);
     println!(
         "steady state, {sequential} claims one at a time, creation to IPAddress: p50 {:.1} ms, p99 {p99:.1} ms, worst {:.1} ms (target p99 < 100 ms: {})",
         percentile_ms(&latencies, 50),
-        latencies.last().map_or(0.0, |d| d.as_secs_f64() * 1e3),
+        worst.as_secs_f64() * 1e3,
         if p99 < 100.0 { "met" } else { "MISSED" }
     );
     let _ = std::fs::remove_dir_all(&dir);
-    true
+    Ok(true)
 }
 
 fn main() {
-    if !run() {
-        std::process::exit(1);
+    match run() {
+        Ok(true) => {}
+        Ok(false) => std::process::exit(1),
+        Err(e) => {
+            eprintln!("claims bench: not measured: {e}");
+            std::process::exit(1);
+        }
     }
 }

@@ -19,7 +19,9 @@
 //! between the two runs is the demand reader's share (the addon applier holds drift watches
 //! in every user cluster either way).
 //!
-//! Exits non-zero when a Service does not get its address.
+//! Every figure printed was measured: when one cannot be (the controller died, `/proc` could
+//! not be read, a phase timed out), the bench says which and exits non-zero instead of
+//! printing it. Exits non-zero too when a Service does not get its address.
 
 #[path = "../tests/controller/metallb.rs"]
 mod metallb;
@@ -48,36 +50,65 @@ spec:
       growth: {increment: 2, max: 8, shrinkAfter: 10m}
 ";
 
-fn status_kib(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+/// A field of `/proc/<pid>/status`, in KiB.
+fn status_kib(pid: u32, field: &str) -> Result<u64, String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|e| format!("/proc/{pid}/status: {e}"))?;
     status
         .lines()
         .find(|l| l.starts_with(field))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("/proc/{pid}/status has no {field} in KiB"))
 }
 
-fn sockets(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|dir| {
-            dir.flatten()
-                .filter(|e| {
-                    std::fs::read_link(e.path())
-                        .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
-                })
-                .count()
+/// Open sockets of a process.
+fn sockets(pid: u32) -> Result<usize, String> {
+    let dir =
+        std::fs::read_dir(format!("/proc/{pid}/fd")).map_err(|e| format!("/proc/{pid}/fd: {e}"))?;
+    Ok(dir
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
         })
-        .unwrap_or(0)
+        .count())
 }
 
 /// CPU time (user + system) of a process, in clock ticks.
-fn cpu_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+fn cpu_ticks(pid: u32) -> Result<u64, String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|e| format!("/proc/{pid}/stat: {e}"))?;
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, after)| after.split_whitespace().collect())
+        .unwrap_or_default();
+    let field = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok());
+    match (field(11), field(12)) {
+        (Some(user), Some(system)) => Ok(user + system),
+        _ => Err(format!("/proc/{pid}/stat has no utime and stime: {stat:?}")),
+    }
 }
 
+/// The clock ticks per second `/proc/<pid>/stat` counts in (`USER_HZ`).
+fn ticks_per_second() -> Result<f64, String> {
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz <= 0 {
+        return Err(format!("sysconf(_SC_CLK_TCK) gave {hz}"));
+    }
+    Ok(hz as f64)
+}
+
+/// Fails unless the controller still runs: figures of a dead process are not figures.
+fn alive(child: &mut Child, when: &str) -> Result<(), String> {
+    match child.try_wait() {
+        Ok(None) => Ok(()),
+        Ok(Some(status)) => Err(format!("the controller exited ({status}) {when}")),
+        Err(e) => Err(format!("the controller's state cannot be read {when}: {e}")),
+    }
+}
+
+/// The `n`th percentile of `sorted`, which is not empty.
 fn percentile_ms(sorted: &[Duration], n: usize) -> f64 {
     let i = (sorted.len() * n).div_ceil(100).saturating_sub(1);
     sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1e3
@@ -104,8 +135,9 @@ impl Drop for Setup {
 }
 
 /// A seed with the pool, `size` user clusters registered (Secret, Addon, Cluster), and the
-/// controller running; returns once every user cluster holds its initial pool.
-fn setup(size: usize) -> Setup {
+/// controller running; returns once every user cluster holds its initial pool, and fails
+/// when one does not within 10 minutes.
+fn setup(size: usize) -> Result<Setup, String> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -168,16 +200,31 @@ fn setup(size: usize) -> Setup {
         .spawn()
         .expect("controller starts");
     let pid = child.id();
+    // From here on the controller is killed when `setup` returns early.
+    let mut s = Setup {
+        rt,
+        seed,
+        users,
+        child,
+        before: (0, 0),
+        _dir: dir,
+    };
     let start = Instant::now();
-    while seed
+    while s
+        .seed
         .get("leases", Some("kipam-system"), "kipam-seed")
         .is_none()
-        && start.elapsed() < Duration::from_secs(20)
     {
+        alive(&mut s.child, "before taking the Lease")?;
+        if start.elapsed() > Duration::from_secs(20) {
+            return Err("the controller took no Lease within 20 s".into());
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_secs(1));
-    let before = (sockets(pid), status_kib(pid, "VmRSS:").unwrap_or(0));
+    alive(&mut s.child, "before the clusters were created")?;
+    s.before = (sockets(pid)?, status_kib(pid, "VmRSS:")?);
+    let (seed, users) = (&s.seed, &s.users);
     for i in 0..size {
         seed.create(
             &json!({"apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Cluster",
@@ -189,6 +236,7 @@ fn setup(size: usize) -> Setup {
     let start = Instant::now();
     let mut pending: Vec<usize> = (0..size).collect();
     while !pending.is_empty() && start.elapsed() < Duration::from_secs(600) {
+        alive(&mut s.child, "while the clusters got their initial pools")?;
         pending.retain(|&i| {
             users[i]
                 .get(
@@ -200,18 +248,18 @@ fn setup(size: usize) -> Setup {
         });
         std::thread::sleep(Duration::from_millis(50));
     }
+    if !pending.is_empty() {
+        return Err(format!(
+            "{} of {size} user clusters hold no initial pool after {:.0} s",
+            pending.len(),
+            start.elapsed().as_secs_f64()
+        ));
+    }
     println!(
         "{size} user clusters hold their initial pool after {:.1} s",
         start.elapsed().as_secs_f64()
     );
-    Setup {
-        rt,
-        seed,
-        users,
-        child,
-        before,
-        _dir: dir,
-    }
+    Ok(s)
 }
 
 fn create(user: &ApiServer, name: &str) {
@@ -226,8 +274,9 @@ fn served(user: &ApiServer, name: &str) -> bool {
         .is_some_and(|s| s["status"]["loadBalancer"]["ingress"][0]["ip"].is_string())
 }
 
-fn latency(size: usize) -> bool {
-    let s = setup(size);
+/// The latency phase; `Ok(false)` when a Service was not served after a refusal.
+fn latency(size: usize) -> Result<bool, String> {
+    let mut s = setup(size)?;
     let lbs: Vec<MetalLb> = s
         .users
         .iter()
@@ -242,8 +291,17 @@ fn latency(size: usize) -> bool {
         .users
         .iter()
         .all(|u| served(u, "first") && served(u, "second"))
-        && start.elapsed() < Duration::from_secs(120)
     {
+        if start.elapsed() > Duration::from_secs(120) {
+            let waiting = s
+                .users
+                .iter()
+                .filter(|u| !(served(u, "first") && served(u, "second")))
+                .count();
+            return Err(format!(
+                "{waiting} of {size} user clusters still wait for their first two Services after 120 s"
+            ));
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
     // Let the reader settle, then one Service more in every user cluster at once.
@@ -256,10 +314,11 @@ fn latency(size: usize) -> bool {
     {
         std::thread::sleep(Duration::from_millis(20));
     }
+    alive(&mut s.child, "during the latency phase")?;
     let mut times: Vec<Duration> = Vec::new();
     let mut missing = 0;
     for lb in &lbs {
-        let log = lb.log.lock().expect("log");
+        let log = lb.log.lock().map_err(|_| "a MetalLB stand-in panicked")?;
         match (
             log.refused.get("default/third"),
             log.served.get("default/third"),
@@ -269,16 +328,16 @@ fn latency(size: usize) -> bool {
         }
     }
     times.sort();
-    if times.is_empty() {
+    let Some(worst) = times.last() else {
         println!("latency: no Service was served after a refusal (FAILED)");
-        return false;
-    }
+        return Ok(false);
+    };
     println!(
         "refusal to address, {} Services across {size} user clusters: p50 {:.0} ms, p99 {:.0} ms, worst {:.0} ms{}",
         times.len(),
         percentile_ms(&times, 50),
         percentile_ms(&times, 99),
-        times.last().map_or(0.0, |t| t.as_secs_f64() * 1e3),
+        worst.as_secs_f64() * 1e3,
         if missing > 0 {
             format!(" — {missing} not refused first or not served (FAILED)")
         } else {
@@ -287,39 +346,46 @@ fn latency(size: usize) -> bool {
     );
     drop(lbs);
     let _ = (&s.rt, &s.seed);
-    missing == 0
+    Ok(missing == 0)
 }
 
-fn cost(size: usize) {
-    let s = setup(size);
+fn cost(size: usize) -> Result<(), String> {
+    let hz = ticks_per_second()?;
+    let mut s = setup(size)?;
     let pid = s.child.id();
     // The reader opens two watches per user cluster.
     let start = Instant::now();
     let want = s.before.0 + 2 * size;
     let growing = std::env::var_os("KIPAM_BENCH_NO_GROWTH").is_none();
-    while growing && sockets(pid) < want && start.elapsed() < Duration::from_secs(300) {
+    while growing && sockets(pid)? < want && start.elapsed() < Duration::from_secs(300) {
         std::thread::sleep(Duration::from_millis(200));
     }
     std::thread::sleep(Duration::from_secs(5));
-    let (socks, rss) = (sockets(pid), status_kib(pid, "VmRSS:").unwrap_or(0));
-    let ticks0 = cpu_ticks(pid).unwrap_or(0);
+    alive(&mut s.child, "before the idle minute")?;
+    let (socks, rss) = (sockets(pid)?, status_kib(pid, "VmRSS:")?);
+    let ticks0 = cpu_ticks(pid)?;
     std::thread::sleep(Duration::from_secs(60));
-    let ticks1 = cpu_ticks(pid).unwrap_or(0);
-    let hz = 100.0; // USER_HZ on Linux
+    let ticks1 = cpu_ticks(pid)?;
+    alive(&mut s.child, "during the idle minute")?;
+    let ticks = ticks1.checked_sub(ticks0).ok_or_else(|| {
+        format!("the controller's CPU time went back from {ticks0} to {ticks1} ticks")
+    })?;
     let watches: usize = s
         .users
         .iter()
         .map(|u| u.stats().count("watch", "services") as usize)
         .sum();
+    let rss_delta = rss as f64 - s.before.1 as f64;
     println!(
-        "watching {size} user clusters: {} more sockets ({} watch requests on Services seen), resident memory +{:.1} MiB ({:.1} KiB per user cluster), CPU over 60 s idle {:.2} s ({:.1} %)",
-        socks.saturating_sub(s.before.0),
+        "watching {size} user clusters: {:+} sockets ({} watch requests on Services seen), resident memory {:+.1} MiB ({:+.1} KiB per user cluster), CPU over 60 s idle {:.2} s ({:.1} %)",
+        socks as i64 - s.before.0 as i64,
         watches,
-        rss.saturating_sub(s.before.1) as f64 / 1024.0,
-        rss.saturating_sub(s.before.1) as f64 / size as f64,
-        (ticks1 - ticks0) as f64 / hz,
-        (ticks1 - ticks0) as f64 / hz / 60.0 * 100.0,
+        rss_delta / 1024.0,
+        rss_delta / size as f64,
+        ticks as f64 / hz,
+        ticks as f64 / hz / 60.0 * 100.0,
     );
+    Ok(())
 }
 
 fn main() {
@@ -329,11 +395,29 @@ fn main() {
         .collect();
     let latency_size = sizes.first().copied().unwrap_or(100);
     let cost_size = sizes.get(1).copied().unwrap_or(1000);
-    let ok = latency_size == 0 || latency(latency_size);
-    if cost_size > 0 {
-        cost(cost_size);
+    let latency_ok = if latency_size == 0 {
+        Ok(true)
+    } else {
+        latency(latency_size)
+    };
+    let cost_ok = if cost_size == 0 {
+        Ok(())
+    } else {
+        cost(cost_size)
+    };
+    let mut failed = false;
+    match latency_ok {
+        Ok(ok) => failed |= !ok,
+        Err(e) => {
+            eprintln!("growth bench, latency: not measured: {e}");
+            failed = true;
+        }
     }
-    if !ok {
+    if let Err(e) = cost_ok {
+        eprintln!("growth bench, cost: not measured: {e}");
+        failed = true;
+    }
+    if failed {
         std::process::exit(1);
     }
 }

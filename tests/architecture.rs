@@ -36,18 +36,17 @@ fn src_dir() -> PathBuf {
     }
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for entry in entries {
+        let path = entry.map_err(|e| format!("{}: {e}", dir.display()))?.path();
         if path.is_dir() {
-            rust_files(&path, out);
+            rust_files(&path, out)?;
         } else if path.extension().is_some_and(|e| e == "rs") {
             out.push(path);
         }
     }
+    Ok(())
 }
 
 /// The source without comments (line, block and doc comments) and string literals, so a
@@ -153,10 +152,18 @@ struct Graph {
     siblings: BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
 }
 
-fn graph(src: &Path) -> Graph {
+/// The graph of the crate whose `src/` is `src`; an error when that is not one (unreadable,
+/// no `lib.rs` nor `main.rs`, no top-level module): an empty graph would pass every check.
+fn graph(src: &Path) -> Result<Graph, String> {
     let mut files = Vec::new();
-    rust_files(src, &mut files);
+    rust_files(src, &mut files).map_err(|e| format!("cannot read the source tree: {e}"))?;
     files.sort();
+    if !["lib.rs", "main.rs"].iter().any(|f| src.join(f).is_file()) {
+        return Err(format!(
+            "{} has no lib.rs nor main.rs: not a crate's src/ (KIPAM_ARCH_SRC?)",
+            src.display()
+        ));
+    }
     let modules: BTreeSet<String> = files.iter().map(|f| module_of(src, f).0).collect();
     let mut top: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut siblings: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
@@ -202,11 +209,67 @@ fn graph(src: &Path) -> Graph {
             named.retain(|n| known.contains(n));
         }
     }
-    Graph { top, siblings }
+    if top.is_empty() {
+        return Err(format!(
+            "{} has no top-level module besides lib.rs and main.rs: nothing to check",
+            src.display()
+        ));
+    }
+    Ok(Graph { top, siblings })
 }
 
 fn layer_of(module: &str) -> Option<usize> {
     LAYERS.iter().position(|layer| layer.contains(&module))
+}
+
+/// What is wrong with `from` naming `to`, if anything: `to` must sit in a lower layer than
+/// `from` (a module outside `LAYERS` is reported on its own, see [`problems`]).
+fn edge_problem(from: &str, to: &str) -> Option<String> {
+    let (Some(from_layer), Some(to_layer)) = (layer_of(from), layer_of(to)) else {
+        return None;
+    };
+    if to_layer < from_layer {
+        return None;
+    }
+    let how = if to_layer == from_layer {
+        "a sideways import: they are siblings of one layer"
+    } else {
+        "an upward import"
+    };
+    Some(format!(
+        "{from} imports {to}: {to} is not in a lower layer ({how})"
+    ))
+}
+
+/// Everything wrong with the graph: modules missing from `LAYERS`, imports that do not run
+/// downward, circles between top-level modules and between files of one directory.
+fn problems(g: &Graph) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (module, edges) in &g.top {
+        if layer_of(module).is_none() {
+            problems.push(format!(
+                "src/{module}: a top-level module missing from LAYERS (tests/architecture.rs) \
+                 and ARCHITECTURE.md"
+            ));
+            continue;
+        }
+        problems.extend(edges.iter().filter_map(|to| edge_problem(module, to)));
+    }
+    for module in g.top.keys() {
+        if let Some(circle) = circle_from(&g.top, module) {
+            problems.push(format!("import circle: {}", circle.join(" -> ")));
+        }
+    }
+    for (dir, files) in &g.siblings {
+        for file in files.keys() {
+            if let Some(circle) = circle_from(files, file) {
+                problems.push(format!("import circle in {dir}: {}", circle.join(" -> ")));
+            }
+        }
+    }
+    problems.sort();
+    problems.dedup();
+    problems
 }
 
 /// A circle through `start` in `edges`, if there is one.
@@ -241,46 +304,16 @@ fn circle_from(edges: &BTreeMap<String, BTreeSet<String>>, start: &str) -> Optio
 #[test]
 fn imports_run_downward_and_close_no_circle() {
     let src = src_dir();
-    let g = graph(&src);
+    let g = match graph(&src) {
+        Ok(g) => g,
+        Err(e) => panic!("{e}"),
+    };
     println!("module graph of {}:", src.display());
     for (module, edges) in &g.top {
         let edges: Vec<&str> = edges.iter().map(String::as_str).collect();
         println!("  {module} -> {}", edges.join(", "));
     }
-    let mut problems = Vec::new();
-    for (module, edges) in &g.top {
-        let Some(from) = layer_of(module) else {
-            problems.push(format!(
-                "src/{module}: a top-level module missing from LAYERS (tests/architecture.rs) \
-                 and ARCHITECTURE.md"
-            ));
-            continue;
-        };
-        for to in edges {
-            match layer_of(to) {
-                Some(layer) if layer < from => {}
-                Some(_) => problems.push(format!(
-                    "{module} imports {to}: {to} is not in a lower layer (an upward or sideways \
-                     import)"
-                )),
-                None => {}
-            }
-        }
-    }
-    for module in g.top.keys() {
-        if let Some(circle) = circle_from(&g.top, module) {
-            problems.push(format!("import circle: {}", circle.join(" -> ")));
-        }
-    }
-    for (dir, files) in &g.siblings {
-        for file in files.keys() {
-            if let Some(circle) = circle_from(files, file) {
-                problems.push(format!("import circle in {dir}: {}", circle.join(" -> ")));
-            }
-        }
-    }
-    problems.sort();
-    problems.dedup();
+    let problems = problems(&g);
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
@@ -302,8 +335,15 @@ fn the_checker_sees_an_upward_import_and_a_circle() {
     write("planning.rs", "use crate::seed::Context;\n");
     write("render/engine.rs", "use super::sandbox::Sandbox;\n");
     write("render/sandbox.rs", "use super::engine::Renderer;\n");
+    write("lib.rs", "pub mod address;\n");
+    write("api.rs", "use crate::address::f;\n");
+    write("frobnicate.rs", "pub fn g() {}\n");
     let g = graph(&dir);
     let _ = std::fs::remove_dir_all(&dir);
+    let g = match g {
+        Ok(g) => g,
+        Err(e) => panic!("{e}"),
+    };
     assert_eq!(
         g.top.get("seed").cloned().unwrap_or_default(),
         BTreeSet::from(["planning".to_string()])
@@ -311,5 +351,106 @@ fn the_checker_sees_an_upward_import_and_a_circle() {
     assert!(circle_from(&g.top, "seed").is_some());
     let render = g.siblings.get("render").cloned().unwrap_or_default();
     assert!(circle_from(&render, "engine").is_some(), "{render:?}");
-    assert!(layer_of("seed") < layer_of("planning"));
+    // The whole verdict: the upward import, both circles, the module outside LAYERS; the
+    // downward import of `api` passes.
+    assert_eq!(
+        problems(&g),
+        vec![
+            "import circle in render: engine -> sandbox -> engine".to_string(),
+            "import circle in render: sandbox -> engine -> sandbox".to_string(),
+            "import circle: planning -> seed -> planning".to_string(),
+            "import circle: seed -> planning -> seed".to_string(),
+            "seed imports planning: planning is not in a lower layer (an upward import)"
+                .to_string(),
+            "src/frobnicate: a top-level module missing from LAYERS (tests/architecture.rs) \
+             and ARCHITECTURE.md"
+                .to_string(),
+        ]
+    );
+}
+
+/// The decision on one import, against the layers as they are: downward passes; upward,
+/// sideways (one layer) and onto itself do not; a module outside `LAYERS` is left to the
+/// check of its own.
+#[test]
+fn an_import_passes_only_when_it_runs_down_a_layer() {
+    for (from, to) in [
+        ("allocator", "address"),
+        ("controller", "planning"),
+        ("planning", "seed"),
+        ("seed", "desired"),
+        ("page", "resources"),
+    ] {
+        assert_eq!(edge_problem(from, to), None, "{from} -> {to}");
+    }
+    for (from, to, how) in [
+        ("address", "allocator", "an upward import"),
+        ("seed", "planning", "an upward import"),
+        ("resources", "controller", "an upward import"),
+        (
+            "seed",
+            "page",
+            "a sideways import: they are siblings of one layer",
+        ),
+        (
+            "planning",
+            "api",
+            "a sideways import: they are siblings of one layer",
+        ),
+        (
+            "render",
+            "allocator",
+            "a sideways import: they are siblings of one layer",
+        ),
+        (
+            "status",
+            "status",
+            "a sideways import: they are siblings of one layer",
+        ),
+    ] {
+        assert_eq!(
+            edge_problem(from, to),
+            Some(format!(
+                "{from} imports {to}: {to} is not in a lower layer ({how})"
+            )),
+            "{from} -> {to}"
+        );
+    }
+    assert_eq!(edge_problem("frobnicate", "address"), None);
+    assert_eq!(edge_problem("address", "frobnicate"), None);
+}
+
+/// A `KIPAM_ARCH_SRC` that names no crate's sources is an error, not an empty graph that
+/// passes: a directory that does not exist, an empty one, one without `lib.rs`/`main.rs`, and
+/// one with only `lib.rs`.
+#[test]
+fn a_source_tree_that_is_not_a_crate_is_an_error() {
+    let dir = std::env::temp_dir().join(format!("kipam-arch-empty-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let missing = graph(&dir).err();
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let empty = graph(&dir).err();
+    std::fs::write(dir.join("address.rs"), "pub fn f() {}\n").expect("write");
+    let no_root = graph(&dir).err();
+    std::fs::remove_file(dir.join("address.rs")).expect("remove");
+    std::fs::write(dir.join("lib.rs"), "\n").expect("write");
+    let only_root = graph(&dir).err();
+    let _ = std::fs::remove_dir_all(&dir);
+    let missing = missing.expect("a missing directory is an error");
+    assert!(
+        missing.starts_with("cannot read the source tree: "),
+        "{missing}"
+    );
+    let empty = empty.expect("an empty directory is an error");
+    assert!(
+        empty.ends_with("has no lib.rs nor main.rs: not a crate's src/ (KIPAM_ARCH_SRC?)"),
+        "{empty}"
+    );
+    let no_root = no_root.expect("a directory without lib.rs is an error");
+    assert!(no_root.contains("has no lib.rs nor main.rs"), "{no_root}");
+    let only_root = only_root.expect("a lib.rs alone is an error");
+    assert!(
+        only_root.ends_with("has no top-level module besides lib.rs and main.rs: nothing to check"),
+        "{only_root}"
+    );
 }

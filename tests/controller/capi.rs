@@ -284,6 +284,10 @@ fn assert_consistent(seed: &Seed) -> usize {
                 .push((r.first(), r.last(), format!("cluster {}", s.cluster)));
         }
     }
+    // What users see first: two objects showing one address.
+    for ((pool, dc), pieces) in held {
+        no_overlap(&format!("objects of {pool}/{dc}"), pieces);
+    }
     for (pool, dc) in all_records(seed) {
         let mut pieces: Vec<Held> = Vec::new();
         for (holder, spans) in record_entries(seed, &pool, &dc) {
@@ -296,9 +300,6 @@ fn assert_consistent(seed: &Seed) -> usize {
             pieces.extend(spans.into_iter().map(|(f, l)| (f, l, holder.clone())));
         }
         no_overlap(&format!("record {pool}/{dc}"), pieces);
-    }
-    for ((pool, dc), pieces) in held {
-        no_overlap(&format!("objects of {pool}/{dc}"), pieces);
     }
     checked
 }
@@ -1194,8 +1195,11 @@ spec:
     assert_eq!(seed.lease_holder(), survivor);
 }
 
-/// The checker the tests above rely on does see an address held twice: an IPAddress written
-/// by hand inside a cluster's range, for a claim the record knows nothing of.
+/// The checker the tests above rely on does see an address held twice, and says so: with the
+/// controller stopped (nothing it does can race the forgeries), a claim's `IPAddress` written
+/// by hand inside a cluster's range, with a record entry of that claim holding the address
+/// (so it passes the checks before), is an overlap of the objects; without the `IPAddress`,
+/// the record entry alone is an overlap of the record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_consistency_checker_sees_an_address_held_twice() {
     let seed = capi_seed("capi-checker").await;
@@ -1205,26 +1209,29 @@ async fn the_consistency_checker_sees_an_address_held_twice() {
             .as_str(),
     );
     seed.cluster("c1", "dc-1");
-    let _ctl = seed.controller("ctl");
+    let mut ctl = seed.controller("ctl");
     seed.wait_for("c1 allocated", WAIT, "ctl", |s| {
         s.phase("c1", "tiny") == "Allocated"
     })
     .await;
     assert_eq!(settled(&seed).await, 0);
+    ctl.kill();
     let first = seed
         .held("c1", "tiny")
         .split(['-', ','])
         .next()
         .expect("an address")
         .to_string();
-    claim_in(
-        &seed,
-        NS,
-        "forged",
-        "tiny",
-        json!({"annotations": {ANNOTATION_CAPI_PAUSED: ""}}),
-        json!({}),
-    );
+    claim_in(&seed, NS, "forged", "tiny", json!({}), json!({}));
+    // The claim's record entry, holding c1's first address.
+    let mut record = seed
+        .api
+        .list("ipampoolrecords", None)
+        .into_iter()
+        .find(|r| r["spec"]["pool"] == "tiny" && r["spec"]["datacenter"] == "dc-1")
+        .expect("the record of tiny/dc-1");
+    record["spec"]["reservations"][claim_holder(NS, "forged")] = json!({"addresses": [first]});
+    seed.api.apply(&record).expect("forged record entry");
     seed.api
         .create(&json!({
             "apiVersion": "ipam.cluster.x-k8s.io/v1beta2",
@@ -1240,12 +1247,36 @@ async fn the_consistency_checker_sees_an_address_held_twice() {
             },
         }))
         .expect("forged IPAddress");
-    let caught =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| assert_consistent(&seed)));
-    assert!(
-        caught.is_err(),
-        "an IPAddress inside a cluster's range is caught"
+    assert!(recorded_for_claim(
+        &seed, "tiny", "dc-1", NS, "forged", &first
+    ));
+    assert_eq!(
+        checker_failure(&seed),
+        format!("objects of tiny/dc-1: IPAddress {NS}/forged and cluster c1 overlap")
     );
+    // The record alone.
+    seed.delete(ADDRESSES, Some(NS), "forged");
+    assert_eq!(
+        checker_failure(&seed),
+        format!(
+            "record tiny/dc-1: {} and c1 overlap",
+            claim_holder(NS, "forged")
+        )
+    );
+}
+
+/// The message [`assert_consistent`] fails with on the seed as it is; fails the test when it
+/// passes.
+fn checker_failure(seed: &Seed) -> String {
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| assert_consistent(seed)));
+    match caught {
+        Ok(n) => panic!("the checker passed ({n} IPAddresses) a forged address held twice"),
+        Err(payload) => payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "a panic without a message".to_string()),
+    }
 }
 
 /// `docs/capi.md`'s example, applied as it is: the addresses the page shows.
@@ -1445,6 +1476,9 @@ spec:
     assert_consistent(&seed);
     more(&seed, 15);
     let other = format!("r{}", 1 - idx);
+    // The takeover, confirmed: what follows is served by the other replica while the frozen
+    // one still believes it leads.
+    seed.wait_leader(&other, Duration::from_secs(20)).await;
     let served =
         |s: &Seed, n: usize| (0..n).all(|i| address_of(s, NS, &format!("vm-{i:03}")).is_some());
     let n = claims.get();

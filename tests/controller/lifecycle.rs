@@ -131,9 +131,19 @@ async fn a_deleted_clusters_range_goes_to_a_waiting_cluster_only_once_its_object
     })
     .await;
     assert_eq!(seed.held("c", "small"), a_held);
-    while let Ok(Some(Ok(event))) =
-        tokio::time::timeout(Duration::from_millis(300), events.next()).await
-    {
+    // Every event up to 300 ms of quiet after c got its range; the watch must neither fail
+    // nor end meanwhile (a watch that stopped early would have checked nothing).
+    let mut seen = 0;
+    loop {
+        let event = match tokio::time::timeout(Duration::from_millis(300), events.next()).await {
+            Err(_) => break,
+            Ok(None) => panic!("the watch of IPAMAllocations ended after {seen} events"),
+            Ok(Some(Err(e))) => {
+                panic!("the watch of IPAMAllocations failed after {seen} events: {e}")
+            }
+            Ok(Some(Ok(event))) => event,
+        };
+        seen += 1;
         match event {
             WatchEvent::Added(o) | WatchEvent::Modified(o) => {
                 live.insert(
@@ -144,7 +154,8 @@ async fn a_deleted_clusters_range_goes_to_a_waiting_cluster_only_once_its_object
             WatchEvent::Deleted(o) => {
                 live.remove(&o.metadata.namespace.clone().unwrap_or_default());
             }
-            _ => {}
+            WatchEvent::Error(e) => panic!("the watch of IPAMAllocations sent an error: {e:?}"),
+            WatchEvent::Bookmark(_) => {}
         }
         let holders: Vec<&String> = live
             .iter()
@@ -153,4 +164,15 @@ async fn a_deleted_clusters_range_goes_to_a_waiting_cluster_only_once_its_object
             .collect();
         assert!(holders.len() <= 1, "{a_held} shown by {holders:?} at once");
     }
+    // The events replayed reach the state the API server shows: a's allocation deleted, c's
+    // holding a's range.
+    assert_eq!(
+        live.get("cluster-c"),
+        Some(&a_held),
+        "the watch never showed c holding {a_held} ({seen} events): {live:?}"
+    );
+    assert!(
+        !live.contains_key("cluster-a"),
+        "the watch never showed a's allocation deleted ({seen} events): {live:?}"
+    );
 }

@@ -12,7 +12,7 @@ const WAIT: Duration = Duration::from_secs(30);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_pool_status_write_does_not_keep_the_planner_spinning() {
     let seed = Seed::start("quiet").await;
-    let ctl = seed.controller("ctl");
+    let mut ctl = seed.controller("ctl");
     seed.apply(POOLS);
     seed.cluster("a", "dc-1");
     seed.wait_for("a allocated", WAIT, "ctl", |s| {
@@ -27,9 +27,9 @@ async fn a_failed_pool_status_write_does_not_keep_the_planner_spinning() {
     })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = Seed::passes(ctl.metrics_port).await;
+    let before = ctl.passes().await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let after = Seed::passes(ctl.metrics_port).await;
+    let after = ctl.passes().await;
     assert!(
         after - before < 30,
         "{} passes in 3 s with nothing to do",
@@ -44,7 +44,7 @@ async fn a_failed_pool_status_write_does_not_keep_the_planner_spinning() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_write_for_a_cluster_deleted_since_does_not_keep_the_planner_spinning() {
     let seed = Seed::start("quiet-gone").await;
-    let ctl = seed.controller("ctl");
+    let mut ctl = seed.controller("ctl");
     seed.apply(POOLS);
     seed.cluster("a", "dc-1");
     seed.wait_for("a allocated", WAIT, "ctl", |s| {
@@ -65,9 +65,9 @@ async fn a_failed_write_for_a_cluster_deleted_since_does_not_keep_the_planner_sp
     })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = Seed::passes(ctl.metrics_port).await;
+    let before = ctl.passes().await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let after = Seed::passes(ctl.metrics_port).await;
+    let after = ctl.passes().await;
     assert!(
         after - before < 30,
         "{} passes in 3 s with nothing to do\n{}",

@@ -307,9 +307,11 @@ async fn two_replicas_and_a_frozen_leader_never_share_an_address_across_pools() 
             created += 1;
         }
         let other = format!("r{}", 1 - idx);
+        // The takeover, confirmed before anything that depends on it.
+        seed.wait_leader(&other, Duration::from_secs(20)).await;
         let n = created;
         seed.wait_for(
-            "the other replica takes over and serves",
+            "the other replica serves",
             Duration::from_secs(40),
             &other,
             |s| {
@@ -417,6 +419,7 @@ async fn a_leader_change_in_the_middle_of_a_quarantine_hands_nothing_out() {
     let leader = seed.lease_holder();
     let (dead, survivor) = if leader == "r0" { (0, "r1") } else { (1, "r0") };
     ctls[dead].kill();
+    seed.wait_leader(survivor, Duration::from_secs(20)).await;
     seed.cluster("api", "dc-1");
     seed.wait_for(
         "the survivor serves the newcomer",
@@ -469,8 +472,18 @@ async fn a_leader_change_in_the_middle_of_a_quarantine_hands_nothing_out() {
     assert_eq!(seed.assert_no_overlap_no_leak(), 4);
 }
 
+/// Seconds since the Unix epoch, by this machine's clock (the controller's too).
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
 /// A quarantine that ends frees its addresses by itself: a cluster waiting for room gets them
-/// within a second or two of the end, not at the next resync (five minutes).
+/// within a second or two of the end, not at the next resync (five minutes), and not a moment
+/// before the end. The end is the release time the record keeps (to the second) plus the
+/// `reuseAfter` of 8 s; this test's clock and the controller's are the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_waiting_for_room_gets_quarantined_addresses_when_the_quarantine_ends() {
     let seed = Seed::start("quarantine-ends").await;
@@ -501,7 +514,20 @@ spec:
         },
     )
     .await;
-    let released = Instant::now();
+    let entries = quarantine_entries(&seed);
+    let key = &entries
+        .iter()
+        .find(|(p, _, _)| p == "tiny")
+        .expect("entry")
+        .1;
+    let released_at = match kipam::reservations::parse_quarantine_key(key) {
+        Some(Ok((holder, at))) => {
+            assert_eq!(holder, "web", "{key}");
+            at
+        }
+        other => panic!("quarantine entry {key:?} does not read: {other:?}"),
+    };
+    let end = released_at as f64 + 8.0;
     seed.cluster("api", "dc-1");
     seed.wait_for(
         "api waits: the pool is quarantined",
@@ -511,16 +537,40 @@ spec:
     )
     .await;
     assert!(
-        released.elapsed() < Duration::from_secs(8),
-        "checked within the quarantine"
+        unix_now() < end,
+        "checked within the quarantine ({:.1} s after its end)",
+        unix_now() - end
     );
-    seed.wait_for(
-        "api gets the addresses once the quarantine ends",
-        Duration::from_secs(15),
-        "r0",
-        |s| s.phase("api", "tiny") == "Allocated",
-    )
-    .await;
+    // Looked at every 20 ms: the first look that finds api allocated, and the last before it.
+    let mut last_waiting = unix_now();
+    let got = loop {
+        let now = unix_now();
+        if seed.phase("api", "tiny") == "Allocated" {
+            break now;
+        }
+        last_waiting = now;
+        assert!(
+            now < end + 15.0,
+            "api still waits 15 s after the quarantine's end\n{}",
+            seed.log("r0")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        got >= end,
+        "api got the quarantined addresses {:.2} s before the quarantine's end",
+        end - got
+    );
+    assert!(
+        last_waiting <= end + 2.0,
+        "api still waited {:.2} s after the quarantine's end, not a second or two",
+        last_waiting - end
+    );
+    eprintln!(
+        "allocated between {:.2} s and {:.2} s after the quarantine's end",
+        last_waiting - end,
+        got - end
+    );
     assert_eq!(seed.held("api", "tiny"), "10.0.0.0-10.0.0.3");
     assert!(quarantine_entries(&seed).is_empty(), "the entry is trimmed");
 }

@@ -21,30 +21,122 @@ pub struct Controller {
 }
 
 impl Controller {
-    /// SIGKILL: no clean-up, no lease hand-over.
+    /// SIGKILL: no clean-up, no lease hand-over. Fails the test unless the process was running
+    /// and died of that very signal.
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        assert!(
+            self.is_running(),
+            "controller {} had already exited before it was killed",
+            self.identity
+        );
+        if let Err(e) = self.child.kill() {
+            panic!("SIGKILL to controller {}: {e}", self.identity);
+        }
+        let status = match self.child.wait() {
+            Ok(s) => s,
+            Err(e) => panic!("waiting for the killed controller {}: {e}", self.identity),
+        };
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGKILL),
+            "controller {} ended with {status}, not by the SIGKILL it was sent",
+            self.identity
+        );
     }
 
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
 
-    /// Sends a signal (`STOP`, `CONT`, ...) to the process.
+    /// Sends a signal (`STOP`, `CONT`, `TERM`, ...) to the process and fails the test unless it
+    /// was delivered; for `STOP` and `CONT`, until the process shows as stopped (or no longer
+    /// stopped) in `/proc`.
     pub fn signal(&self, name: &str) {
-        let _ = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .stderr(Stdio::null())
-            .status();
+        if let Err(e) = self.send(name) {
+            panic!("{e}");
+        }
+        let want_stopped = match name {
+            "STOP" => true,
+            "CONT" => false,
+            _ => return,
+        };
+        let start = Instant::now();
+        loop {
+            let state = self.state();
+            if state.is_some_and(|s| (s == 'T') == want_stopped) {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "controller {} (pid {}) is in state {state:?} 5 s after SIG{name}",
+                self.identity,
+                self.child.id()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// `kill(2)` with the signal named `name`.
+    fn send(&self, name: &str) -> Result<(), String> {
+        let signal = match name {
+            "STOP" => libc::SIGSTOP,
+            "CONT" => libc::SIGCONT,
+            "TERM" => libc::SIGTERM,
+            "INT" => libc::SIGINT,
+            "KILL" => libc::SIGKILL,
+            other => return Err(format!("no signal named {other:?} in the tests' list")),
+        };
+        let pid = libc::pid_t::try_from(self.child.id())
+            .map_err(|_| format!("pid {} does not fit a pid_t", self.child.id()))?;
+        // SAFETY: kill(2) on the pid of a child this test spawned and has not reaped (a child
+        // that has exited stays a zombie until waited for, so the pid cannot be reused).
+        let sent = unsafe { libc::kill(pid, signal) };
+        if sent != 0 {
+            return Err(format!(
+                "SIG{name} to controller {} (pid {pid}) was not delivered: {}",
+                self.identity,
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The process's state letter in `/proc/<pid>/stat` (`T` when stopped).
+    fn state(&self) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).ok()?;
+        stat.rsplit_once(')')?.1.trim_start().chars().next()
+    }
+
+    /// The planning passes this controller has run, read from its `/metrics`. Fails the test
+    /// when the process is not running or the counter cannot be read: a dead controller is not
+    /// a quiet one.
+    pub async fn passes(&mut self) -> u64 {
+        assert!(
+            self.is_running(),
+            "controller {} is not running",
+            self.identity
+        );
+        match Seed::metric(self.metrics_port, "kipam_reconcile_passes_total").await {
+            Some(v) if v >= 0.0 && v.fract() == 0.0 => v as u64,
+            Some(v) => panic!(
+                "controller {}: kipam_reconcile_passes_total reads {v}, not a count",
+                self.identity
+            ),
+            None => panic!(
+                "controller {}: kipam_reconcile_passes_total could not be read from /metrics on port {}",
+                self.identity, self.metrics_port
+            ),
+        }
     }
 }
 
 impl Drop for Controller {
     fn drop(&mut self) {
-        self.signal("CONT");
-        self.kill();
+        // Best effort: the test is over (or failing), the process must not outlive it.
+        let _ = self.send("CONT");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -373,6 +465,18 @@ impl Seed {
         found
     }
 
+    /// Waits until `identity` holds the leader Lease (`kipam-seed` in `kipam-system`), as the
+    /// API server stores it: a takeover confirmed, not assumed.
+    pub async fn wait_leader(&self, identity: &str, timeout: Duration) {
+        self.wait_for(
+            &format!("{identity} holds the Lease"),
+            timeout,
+            identity,
+            |s| s.lease_holder() == identity,
+        )
+        .await;
+    }
+
     /// The current holder of the leader Lease.
     pub fn lease_holder(&self) -> String {
         self.get("leases", Some("kipam-system"), "kipam-seed")
@@ -387,13 +491,6 @@ impl Seed {
             .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
             .and_then(|l| l.split_whitespace().last())
             .and_then(|v| v.parse().ok())
-    }
-
-    /// The planning passes a controller has run.
-    pub async fn passes(port: u16) -> u64 {
-        Seed::metric(port, "kipam_reconcile_passes_total")
-            .await
-            .map_or(0, |v| v as u64)
     }
 
     /// GET on the controller's metrics port (a tiny blocking HTTP/1.1 client).

@@ -323,7 +323,7 @@ async fn the_readme_walkthrough_serves_the_examples_from_one_apply() {
         )
         .await
         .expect("namespace kipam-system");
-    let ctl = seed.controller("ctl");
+    let mut ctl = seed.controller("ctl");
 
     // kubectl apply -f examples/: every document accepted, in the README's words.
     let applied = kubectl_apply(&client, &root().join("examples")).await;
@@ -594,9 +594,9 @@ async fn the_readme_walkthrough_serves_the_examples_from_one_apply() {
         seed.log("ctl")
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let before = Seed::passes(ctl.metrics_port).await;
+    let before = ctl.passes().await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = Seed::passes(ctl.metrics_port).await;
+    let after = ctl.passes().await;
     assert!(
         after - before < 20,
         "{} planning passes in 2 s with nothing left to do",

@@ -5,6 +5,7 @@
 //! a cluster re-created within it gets its old addresses back.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 
 use kipam::offline::{OfflineOptions, run};
 use proptest::prelude::*;
@@ -53,13 +54,99 @@ fn time(seconds: i64) -> String {
     kipam::offline::quarantine::time_text(seconds)
 }
 
+/// The network of a pool datacenter of [`pools`] as (first address, size).
+fn network(pool: &str, dc: &str) -> Option<(u128, u128)> {
+    let at = |a: [u8; 4]| u128::from(u32::from(std::net::Ipv4Addr::from(a)));
+    match (pool, dc) {
+        ("lb", "dc-1") => Some((at([10, 5, 0, 0]), 32)),
+        ("lb", "dc-2") => Some((at([10, 6, 0, 0]), 16)),
+        ("vip" | "vrf", "dc-1") => Some((at([10, 5, 0, 0]), 16)),
+        _ => None,
+    }
+}
+
+/// The addresses of `pool` in `dc` that `cluster` could still be given after `plan` (whose
+/// allocations are `next`): held by nobody else of the address space (nor by `cluster`
+/// through another pool), quarantined for nobody but `cluster` in this very pool.
+fn room_for(
+    plan: &kipam::planner::Plan,
+    next: &Holdings,
+    pool: &str,
+    dc: &str,
+    cluster: &str,
+) -> BTreeSet<u128> {
+    let Some((first, size)) = network(pool, dc) else {
+        return BTreeSet::new();
+    };
+    let mut room: BTreeSet<u128> = (first..first + size).collect();
+    for ((sp, d, a), (c, p)) in next {
+        if sp == space(pool) && d == dc && !(c == cluster && p == pool) {
+            room.remove(a);
+        }
+    }
+    for q in &plan.quarantined {
+        if space(&q.pool) != space(pool)
+            || q.datacenter != dc
+            || (q.holder == cluster && q.pool == pool)
+        {
+            continue;
+        }
+        for r in &q.addresses {
+            for a in r.first()..=r.last() {
+                room.remove(&a);
+            }
+        }
+    }
+    room
+}
+
+/// Whether `room` holds what a cluster asks of `pool` in `dc`: `lb`'s and `vrf`'s addresses,
+/// `vip`'s aligned /30.
+fn fits(pool: &str, dc: &str, big: bool, room: &BTreeSet<u128>) -> bool {
+    match (pool, dc) {
+        ("lb", "dc-1") => room.len() >= if big { 5 } else { 3 },
+        ("vip", _) => network(pool, dc).is_some_and(|(first, size)| {
+            (first..first + size)
+                .step_by(4)
+                .any(|s| (s..s + 4).all(|a| room.contains(&a)))
+        }),
+        _ => room.len() >= 2,
+    }
+}
+
+/// IPv4 addresses as runs, for messages: `10.9.0.0-10.9.0.3, 10.9.0.8`.
+fn shown(addresses: &BTreeSet<u128>) -> String {
+    let ip = |a: u128| std::net::Ipv4Addr::from(a as u32).to_string();
+    let mut runs: Vec<(u128, u128)> = Vec::new();
+    for &a in addresses {
+        match runs.last_mut() {
+            Some((_, last)) if *last + 1 == a => *last = a,
+            _ => runs.push((a, a)),
+        }
+    }
+    let runs: Vec<String> = runs
+        .into_iter()
+        .map(|(f, l)| {
+            if f == l {
+                ip(f)
+            } else {
+                format!("{}-{}", ip(f), ip(l))
+            }
+        })
+        .collect();
+    format!("[{}]", runs.join(", "))
+}
+
 /// A removed cluster: its datacenter, when, and pool -> the addresses it held.
 type Gone = (String, i64, BTreeMap<String, BTreeSet<u128>>);
 
 /// (space, dc, address) -> (cluster, pool) of what the state holds.
 type Holdings = BTreeMap<(String, String, u128), (String, String)>;
 
-fn run_events(events: &[Event], w: &Workdir) -> Result<(), TestCaseError> {
+/// Runs `events`; returns how many times a re-created cluster was refused in a pool it held
+/// (each checked to be a full pool).
+fn run_events(events: &[Event], w: &Workdir) -> Result<usize, TestCaseError> {
+    let mut refusals = 0;
     let mut clusters: BTreeMap<String, &str> = BTreeMap::new();
     let mut big = false;
     let mut now = 1_800_000_000i64;
@@ -193,7 +280,22 @@ fn run_events(events: &[Event], w: &Workdir) -> Result<(), TestCaseError> {
                     .map(|((_, _, a), _)| *a)
                     .collect();
                 if now_held.is_empty() {
-                    continue; // it failed (the pool is full): nothing to compare
+                    // Refused: only when even its own quarantined addresses and all that is
+                    // free in the space leave no room for what it asks.
+                    refusals += 1;
+                    let room = room_for(&report.plan, &next, p, &dc, &name(c));
+                    prop_assert!(
+                        !fits(p, &dc, big, &room),
+                        "step {} ({:?}): {} re-created in {} was refused in {} though {} were free for it (it held {})",
+                        step,
+                        e,
+                        name(c),
+                        dc,
+                        p,
+                        shown(&room),
+                        shown(old)
+                    );
+                    continue;
                 }
                 prop_assert!(
                     now_held.is_subset(old) || old.is_subset(&now_held),
@@ -209,15 +311,49 @@ fn run_events(events: &[Event], w: &Workdir) -> Result<(), TestCaseError> {
         }
         held = next;
     }
-    Ok(())
+    Ok(refusals)
+}
+
+/// The work directory `name` of one case: in memory (`/dev/shm`) where the machine has it, as
+/// each step syncs the state file to its disk, which costs far more than the run itself.
+fn workdir(name: &str) -> Workdir {
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        return Workdir::new(name);
+    }
+    let dir = shm.join(format!("kipam-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    match std::fs::create_dir_all(&dir) {
+        Ok(()) => Workdir(dir),
+        Err(_) => Workdir::new(name),
+    }
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn offline_runs_keep_quarantine_and_address_spaces(events in proptest::collection::vec(event(), 1..30)) {
-        let w = Workdir::new("quarantine-prop");
+        let w = workdir("quarantine-prop");
         run_events(&events, &w)?;
+    }
+}
+
+/// The refusal the property above allows, shown to happen and to pass its check: six
+/// clusters fill dc-1's default space; c0 goes, `lb` grows to 5 addresses a cluster, c0 comes
+/// back within the hour. Its own 3 quarantined addresses are not enough and nothing else is
+/// free: it is refused, and the check finds no room it could have had.
+#[test]
+fn a_former_holder_asking_more_than_a_full_pool_has_is_refused() {
+    let mut events: Vec<Event> = (0..CLUSTERS).map(|c| Event::Add { c, dc: 0 }).collect();
+    events.extend([
+        Event::Remove { c: 0 },
+        Event::Resize { big: true },
+        Event::Tick { minutes: 10 },
+        Event::Add { c: 0, dc: 0 },
+    ]);
+    match run_events(&events, &workdir("quarantine-full")) {
+        Ok(refusals) => assert!(refusals > 0, "c0 was not refused: the pool had room"),
+        Err(e) => panic!("{e}"),
     }
 }
