@@ -214,6 +214,7 @@ impl Records {
     /// Brings the held copy of shard `name` to what a patch of it made at the server:
     /// `changes` applied (leaving `entry_bytes`) and the metadata the server answered with.
     /// Only when the copy is still the `version` the patch was conditional on.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn patched(
         &mut self,
         key: &RecordKey,

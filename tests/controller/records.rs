@@ -246,9 +246,16 @@ async fn each_shard_is_patched_with_only_its_changes_and_the_record_holds_the_de
     // Changed in place (an address range becomes a subnet), moved to another shard, removed,
     // added.
     let desired = map(&[("a", subnet(0)), ("b", range(12)), ("d", range(16))]);
-    records::commit(&s.ctx, &s.pool, &key(), desired.clone(), none(), &one_view())
-        .await
-        .unwrap();
+    records::commit(
+        &s.ctx,
+        &s.pool,
+        &key(),
+        desired.clone(),
+        none(),
+        &one_view(),
+    )
+    .await
+    .unwrap();
     assert_eq!(s.count("patch"), 2, "{:?}", s.api.stats());
     assert_eq!(s.count("create") + s.count("update"), 0);
     assert_eq!(s.count("get"), 0, "no re-read after a commit that landed");
@@ -300,16 +307,30 @@ async fn each_shard_is_patched_with_only_its_changes_and_the_record_holds_the_de
 async fn a_checked_shard_gets_a_write_that_changes_nothing_and_a_stale_one_is_refused_and_reread() {
     let s = setup().await;
     let entries = map(&[("a", range(0)), ("b", subnet(4))]);
-    records::commit(&s.ctx, &s.pool, &key(), entries.clone(), none(), &one_view())
-        .await
-        .unwrap();
+    records::commit(
+        &s.ctx,
+        &s.pool,
+        &key(),
+        entries.clone(),
+        none(),
+        &one_view(),
+    )
+    .await
+    .unwrap();
     let version = s.stored_record(FIRST).metadata.resource_version;
     s.api.reset_stats();
 
     // Nothing changes and nothing is checked: nothing is sent.
-    let sent = records::commit(&s.ctx, &s.pool, &key(), entries.clone(), none(), &one_view())
-        .await
-        .unwrap();
+    let sent = records::commit(
+        &s.ctx,
+        &s.pool,
+        &key(),
+        entries.clone(),
+        none(),
+        &one_view(),
+    )
+    .await
+    .unwrap();
     assert_eq!((sent, s.api.stats().writes()), (0, 0));
     // An object of "a" is about to be written: its shard gets one conditional write; the
     // server keeps the version.
@@ -394,9 +415,16 @@ async fn a_stale_commit_of_new_entries_leaves_the_record_unchanged_and_the_next_
 
     // On the copy read again, the commit lands: the record holds exactly the desired map.
     let desired = map(&[("a", range(0)), ("b", range(48))]);
-    records::commit(&s.ctx, &s.pool, &key(), desired.clone(), none(), &one_view())
-        .await
-        .unwrap();
+    records::commit(
+        &s.ctx,
+        &s.pool,
+        &key(),
+        desired.clone(),
+        none(),
+        &one_view(),
+    )
+    .await
+    .unwrap();
     assert_eq!(s.stored_entries(), desired);
     assert_eq!(s.held().await.spec.reservations, desired);
 }
@@ -429,9 +457,16 @@ async fn a_holding_across_a_block_edge_is_written_to_both_shards_and_read_back_w
     assert_eq!(s.held().await.spec.reservations["a"], across);
     assert_eq!(s.stored_entries()["a"], across);
     // Released: gone from both.
-    records::commit(&s.ctx, &s.pool, &key(), BTreeMap::new(), none(), &one_view())
-        .await
-        .unwrap();
+    records::commit(
+        &s.ctx,
+        &s.pool,
+        &key(),
+        BTreeMap::new(),
+        none(),
+        &one_view(),
+    )
+    .await
+    .unwrap();
     assert!(s.stored_entries().is_empty());
     assert!(s.held().await.spec.reservations.is_empty());
 }
@@ -466,9 +501,16 @@ async fn a_record_written_before_sharding_is_moved_into_shards_additions_first()
     let desired = map(&[("a", range(0)), ("b", subnet(1)), ("c", range(4))]);
     s.api.inject_failures("create", "ipampoolrecords", 1, 500);
     assert!(
-        records::commit(&s.ctx, &s.pool, &key(), desired.clone(), none(), &one_view())
-            .await
-            .is_err()
+        records::commit(
+            &s.ctx,
+            &s.pool,
+            &key(),
+            desired.clone(),
+            none(),
+            &one_view()
+        )
+        .await
+        .is_err()
     );
     assert_eq!(
         s.count("delete") + s.count("patch"),
@@ -483,9 +525,16 @@ async fn a_record_written_before_sharding_is_moved_into_shards_additions_first()
     );
 
     // The next commit lands: two shards, the old record gone.
-    records::commit(&s.ctx, &s.pool, &key(), desired.clone(), none(), &one_view())
-        .await
-        .unwrap();
+    records::commit(
+        &s.ctx,
+        &s.pool,
+        &key(),
+        desired.clone(),
+        none(),
+        &one_view(),
+    )
+    .await
+    .unwrap();
     assert_eq!(s.names(), vec![FIRST.to_string(), shard_of(1)]);
     assert_eq!(s.stored_entries(), desired);
     assert_eq!(s.held().await.spec.reservations, desired);

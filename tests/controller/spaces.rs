@@ -337,13 +337,6 @@ async fn a_pool_widened_before_its_first_commit_is_divided_alike_by_both_replica
     )
     .await
     .unwrap();
-    let layout: IPAMPoolRecord = serde_json::from_value(
-        api.get("ipampoolrecords", None, "w.dc-1.layout")
-            .expect("the layout record"),
-    )
-    .unwrap();
-    assert_eq!(layout.spec.block_length, Some(25));
-
     // The deposed leader, on the /26 it still reads and records it read before, gives x the
     // same addresses: refused, and again once it has read the layout record (its shard is
     // now the new leader's /25 one, which it does not hold).
@@ -367,6 +360,12 @@ async fn a_pool_widened_before_its_first_commit_is_divided_alike_by_both_replica
         vec![("y".to_string(), "w.dc-1.0a000000-25".to_string())],
         "only y holds anything, in the layout record's division"
     );
+    let layout: IPAMPoolRecord = serde_json::from_value(
+        api.get("ipampoolrecords", None, "w.dc-1.layout")
+            .expect("the layout record"),
+    )
+    .unwrap();
+    assert_eq!(layout.spec.block_length, Some(25));
 
     // On records read afresh, the shard says its writer saw the widened pool: a replica that
     // still reads the /26 waits for its pools to catch up; then x lands beside y, in the
