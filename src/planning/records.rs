@@ -310,6 +310,14 @@ impl PlannedOn {
         let confirmed = self
             .confirmed
             .get_or_init(|| async {
+                // The same pools as a list showed before (a pool deleted keeps the versions
+                // held below a stamp until the pools change): no need to list them again.
+                if let Some((pools, revision)) = &ctx.records.lock().await.pools_listed
+                    && *pools == self.pools
+                    && *revision >= needed
+                {
+                    return Some(*revision);
+                }
                 // RBAC: src/rbac.rs (list of pools). A list without a resourceVersion is
                 // served from etcd (quorum), and its own version is the current revision.
                 let api: Api<IPAMPool> = Api::all(ctx.writer.clone());
@@ -328,7 +336,9 @@ impl PlannedOn {
                 if now != self.pools {
                     return None;
                 }
-                list.metadata.resource_version?.parse::<u64>().ok()
+                let revision = list.metadata.resource_version?.parse::<u64>().ok()?;
+                ctx.records.lock().await.pools_listed = Some((now, revision));
+                Some(revision)
             })
             .await;
         if self.pools_seen() >= needed {

@@ -34,6 +34,9 @@ pub struct Records {
     /// Pool datacenter -> [`Records::rereads`] when one of its shards was last read again: a
     /// commit planned before that count was on a copy that has changed under it since.
     pub(crate) reread_at: BTreeMap<RecordKey, u64>,
+    /// The pools, as (name, `resourceVersion`), that a fresh list last showed exactly, and that
+    /// list's revision: a later plan on the same pools is current at that revision too.
+    pub(crate) pools_listed: Option<(Vec<(String, String)>, u64)>,
 }
 
 /// One shard and the summed serialised size of its entries (each `"cluster":{...}`), kept
