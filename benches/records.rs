@@ -137,12 +137,19 @@ fn main() {
             capi: Default::default(),
         });
         let key = ("bench".to_string(), "dc-1".to_string());
+        // The pools the planning pass read (this one pool), as every commit carries them.
+        let planned = records::PlannedOn::pools([&pool]);
         let mut desired: BTreeMap<String, Reservation> =
             (0..ENTRIES).map(|i| (format!("cluster-{i:05}"), reservation(i))).collect();
-        records::commit(&ctx, &pool, &key, desired.clone(), BTreeSet::new())
+        records::commit(&ctx, &pool, &key, desired.clone(), BTreeSet::new(), &planned)
             .await
             .expect("record created");
-        let stored = api.list("ipampoolrecords", None);
+        // The shards (not the pool datacenter's layout record).
+        let stored: Vec<serde_json::Value> = api
+            .list("ipampoolrecords", None)
+            .into_iter()
+            .filter(|r| r["spec"].get("blockLength").is_none())
+            .collect();
         let bytes: Vec<usize> = stored
             .iter()
             .map(|r| serde_json::to_vec(r).expect("JSON").len())
@@ -161,7 +168,7 @@ fn main() {
             desired.insert(format!("new-{j:05}"), reservation(ENTRIES + j));
             let map = desired.clone();
             let timer = Timer::start();
-            records::commit(&ctx, &pool, &key, map, BTreeSet::new())
+            records::commit(&ctx, &pool, &key, map, BTreeSet::new(), &planned)
                 .await
                 .expect("commit");
             if j >= 3 {
@@ -177,7 +184,7 @@ fn main() {
             let map = desired.clone();
             let check = BTreeSet::from([format!("cluster-{:05}", j * 97 % ENTRIES)]);
             let timer = Timer::start();
-            records::commit(&ctx, &pool, &key, map, check)
+            records::commit(&ctx, &pool, &key, map, check, &planned)
                 .await
                 .expect("commit");
             samples.push(timer.stop());
@@ -192,7 +199,7 @@ fn main() {
             desired.insert(name.clone(), entry.clone());
             let changes = BTreeMap::from([(name, Some(entry))]);
             let timer = Timer::start();
-            records::commit_changes(&ctx, &pool, &key, changes)
+            records::commit_changes(&ctx, &pool, &key, changes, &planned)
                 .await
                 .expect("commit");
             samples.push(timer.stop());

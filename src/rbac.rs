@@ -86,7 +86,8 @@ pub const PERMISSIONS: &[Permission] = &[
         &[
             "get", "list", "watch", "create", "update", "patch", "delete",
         ],
-        "controller caches and the addon applier's (list/watch); pass/lifecycle.rs finalizers (patch); \
+        "controller caches and the addon applier's (list/watch); planning/records.rs, a pool view \
+         confirmed by a fresh list; pass/lifecycle.rs finalizers (patch); \
          api/mod.rs REST create, get, replace (update), delete",
     ),
     rule(

@@ -22,8 +22,17 @@
 //! and only once all of them landed are entries removed from the others (a holding that moves
 //! between shards, or out of a record written before sharding), so at no moment does a
 //! holding leave every record.
+//!
+//! The division into blocks is the one the pool datacenter's *layout record* fixes
+//! (`<pool>.<datacenter>.layout`, `spec.blockLength`), created before its first shard: every
+//! replica divides alike whatever version of the pool it reads. Every shard write stamps
+//! `spec.poolsSeen`, the newest pool version its plan read ([`PlannedOn`]); a replica refuses to
+//! write a shard stamped above its own plan's (its view of the pools is older), so an edit of
+//! the pools seen by one replica and not the other cannot let the latter commit past the
+//! former. See `docs/design.md`.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -64,6 +73,7 @@ fn plan(
     key: &RecordKey,
     layout: &Layout,
     target: Target,
+    seen: i64,
 ) -> Result<[Vec<Write>; 2], CommitError> {
     let held = records.map.get(key);
     let no_shards = BTreeMap::new();
@@ -163,6 +173,7 @@ fn plan(
             {
                 // A shard of another division (or written before sharding) left empty:
                 // deleted, on the same precondition.
+                behind(h, &name, seen)?;
                 Write::Delete {
                     name,
                     preconditions: Preconditions {
@@ -171,7 +182,7 @@ fn plan(
                     },
                 }
             }
-            _ => prepare(shard, pool, key, &name, block, changes)?,
+            _ => prepare(shard, pool, key, &name, block, changes, seen)?,
         };
         phases[usize::from(removes_only)].push(write);
     }
@@ -189,6 +200,16 @@ pub enum CommitError {
     /// An entry cannot be divided into blocks.
     #[error("{0}")]
     Unsplittable(String),
+    /// A shard was last written by a replica that had seen newer pools than the plan of this
+    /// commit: planned again once this replica's view of the pools has caught up.
+    #[error(
+        "pool record {shard}: written by a replica that had seen the pools at revision {stamp}; this plan saw them at {seen}, so it waits for the pools to catch up"
+    )]
+    PoolsBehind {
+        shard: String,
+        stamp: i64,
+        seen: u64,
+    },
     #[error(transparent)]
     Api(#[from] kube::Error),
 }
@@ -200,6 +221,7 @@ impl CommitError {
             CommitError::TooLarge(_) => "TooLarge",
             CommitError::Layout(..) => "InvalidPool",
             CommitError::Unsplittable(_) => "Unsplittable",
+            CommitError::PoolsBehind { .. } => "PoolsBehind",
             CommitError::Api(_) => "Api",
         }
     }
@@ -219,6 +241,239 @@ fn layout(pool: &IPAMPool, key: &RecordKey) -> Result<Layout, CommitError> {
     Layout::of(dc).map_err(|why| CommitError::Layout(label, why))
 }
 
+/// What a commit was planned on, as far as the fence needs to know: the `IPAMPool`s the plan
+/// read, and how many shards this replica had read again (after conflicts) by then.
+#[derive(Clone, Debug, Default)]
+pub struct PlannedOn {
+    /// The highest `resourceVersion` among the pools the plan read: the plan's view of the
+    /// pools includes every change of the pools up to that revision (a watch cache is the
+    /// state at one revision, at or past each object it holds). Stamped on every shard
+    /// written (`spec.poolsSeen`).
+    pools_seen: u64,
+    /// The pools the plan read, as (name, `resourceVersion`), sorted: compared with a fresh
+    /// list when a shard says another replica saw newer pools.
+    pools: Vec<(String, String)>,
+    /// The revision of a fresh list of the pools that showed exactly `pools`, once one did
+    /// (the plan's view is then the pools as they stand at that revision).
+    confirmed: Arc<tokio::sync::OnceCell<Option<u64>>>,
+    /// [`Records::rereads`] when the plan read the records (`None`: not checked).
+    rereads: Option<u64>,
+}
+
+impl PlannedOn {
+    /// A plan made on `pools` (the pool cache as the plan read it).
+    pub fn pools<'a>(pools: impl IntoIterator<Item = &'a IPAMPool>) -> PlannedOn {
+        let mut list: Vec<(String, String)> = pools
+            .into_iter()
+            .map(|p| {
+                (
+                    p.name_any(),
+                    p.metadata.resource_version.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        list.sort();
+        PlannedOn {
+            pools_seen: list
+                .iter()
+                .filter_map(|(_, v)| v.parse::<u64>().ok())
+                .max()
+                .unwrap_or(0),
+            pools: list,
+            confirmed: Default::default(),
+            rereads: None,
+        }
+    }
+
+    /// The plan read the records when [`Records::rereads`] was `mark`: a commit refuses a
+    /// pool datacenter one of whose shards was read again since (the plan did not see what
+    /// the re-read brought).
+    pub fn with_rereads(mut self, mark: u64) -> PlannedOn {
+        self.rereads = Some(mark);
+        self
+    }
+
+    /// The revision up to which the plan's view of the pools is known complete.
+    pub fn pools_seen(&self) -> u64 {
+        let confirmed = self.confirmed.get().copied().flatten().unwrap_or(0);
+        self.pools_seen.max(confirmed)
+    }
+
+    /// The revision to stamp, when it is at least `stamp` (the highest stamp of the shards
+    /// about to be written); else one fresh list of the pools (once per plan) may show that
+    /// the plan's view is current at a later revision.
+    async fn cover(&self, ctx: &Context, stamp: i64, shard: &str) -> Result<u64, CommitError> {
+        let needed = u64::try_from(stamp).unwrap_or(0);
+        if self.pools_seen() >= needed {
+            return Ok(self.pools_seen());
+        }
+        let confirmed = self
+            .confirmed
+            .get_or_init(|| async {
+                // The same pools as a list showed before (a pool deleted keeps the versions
+                // held below a stamp until the pools change): no need to list them again.
+                if let Some((pools, revision)) = &ctx.records.lock().await.pools_listed
+                    && *pools == self.pools
+                    && *revision >= needed
+                {
+                    return Some(*revision);
+                }
+                // RBAC: src/rbac.rs (list of pools). A list without a resourceVersion is
+                // served from etcd (quorum), and its own version is the current revision.
+                let api: Api<IPAMPool> = Api::all(ctx.writer.clone());
+                let list = api.list(&kube::api::ListParams::default()).await.ok()?;
+                let mut now: Vec<(String, String)> = list
+                    .items
+                    .iter()
+                    .map(|p| {
+                        (
+                            p.name_any(),
+                            p.metadata.resource_version.clone().unwrap_or_default(),
+                        )
+                    })
+                    .collect();
+                now.sort();
+                if now != self.pools {
+                    return None;
+                }
+                let revision = list.metadata.resource_version?.parse::<u64>().ok()?;
+                ctx.records.lock().await.pools_listed = Some((now, revision));
+                Some(revision)
+            })
+            .await;
+        if self.pools_seen() >= needed {
+            return Ok(self.pools_seen());
+        }
+        tracing::debug!(shard, stamp, seen = self.pools_seen(), confirmed = ?confirmed, "pools behind a shard's stamp");
+        Err(CommitError::PoolsBehind {
+            shard: shard.to_string(),
+            stamp,
+            seen: self.pools_seen(),
+        })
+    }
+
+    /// `Err` (a conflict: planned again) when a shard of `key` was read again since the plan.
+    fn check_rereads(&self, records: &Records, key: &RecordKey) -> Result<(), CommitError> {
+        match self.rereads {
+            Some(mark) if records.reread_since(key, mark) => Err(conflict(format!(
+                "pool record of {}/{}: a shard was read again after this pass planned",
+                key.0, key.1
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The stamp the shards of `key` carry at most, as this replica holds them.
+fn highest_stamp(records: &Records, key: &RecordKey) -> (i64, String) {
+    records
+        .map
+        .get(key)
+        .into_iter()
+        .flatten()
+        .map(|(name, h)| (h.record.spec.pools_seen.unwrap_or(0), name.clone()))
+        .max()
+        .unwrap_or_default()
+}
+
+/// How `key`'s addresses are divided into blocks, and the block length of its layout record
+/// to create first when this replica holds none. The layout record decides once it exists;
+/// before, the shards held (a record written before layout records existed), else `base`
+/// (the pool's fields).
+fn division(
+    records: &Records,
+    key: &RecordKey,
+    base: Result<Layout, CommitError>,
+    family: Option<crate::address::Family>,
+) -> Result<(Layout, Option<i32>), CommitError> {
+    let existing: Vec<Cidr> = records
+        .map
+        .get(key)
+        .into_iter()
+        .flat_map(|shards| shards.values().filter_map(|h| h.block))
+        .collect();
+    if let Some(len) = records.block_length(key) {
+        let len = u8::try_from(len).unwrap_or(u8::MAX);
+        return match (base, family) {
+            (Ok(layout), _) => Ok((layout.with_block_len(len), None)),
+            (Err(_), Some(f)) => Ok((
+                Layout::unbounded(f, len).ok_or_else(|| unbounded_failed(key))?,
+                None,
+            )),
+            (Err(e), None) => Err(e),
+        };
+    }
+    match base {
+        Ok(layout) => {
+            let layout = layout.keeping(existing);
+            let len = i32::from(layout.block_len());
+            Ok((layout, Some(len)))
+        }
+        // An invalid pool (only its fences are raised): the division of its shards, else the
+        // one a `range` pool gets by default, 256 addresses.
+        Err(e) => {
+            let Some(family) = family else {
+                return Err(e);
+            };
+            let mut lengths = existing.iter().map(|b| b.prefix_len());
+            let len = match lengths.next() {
+                Some(first) if lengths.all(|l| l == first) => first,
+                Some(_) => return Err(e),
+                None => family.bits() - 8,
+            };
+            let layout = Layout::unbounded(family, len).ok_or_else(|| unbounded_failed(key))?;
+            Ok((layout, Some(i32::from(len))))
+        }
+    }
+}
+
+fn unbounded_failed(key: &RecordKey) -> CommitError {
+    CommitError::Layout(
+        format!("{}/{}", key.0, key.1),
+        "no division covers its addresses".into(),
+    )
+}
+
+/// Creates `key`'s layout record fixing blocks of prefix length `len`, before the first shard
+/// this replica writes there. Two replicas creating it meet in `409 AlreadyExists`: the one
+/// that loses reads it and plans again, so both divide alike from then on.
+async fn create_layout(
+    ctx: &Context,
+    pool: &IPAMPool,
+    key: &RecordKey,
+    len: i32,
+) -> Result<(), CommitError> {
+    let name = shards::layout_name(&key.0, &key.1);
+    let record = IPAMPoolRecord {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            owner_references: Some(vec![owner(pool)]),
+            ..Default::default()
+        },
+        spec: IPAMPoolRecordSpec {
+            pool: key.0.clone(),
+            datacenter: key.1.clone(),
+            block_length: Some(len),
+            ..Default::default()
+        },
+    };
+    send(ctx, key, Write::Create(Box::new(record))).await
+}
+
+/// The owner reference of every record of `pool`: deleting the pool removes its records
+/// (allocations a `Retain` pool leaves behind are still reserved by their objects, and the
+/// records are rebuilt from them).
+fn owner(pool: &IPAMPool) -> OwnerReference {
+    OwnerReference {
+        api_version: IPAMPool::api_version(&()).into_owned(),
+        kind: IPAMPool::kind(&()).into_owned(),
+        name: pool.name_any(),
+        uid: pool.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }
+}
+
 /// Writes the record of `key` so that it holds exactly `reservations`, each shard conditional
 /// on the version this replica last saw, and checks (a write that changes nothing) the shards
 /// of the clusters in `check`, whose objects are about to be written. Returns the number of
@@ -230,47 +485,94 @@ pub async fn commit(
     key: &RecordKey,
     reservations: BTreeMap<String, Reservation>,
     check: BTreeSet<String>,
+    planned: &PlannedOn,
 ) -> Result<u64, CommitError> {
     let target = Target::Whole {
         desired: reservations,
         check,
     };
-    run(ctx, pool, key, target).await
+    run(ctx, pool, key, target, planned).await
 }
 
 /// Raises the fence of every shard of `key` — the record of another pool of the same address
-/// space — covering `added` (addresses a commit of this replica is about to hand out in the
-/// overlapping pool), creating the shards that do not exist yet. Each raise is a real write
-/// (it changes `spec.fence`, so the shard gets a new `resourceVersion`) conditional on the
-/// version this replica holds: it fails if anybody wrote the shard since, and any commit of
-/// the other pool planned on the version before it fails in turn. See `docs/design.md`.
+/// space, or of an invalid pool of the datacenter — covering `added` (addresses a commit of
+/// this replica is about to hand out in the overlapping pool), creating the shards that do
+/// not exist yet (and the pool datacenter's layout record first, if this replica holds none).
+/// Each raise is a real write (it changes `spec.fence`, so the shard gets a new
+/// `resourceVersion`) conditional on the version this replica holds: it fails if anybody
+/// wrote the shard since, and any commit of the other pool planned on the version before it
+/// fails in turn. See `docs/design.md`.
 pub async fn raise_fences(
     ctx: &Context,
     pool: &IPAMPool,
     key: &RecordKey,
     added: &[crate::address::AddrRange],
+    planned: &PlannedOn,
 ) -> Result<u64, CommitError> {
-    let layout = layout(pool, key)?;
+    let mut families: Vec<crate::address::Family> = added.iter().map(|r| r.family()).collect();
+    families.sort_by_key(|f| f.bits());
+    families.dedup();
+    let mut sent = 0;
+    for family in families {
+        sent += raise_in(ctx, pool, key, added, planned, family).await?;
+    }
+    Ok(sent)
+}
+
+/// [`raise_fences`] for the addresses of one family.
+async fn raise_in(
+    ctx: &Context,
+    pool: &IPAMPool,
+    key: &RecordKey,
+    added: &[crate::address::AddrRange],
+    planned: &PlannedOn,
+    family: crate::address::Family,
+) -> Result<u64, CommitError> {
+    let mut sent = 0;
+    let (layout, create) = {
+        let records = ctx.records.lock().await;
+        planned.check_rereads(&records, key)?;
+        // A pool whose settings do not read (an invalid pool) is fenced all the same: over
+        // the division of its layout record or its shards, wherever the addresses lie.
+        let base = match layout(pool, key) {
+            // A pool of the other family: none of these addresses is its.
+            Ok(l) if l.family() != family => return Ok(0),
+            other => other,
+        };
+        division(&records, key, base, Some(family))?
+    };
     let blocks = layout
         .blocks_covering(added.iter().copied())
         .map_err(|why| {
             CommitError::Unsplittable(format!("pool record of {}/{}: {why}", key.0, key.1))
         })?;
-    let mut sent = 0;
+    if blocks.is_empty() {
+        return Ok(0);
+    }
+    if let Some(len) = create {
+        sent += 1;
+        create_layout(ctx, pool, key, len).await?;
+    }
     for block in blocks {
         let name = shards::shard_name(&key.0, &key.1, &block);
         let current = {
             let records = ctx.records.lock().await;
+            planned.check_rereads(&records, key)?;
             records.map.get(key).and_then(|s| s.get(&name)).map(|h| {
                 (
                     h.record.resource_version(),
                     h.record.spec.fence.unwrap_or(0),
+                    h.record.spec.pools_seen.unwrap_or(0),
                 )
             })
         };
+        let seen = planned
+            .cover(ctx, current.as_ref().map_or(0, |c| c.2), &name)
+            .await?;
+        let seen = i64::try_from(seen).unwrap_or(i64::MAX);
         sent += 1;
-        let Some((version, fence)) = current else {
-            let write = prepare(None, pool, key, &name, Some(block), Changes::new())?;
+        let Some((version, fence, stamp)) = current else {
+            let write = prepare(None, pool, key, &name, Some(block), Changes::new(), seen)?;
             let Write::Create(mut record) = write else {
                 return Err(conflict(format!(
                     "pool record {name}: expected a new shard"
@@ -286,7 +588,12 @@ pub async fn raise_fences(
             )));
         };
         let next = fence.saturating_add(1);
-        let body = json!({"metadata": {"resourceVersion": version}, "spec": {"fence": next}});
+        let restamp = (seen > stamp).then_some(seen);
+        let mut spec = json!({"fence": next});
+        if let Some(v) = restamp {
+            spec["poolsSeen"] = json!(v);
+        }
+        let body = json!({"metadata": {"resourceVersion": version}, "spec": spec});
         let pp = PatchParams {
             field_manager: Some("kipam".into()),
             ..Default::default()
@@ -297,11 +604,11 @@ pub async fn raise_fences(
             Ok(w) => w,
             Err(e) => return Err(failed(ctx, key, &name, e.into()).await),
         };
-        let outcome = ctx
-            .records
-            .lock()
-            .await
-            .fenced(key, &name, &version, next, written.metadata);
+        let outcome =
+            ctx.records
+                .lock()
+                .await
+                .fenced(key, &name, &version, next, restamp, written.metadata);
         match outcome {
             Patched::Applied => {}
             Patched::Moved => refresh(ctx, key, &name).await,
@@ -321,12 +628,12 @@ pub async fn raise_fences(
     Ok(sent)
 }
 
-/// [`commit`] for a pool datacenter that shares addresses with others of its address space
-/// (`others`: their pools and record keys; none makes it [`commit`]): first the fences of the
-/// other pools' shards covering the addresses this commit adds are raised
-/// ([`raise_fences`]), and only once all of them landed is the record of `key` committed. A
-/// replica planning on a stale view of any of those shards is refused before it has written
-/// anything.
+/// [`commit`] for a pool datacenter that shares addresses with others (`others`: their pools
+/// and record keys — the overlapping pools of its address space and the invalid pools of its
+/// datacenter; none makes it [`commit`]): first the fences of the other pools' shards
+/// covering the addresses this commit adds are raised ([`raise_fences`]), and only once all of
+/// them landed is the record of `key` committed. A replica planning on a stale view of any of
+/// those shards is refused before it has written anything.
 pub async fn commit_shared(
     ctx: &Context,
     pool: &IPAMPool,
@@ -334,17 +641,18 @@ pub async fn commit_shared(
     reservations: BTreeMap<String, Reservation>,
     check: BTreeSet<String>,
     others: &[(IPAMPool, RecordKey)],
+    planned: &PlannedOn,
 ) -> Result<u64, CommitError> {
     let mut raised = 0;
     if !others.is_empty() {
         let added = added_addresses(ctx, key, &reservations).await;
         if !added.is_empty() {
             for (other_pool, other) in others {
-                raised += raise_fences(ctx, other_pool, other, &added).await?;
+                raised += raise_fences(ctx, other_pool, other, &added, planned).await?;
             }
         }
     }
-    Ok(commit(ctx, pool, key, reservations, check).await? + raised)
+    Ok(commit(ctx, pool, key, reservations, check, planned).await? + raised)
 }
 
 /// The addresses `desired` lists that the record of `key` (as this replica holds it) does not
@@ -381,8 +689,9 @@ pub async fn commit_changes(
     pool: &IPAMPool,
     key: &RecordKey,
     changes: Changes,
+    planned: &PlannedOn,
 ) -> Result<u64, CommitError> {
-    run(ctx, pool, key, Target::Changes(changes)).await
+    run(ctx, pool, key, Target::Changes(changes), planned).await
 }
 
 async fn run(
@@ -390,20 +699,34 @@ async fn run(
     pool: &IPAMPool,
     key: &RecordKey,
     target: Target,
+    planned: &PlannedOn,
 ) -> Result<u64, CommitError> {
-    let [adds, removes] = {
+    // A shard last written by a replica that saw newer pools than this plan: this replica may
+    // not have seen an edit that commit saw (see `docs/design.md`).
+    let (stamp, shard) = {
         let records = ctx.records.lock().await;
-        // The division the shards already use, if any: a widened pool, or one given another
-        // CIDR, keeps dividing its addresses as it did (see `Layout::keeping`).
-        let existing = records
-            .map
-            .get(key)
-            .into_iter()
-            .flat_map(|shards| shards.values().filter_map(|h| h.block));
-        let layout = layout(pool, key)?.keeping(existing);
-        plan(&records, pool, key, &layout, target)?
+        planned.check_rereads(&records, key)?;
+        highest_stamp(&records, key)
     };
+    let seen = planned.cover(ctx, stamp, &shard).await?;
+    let seen = i64::try_from(seen).unwrap_or(i64::MAX);
+    let (create, [adds, removes]) = {
+        let records = ctx.records.lock().await;
+        planned.check_rereads(&records, key)?;
+        // The division the layout record fixes; without one (a pool datacenter that never
+        // held anything), the one the shards or the pool's fields give, and the layout record
+        // is created first.
+        let (layout, create) = division(&records, key, layout(pool, key), None)?;
+        (create, plan(&records, pool, key, &layout, target, seen)?)
+    };
+    if adds.is_empty() && removes.is_empty() {
+        return Ok(0);
+    }
     let mut sent = 0;
+    if let Some(len) = create {
+        sent += 1;
+        create_layout(ctx, pool, key, len).await?;
+    }
     for phase in [adds, removes] {
         sent += phase.len() as u64;
         let results: Vec<Result<(), CommitError>> = futures::stream::iter(phase)
@@ -431,6 +754,8 @@ enum Write {
         /// The entry changes it holds (those that change the held copy only).
         changes: Changes,
         entry_bytes: usize,
+        /// The new `spec.poolsSeen`, when it goes up.
+        stamp: Option<i64>,
     },
     Delete {
         name: String,
@@ -447,18 +772,10 @@ fn prepare(
     name: &str,
     block: Option<Cidr>,
     changes: Changes,
+    seen: i64,
 ) -> Result<Write, CommitError> {
     let name = name.to_string();
-    // Owned by the pool: deleting the pool removes its records (allocations a `Retain` pool
-    // leaves behind are still reserved by their objects, and the records are rebuilt from them).
-    let owners = Some(vec![OwnerReference {
-        api_version: IPAMPool::api_version(&()).into_owned(),
-        kind: IPAMPool::kind(&()).into_owned(),
-        name: pool.name_any(),
-        uid: pool.uid().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: None,
-    }]);
+    let owners = Some(vec![owner(pool)]);
     let Some(held) = held else {
         let record = IPAMPoolRecord {
             metadata: ObjectMeta {
@@ -474,7 +791,8 @@ fn prepare(
                     .into_iter()
                     .filter_map(|(k, v)| Some((k, v?)))
                     .collect(),
-                fence: None,
+                pools_seen: (seen > 0).then_some(seen),
+                ..Default::default()
             },
         };
         if json_size(&record) > MAX_RECORD_BYTES {
@@ -482,7 +800,10 @@ fn prepare(
         }
         return Ok(Write::Create(Box::new(record)));
     };
+    behind(held, &name, seen)?;
     let current = &held.record;
+    // The stamp goes up with any write of a replica that saw newer pools than the last writer.
+    let stamp = (seen > current.spec.pools_seen.unwrap_or(0)).then_some(seen);
     // Only what changes the held copy; the sizes of the record that results.
     let mut count = current.spec.reservations.len();
     let mut entry_bytes = held.entry_bytes;
@@ -533,6 +854,7 @@ fn prepare(
     }
     let mut body = Map::new();
     body.insert("metadata".into(), Value::Object(meta));
+    let mut spec = Map::new();
     if !kept.is_empty() {
         let entries: Map<String, Value> = kept
             .iter()
@@ -543,7 +865,13 @@ fn prepare(
                 )
             })
             .collect();
-        body.insert("spec".into(), json!({ "reservations": entries }));
+        spec.insert("reservations".into(), Value::Object(entries));
+    }
+    if let Some(v) = stamp {
+        spec.insert("poolsSeen".into(), json!(v));
+    }
+    if !spec.is_empty() {
+        body.insert("spec".into(), Value::Object(spec));
     }
     Ok(Write::Patch {
         name,
@@ -551,7 +879,20 @@ fn prepare(
         version,
         changes: kept,
         entry_bytes,
+        stamp,
     })
+}
+
+/// `Err` when the copy of shard `name` says its last writer saw newer pools than `seen`.
+fn behind(held: &Held, name: &str, seen: i64) -> Result<(), CommitError> {
+    match held.record.spec.pools_seen {
+        Some(stamp) if stamp > seen => Err(CommitError::PoolsBehind {
+            shard: name.to_string(),
+            stamp,
+            seen: u64::try_from(seen).unwrap_or(0),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// The merge patch of one entry: every field kipam knows, `null` when empty, so that the
@@ -608,6 +949,7 @@ async fn send(ctx: &Context, key: &RecordKey, write: Write) -> Result<(), Commit
             version,
             changes,
             entry_bytes,
+            stamp,
         } => {
             let pp = PatchParams {
                 field_manager: Some("kipam".into()),
@@ -625,6 +967,7 @@ async fn send(ctx: &Context, key: &RecordKey, write: Write) -> Result<(), Commit
                 &version,
                 changes,
                 entry_bytes,
+                stamp,
                 written.metadata,
             );
             match outcome {
@@ -711,6 +1054,20 @@ pub async fn remove(ctx: &Context, key: &RecordKey) -> Result<u64, kube::Error> 
         sent += 1;
         delete(ctx, key, &name, preconditions).await?;
     }
+    // The layout record last: it goes with the pool datacenter.
+    let layout = ctx.records.lock().await.layouts.get(key).map(|l| {
+        (
+            l.name_any(),
+            Preconditions {
+                resource_version: l.resource_version(),
+                uid: l.uid(),
+            },
+        )
+    });
+    if let Some((name, preconditions)) = layout {
+        sent += 1;
+        delete(ctx, key, &name, preconditions).await?;
+    }
     Ok(sent)
 }
 
@@ -720,14 +1077,21 @@ async fn refresh(ctx: &Context, key: &RecordKey, name: &str) {
     match api.get_opt(name).await {
         Ok(Some(r)) => {
             let mut records = ctx.records.lock().await;
-            if key_of(&r) != *key {
+            records.reread(key);
+            let other = key_of(&r);
+            if other != *key {
                 // The name now holds another pool datacenter's shard (written by hand):
                 // forgotten here, held under its own key.
                 records.forget(key, name);
+                records.reread(&other);
             }
             records.put(r);
         }
-        Ok(None) => ctx.records.lock().await.forget(key, name),
+        Ok(None) => {
+            let mut records = ctx.records.lock().await;
+            records.reread(key);
+            records.forget(key, name);
+        }
         Err(e) => {
             tracing::warn!(error = %crate::seed::preconditions::short(&e), pool = %key.0, datacenter = %key.1, shard = %name, "cannot re-read the pool record")
         }
@@ -800,7 +1164,7 @@ mod tests {
                 datacenter: "dc-1".into(),
                 block: None,
                 reservations: entries,
-                fence: None,
+                ..Default::default()
             },
         }]);
         records
@@ -812,7 +1176,7 @@ mod tests {
 
     /// Prepares `changes` and lands them as the server would, with version `next`.
     fn land(records: &mut Records, pool: &IPAMPool, changes: Changes, next: u64) -> Value {
-        let write = prepare(Some(shard(records)), pool, &key(), NAME, None, changes).unwrap();
+        let write = prepare(Some(shard(records)), pool, &key(), NAME, None, changes, 0).unwrap();
         let Write::Patch {
             body,
             version,
@@ -828,7 +1192,7 @@ mod tests {
         if let Some(owners) = body["metadata"].get("ownerReferences") {
             metadata.owner_references = serde_json::from_value(owners.clone()).unwrap();
         }
-        let outcome = records.patched(&key(), NAME, &version, changes, entry_bytes, metadata);
+        let outcome = records.patched(&key(), NAME, &version, changes, entry_bytes, None, metadata);
         assert!(matches!(outcome, Patched::Applied));
         body
     }
@@ -931,11 +1295,30 @@ mod tests {
         let (next, entry) = entries[fits].clone();
         let grow = Changes::from([(next, Some(entry))]);
         assert!(matches!(
-            prepare(Some(shard(&records)), &pool("u1"), &key(), NAME, None, grow),
+            prepare(
+                Some(shard(&records)),
+                &pool("u1"),
+                &key(),
+                NAME,
+                None,
+                grow,
+                0
+            ),
             Err(CommitError::TooLarge(_))
         ));
         let trim = Changes::from([(entries[0].0.clone(), None)]);
-        assert!(prepare(Some(shard(&records)), &pool("u1"), &key(), NAME, None, trim).is_ok());
+        assert!(
+            prepare(
+                Some(shard(&records)),
+                &pool("u1"),
+                &key(),
+                NAME,
+                None,
+                trim,
+                0
+            )
+            .is_ok()
+        );
     }
 
     #[test]
@@ -950,16 +1333,169 @@ mod tests {
                 changes,
                 entry_bytes,
                 ..
-            }) = prepare(Some(shard(records)), &pool, &key(), NAME, None, changes)
+            }) = prepare(Some(shard(records)), &pool, &key(), NAME, None, changes, 0)
             else {
                 panic!("an existing record is patched");
             };
-            records.patched(&key(), NAME, &version, changes, entry_bytes, same.clone())
+            records.patched(
+                &key(),
+                NAME,
+                &version,
+                changes,
+                entry_bytes,
+                None,
+                same.clone(),
+            )
         };
         let no_op = Changes::from([("a".to_string(), Some(range(0)))]);
         assert!(matches!(commit(&mut records, no_op), Patched::Applied));
         let added = Changes::from([("b".to_string(), Some(range(4)))]);
         assert!(matches!(commit(&mut records, added), Patched::Diverged));
         assert_eq!(shard(&records).record.spec.reservations, entries);
+    }
+
+    fn pool_of(cidr: &str) -> IPAMPool {
+        serde_json::from_value(json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMPool",
+            "metadata": {"name": "p", "uid": "u1", "resourceVersion": "7"},
+            "spec": {"datacenters": {"dc-1": {"type": "range", "poolCidr": cidr, "allocationRange": 4}}},
+        }))
+        .unwrap()
+    }
+
+    fn layout_record(len: i32) -> IPAMPoolRecord {
+        IPAMPoolRecord {
+            metadata: ObjectMeta {
+                name: Some(shards::layout_name("p", "dc-1")),
+                resource_version: Some("3".into()),
+                ..Default::default()
+            },
+            spec: IPAMPoolRecordSpec {
+                pool: "p".into(),
+                datacenter: "dc-1".into(),
+                block_length: Some(len),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Issue 35, item 2: a pool datacenter that has never held anything, read before and
+    /// after a widening by two replicas. Without a layout record each divides by the pool it
+    /// reads (/26 blocks against /25): their first shards for one address would have two
+    /// names, and both creates would pass. Both must create the one layout record first, and
+    /// once it exists both divide by it, whatever they read of the pool.
+    #[test]
+    fn the_layout_record_decides_the_division_whatever_the_pool_says() {
+        let (narrow, wide) = (pool_of("10.0.0.0/26"), pool_of("10.0.0.0/25"));
+        let empty = Records::default();
+        let (before, create) = division(&empty, &key(), layout(&narrow, &key()), None).unwrap();
+        assert_eq!((before.block_len(), create), (26, Some(26)));
+        let (after, create) = division(&empty, &key(), layout(&wide, &key()), None).unwrap();
+        assert_eq!((after.block_len(), create), (25, Some(25)));
+        // Once the layout record is held, it decides for every reading of the pool.
+        let mut held = Records::default();
+        held.reset(vec![layout_record(26)]);
+        assert!(held.map.is_empty(), "a layout record is not a shard");
+        for pool in [&narrow, &wide] {
+            let (l, create) = division(&held, &key(), layout(pool, &key()), None).unwrap();
+            assert_eq!((l.block_len(), create), (26, None));
+        }
+        // A pool datacenter recorded before layout records existed: its shards' division.
+        let old = held_shard("p.dc-1.0a000000-26", "10.0.0.0/26");
+        let (l, create) = division(&old, &key(), layout(&wide, &key()), None).unwrap();
+        assert_eq!((l.block_len(), create), (26, Some(26)));
+    }
+
+    fn held_shard(name: &str, block: &str) -> Records {
+        let mut records = Records::default();
+        records.reset(vec![IPAMPoolRecord {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                resource_version: Some("1".into()),
+                ..Default::default()
+            },
+            spec: IPAMPoolRecordSpec {
+                pool: "p".into(),
+                datacenter: "dc-1".into(),
+                block: Some(block.into()),
+                ..Default::default()
+            },
+        }]);
+        records
+    }
+
+    /// Issue 35, item 4: an invalid pool whose networks do not read is fenced over the
+    /// division of its layout record or its shards, wherever the addresses lie; with neither,
+    /// over blocks of 256 addresses, whose layout record is created first.
+    #[test]
+    fn an_unreadable_pool_is_fenced_over_the_division_its_records_give() {
+        let broken = pool_of("10.0.0.0/33");
+        let v4 = crate::address::Family::V4;
+        let base = || layout(&broken, &key());
+        assert!(base().is_err());
+        let mut held = Records::default();
+        held.reset(vec![layout_record(26)]);
+        let (l, create) = division(&held, &key(), base(), Some(v4)).unwrap();
+        assert_eq!((l.block_len(), create), (26, None));
+        let added = [crate::address::AddrRange::parse_lenient("192.168.7.1-192.168.7.2").unwrap()];
+        let blocks: Vec<String> = l
+            .blocks_covering(added)
+            .unwrap()
+            .iter()
+            .map(|b| b.to_string())
+            .collect();
+        assert_eq!(blocks, vec!["192.168.7.0/26"]);
+        let old = held_shard("p.dc-1.0a000000-27", "10.0.0.0/27");
+        let (l, create) = division(&old, &key(), base(), Some(v4)).unwrap();
+        assert_eq!((l.block_len(), create), (27, Some(27)));
+        let (l, create) = division(&Records::default(), &key(), base(), Some(v4)).unwrap();
+        assert_eq!((l.block_len(), create), (24, Some(24)));
+        // Nothing to go by: refused with the pool's own error, not skipped.
+        assert!(matches!(
+            division(&Records::default(), &key(), base(), None),
+            Err(CommitError::Layout(..))
+        ));
+    }
+
+    /// Issue 35, item 3: a shard written by a replica that saw newer pools is refused to a
+    /// plan that saw older ones; a write of a plan that saw newer pools raises the stamp.
+    #[test]
+    fn a_shard_stamped_with_newer_pools_is_refused_to_an_older_view() {
+        let mut records = held(BTreeMap::from([("a".to_string(), range(0))]));
+        records
+            .map
+            .get_mut(&key())
+            .unwrap()
+            .get_mut(NAME)
+            .unwrap()
+            .record
+            .spec
+            .pools_seen = Some(40);
+        let add = || Changes::from([("b".to_string(), Some(range(4)))]);
+        let pool = pool("u1");
+        assert!(matches!(
+            prepare(Some(shard(&records)), &pool, &key(), NAME, None, add(), 39),
+            Err(CommitError::PoolsBehind {
+                stamp: 40,
+                seen: 39,
+                ..
+            })
+        ));
+        let Ok(Write::Patch { body, stamp, .. }) =
+            prepare(Some(shard(&records)), &pool, &key(), NAME, None, add(), 40)
+        else {
+            panic!("an equal view writes");
+        };
+        assert_eq!((stamp, body["spec"].get("poolsSeen")), (None, None));
+        let Ok(Write::Patch { body, stamp, .. }) =
+            prepare(Some(shard(&records)), &pool, &key(), NAME, None, add(), 41)
+        else {
+            panic!("a newer view writes");
+        };
+        assert_eq!(stamp, Some(41));
+        assert_eq!(body["spec"]["poolsSeen"], json!(41));
+        // The plan's view: the highest version of the pools it read.
+        let planned = PlannedOn::pools([&pool_of("10.0.0.0/26"), &pool]);
+        assert_eq!(planned.pools_seen(), 7);
     }
 }

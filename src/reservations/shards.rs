@@ -120,6 +120,34 @@ impl Layout {
         self
     }
 
+    /// This layout with blocks of prefix length `len` — the length the pool datacenter's
+    /// layout record fixes (`spec.blockLength`), whatever the pool's fields say now. A length
+    /// beyond the family's width is taken as the width (a record kept across a change of the
+    /// pool's family: every replica computes the same).
+    pub fn with_block_len(mut self, len: u8) -> Layout {
+        self.block_len = len.min(self.pool.family().bits());
+        self
+    }
+
+    /// A layout of blocks of `len` over every address of `family`: for raising the fences of
+    /// an invalid pool whose networks cannot be read (its blocks are known from its layout
+    /// record or its shards, its reach is not).
+    pub fn unbounded(family: crate::address::Family, len: u8) -> Option<Layout> {
+        let bits = family.bits();
+        Some(Layout {
+            // `::/0` and `0.0.0.0/0`: `new` accepts them.
+            pool: Cidr::new(family, 0, 0)?,
+            more: Vec::new(),
+            block_len: len.min(bits),
+            longest: bits,
+        })
+    }
+
+    /// The family of the pool's addresses.
+    pub fn family(&self) -> crate::address::Family {
+        self.pool.family()
+    }
+
     /// The block length, for tests and messages.
     pub fn block_len(&self) -> u8 {
         self.block_len
@@ -262,6 +290,12 @@ pub fn shard_name(pool: &str, datacenter: &str, block: &Cidr) -> String {
         block.first(),
         block.prefix_len()
     )
+}
+
+/// The name of the layout record of `pool` in `datacenter`: `<pool>.<datacenter>.layout`
+/// (a shard's last part is `<hex>-<length>`, never `layout`).
+pub fn layout_name(pool: &str, datacenter: &str) -> String {
+    format!("{pool}.{datacenter}.layout")
 }
 
 /// One cluster's holding put together again from its parts in several shards: the

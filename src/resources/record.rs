@@ -40,6 +40,10 @@ use super::bounds::{MAX_ADDRESS_RANGE, MAX_ALLOCATION_PIECES, MAX_CIDR, MAX_LABE
     {
         "rule": "has(self.block) == has(oldSelf.block) && (!has(self.block) || self.block == oldSelf.block)",
         "message": "block is immutable"
+    },
+    {
+        "rule": "has(self.blockLength) == has(oldSelf.blockLength) && (!has(self.blockLength) || self.blockLength == oldSelf.blockLength)",
+        "message": "blockLength is immutable"
     }
 ]))]
 pub struct IPAMPoolRecordSpec {
@@ -71,6 +75,22 @@ pub struct IPAMPoolRecordSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub fence: Option<i64>,
+    /// The highest `resourceVersion` of the `IPAMPool`s that the last writer of this shard
+    /// had seen when it planned (the API server's revision is one counter across resources).
+    /// A replica whose view of the pools is older refuses to write the shard until its view
+    /// has caught up, so a replica that has not seen an edit of the pools (an `addressSpace`
+    /// that joins two of them, a pool turned invalid) cannot commit past a replica that has.
+    /// Absent on shards written before this field existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub pools_seen: Option<i64>,
+    /// Set only on the pool datacenter's *layout record* (`<pool>.<datacenter>.layout`,
+    /// no entries): the prefix length of the blocks its record is divided into. Created once,
+    /// before the first shard, and never changed (immutable): every replica divides the pool
+    /// datacenter's addresses by it, whatever version of the pool it reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 128))]
+    pub block_length: Option<i32>,
 }
 
 /// What one cluster holds: a subnet (`prefix` pools) or address pieces (`range` pools).

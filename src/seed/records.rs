@@ -26,6 +26,17 @@ pub type Changes = BTreeMap<String, Option<Reservation>>;
 pub struct Records {
     /// Pool datacenter -> its shards by object name.
     pub(crate) map: BTreeMap<RecordKey, BTreeMap<String, Held>>,
+    /// Pool datacenter -> its layout record (`spec.blockLength`, no entries): the division
+    /// of its addresses into blocks, the same for every replica ([`shards::layout_name`]).
+    pub(crate) layouts: BTreeMap<RecordKey, IPAMPoolRecord>,
+    /// Shards read again from the server after a conflict so far (a count that only grows).
+    pub(crate) rereads: u64,
+    /// Pool datacenter -> [`Records::rereads`] when one of its shards was last read again: a
+    /// commit planned before that count was on a copy that has changed under it since.
+    pub(crate) reread_at: BTreeMap<RecordKey, u64>,
+    /// The pools, as (name, `resourceVersion`), that a fresh list last showed exactly, and that
+    /// list's revision: a later plan on the same pools is current at that revision too.
+    pub(crate) pools_listed: Option<(Vec<(String, String)>, u64)>,
 }
 
 /// One shard and the summed serialised size of its entries (each `"cluster":{...}`), kept
@@ -63,6 +74,8 @@ pub(crate) fn key_of(r: &IPAMPoolRecord) -> RecordKey {
 impl Records {
     pub fn reset(&mut self, items: Vec<IPAMPoolRecord>) {
         self.map.clear();
+        self.layouts.clear();
+        self.reread_at.clear();
         for r in items {
             self.put(r);
         }
@@ -85,7 +98,7 @@ impl Records {
                         datacenter: key.1.clone(),
                         block: None,
                         reservations: self.joined(&key).collect(),
-                        fence: None,
+                        ..Default::default()
                     },
                 };
                 (key, record)
@@ -93,10 +106,11 @@ impl Records {
             .collect()
     }
 
-    /// Every pool datacenter held, with its version: the versions of its shards, joined, so
-    /// it changes whenever any shard does.
+    /// Every pool datacenter held (a shard or its layout record), with its version: the
+    /// versions of its shards and layout record, joined, so it changes whenever any does.
     pub fn versions(&self) -> BTreeMap<RecordKey, String> {
-        self.map
+        let mut out: BTreeMap<RecordKey, String> = self
+            .map
             .iter()
             .filter(|(_, shards)| !shards.is_empty())
             .map(|(key, shards)| {
@@ -106,7 +120,30 @@ impl Records {
                     .collect();
                 (key.clone(), version.join(","))
             })
-            .collect()
+            .collect();
+        for (key, layout) in &self.layouts {
+            let version = layout.metadata.resource_version.as_deref().unwrap_or("");
+            let joined = out.entry(key.clone()).or_default();
+            joined.push_str(";layout=");
+            joined.push_str(version);
+        }
+        out
+    }
+
+    /// The block length the layout record of `key` fixes, when this replica holds one.
+    pub fn block_length(&self, key: &RecordKey) -> Option<i32> {
+        self.layouts.get(key)?.spec.block_length
+    }
+
+    /// Notes that a shard of `key` was just read again from the server (after a conflict).
+    pub(crate) fn reread(&mut self, key: &RecordKey) {
+        self.rereads += 1;
+        self.reread_at.insert(key.clone(), self.rereads);
+    }
+
+    /// Whether a shard of `key` was read again since [`Records::rereads`] was `mark`.
+    pub(crate) fn reread_since(&self, key: &RecordKey, mark: u64) -> bool {
+        self.reread_at.get(key).is_some_and(|at| *at > mark)
     }
 
     /// What one pool datacenter's shards reserve, each cluster's parts joined, by cluster.
@@ -154,6 +191,10 @@ impl Records {
     }
 
     pub(crate) fn put(&mut self, r: IPAMPoolRecord) {
+        if r.spec.block_length.is_some() {
+            self.layouts.insert(key_of(&r), r);
+            return;
+        }
         let name = r.name_any();
         self.map
             .entry(key_of(&r))
@@ -162,6 +203,9 @@ impl Records {
     }
 
     pub(crate) fn forget(&mut self, key: &RecordKey, name: &str) {
+        if self.layouts.get(key).is_some_and(|l| l.name_any() == name) {
+            self.layouts.remove(key);
+        }
         if let Some(shards) = self.map.get_mut(key) {
             shards.remove(name);
             if shards.is_empty() {
@@ -173,6 +217,7 @@ impl Records {
     /// Brings the held copy of shard `name` to what a patch of it made at the server:
     /// `changes` applied (leaving `entry_bytes`) and the metadata the server answered with.
     /// Only when the copy is still the `version` the patch was conditional on.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn patched(
         &mut self,
         key: &RecordKey,
@@ -180,6 +225,7 @@ impl Records {
         version: &str,
         changes: Changes,
         entry_bytes: usize,
+        stamp: Option<i64>,
         metadata: ObjectMeta,
     ) -> Patched {
         let Some(held) = self.map.get_mut(key).and_then(|s| s.get_mut(name)) else {
@@ -191,7 +237,9 @@ impl Records {
         match metadata.resource_version.as_deref() {
             None | Some("") => return Patched::Moved,
             // A server does not give a new version to a write that changes nothing.
-            Some(v) if v == version && !changes.is_empty() => return Patched::Diverged,
+            Some(v) if v == version && (!changes.is_empty() || stamp.is_some()) => {
+                return Patched::Diverged;
+            }
             Some(_) => {}
         }
         let entries = &mut held.record.spec.reservations;
@@ -206,6 +254,9 @@ impl Records {
             }
         }
         held.entry_bytes = entry_bytes;
+        if stamp.is_some() {
+            held.record.spec.pools_seen = stamp;
+        }
         held.record.metadata = metadata;
         Patched::Applied
     }
@@ -221,6 +272,7 @@ impl Records {
         name: &str,
         version: &str,
         fence: i64,
+        stamp: Option<i64>,
         metadata: ObjectMeta,
     ) -> Patched {
         let Some(held) = self.map.get_mut(key).and_then(|s| s.get_mut(name)) else {
@@ -235,6 +287,9 @@ impl Records {
             Some(_) => {}
         }
         held.record.spec.fence = Some(fence);
+        if stamp.is_some() {
+            held.record.spec.pools_seen = stamp;
+        }
         held.record.metadata = metadata;
         Patched::Applied
     }
@@ -295,6 +350,8 @@ pub(crate) fn record_size(
             block: spec.block.clone(),
             reservations: BTreeMap::new(),
             fence: spec.fence,
+            pools_seen: spec.pools_seen,
+            block_length: spec.block_length,
         },
     };
     // The shell holds `{}`; the entries go inside, separated by commas.

@@ -132,13 +132,14 @@ impl Setup {
         serde_json::from_value(self.stored(name)).unwrap()
     }
 
-    /// The names of the records the server stores.
+    /// The names of the shards the server stores (not the layout record).
     fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self
             .api
             .list("ipampoolrecords", None)
             .iter()
             .map(|r| r["metadata"]["name"].as_str().unwrap().to_string())
+            .filter(|n| *n != shards::layout_name("metallb", "dc-1"))
             .collect();
         names.sort();
         names
@@ -209,6 +210,11 @@ fn conflict(result: Result<u64, CommitError>) {
     }
 }
 
+/// A plan made on no pools in particular: one replica alone, no pool view to compare.
+fn one_view() -> records::PlannedOn {
+    records::PlannedOn::default()
+}
+
 fn none() -> BTreeSet<String> {
     BTreeSet::new()
 }
@@ -221,11 +227,15 @@ fn check(clusters: &[&str]) -> BTreeSet<String> {
 async fn each_shard_is_patched_with_only_its_changes_and_the_record_holds_the_desired_map() {
     let s = setup().await;
     let first = map(&[("a", range(0)), ("b", subnet(1)), ("c", range(8))]);
-    let sent = records::commit(&s.ctx, &s.pool, &key(), first.clone(), none())
+    let sent = records::commit(&s.ctx, &s.pool, &key(), first.clone(), none(), &one_view())
         .await
         .unwrap();
-    assert_eq!((sent, s.count("create")), (2, 2), "{:?}", s.api.stats());
+    // The layout record first (the pool datacenter held nothing), then two shards.
+    assert_eq!((sent, s.count("create")), (3, 3), "{:?}", s.api.stats());
     assert_eq!(s.names(), vec![FIRST.to_string(), shard_of(1)]);
+    let layout = s.stored_record(&shards::layout_name("metallb", "dc-1"));
+    assert_eq!(layout.spec.block_length, Some(24));
+    assert!(layout.spec.reservations.is_empty());
     assert_eq!(s.stored_entries(), first);
     assert_eq!(
         s.stored_record(&shard_of(1)).spec.block.as_deref(),
@@ -236,9 +246,16 @@ async fn each_shard_is_patched_with_only_its_changes_and_the_record_holds_the_de
     // Changed in place (an address range becomes a subnet), moved to another shard, removed,
     // added.
     let desired = map(&[("a", subnet(0)), ("b", range(12)), ("d", range(16))]);
-    records::commit(&s.ctx, &s.pool, &key(), desired.clone(), none())
-        .await
-        .unwrap();
+    records::commit(
+        &s.ctx,
+        &s.pool,
+        &key(),
+        desired.clone(),
+        none(),
+        &one_view(),
+    )
+    .await
+    .unwrap();
     assert_eq!(s.count("patch"), 2, "{:?}", s.api.stats());
     assert_eq!(s.count("create") + s.count("update"), 0);
     assert_eq!(s.count("get"), 0, "no re-read after a commit that landed");
@@ -262,22 +279,27 @@ async fn each_shard_is_patched_with_only_its_changes_and_the_record_holds_the_de
     // A caller that knows the delta: one entry added, one removed.
     s.api.reset_stats();
     let changes = BTreeMap::from([("e".to_string(), Some(subnet(3))), ("d".to_string(), None)]);
-    let sent = records::commit_changes(&s.ctx, &s.pool, &key(), changes)
+    let sent = records::commit_changes(&s.ctx, &s.pool, &key(), changes, &one_view())
         .await
         .unwrap();
     assert_eq!((sent, s.count("patch"), s.count("create")), (2, 1, 1));
     let expected = map(&[("a", subnet(0)), ("b", range(12)), ("e", subnet(3))]);
     assert_eq!(s.stored_entries(), expected);
     assert_eq!(s.held().await.spec.reservations, expected);
-    // The joined copy's version names every shard's version.
+    // The joined copy's version names every shard's version, and the layout record's.
     let versions: Vec<String> = s
         .names()
         .iter()
         .map(|n| s.stored_record(n).metadata.resource_version.unwrap())
         .collect();
+    let layout = s.stored_record(&shards::layout_name("metallb", "dc-1"));
     assert_eq!(
         s.held().await.metadata.resource_version,
-        Some(versions.join(","))
+        Some(format!(
+            "{};layout={}",
+            versions.join(","),
+            layout.metadata.resource_version.unwrap()
+        ))
     );
 }
 
@@ -285,22 +307,43 @@ async fn each_shard_is_patched_with_only_its_changes_and_the_record_holds_the_de
 async fn a_checked_shard_gets_a_write_that_changes_nothing_and_a_stale_one_is_refused_and_reread() {
     let s = setup().await;
     let entries = map(&[("a", range(0)), ("b", subnet(4))]);
-    records::commit(&s.ctx, &s.pool, &key(), entries.clone(), none())
-        .await
-        .unwrap();
+    records::commit(
+        &s.ctx,
+        &s.pool,
+        &key(),
+        entries.clone(),
+        none(),
+        &one_view(),
+    )
+    .await
+    .unwrap();
     let version = s.stored_record(FIRST).metadata.resource_version;
     s.api.reset_stats();
 
     // Nothing changes and nothing is checked: nothing is sent.
-    let sent = records::commit(&s.ctx, &s.pool, &key(), entries.clone(), none())
-        .await
-        .unwrap();
+    let sent = records::commit(
+        &s.ctx,
+        &s.pool,
+        &key(),
+        entries.clone(),
+        none(),
+        &one_view(),
+    )
+    .await
+    .unwrap();
     assert_eq!((sent, s.api.stats().writes()), (0, 0));
     // An object of "a" is about to be written: its shard gets one conditional write; the
     // server keeps the version.
-    let sent = records::commit(&s.ctx, &s.pool, &key(), entries.clone(), check(&["a"]))
-        .await
-        .unwrap();
+    let sent = records::commit(
+        &s.ctx,
+        &s.pool,
+        &key(),
+        entries.clone(),
+        check(&["a"]),
+        &one_view(),
+    )
+    .await
+    .unwrap();
     assert_eq!((sent, s.count("patch")), (1, 1), "{:?}", s.api.stats());
     assert_eq!(s.stored_record(FIRST).metadata.resource_version, version);
 
@@ -309,7 +352,17 @@ async fn a_checked_shard_gets_a_write_that_changes_nothing_and_a_stale_one_is_re
     s.written_by_somebody_else().await;
     let before = s.stored(FIRST);
     s.api.reset_stats();
-    conflict(records::commit(&s.ctx, &s.pool, &key(), entries.clone(), check(&["a"])).await);
+    conflict(
+        records::commit(
+            &s.ctx,
+            &s.pool,
+            &key(),
+            entries.clone(),
+            check(&["a"]),
+            &one_view(),
+        )
+        .await,
+    );
     assert_eq!(s.count("patch"), 1);
     assert_eq!(s.count("get"), 1, "the shard is read again");
     assert_eq!(s.stored(FIRST), before, "a refused commit changes nothing");
@@ -321,9 +374,16 @@ async fn a_checked_shard_gets_a_write_that_changes_nothing_and_a_stale_one_is_re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_commit_of_new_entries_leaves_the_record_unchanged_and_the_next_one_lands() {
     let s = setup().await;
-    records::commit(&s.ctx, &s.pool, &key(), map(&[("a", range(0))]), none())
-        .await
-        .unwrap();
+    records::commit(
+        &s.ctx,
+        &s.pool,
+        &key(),
+        map(&[("a", range(0))]),
+        none(),
+        &one_view(),
+    )
+    .await
+    .unwrap();
     s.written_by_somebody_else().await;
     let before = s.stored(FIRST);
     s.api.reset_stats();
@@ -331,7 +391,7 @@ async fn a_stale_commit_of_new_entries_leaves_the_record_unchanged_and_the_next_
     // Planned on the old version, "b" would get what "intruder" now holds: refused, whether
     // the caller passes the whole map or only the delta.
     let planned = BTreeMap::from([("b".to_string(), Some(range(40)))]);
-    conflict(records::commit_changes(&s.ctx, &s.pool, &key(), planned).await);
+    conflict(records::commit_changes(&s.ctx, &s.pool, &key(), planned, &one_view()).await);
     assert_eq!(s.count("patch"), 1, "{:?}", s.api.stats());
     assert_eq!(s.count("get"), 1, "the shard is read again");
     assert_eq!(s.stored(FIRST), before, "a refused commit changes nothing");
@@ -345,6 +405,7 @@ async fn a_stale_commit_of_new_entries_leaves_the_record_unchanged_and_the_next_
             &key(),
             map(&[("a", range(0)), ("b", range(40))]),
             none(),
+            &one_view(),
         )
         .await,
     );
@@ -354,9 +415,16 @@ async fn a_stale_commit_of_new_entries_leaves_the_record_unchanged_and_the_next_
 
     // On the copy read again, the commit lands: the record holds exactly the desired map.
     let desired = map(&[("a", range(0)), ("b", range(48))]);
-    records::commit(&s.ctx, &s.pool, &key(), desired.clone(), none())
-        .await
-        .unwrap();
+    records::commit(
+        &s.ctx,
+        &s.pool,
+        &key(),
+        desired.clone(),
+        none(),
+        &one_view(),
+    )
+    .await
+    .unwrap();
     assert_eq!(s.stored_entries(), desired);
     assert_eq!(s.held().await.spec.reservations, desired);
 }
@@ -373,10 +441,11 @@ async fn a_holding_across_a_block_edge_is_written_to_both_shards_and_read_back_w
         &s.pool,
         &key(),
         BTreeMap::from([("a".to_string(), Some(across.clone()))]),
+        &one_view(),
     )
     .await
     .unwrap();
-    assert_eq!(sent, 2);
+    assert_eq!(sent, 3, "the layout record and two shards");
     assert_eq!(
         s.stored(FIRST)["spec"]["reservations"]["a"],
         json!({"addresses": ["10.0.0.254-10.0.0.255"]})
@@ -388,9 +457,16 @@ async fn a_holding_across_a_block_edge_is_written_to_both_shards_and_read_back_w
     assert_eq!(s.held().await.spec.reservations["a"], across);
     assert_eq!(s.stored_entries()["a"], across);
     // Released: gone from both.
-    records::commit(&s.ctx, &s.pool, &key(), BTreeMap::new(), none())
-        .await
-        .unwrap();
+    records::commit(
+        &s.ctx,
+        &s.pool,
+        &key(),
+        BTreeMap::new(),
+        none(),
+        &one_view(),
+    )
+    .await
+    .unwrap();
     assert!(s.stored_entries().is_empty());
     assert!(s.held().await.spec.reservations.is_empty());
 }
@@ -425,9 +501,16 @@ async fn a_record_written_before_sharding_is_moved_into_shards_additions_first()
     let desired = map(&[("a", range(0)), ("b", subnet(1)), ("c", range(4))]);
     s.api.inject_failures("create", "ipampoolrecords", 1, 500);
     assert!(
-        records::commit(&s.ctx, &s.pool, &key(), desired.clone(), none())
-            .await
-            .is_err()
+        records::commit(
+            &s.ctx,
+            &s.pool,
+            &key(),
+            desired.clone(),
+            none(),
+            &one_view()
+        )
+        .await
+        .is_err()
     );
     assert_eq!(
         s.count("delete") + s.count("patch"),
@@ -442,9 +525,16 @@ async fn a_record_written_before_sharding_is_moved_into_shards_additions_first()
     );
 
     // The next commit lands: two shards, the old record gone.
-    records::commit(&s.ctx, &s.pool, &key(), desired.clone(), none())
-        .await
-        .unwrap();
+    records::commit(
+        &s.ctx,
+        &s.pool,
+        &key(),
+        desired.clone(),
+        none(),
+        &one_view(),
+    )
+    .await
+    .unwrap();
     assert_eq!(s.names(), vec![FIRST.to_string(), shard_of(1)]);
     assert_eq!(s.stored_entries(), desired);
     assert_eq!(s.held().await.spec.reservations, desired);
@@ -454,9 +544,16 @@ async fn a_record_written_before_sharding_is_moved_into_shards_additions_first()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_pool_uid_is_written_into_the_owner_reference() {
     let s = setup().await;
-    records::commit(&s.ctx, &s.pool, &key(), map(&[("a", range(0))]), none())
-        .await
-        .unwrap();
+    records::commit(
+        &s.ctx,
+        &s.pool,
+        &key(),
+        map(&[("a", range(0))]),
+        none(),
+        &one_view(),
+    )
+    .await
+    .unwrap();
     let mut recreated = s.pool.clone();
     recreated.metadata.uid = Some("uid-of-the-pool-created-again".into());
     records::commit(
@@ -465,6 +562,7 @@ async fn a_new_pool_uid_is_written_into_the_owner_reference() {
         &key(),
         map(&[("a", range(0))]),
         check(&["a"]),
+        &one_view(),
     )
     .await
     .unwrap();
@@ -477,9 +575,16 @@ async fn a_new_pool_uid_is_written_into_the_owner_reference() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_keeps_its_pool_datacenter_and_block() {
     let s = setup().await;
-    records::commit(&s.ctx, &s.pool, &key(), map(&[("a", range(0))]), none())
-        .await
-        .unwrap();
+    records::commit(
+        &s.ctx,
+        &s.pool,
+        &key(),
+        map(&[("a", range(0))]),
+        none(),
+        &one_view(),
+    )
+    .await
+    .unwrap();
     let shards = Api::<IPAMPoolRecord>::all(s.other.clone());
     for (patch, message) in [
         (
@@ -508,4 +613,26 @@ async fn a_shard_keeps_its_pool_datacenter_and_block() {
         s.stored_record(FIRST).spec.block.as_deref(),
         Some("10.0.0.0/24")
     );
+    // The layout record's block length is fixed as well: every replica divides by it.
+    let layout = shards::layout_name("metallb", "dc-1");
+    for patch in [
+        json!({"spec": {"blockLength": 25}}),
+        json!({"spec": {"blockLength": null}}),
+    ] {
+        match shards
+            .patch(&layout, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Err(kube::Error::Api(e)) => {
+                assert_eq!(e.code, 422, "{patch}: {e:?}");
+                assert!(
+                    e.message.contains("blockLength is immutable"),
+                    "{}",
+                    e.message
+                );
+            }
+            other => panic!("{patch}: expected 422, got {other:?}"),
+        }
+    }
+    assert_eq!(s.stored_record(&layout).spec.block_length, Some(24));
 }

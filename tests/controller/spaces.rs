@@ -14,7 +14,7 @@ use kube::runtime::reflector;
 use kube_standin::ApiServer;
 use serde_json::json;
 
-use kipam::planning::records::{self, CommitError, RecordKey};
+use kipam::planning::records::{self, CommitError, PlannedOn, RecordKey};
 use kipam::resources::{IPAMPool, IPAMPoolRecord, Reservation};
 use kipam::seed::{Context, backoff, leader, ledger, metrics};
 
@@ -95,6 +95,11 @@ fn entries(list: &[(&str, &str)]) -> BTreeMap<String, Reservation> {
         .collect()
 }
 
+/// Two replicas that read the pools alike (no pool view to compare).
+fn same_view() -> PlannedOn {
+    PlannedOn::default()
+}
+
 fn is_conflict(r: Result<u64, CommitError>) -> bool {
     matches!(r, Err(e) if e.is_stale())
 }
@@ -138,6 +143,7 @@ async fn a_deposed_leader_cannot_hand_out_an_address_held_through_another_pool()
         entries(&[("w", "10.0.0.0-10.0.0.3")]),
         Default::default(),
         &others_of_a,
+        &same_view(),
     )
     .await
     .unwrap();
@@ -153,6 +159,7 @@ async fn a_deposed_leader_cannot_hand_out_an_address_held_through_another_pool()
         entries(&[("y", "10.0.0.8-10.0.0.11")]),
         Default::default(),
         &others_of_b,
+        &same_view(),
     )
     .await
     .unwrap();
@@ -166,6 +173,7 @@ async fn a_deposed_leader_cannot_hand_out_an_address_held_through_another_pool()
         entries(&[("w", "10.0.0.0-10.0.0.3"), ("x", "10.0.0.8-10.0.0.11")]),
         Default::default(),
         &others_of_a,
+        &same_view(),
     )
     .await;
     assert!(is_conflict(stale), "the stale commit is refused");
@@ -188,6 +196,7 @@ async fn a_deposed_leader_cannot_hand_out_an_address_held_through_another_pool()
         entries(&[("y", "10.0.0.8-10.0.0.11"), ("z", "10.0.0.12-10.0.0.15")]),
         Default::default(),
         &[], // as if b shared nothing: only b's own shard is written
+        &same_view(),
     )
     .await
     .unwrap();
@@ -198,6 +207,7 @@ async fn a_deposed_leader_cannot_hand_out_an_address_held_through_another_pool()
         entries(&[("w", "10.0.0.0-10.0.0.3"), ("x", "10.0.0.12-10.0.0.15")]),
         Default::default(),
         &others_of_a,
+        &same_view(),
     )
     .await;
     assert!(
@@ -219,6 +229,7 @@ async fn a_deposed_leader_cannot_hand_out_an_address_held_through_another_pool()
         entries(&[("w", "10.0.0.0-10.0.0.3"), ("x", "10.0.0.16-10.0.0.19")]),
         Default::default(),
         &others_of_a,
+        &same_view(),
     )
     .await
     .unwrap();
@@ -235,6 +246,338 @@ fn fence_of(api: &ApiServer, pool: &str) -> i64 {
         .filter_map(|r| r.spec.fence)
         .max()
         .unwrap_or(0)
+}
+
+/// A pool as given, created on the server (the object the server answered: its version).
+async fn create(api: &ApiServer, pool: serde_json::Value) -> IPAMPool {
+    let pool: IPAMPool = serde_json::from_value(pool).unwrap();
+    Api::<IPAMPool>::all(client(api).await)
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap()
+}
+
+/// `pool` replaced on the server by `edit` (the object the server answered).
+async fn replace(api: &ApiServer, pool: &IPAMPool, edit: impl FnOnce(&mut IPAMPool)) -> IPAMPool {
+    let mut changed = pool.clone();
+    edit(&mut changed);
+    Api::<IPAMPool>::all(client(api).await)
+        .replace(
+            &pool.metadata.name.clone().unwrap(),
+            &PostParams::default(),
+            &changed,
+        )
+        .await
+        .unwrap()
+}
+
+fn range_pool(name: &str, cidr: &str, space: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMPool",
+        "metadata": {"name": name},
+        "spec": {
+            "addressSpace": space,
+            "datacenters": {"dc-1": {"type": "range", "poolCidr": cidr, "allocationRange": 4}},
+        },
+    })
+}
+
+/// Every (holder, shard) of pool `pool` as the server stores them.
+fn holders(api: &ApiServer, pool: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for r in api.list("ipampoolrecords", None) {
+        let r: IPAMPoolRecord = serde_json::from_value(r).unwrap();
+        if r.spec.pool == pool {
+            for holder in r.spec.reservations.keys() {
+                out.push((holder.clone(), r.metadata.name.clone().unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+async fn setup_api() -> ApiServer {
+    let api = ApiServer::start().await.unwrap();
+    for crd in kipam::resources::crds() {
+        api.apply(&serde_json::to_value(&crd).unwrap()).unwrap();
+    }
+    api
+}
+
+/// Issue 35, item 2: a pool datacenter that never held anything is widened (a /26 becomes a
+/// /25) while a deposed leader, which still reads the /26, commits its first allocation.
+/// Divided by the pool each reads, the two replicas' first shards for one address would have
+/// two names (a /25 block and a /26 block) and both creates would pass. Both must first create
+/// the pool datacenter's one layout record: the one that loses reads it and divides as it
+/// says, so their shards meet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_widened_before_its_first_commit_is_divided_alike_by_both_replicas() {
+    let api = setup_api().await;
+    let narrow = create(&api, range_pool("w", "10.0.0.0/26", "default")).await;
+    let wide = replace(&api, &narrow, |p| {
+        p.spec.datacenters.get_mut("dc-1").unwrap().pool_cidr = "10.0.0.0/25".into();
+    })
+    .await;
+    let key: RecordKey = ("w".into(), "dc-1".into());
+    let (old, new) = (replica(&api).await, replica(&api).await);
+    load_records(&old).await;
+    load_records(&new).await;
+    let old_view = PlannedOn::pools([&narrow]);
+    let new_view = PlannedOn::pools([&wide]);
+
+    // The new leader gives y 10.0.0.8-11 through the widened pool: layout record, one shard.
+    records::commit(
+        &new,
+        &wide,
+        &key,
+        entries(&[("y", "10.0.0.8-10.0.0.11")]),
+        Default::default(),
+        &new_view,
+    )
+    .await
+    .unwrap();
+    // The deposed leader, on the /26 it still reads and records it read before, gives x the
+    // same addresses: refused, and again once it has read the layout record (its shard is
+    // now the new leader's /25 one, which it does not hold).
+    for attempt in ["without the layout record", "with it"] {
+        let stale = records::commit(
+            &old,
+            &narrow,
+            &key,
+            entries(&[("x", "10.0.0.8-10.0.0.11")]),
+            Default::default(),
+            &old_view,
+        )
+        .await;
+        assert!(
+            is_conflict(stale),
+            "the stale first commit is refused ({attempt})"
+        );
+    }
+    assert_eq!(
+        holders(&api, "w"),
+        vec![("y".to_string(), "w.dc-1.0a000000-25".to_string())],
+        "only y holds anything, in the layout record's division"
+    );
+    let layout: IPAMPoolRecord = serde_json::from_value(
+        api.get("ipampoolrecords", None, "w.dc-1.layout")
+            .expect("the layout record"),
+    )
+    .unwrap();
+    assert_eq!(layout.spec.block_length, Some(25));
+
+    // On records read afresh, the shard says its writer saw the widened pool: a replica that
+    // still reads the /26 waits for its pools to catch up; then x lands beside y, in the
+    // shard of the layout record's division.
+    load_records(&old).await;
+    let both = entries(&[("x", "10.0.0.16-10.0.0.19"), ("y", "10.0.0.8-10.0.0.11")]);
+    let stale = records::commit(
+        &old,
+        &narrow,
+        &key,
+        both.clone(),
+        Default::default(),
+        &old_view,
+    )
+    .await;
+    assert!(
+        matches!(stale, Err(CommitError::PoolsBehind { .. })),
+        "{stale:?}"
+    );
+    records::commit(
+        &old,
+        &wide,
+        &key,
+        both,
+        Default::default(),
+        &PlannedOn::pools([&wide]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        holders(&api, "w"),
+        vec![
+            ("x".to_string(), "w.dc-1.0a000000-25".to_string()),
+            ("y".to_string(), "w.dc-1.0a000000-25".to_string()),
+        ]
+    );
+}
+
+/// Issue 35, item 3: pools `a` and `b` cover one network in two address spaces, then `b` is
+/// moved into `a`'s space. The new leader, which has seen the edit, gives y 10.0.0.8-11
+/// through `b`, raising `a`'s fence. A deposed replica whose pool watch lags — it reads the
+/// records afresh but the pools from before the edit, so it plans `a` alone — would give x
+/// the same addresses through `a`: its compare-and-swap on `a`'s shard passes (it holds the
+/// shard as the fence raise left it). The shard says its writer saw newer pools, so the
+/// commit is refused until the replica's pools catch up. A replica whose pools are current
+/// but below a stamp (a pool deleted since) confirms with one list and goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_space_edit_joining_two_pools_fences_a_replica_that_has_not_seen_it() {
+    let api = setup_api().await;
+    let a = create(&api, range_pool("a", "10.0.0.0/16", "red")).await;
+    let b_apart = create(&api, range_pool("b", "10.0.0.0/16", "blue")).await;
+    let b = replace(&api, &b_apart, |p| {
+        p.spec.address_space = Some("red".into())
+    })
+    .await;
+    let key_a: RecordKey = ("a".into(), "dc-1".into());
+    let key_b: RecordKey = ("b".into(), "dc-1".into());
+    let (old, new) = (replica(&api).await, replica(&api).await);
+    load_records(&new).await;
+    let new_view = PlannedOn::pools([&a, &b]);
+    records::commit_shared(
+        &new,
+        &b,
+        &key_b,
+        entries(&[("y", "10.0.0.8-10.0.0.11")]),
+        Default::default(),
+        &[(a.clone(), key_a.clone())],
+        &new_view,
+    )
+    .await
+    .unwrap();
+
+    // The lagging replica: records current, pools from before the edit (a and b apart).
+    load_records(&old).await;
+    let old_view = PlannedOn::pools([&a, &b_apart]);
+    let stale = records::commit_shared(
+        &old,
+        &a,
+        &key_a,
+        entries(&[("x", "10.0.0.8-10.0.0.11")]),
+        Default::default(),
+        &[],
+        &old_view,
+    )
+    .await;
+    assert!(
+        matches!(stale, Err(CommitError::PoolsBehind { .. })),
+        "refused: {stale:?}"
+    );
+    assert!(stored(&api, "a").is_empty(), "a holds nothing");
+
+    // Caught up, it plans a and b together (x elsewhere) and commits.
+    let caught_up = PlannedOn::pools([&a, &b]);
+    records::commit_shared(
+        &old,
+        &a,
+        &key_a,
+        entries(&[("x", "10.0.0.16-10.0.0.19")]),
+        Default::default(),
+        &[(b.clone(), key_b.clone())],
+        &caught_up,
+    )
+    .await
+    .unwrap();
+    assert_eq!(stored(&api, "a"), entries(&[("x", "10.0.0.16-10.0.0.19")]));
+
+    // A pool created and seen by the new leader stamps a's shard with its version; deleted
+    // again, no replica's pools reach that version until the pools change. A replica whose
+    // pools are current lists them once, finds them exactly as it read them, and commits.
+    let c = create(&api, range_pool("c", "10.9.0.0/16", "red")).await;
+    load_records(&new).await;
+    records::commit(
+        &new,
+        &a,
+        &key_a,
+        entries(&[("x", "10.0.0.16-10.0.0.19"), ("z", "10.0.0.20-10.0.0.23")]),
+        Default::default(),
+        &PlannedOn::pools([&a, &b, &c]),
+    )
+    .await
+    .unwrap();
+    Api::<IPAMPool>::all(client(&api).await)
+        .delete("c", &Default::default())
+        .await
+        .unwrap();
+    load_records(&old).await;
+    records::commit(
+        &old,
+        &a,
+        &key_a,
+        entries(&[
+            ("v", "10.0.0.24-10.0.0.27"),
+            ("x", "10.0.0.16-10.0.0.19"),
+            ("z", "10.0.0.20-10.0.0.23"),
+        ]),
+        Default::default(),
+        &PlannedOn::pools([&a, &b]),
+    )
+    .await
+    .expect("a current view is confirmed by a list and commits");
+    assert!(stored(&api, "a").contains_key("v"));
+}
+
+/// Issue 35, item 4: pools `a` and `b` share dc-1's network; `b` is then edited into an
+/// invalid pool (host bits in `poolCidr`, so its network does not read). The new leader
+/// leaves `b` out of the plan and gives y 10.0.0.8-11 through `a`. A deposed replica that
+/// still reads `b` as valid gives x the same addresses through `b`, after raising `a`'s fence
+/// (b and a share a space in its view) — and before the new leader read `a`'s shard, so that
+/// the new leader's commit into `a` passes. The new leader's commit raises `b`'s fences too
+/// (over the division of `b`'s layout record), so the deposed replica's write into `b` is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_pool_is_fenced_by_a_commit_into_another_pool_of_its_datacenter() {
+    let api = setup_api().await;
+    let a = create(&api, range_pool("a", "10.0.0.0/16", "red")).await;
+    let b_valid = create(&api, range_pool("b", "10.0.0.0/16", "red")).await;
+    let key_a: RecordKey = ("a".into(), "dc-1".into());
+    let key_b: RecordKey = ("b".into(), "dc-1".into());
+    let (old, new) = (replica(&api).await, replica(&api).await);
+    // b held something before: its layout record and a shard exist.
+    records::commit(
+        &old,
+        &b_valid,
+        &key_b,
+        entries(&[("w", "10.0.0.0-10.0.0.3")]),
+        Default::default(),
+        &same_view(),
+    )
+    .await
+    .unwrap();
+    let b_broken = replace(&api, &b_valid, |p| {
+        p.spec.datacenters.get_mut("dc-1").unwrap().pool_cidr = "10.0.0.1/16".into();
+    })
+    .await;
+    assert!(kipam::validation::pool_input(&b_broken).is_err());
+    load_records(&old).await;
+
+    // The deposed replica raises a's fence first (its view: a and b share addresses).
+    let added = [kipam::address::AddrRange::parse_lenient("10.0.0.8-10.0.0.11").unwrap()];
+    let old_view = PlannedOn::pools([&a, &b_valid]);
+    records::raise_fences(&old, &a, &key_a, &added, &old_view)
+        .await
+        .unwrap();
+
+    // The new leader reads the records after that raise and commits y through a, fencing b.
+    load_records(&new).await;
+    records::commit_shared(
+        &new,
+        &a,
+        &key_a,
+        entries(&[("y", "10.0.0.8-10.0.0.11")]),
+        Default::default(),
+        &[(b_broken.clone(), key_b.clone())],
+        &PlannedOn::pools([&a, &b_broken]),
+    )
+    .await
+    .expect("an invalid pool's fence is raised over its layout record's division");
+
+    // The deposed replica's write into b, planned on its copy from before the new leader's
+    // commit, is refused.
+    let stale = records::commit(
+        &old,
+        &b_valid,
+        &key_b,
+        entries(&[("w", "10.0.0.0-10.0.0.3"), ("x", "10.0.0.8-10.0.0.11")]),
+        Default::default(),
+        &old_view,
+    )
+    .await;
+    assert!(stale.is_err(), "refused: {stale:?}");
+    assert!(!stored(&api, "b").contains_key("x"), "b never shows x");
+    assert_eq!(stored(&api, "a"), entries(&[("y", "10.0.0.8-10.0.0.11")]));
 }
 
 /// Two pools over one network in dc-1, one address space.

@@ -54,6 +54,17 @@ pub(super) async fn commit_records(
     // Pools sharing addresses: a commit handing out addresses also raises the fence of the
     // overlapping pools' shards.
     let siblings = planner::space_siblings(inputs);
+    // Invalid pools are left out of the plan, and what they hold is set aside in every pool
+    // of their datacenters whatever the address space: a commit there raises their fences
+    // too (a replica that still reads such a pool as valid may commit into it).
+    let frozen = frozen_by_datacenter(pools, inputs);
+    // What this pass planned on: the pools it read, and the records as it read them (no
+    // shard has been read again since: nothing commits between the snapshot and here).
+    let planned = {
+        let mark = ctx.records.lock().await.rereads;
+        records::PlannedOn::pools(pools.iter().map(|p| p.as_ref())).with_rereads(mark)
+    };
+    let planned = &planned;
     let mut current = HashSet::new();
     let no_decisions: Vec<&planner::Decision> = Vec::new();
     let no_objects: Vec<&Entry> = Vec::new();
@@ -78,12 +89,7 @@ pub(super) async fn commit_records(
             let check = to_write.get(&key).cloned().unwrap_or_default();
             let kind = input.datacenters.get(dc).map(|d| &d.config.kind);
             let pool = (*pool).clone();
-            let fences: Vec<(IPAMPool, RecordKey)> = siblings
-                .get(&key)
-                .into_iter()
-                .flatten()
-                .filter_map(|k| Some(((*pool_objects.get(&k.0)?).as_ref().clone(), k.clone())))
-                .collect();
+            let fences = fence_targets(&key, &siblings, &pool_objects, &frozen);
             commits.push(async move {
                 if !ctx.leader.holds() {
                     return (key, Err(None));
@@ -102,7 +108,8 @@ pub(super) async fn commit_records(
                     reservations::keep_shown(&mut desired, &holder, &shown);
                 }
                 reservations::add_quarantine(&mut desired, &key.0, &key.1, &plan.quarantined);
-                let r = records::commit_shared(ctx, &pool, &key, desired, check, &fences).await;
+                let r = records::commit_shared(ctx, &pool, &key, desired, check, &fences, planned)
+                    .await;
                 (key, r.map_err(Some))
             });
         }
@@ -173,6 +180,14 @@ pub(super) async fn commit_records(
                 outcome.again = true;
                 retry.insert(key.0.clone());
             }
+            Err(Some(e @ records::CommitError::PoolsBehind { .. })) => {
+                // Another replica saw newer pools: planned again once the pool watch has
+                // caught up (its event wakes the loop).
+                tracing::info!(record = %name, "{e}");
+                ctx.metrics.write_failed("IPAMPoolRecord", e.reason());
+                outcome.again = true;
+                retry.insert(key.0.clone());
+            }
             Err(Some(e)) => {
                 ctx.metrics.write_failed("IPAMPoolRecord", e.reason());
                 tracing::error!("{e}");
@@ -182,4 +197,94 @@ pub(super) async fn commit_records(
         }
     }
     current
+}
+
+/// The pools whose fences a commit of `key` that adds addresses raises (with their record
+/// keys): the overlapping pools of its address space, and every invalid pool of its
+/// datacenter.
+fn fence_targets(
+    key: &RecordKey,
+    siblings: &HashMap<RecordKey, Vec<RecordKey>>,
+    pools: &HashMap<String, &Arc<IPAMPool>>,
+    frozen: &HashMap<&str, Vec<&Arc<IPAMPool>>>,
+) -> Vec<(IPAMPool, RecordKey)> {
+    let mut out: Vec<(IPAMPool, RecordKey)> = siblings
+        .get(key)
+        .into_iter()
+        .flatten()
+        .filter_map(|k| Some(((*pools.get(&k.0)?).as_ref().clone(), k.clone())))
+        .collect();
+    for other in frozen.get(key.1.as_str()).into_iter().flatten() {
+        out.push((other.as_ref().clone(), (other.name_any(), key.1.clone())));
+    }
+    out
+}
+
+/// Datacenter -> the pools that list it and are left out of the plan as invalid (not being
+/// deleted, absent from `inputs`).
+fn frozen_by_datacenter<'a>(
+    pools: &'a [Arc<IPAMPool>],
+    inputs: &[PoolInput],
+) -> HashMap<&'a str, Vec<&'a Arc<IPAMPool>>> {
+    let valid: HashSet<&str> = inputs.iter().map(|p| p.name.as_str()).collect();
+    let mut out: HashMap<&str, Vec<&Arc<IPAMPool>>> = HashMap::new();
+    for pool in pools {
+        let name = pool.metadata.name.as_deref().unwrap_or_default();
+        if valid.contains(name) || pool.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        for dc in pool.spec.datacenters.keys() {
+            out.entry(dc.as_str()).or_default().push(pool);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(name: &str, cidr: &str, space: &str) -> Arc<IPAMPool> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMPool",
+                "metadata": {"name": name},
+                "spec": {
+                    "addressSpace": space,
+                    "datacenters": {"dc-1": {"type": "range", "poolCidr": cidr, "allocationRange": 4}},
+                },
+            }))
+            .unwrap(),
+        )
+    }
+
+    /// Issue 35, item 4: an invalid pool is left out of the plan, and what it holds is set
+    /// aside in every pool of its datacenter; a commit into any of them raises its fences as
+    /// well, whatever its address space — a replica that still reads it as valid may commit
+    /// into it. Before, only the overlapping valid pools of the space were fenced.
+    #[test]
+    fn a_commit_fences_the_invalid_pools_of_its_datacenter() {
+        let pools = vec![
+            pool("a", "10.0.0.0/16", "red"),
+            pool("sibling", "10.0.0.0/24", "red"),
+            pool("apart", "10.0.0.0/16", "blue"),
+            pool("broken", "10.0.0.1/16", "blue"),
+        ];
+        let inputs: Vec<PoolInput> = pools
+            .iter()
+            .filter_map(|p| crate::validation::pool_input(p).ok())
+            .collect();
+        assert_eq!(inputs.len(), 3, "the pool with host bits set is invalid");
+        let siblings = planner::space_siblings(&inputs);
+        let by_name: HashMap<String, &Arc<IPAMPool>> =
+            pools.iter().map(|p| (p.name_any(), p)).collect();
+        let frozen = frozen_by_datacenter(&pools, &inputs);
+        let key: RecordKey = ("a".into(), "dc-1".into());
+        let mut targets: Vec<String> = fence_targets(&key, &siblings, &by_name, &frozen)
+            .into_iter()
+            .map(|(p, k)| format!("{}:{}/{}", p.name_any(), k.0, k.1))
+            .collect();
+        targets.sort();
+        assert_eq!(targets, vec!["broken:broken/dc-1", "sibling:sibling/dc-1"]);
+    }
 }

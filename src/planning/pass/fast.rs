@@ -118,10 +118,11 @@ pub(super) async fn run_claims(
 
     let mut outcome = PassOutcome::default();
     let now = crate::resources::now_rfc3339();
+    let planned = state.planned_on.clone();
     let committed: Vec<(RecordKey, Option<u64>)> = futures::stream::iter(
         entries_of(&added)
             .into_iter()
-            .map(|(key, entries)| commit_one(ctx, key, entries)),
+            .map(|(key, entries)| commit_one(ctx, key, entries, &planned)),
     )
     .buffer_unordered(limit)
     .collect()
@@ -252,9 +253,10 @@ async fn commit_newcomers(
                 .is_some_and(|n| n.metadata.deletion_timestamp.is_none())
         })
         .collect();
+    let planned = state.planned_on.clone();
     let commits = entries_of(added)
         .into_iter()
-        .map(|(key, entries)| commit_one(ctx, key, entries));
+        .map(|(key, entries)| commit_one(ctx, key, entries, &planned));
     let (mut finalized, mut spaces) = (PassOutcome::default(), PassOutcome::default());
     let (finalized_versions, _, committed) = tokio::join!(
         lifecycle::add_finalizers(ctx, &[], clusters, limit, &mut finalized),
@@ -308,10 +310,14 @@ fn landed(
 
 /// Commits new entries to one pool datacenter's record; the writes sent, or `None` when it
 /// did not land (reported here).
+///
+/// `planned`: the pools the plan the newcomers are served from was made on (the last full
+/// pass's).
 async fn commit_one(
     ctx: &Arc<Context>,
     key: RecordKey,
     entries: BTreeMap<String, Option<Reservation>>,
+    planned: &records::PlannedOn,
 ) -> (RecordKey, Option<u64>) {
     let Some(pool) = ctx.pools.get(&ObjectRef::new(&key.0)) else {
         return (key, None);
@@ -319,7 +325,7 @@ async fn commit_one(
     if !ctx.leader.holds() {
         return (key, None);
     }
-    let result = records::commit_changes(ctx, &pool, &key, entries).await;
+    let result = records::commit_changes(ctx, &pool, &key, entries, planned).await;
     let name = crate::resources::record_name(&key.0, &key.1);
     let sent = match result {
         Ok(n) => {
@@ -334,6 +340,11 @@ async fn commit_one(
         }
         Err(records::CommitError::Api(e)) => {
             write_failed(ctx, "IPAMPoolRecord", &name, "patch", &e);
+            None
+        }
+        Err(e @ records::CommitError::PoolsBehind { .. }) => {
+            tracing::info!(record = %name, "{e}");
+            ctx.metrics.write_failed("IPAMPoolRecord", e.reason());
             None
         }
         Err(e) => {

@@ -318,7 +318,9 @@ async fn full(
         "pass steps (µs since start): {:?}",
         steps.0
     );
-    state.keep(planned.inputs, planned.plan);
+    let planned_on =
+        crate::planning::records::PlannedOn::pools(view.pools.iter().map(|p| p.as_ref()));
+    state.keep(planned.inputs, planned.plan, planned_on);
     Ok(settle(ctx, state, outcome).await)
 }
 

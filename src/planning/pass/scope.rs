@@ -22,6 +22,8 @@ pub struct PassState {
     full: bool,
     /// The inputs of the last plan, and the plan.
     pub(super) previous: Option<(PlanInputs, Plan)>,
+    /// The pools the last full plan was made on (short passes commit on that plan).
+    pub(super) planned_on: crate::planning::records::PlannedOn,
     /// The allocators the last plan ended with (new clusters are served from them).
     pub(super) states: planner::PoolStates,
     /// Pools whose writes did not all land (failed, held back by backoff or the record
@@ -59,6 +61,7 @@ impl PassState {
             write_concurrency: write_concurrency.max(1),
             full: true,
             previous: None,
+            planned_on: Default::default(),
             states: planner::PoolStates::default(),
             retry_pools: BTreeSet::new(),
             retry_clusters: BTreeSet::new(),
@@ -88,8 +91,14 @@ impl PassState {
     }
 
     /// Keeps the plan for the next pass.
-    pub(super) fn keep(&mut self, inputs: PlanInputs, plan: Plan) {
+    pub(super) fn keep(
+        &mut self,
+        inputs: PlanInputs,
+        plan: Plan,
+        planned_on: crate::planning::records::PlannedOn,
+    ) {
         self.previous = Some((inputs, plan));
+        self.planned_on = planned_on;
         self.full = false;
     }
 }
