@@ -7,7 +7,6 @@
 //! p99, then requests per second with 8 keep-alive connections. Server and load generator
 //! share one 2-thread runtime (the machine has 2 cores).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;

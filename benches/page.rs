@@ -8,7 +8,6 @@
 //! (the machine has 2 cores). Then, the pure `kipam::page` alone: one pool datacenter with
 //! 10,000 holders, and the offline report of the whole seed.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;

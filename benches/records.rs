@@ -11,7 +11,6 @@
 //! written), and one new entry passed as a delta (`records::commit_changes`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, PostParams};

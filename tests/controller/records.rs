@@ -6,7 +6,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
@@ -16,7 +15,7 @@ use serde_json::{Value, json};
 use kipam::planning::records::{self, CommitError, RecordKey};
 use kipam::reservations::shards;
 use kipam::resources::{IPAMPool, IPAMPoolRecord, Reservation};
-use kipam::seed::{Context, ledger};
+use kipam::seed::Context;
 
 struct Setup {
     api: ApiServer,

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use kipam::planning::records::{self, CommitError, RecordKey};
 use kipam::resources::{IPAMPool, IPAMPoolRecord, Reservation};
-use kipam::seed::{Context, ledger};
+use kipam::seed::Context;
 
 use super::support::Seed;
 
