@@ -7,12 +7,10 @@
 //! p99, then requests per second with 8 keep-alive connections. Server and load generator
 //! share one 2-thread runtime (the machine has 2 cores).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::Request;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{reflector, watcher};
 use kube_standin::{ApiServer, UserInfo};
 use serde_json::json;
@@ -21,7 +19,7 @@ use tower::ServiceExt;
 
 use kipam::api::{ApiOptions, ApiState};
 use kipam::resources::IPAMPool;
-use kipam::seed::{Context, backoff, leader, ledger, metrics};
+use kipam::seed::{Context, ledger};
 
 const POOLS: usize = 1_000;
 const LATENCY_SAMPLES: usize = 1_000;
@@ -113,27 +111,11 @@ fn main() {
             writer.apply_watcher_event(&watcher::Event::InitApply(pool(i)));
         }
         writer.apply_watcher_event(&watcher::Event::InitDone);
-        let (clusters, _c) = reflector::store();
-        let (namespaces, _n) = reflector::store();
-        let ctx = Arc::new(Context {
-            client: client.clone(),
-            writer: client.clone(),
-            pools,
-            clusters,
-            namespaces,
-            ledger: tokio::sync::Mutex::new(ledger::Ledger::default()),
-            // Filled by the test as the allocation watch would, complete from the start.
-            ledger_updates: tokio::sync::watch::Sender::new(true),
-            records: tokio::sync::Mutex::new(kipam::seed::records::Records::default()),
-            dirty: Default::default(),
-            backoff: std::sync::Mutex::new(backoff::Backoff::default()),
-            pass_lock: tokio::sync::Mutex::new(()),
-            recorder: Recorder::new(client, Reporter { controller: "kipam".into(), instance: None }),
-            metrics: metrics::Metrics::new(),
-            leader: leader::LeaderState::new(Duration::from_secs(10)),
-            demand: Default::default(),
-            capi: Default::default(),
-        });
+        let ctx = Context::builder(client)
+            .pools(pools)
+            // Filled as the allocation watch would, complete from the start.
+            .complete_ledger(ledger::Ledger::default())
+            .build();
         let options = ApiOptions {
             auth_cache_ttl: Duration::from_secs(3600),
             ..ApiOptions::default()

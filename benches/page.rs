@@ -8,12 +8,10 @@
 //! (the machine has 2 cores). Then, the pure `kipam::page` alone: one pool datacenter with
 //! 10,000 holders, and the offline report of the whole seed.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::Request;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{reflector, watcher};
 use kube_standin::{ApiServer, UserInfo};
 use serde_json::json;
@@ -22,7 +20,7 @@ use tower::ServiceExt;
 use kipam::api::{ApiOptions, ApiState};
 use kipam::page::{self, Holding, view};
 use kipam::resources::{IPAMAllocation, IPAMPool};
-use kipam::seed::{Context, backoff, leader, ledger, metrics};
+use kipam::seed::{Context, ledger};
 
 const POOLS: usize = 1_000;
 const DATACENTERS: usize = 10;
@@ -142,26 +140,10 @@ fn main() {
             }
         }
         ledger.reset(objects.clone());
-        let (clusters, _c) = reflector::store();
-        let (namespaces, _n) = reflector::store();
-        let ctx = Arc::new(Context {
-            client: client.clone(),
-            writer: client.clone(),
-            pools,
-            clusters,
-            namespaces,
-            ledger: tokio::sync::Mutex::new(ledger),
-            ledger_updates: tokio::sync::watch::Sender::new(true),
-            records: tokio::sync::Mutex::new(kipam::seed::records::Records::default()),
-            dirty: Default::default(),
-            backoff: std::sync::Mutex::new(backoff::Backoff::default()),
-            pass_lock: tokio::sync::Mutex::new(()),
-            recorder: Recorder::new(client, Reporter { controller: "kipam".into(), instance: None }),
-            metrics: metrics::Metrics::new(),
-            leader: leader::LeaderState::new(Duration::from_secs(10)),
-            demand: Default::default(),
-            capi: Default::default(),
-        });
+        let ctx = Context::builder(client)
+            .pools(pools)
+            .complete_ledger(ledger)
+            .build();
         ctx.metrics.ready.store(true, std::sync::atomic::Ordering::Relaxed);
         let options = ApiOptions {
             auth_cache_ttl: Duration::from_secs(3600),

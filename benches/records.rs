@@ -11,18 +11,16 @@
 //! written), and one new entry passed as a delta (`records::commit_changes`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, PostParams};
-use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector;
+
 use kube_standin::ApiServer;
 use serde_json::json;
 
 use kipam::planning::records;
 use kipam::resources::{IPAMPool, Reservation};
-use kipam::seed::{Context, backoff, leader, ledger, metrics};
+use kipam::seed::{Context, ledger};
 
 const ENTRIES: usize = 10_000;
 
@@ -115,27 +113,9 @@ fn main() {
             .create(&PostParams::default(), &pool)
             .await
             .expect("pool created");
-        let (pools, _p) = reflector::store();
-        let (clusters, _c) = reflector::store();
-        let (namespaces, _n) = reflector::store();
-        let ctx = Arc::new(Context {
-            client: client.clone(),
-            writer: client.clone(),
-            pools,
-            clusters,
-            namespaces,
-            ledger: tokio::sync::Mutex::new(ledger::Ledger::default()),
-            ledger_updates: tokio::sync::watch::Sender::new(true),
-        records: tokio::sync::Mutex::new(kipam::seed::records::Records::default()),
-        dirty: Default::default(),
-            backoff: std::sync::Mutex::new(backoff::Backoff::default()),
-            pass_lock: tokio::sync::Mutex::new(()),
-            recorder: Recorder::new(client, Reporter { controller: "kipam".into(), instance: None }),
-            metrics: metrics::Metrics::new(),
-            leader: leader::LeaderState::new(Duration::from_secs(10)),
-            demand: Default::default(),
-            capi: Default::default(),
-        });
+        let ctx = Context::builder(client.clone())
+            .complete_ledger(ledger::Ledger::default())
+            .build();
         let key = ("bench".to_string(), "dc-1".to_string());
         // The pools the planning pass read (this one pool), as every commit carries them.
         let planned = records::PlannedOn::pools([&pool]);

@@ -14,13 +14,11 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use kube::runtime::events::{Recorder, Reporter};
-use tokio::sync::{Mutex, Notify, watch};
+use tokio::sync::Notify;
 
 use crate::seed::leader::{Elector, LeaderState, LeaseTiming};
-use crate::seed::ledger::Ledger;
 use crate::seed::metrics::{self, Metrics};
-use crate::seed::{self, Context, Dirty, REQUEST_TIMEOUT, backoff, records, watches};
+use crate::seed::{self, Context, Dirty, REQUEST_TIMEOUT, watches};
 
 /// How `kipam controller` runs.
 #[derive(Clone, Debug)]
@@ -80,31 +78,20 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
     dirty.set_wake(wake.clone());
     let caches = watches::caches(&client, &metrics, &wake, &dirty);
     let leader = LeaderState::new(options.lease.renew_deadline);
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        writer: writer.clone(),
-        pools: caches.pools,
-        clusters: caches.clusters,
-        namespaces: caches.namespaces,
-        capi: caches.capi,
-        ledger: Mutex::new(Ledger::default()),
-        ledger_updates: watch::Sender::new(false),
-        records: Mutex::new(records::Records::default()),
-        dirty: dirty.clone(),
-        backoff: std::sync::Mutex::new(backoff::Backoff::default()),
-        pass_lock: Mutex::new(()),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "kipam".into(),
-                instance: Some(options.identity.clone()),
-            },
-        ),
-        metrics: metrics.clone(),
-        leader: leader.clone(),
-        demand: Default::default(),
-    });
-    ctx.demand.set_dirty(dirty.clone());
+    let ctx = Context::builder(client.clone())
+        .writer(writer.clone())
+        .caches(
+            caches.pools,
+            caches.clusters,
+            caches.namespaces,
+            caches.capi,
+        )
+        .record_view(caches.records)
+        .dirty(dirty.clone())
+        .metrics(metrics.clone())
+        .leader(leader.clone())
+        .instance(options.identity.clone())
+        .build();
 
     // Every replica serves the API from the caches (before the Lease is
     // contended, so a port already taken stops the replica early).

@@ -1,7 +1,7 @@
 //! kipam: multi-cluster IP address management for Kubernetes.
 //!
 //! The map is `ARCHITECTURE.md` at the repository root. The pure core takes plain data and
-//! returns plain data: [`address`], [`allocator`], [`resources`] (the CRD types),
+//! returns plain data: [`address`], [`duration`], [`allocator`], [`resources`] (the CRD types),
 //! [`validation`], [`planner`], [`reservations`], [`desired`] (objects a plan asks for),
 //! [`status`] and [`render`]. [`seed`] is the running seed's shared core (clients, caches,
 //! ledger, pool records, leader state, metrics). The adapters over them, none of which knows
@@ -17,6 +17,7 @@ pub mod applier;
 pub mod controller;
 pub mod demand;
 pub mod desired;
+pub mod duration;
 pub mod offline;
 pub mod page;
 pub mod planner;

@@ -142,7 +142,8 @@ pub const PERMISSIONS: &[Permission] = &[
         "ipampoolrecords",
         &["get", "list", "watch", "create", "patch", "delete"],
         "controller/records.rs get, create, merge patch of the changed entries, delete; \
-         rebuild (list); webhook cache (list/watch)",
+         rebuild (list); every replica's read-only view for the page and the webhook \
+         (seed/watches.rs, list/watch)",
     ),
     rule(
         IPAM,

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 /// The layers, lowest first. A module may import only modules of a lower layer: modules of
 /// one layer are siblings and know nothing of each other.
 const LAYERS: &[&[&str]] = &[
-    // Pure leaves: address arithmetic, the templating engine, RBAC rules, the TLS server.
-    &["address", "rbac", "tls"],
+    // Pure leaves: address arithmetic, durations, RBAC rules, the TLS server.
+    &["address", "duration", "rbac", "tls"],
     &["allocator", "render"],
     &["resources"],
     &["planner"],

@@ -71,20 +71,28 @@ async fn respond(
 
 /// The answer from the caches: the pool datacenters one of whose CIDRs meets the query
 /// (their CIDRs alone are parsed for the others), then the holdings of those only. The
-/// quarantine is known here only as the count of the pool status (the entries are in the
-/// leader's memory): an address held by nobody in a pool datacenter with quarantined
-/// addresses is answered `unheld`, never `free`.
+/// quarantine comes from the pool records this replica watches (former holder, and until
+/// when); before that watch has listed it is known only as the count of the pool status,
+/// and an address held by nobody in a pool datacenter with quarantined addresses is
+/// answered `unheld`, never `free`.
 pub async fn lookup(ctx: &Context, query: &Query) -> view::LookupView {
     let mut candidates = Vec::new();
     for pool in ctx.pools.state() {
-        let name = pool.metadata.name.as_deref().unwrap_or("");
-        for (dc, spec) in &pool.spec.datacenters {
-            if page::cidrs_of(spec).iter().any(|c| query.meets(c)) {
-                let mut candidate = page::pool_dc(name, dc, spec);
-                candidate.quarantined_count = page::status_quarantined(&pool, dc);
-                candidates.push(candidate);
-            }
+        let meets: Vec<&String> = pool
+            .spec
+            .datacenters
+            .iter()
+            .filter(|(_, spec)| page::cidrs_of(spec).iter().any(|c| query.meets(c)))
+            .map(|(dc, _)| dc)
+            .collect();
+        if meets.is_empty() {
+            continue;
         }
+        candidates.extend(
+            super::page_dcs(ctx, &pool)
+                .into_iter()
+                .filter(|d| meets.contains(&&d.datacenter)),
+        );
     }
     candidates.sort_by(|a, b| (&a.pool, &a.datacenter).cmp(&(&b.pool, &b.datacenter)));
     let entries = {

@@ -503,6 +503,41 @@ async fn delete_pool(
     Ok(StatusCode::OK.into_response())
 }
 
+/// The pool datacenters of `pool` as the page shows them. The quarantine is read address by
+/// address from the pool records every replica watches ([`crate::seed::watches::RecordView`]),
+/// once that watch has listed; until then it is only the count of the pool status (written
+/// by the leader), which the page shows as a count.
+pub(crate) fn page_dcs(
+    ctx: &Context,
+    pool: &crate::resources::IPAMPool,
+) -> Vec<crate::page::PoolDc> {
+    let records = ctx
+        .record_view
+        .listed()
+        .then(|| ctx.record_view.store.state());
+    page_dcs_with(pool, records.as_deref(), now_seconds())
+}
+
+/// [`page_dcs`] with the records (`None`: not listed yet) and the time given.
+pub(crate) fn page_dcs_with(
+    pool: &crate::resources::IPAMPool,
+    records: Option<&[Arc<crate::resources::IPAMPoolRecord>]>,
+    now: i64,
+) -> Vec<crate::page::PoolDc> {
+    match records {
+        Some(records) => {
+            let quarantine =
+                crate::page::quarantine::of_records(pool, records.iter().map(|r| &**r), now);
+            crate::page::view::pool_dcs_with(pool, &quarantine)
+        }
+        None => crate::page::pool_dcs(pool),
+    }
+}
+
+fn now_seconds() -> i64 {
+    k8s_openapi::jiff::Timestamp::now().as_second()
+}
+
 /// What machines' claims hold in `pool` (every datacenter), from kipam's `IPAddress`es, for
 /// the page and the lookup.
 pub(crate) fn claim_holdings(

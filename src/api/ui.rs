@@ -25,7 +25,8 @@ use axum::routing::{MethodRouter, get};
 use serde::Deserialize;
 use tokio::sync::watch;
 
-use crate::page::{self, Holding, html, view};
+use crate::page::{Holding, html, view};
+use crate::resources::IPAMPoolRecord;
 use crate::seed::Context;
 use crate::seed::ledger::Entry;
 
@@ -229,13 +230,34 @@ async fn summary(
         }
     }
     drop(attention_entries);
+    // The records once, by pool (the quarantine of the pools shown).
+    let records = state
+        .ctx
+        .record_view
+        .listed()
+        .then(|| state.ctx.record_view.store.state());
+    let mut by_pool: std::collections::HashMap<&str, Vec<Arc<IPAMPoolRecord>>> = Default::default();
+    for r in records.iter().flatten() {
+        by_pool
+            .entry(r.spec.pool.as_str())
+            .or_default()
+            .push(r.clone());
+    }
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
     let summaries = shown
         .iter()
         .zip(&entries)
         .map(|(pool, entries)| {
             let mut holdings: Vec<Holding> = entries.iter().map(|e| holding(e)).collect();
             holdings.extend(super::claim_holdings(&state.ctx, pool));
-            view::pool_summary(pool, &holdings)
+            let mine = records.as_ref().map(|_| {
+                by_pool
+                    .get(pool.metadata.name.as_deref().unwrap_or(""))
+                    .map(Vec::as_slice)
+                    .unwrap_or(&[])
+            });
+            let dcs = super::page_dcs_with(pool, mine, now);
+            view::pool_summary(pool, &dcs, &holdings)
         })
         .collect();
     let body = view::Summary {
@@ -273,11 +295,12 @@ async fn detail(
     let Query(params) =
         params.map_err(|e| ApiError::bad_request(format!("invalid query: {}", e.body_text())))?;
     let pool = super::cached_pool(&state.ctx, &name).ok_or_else(|| super::not_found(&name))?;
-    let spec = pool.spec.datacenters.get(&dc).ok_or_else(|| {
-        ApiError::not_found(format!("ipampool {name:?} has no datacenter {dc:?}"))
-    })?;
-    let mut pool_dc = page::pool_dc(&name, &dc, spec);
-    pool_dc.quarantined_count = page::status_quarantined(&pool, &dc);
+    let pool_dc = super::page_dcs(&state.ctx, &pool)
+        .into_iter()
+        .find(|d| d.datacenter == dc)
+        .ok_or_else(|| {
+            ApiError::not_found(format!("ipampool {name:?} has no datacenter {dc:?}"))
+        })?;
     let entries = state.ctx.ledger.lock().await.in_pool(&name);
     let mut holdings: Vec<Holding> = entries
         .iter()
@@ -314,8 +337,8 @@ async fn detail(
 async fn version(State(state): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
     admit_page(&state, &headers).await?;
     let ticks = state.live.tick();
-    // Any change of a pool (spec or status) moves its resourceVersion. The cache has no
-    // order: pools are combined so that order does not matter.
+    // Any change of a pool (spec or status) or of a pool record moves its resourceVersion.
+    // The caches have no order: objects are combined so that order does not matter.
     let (mut mix, mut sum, mut count) = (0u64, 0u64, 0u64);
     for pool in state.ctx.pools.state() {
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
@@ -324,6 +347,16 @@ async fn version(State(state): State<Shared>, headers: HeaderMap) -> Result<Resp
         let h = hasher.finish();
         mix ^= h;
         sum = sum.wrapping_add(h);
+        count += 1;
+    }
+    // The records too: the quarantine the page shows changes with them.
+    for record in state.ctx.record_view.store.state() {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        record.metadata.name.hash(&mut hasher);
+        record.metadata.resource_version.hash(&mut hasher);
+        let h = hasher.finish();
+        mix ^= h.rotate_left(1);
+        sum = sum.wrapping_add(h.rotate_left(1));
         count += 1;
     }
     let version = format!("{ticks}-{count}-{mix:016x}{sum:016x}");

@@ -33,13 +33,7 @@ fn quarantine_of(report: &OfflineReport, pools: &[IPAMPool]) -> Vec<Quarantine> 
                 .and_then(|dc| dc.reuse_after.as_deref())
                 .and_then(|text| parse_reuse_after(text).ok())
                 .unwrap_or(0);
-            Quarantine {
-                pool: q.pool.clone(),
-                datacenter: q.datacenter.clone(),
-                holder: q.holder.clone(),
-                until: super::quarantine::time_text(q.until(reuse_after)),
-                ranges: q.addresses.clone(),
-            }
+            crate::page::quarantine::entry(q, reuse_after)
         })
         .collect()
 }

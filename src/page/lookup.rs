@@ -87,6 +87,17 @@ pub struct Match<'a> {
 /// The answer of one pool datacenter (one of its CIDRs meets the query) with its holdings.
 pub fn answer<'a>(query: &Query, dc: &'a PoolDc, holdings: &[&'a Holding]) -> Option<Match<'a>> {
     let layout = Layout::build(dc, holdings)?;
+    answer_in(&layout, query, dc, holdings)
+}
+
+/// [`answer`] with the layout of `dc` and `holdings` already built (the offline report asks
+/// it once per piece of the pool).
+pub fn answer_in<'a>(
+    layout: &Layout,
+    query: &Query,
+    dc: &'a PoolDc,
+    holdings: &[&'a Holding],
+) -> Option<Match<'a>> {
     let q = query.range();
     if q.family() != layout.family {
         return None;

@@ -20,6 +20,7 @@
 pub mod html;
 pub mod lookup;
 pub mod map;
+pub mod quarantine;
 pub mod view;
 
 use std::collections::BTreeSet;
@@ -217,8 +218,8 @@ pub struct PoolDc {
     pub cidrs_text: Vec<String>,
     /// `reuseAfter`, as written.
     pub reuse_after: Option<String>,
-    /// The quarantined addresses, when the caller has them (the offline state file does;
-    /// the served page does not: only the leader holds them).
+    /// The quarantined addresses, when the caller has them (the offline state file, or the
+    /// pool records every replica watches: [`quarantine`]).
     pub quarantine: Vec<Quarantine>,
     /// `status.datacenters.<dc>.quarantined`, the count the leader writes: used for the
     /// figures when [`PoolDc::quarantine`] is not known.

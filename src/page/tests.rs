@@ -195,7 +195,7 @@ fn failed_and_overlapping_holders_come_first() {
     assert_eq!(d.holders[0].cluster, "f");
     assert_eq!(d.holders[0].attention.as_deref(), Some("Failed"));
     assert_eq!(d.holders[1].cluster, "a");
-    let s = pool_summary(&p, &[a.clone(), f.clone()]);
+    let s = pool_summary(&p, &pool_dcs(&p), &[a.clone(), f.clone()]);
     assert_eq!(s.datacenters[0].attention, 1);
 }
 
@@ -260,7 +260,7 @@ fn figures_add_up_over_every_cidr_and_each_cidr_has_its_own() {
     assert_eq!(u.free.to_string(), "510");
     // The largest free run never crosses from one CIDR to the next.
     assert_eq!(u.largest_free_block.to_string(), "256");
-    let s = pool_summary(&p, &[a.clone(), b.clone()]);
+    let s = pool_summary(&p, &pool_dcs(&p), &[a.clone(), b.clone()]);
     assert_eq!(s.datacenters[0].cidr, "10.0.0.0/24 +2");
     assert_eq!(
         s.datacenters[0].cidrs,
@@ -408,4 +408,75 @@ fn a_quarantine_known_only_as_a_count_is_never_called_free() {
         v.message
     );
     assert!(!v.message.contains("free"), "{}", v.message);
+}
+
+fn record(pool: &str, name: &str, entries: serde_json::Value) -> crate::resources::IPAMPoolRecord {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMPoolRecord",
+        "metadata": {"name": name},
+        "spec": {"pool": pool, "datacenter": "dc1", "reservations": entries},
+    }))
+    .expect("record")
+}
+
+/// The quarantine as every replica reads it from the pool records: an entry's parts in two
+/// shards joined, with its former holder and its end (release + `reuseAfter`); a cluster's
+/// own entry, another pool's entry and an entry past its end are not quarantine.
+#[test]
+fn quarantine_is_read_from_the_records_with_holder_and_end() {
+    let p = pool(
+        "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata: {name: lb}\nspec:\n  datacenters:\n    dc1: {type: range, poolCidr: 10.0.0.0/24, allocationRange: 8, reuseAfter: 1h}\n",
+    );
+    let released = 1_764_093_600; // 2025-11-25T18:00:00Z
+    let records = [
+        record(
+            "lb",
+            "lb.dc1.a",
+            serde_json::json!({
+                "quarantined/web@2025-11-25T18:00:00Z": {"addresses": ["10.0.0.16-10.0.0.19"]},
+                "quarantined/old@2025-11-25T10:00:00Z": {"addresses": ["10.0.0.40"]},
+                "api": {"addresses": ["10.0.0.0-10.0.0.7"]},
+            }),
+        ),
+        record(
+            "lb",
+            "lb.dc1.b",
+            serde_json::json!({
+                "quarantined/web@2025-11-25T18:00:00Z": {"addresses": ["10.0.0.200-10.0.0.203"]},
+            }),
+        ),
+        record(
+            "other",
+            "other.dc1",
+            serde_json::json!({
+                "quarantined/web@2025-11-25T18:00:00Z": {"addresses": ["10.0.0.32"]},
+            }),
+        ),
+    ];
+    let q = quarantine::of_records(&p, &records, released + 60);
+    assert_eq!(q.len(), 1, "{q:?}");
+    assert_eq!(q[0].holder, "web");
+    assert_eq!(q[0].until, "2025-11-25T19:00:00Z");
+    assert_eq!(
+        q[0].ranges
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["10.0.0.16-10.0.0.19", "10.0.0.200-10.0.0.203"]
+    );
+    // On the page: quarantined in the map's figures and in the lookup, with its holder.
+    let dcs = view::pool_dcs_with(&p, &q);
+    let api = holding("api", "lb", &["10.0.0.0-10.0.0.7"]);
+    let (d, _) = detail(&dcs[0], &[&api], None, Vec::new()).unwrap();
+    assert_eq!(d.usage.quarantined, "8");
+    assert!(d.quarantine_note.is_none());
+    let query = Query::parse("10.0.0.17").unwrap();
+    let m = answer(&query, &dcs[0], &[&api]).unwrap();
+    let v = lookup_view(&query, &[m]);
+    assert_eq!(
+        v.message,
+        "10.0.0.17 is quarantined for web until 2025-11-25T19:00:00Z (pool lb in dc1)"
+    );
+    // Past its end nothing is quarantined any more.
+    assert!(quarantine::of_records(&p, &records, released + 3_600).is_empty());
 }

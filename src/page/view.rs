@@ -11,7 +11,7 @@ use crate::resources::IPAMPool;
 
 use super::lookup::{Match, Query};
 use super::map::{AddressMap, SliceError, address_map};
-use super::{Holding, Layout, Owner, PoolDc, Quarantine, Usage, pool_dcs};
+use super::{Holding, Layout, PoolDc, Quarantine, Usage, pool_dcs};
 
 /// A pool datacenter's figures.
 #[derive(Clone, Debug, Serialize, JsonSchema)]
@@ -208,13 +208,14 @@ fn attention_count(layout: Option<&Layout>, holdings: &[&Holding]) -> usize {
         .count()
 }
 
-/// A pool with its usage per datacenter; `holdings` are the pool's (any datacenter).
-pub fn pool_summary(pool: &IPAMPool, holdings: &[Holding]) -> PoolSummary {
-    summary_of(pool, &pool_dcs(pool), holdings)
+/// A pool with its usage per datacenter (`dcs`, from [`pool_dcs`] or [`pool_dcs_with`]);
+/// `holdings` are the pool's (any datacenter).
+pub fn pool_summary(pool: &IPAMPool, dcs: &[PoolDc], holdings: &[Holding]) -> PoolSummary {
+    summary_of(pool, dcs, holdings)
 }
 
-/// The pool datacenters of `pool` with the quarantine known address by address (the
-/// offline state file): `quarantine` (any pool) replaces the status count.
+/// The pool datacenters of `pool` with the quarantine known address by address (the pool
+/// records, or the offline state file): `quarantine` (any pool) replaces the status count.
 pub fn pool_dcs_with(pool: &IPAMPool, quarantine: &[Quarantine]) -> Vec<PoolDc> {
     let mut dcs = pool_dcs(pool);
     for dc in &mut dcs {
@@ -386,7 +387,7 @@ pub struct Detail {
     /// Totals over every CIDR.
     pub usage: UsageView,
     /// Set when addresses are quarantined here but the map cannot show which (the served
-    /// page: only the leader holds the quarantine entries); says so in words.
+    /// page before its watch of the pool records has listed); says so in words.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quarantine_note: Option<String>,
     pub exclusions: Vec<String>,
@@ -472,8 +473,8 @@ pub fn detail(
         quarantine_note: layout.quarantined_count.map(|n| {
             format!(
                 "{n} released addresses are quarantined here for their former holders; the map \
-                 and the search cannot tell which (only the leading replica holds the list), so \
-                 the map draws them as free"
+                 and the search cannot tell which yet (this replica is still loading the pool \
+                 records), so the map draws them as free"
             )
         }),
         exclusions: dc
@@ -551,36 +552,36 @@ pub struct LookupView {
     pub message: String,
 }
 
+/// The view of one match.
+pub fn match_view(m: &Match<'_>) -> MatchView {
+    let family = m.dc.cidr.map(|c| c.family()).unwrap_or(Family::V4);
+    let show = |v| family.display(v).to_string();
+    MatchView {
+        pool: m.dc.pool.clone(),
+        datacenter: m.dc.datacenter.clone(),
+        pool_cidr: m.dc.cidr_text.clone(),
+        type_: m.dc.type_.to_string(),
+        range: format!("{}-{}", show(m.first), show(m.last)),
+        cidrs: m.cidrs.clone(),
+        state: m.state.to_string(),
+        allocated: m.allocated.to_string(),
+        excluded: m.excluded.to_string(),
+        quarantined: m.quarantined.to_string(),
+        free: m.free.to_string(),
+        holders: m.holders.iter().map(|h| HolderView::of(h, false)).collect(),
+        more: m.more,
+        quarantine: m
+            .quarantine
+            .iter()
+            .map(|q| HolderView::quarantined(q, m.dc))
+            .collect(),
+    }
+}
+
 /// The view of a lookup's matches.
 pub fn lookup_view(query: &Query, matches: &[Match<'_>]) -> LookupView {
     let text = query.text();
-    let views: Vec<MatchView> = matches
-        .iter()
-        .map(|m| {
-            let family = m.dc.cidr.map(|c| c.family()).unwrap_or(Family::V4);
-            let show = |v| family.display(v).to_string();
-            MatchView {
-                pool: m.dc.pool.clone(),
-                datacenter: m.dc.datacenter.clone(),
-                pool_cidr: m.dc.cidr_text.clone(),
-                type_: m.dc.type_.to_string(),
-                range: format!("{}-{}", show(m.first), show(m.last)),
-                cidrs: m.cidrs.clone(),
-                state: m.state.to_string(),
-                allocated: m.allocated.to_string(),
-                excluded: m.excluded.to_string(),
-                quarantined: m.quarantined.to_string(),
-                free: m.free.to_string(),
-                holders: m.holders.iter().map(|h| HolderView::of(h, false)).collect(),
-                more: m.more,
-                quarantine: m
-                    .quarantine
-                    .iter()
-                    .map(|q| HolderView::quarantined(q, m.dc))
-                    .collect(),
-            }
-        })
-        .collect();
+    let views: Vec<MatchView> = matches.iter().map(match_view).collect();
     let message = match views.as_slice() {
         [] => format!("no pool covers {text}"),
         [m] => describe(&text, m),
@@ -595,6 +596,12 @@ pub fn lookup_view(query: &Query, matches: &[Match<'_>]) -> LookupView {
         matches: views,
         message,
     }
+}
+
+/// What [`LookupView::message`] says of one match, after the query text (` is held by web
+/// (pool lb in dc-1)`): the offline report puts the asked address in front of it.
+pub fn describe_match(m: &MatchView) -> String {
+    describe("", m)
 }
 
 fn describe(text: &str, m: &MatchView) -> String {
@@ -628,15 +635,137 @@ fn describe(text: &str, m: &MatchView) -> String {
     }
 }
 
-/// A pool datacenter in the offline report: its detail, and its segments for zooming and
-/// searching in the file (`[first, last, cluster, state]`: the state `allocated`,
-/// `excluded` (no cluster) or `quarantined` (the cluster is the former holder, and a fifth
-/// element says until when)).
+/// A pool datacenter in the offline report, as the Rust side computed it: the script of the
+/// report only draws it, so the served page and the report cannot disagree.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReportDc {
+    /// What the served page fetches for the pool datacenter (`poolCidr`'s map included).
     pub detail: Detail,
-    pub segments: Vec<Vec<String>>,
+    /// More maps, by their slice (`first-last`, as the map writes them): every other CIDR's,
+    /// and the zoom into cells that hold more than one thing, breadth first, at most
+    /// [`REPORT_ZOOMS`] of them. A cell whose map is not here does not zoom in the report.
+    pub maps: BTreeMap<String, MapView>,
+    /// The lookup of any single address, precomputed: the pool datacenter cut into pieces
+    /// (every CIDR, in address order) each of whose addresses gets the same answer.
+    pub pieces: Vec<PieceView>,
+}
+
+/// Whether every address of `first..=last` is in one and the same segment, or free.
+fn uniform(layout: &Layout, first: u128, last: u128) -> bool {
+    match layout.segments_in(first, last) {
+        [] => true,
+        [s] => s.first <= first && s.last >= last,
+        _ => false,
+    }
+}
+
+/// Zoomed maps the report holds per pool datacenter at most (each is 256 cells).
+pub const REPORT_ZOOMS: usize = 16;
+
+/// A run of a pool datacenter's addresses that a lookup answers alike.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PieceView {
+    pub first: String,
+    pub last: String,
+    /// The answer for an address in it; its `message` is what follows the address (` is held
+    /// by web (pool lb in dc-1)`).
+    #[serde(flatten)]
+    pub answer: MatchView,
+    pub message: String,
+}
+
+/// The maps and the lookup pieces of one pool datacenter for the report.
+fn report_dc(dc: &PoolDc, holdings: &[&Holding], detail: Detail, layout: &Layout) -> ReportDc {
+    let show = |v| layout.family.display(v).to_string();
+    let key = |first: u128, last: u128| format!("{}-{}", show(first), show(last));
+    let mut maps = BTreeMap::new();
+    let mut queue: std::collections::VecDeque<(u128, u128)> = Default::default();
+    let mut zooms = 0;
+    for (i, &(a, b)) in layout.cidrs.iter().enumerate() {
+        if i > 0
+            && let Ok(m) = address_map(layout, a, b)
+        {
+            maps.insert(key(a, b), MapView::of(&m, holdings));
+        }
+        queue.push_back((a, b));
+    }
+    // Breadth first: a cell of a map drawn that holds more than one thing gets its own map.
+    while let Some((a, b)) = queue.pop_front() {
+        let Ok(m) = address_map(layout, a, b) else {
+            continue;
+        };
+        for c in &m.cells {
+            if zooms >= REPORT_ZOOMS {
+                break;
+            }
+            if c.first == c.last || uniform(layout, c.first, c.last) {
+                continue;
+            }
+            let Ok(z) = address_map(layout, c.first, c.last) else {
+                continue;
+            };
+            maps.insert(key(c.first, c.last), MapView::of(&z, holdings));
+            queue.push_back((c.first, c.last));
+            zooms += 1;
+        }
+    }
+    let mut pieces = Vec::new();
+    for &(a, b) in &layout.cidrs {
+        // Where what covers an address may change: the ends of every segment, holding,
+        // quarantine entry and exclusion inside the CIDR (so overlapping holders are exact).
+        let mut starts: Vec<u128> = vec![a];
+        let mut mark = |first: u128, last: u128| {
+            if first > a && first <= b {
+                starts.push(first);
+            }
+            if let Some(next) = last.checked_add(1)
+                && next > a
+                && next <= b
+            {
+                starts.push(next);
+            }
+        };
+        for s in layout.segments_in(a, b) {
+            mark(s.first, s.last);
+        }
+        let ranges = holdings
+            .iter()
+            .flat_map(|h| h.ranges.iter())
+            .chain(dc.quarantine.iter().flat_map(|q| q.ranges.iter()))
+            .chain(dc.exclusions.iter());
+        for r in ranges.filter(|r| r.family() == layout.family) {
+            mark(r.first(), r.last());
+        }
+        starts.sort_unstable();
+        starts.dedup();
+        let runs: Vec<(u128, u128)> = starts
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| (x, starts.get(i + 1).map_or(b, |next| next - 1)))
+            .collect();
+        for (x, y) in runs {
+            let Some(r) = crate::address::AddrRange::new(layout.family, x, x) else {
+                continue;
+            };
+            let Some(m) = super::lookup::answer_in(layout, &Query::Address(r), dc, holdings) else {
+                continue;
+            };
+            let answer = match_view(&m);
+            pieces.push(PieceView {
+                first: show(x),
+                last: show(y),
+                message: describe_match(&answer),
+                answer,
+            });
+        }
+    }
+    ReportDc {
+        detail,
+        maps,
+        pieces,
+    }
 }
 
 /// Everything the offline report shows, for every pool.
@@ -685,12 +814,9 @@ pub fn report(
         for dc in dcs {
             dc_count += 1;
             let here = of_dc(mine, &dc.datacenter);
-            let Ok((mut detail, layout)) = detail(&dc, &here, None, conditions.clone()) else {
+            let Ok((detail, layout)) = detail(&dc, &here, None, conditions.clone()) else {
                 continue;
             };
-            // The page draws the map from the segments: 256 cells per datacenter would make
-            // the file grow with the number of datacenters rather than with what they hold.
-            detail.map.cells = Vec::new();
             attention.extend(
                 detail
                     .holders
@@ -698,34 +824,9 @@ pub fn report(
                     .filter(|h| h.attention.is_some())
                     .cloned(),
             );
-            let show = |v| layout.family.display(v).to_string();
-            let segments = layout
-                .segments
-                .iter()
-                .map(|s| {
-                    let (first, last) = (show(s.first), show(s.last));
-                    match s.owner {
-                        Owner::Held(i) => vec![
-                            first,
-                            last,
-                            here.get(i).map(|h| h.cluster.clone()).unwrap_or_default(),
-                            "allocated".into(),
-                        ],
-                        Owner::Excluded => vec![first, last, String::new(), "excluded".into()],
-                        Owner::Quarantined(q) => {
-                            let (who, until) = dc
-                                .quarantine
-                                .get(q)
-                                .map(|e| (e.holder.clone(), e.until.clone()))
-                                .unwrap_or_default();
-                            vec![first, last, who, "quarantined".into(), until]
-                        }
-                    }
-                })
-                .collect();
             datacenters.insert(
                 format!("{}/{}", dc.pool, dc.datacenter),
-                ReportDc { detail, segments },
+                report_dc(&dc, &here, detail, &layout),
             );
         }
     }

@@ -29,10 +29,6 @@ use crate::resources::PieceKind;
 /// How a decision's message says a growth was for demand.
 pub const GREW_FOR_DEMAND: &str = "for LoadBalancer Services waiting";
 
-/// Shortest `shrinkAfter` accepted: one minute.
-pub const MIN_SHRINK_AFTER: u64 = 60;
-/// Longest `shrinkAfter` accepted: thirty days.
-pub const MAX_SHRINK_AFTER: u64 = 30 * 24 * 3600;
 /// `shrinkAfter` when none is given: ten minutes.
 pub const DEFAULT_SHRINK_AFTER: u64 = 600;
 
@@ -66,51 +62,6 @@ impl GrowthPolicy {
         let max = ov.and_then(|o| o.max).unwrap_or(self.max).max(initial);
         Some(GrowthPolicy { max, ..*self })
     }
-}
-
-/// Parses a duration as `spec.datacenters.<dc>.growth.shrinkAfter` takes it: whole numbers
-/// with the units `d`, `h`, `m`, `s`, largest first, each at most once (`90s`, `1h30m`,
-/// `2d`). Gives seconds.
-pub fn parse_duration(text: &str) -> Result<u64, String> {
-    if text.is_empty() {
-        return Err("is empty; write a duration such as 10m, 1h30m or 2d".into());
-    }
-    let mut total: u64 = 0;
-    let mut number = String::new();
-    let mut last_unit: Option<usize> = None;
-    const UNITS: [(char, u64); 4] = [('d', 86_400), ('h', 3_600), ('m', 60), ('s', 1)];
-    for ch in text.chars() {
-        if ch.is_ascii_digit() {
-            number.push(ch);
-            continue;
-        }
-        let Some(rank) = UNITS.iter().position(|(u, _)| *u == ch) else {
-            return Err(format!(
-                "has `{ch}`, which is not a unit; use d, h, m and s (10m, 1h30m, 2d)"
-            ));
-        };
-        if number.is_empty() {
-            return Err(format!("has a unit `{ch}` without a number before it"));
-        }
-        if last_unit.is_some_and(|l| l >= rank) {
-            return Err("must give each unit once, largest first (1h30m, not 30m1h)".into());
-        }
-        let value: u64 = number
-            .parse()
-            .map_err(|_| "has a number too large".to_string())?;
-        total = value
-            .checked_mul(UNITS[rank].1)
-            .and_then(|v| total.checked_add(v))
-            .ok_or_else(|| "is too long".to_string())?;
-        number.clear();
-        last_unit = Some(rank);
-    }
-    if !number.is_empty() {
-        return Err(format!(
-            "ends with `{number}` without a unit; write {number}s, {number}m, ..."
-        ));
-    }
-    Ok(total)
 }
 
 /// One piece a cluster holds, with what growth knows of it.
@@ -669,28 +620,6 @@ fn list(pieces: &[AddrRange]) -> String {
 mod tests {
     use super::*;
     use crate::address::Family;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("90s"), Ok(90));
-        assert_eq!(parse_duration("10m"), Ok(600));
-        assert_eq!(parse_duration("1h30m"), Ok(5400));
-        assert_eq!(parse_duration("2d"), Ok(172_800));
-        assert!(parse_duration("").is_err());
-        assert!(parse_duration("10").unwrap_err().contains("without a unit"));
-        assert!(
-            parse_duration("30m1h")
-                .unwrap_err()
-                .contains("largest first")
-        );
-        assert!(parse_duration("5w").unwrap_err().contains("not a unit"));
-        assert!(
-            parse_duration("m")
-                .unwrap_err()
-                .contains("without a number")
-        );
-        assert!(parse_duration("99999999999999999999d").is_err());
-    }
 
     fn r(first: u128, last: u128) -> AddrRange {
         AddrRange::new(Family::V4, first, last).unwrap()

@@ -60,6 +60,16 @@ pub const MAX_TIMESTAMP: u32 = 64;
 pub const MAX_DURATION: u32 = 32;
 /// The longest `reuseAfter`: 90 days.
 pub const MAX_REUSE_AFTER_SECONDS: u64 = 90 * 24 * 3600;
+/// `reuseAfter`, read by [`crate::duration::parse`]: from 0 to 90 days.
+pub const REUSE_AFTER: crate::duration::Bounds = crate::duration::Bounds {
+    min: 0,
+    max: MAX_REUSE_AFTER_SECONDS,
+};
+/// `growth.shrinkAfter`, read by [`crate::duration::parse`]: from 1 minute to 30 days.
+pub const SHRINK_AFTER: crate::duration::Bounds = crate::duration::Bounds {
+    min: 60,
+    max: 30 * 24 * 3600,
+};
 /// An exact address count as a decimal string: 2^128 has 39 digits.
 pub const MAX_COUNT_DIGITS: u32 = 39;
 

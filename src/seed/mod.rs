@@ -1,7 +1,7 @@
 //! The shared core of the running seed: what every adapter of `kipam controller` reads.
 //!
-//! [`Context`] holds the two clients, the watch caches ([`watches`]), the allocation
-//! [`ledger`], the leader's copy of the pool [`records`], the [`leader`] state, per-object
+//! [`Context`] holds the two clients, the watch caches ([`watches`], the pool records' read-only
+//! view among them), the allocation [`ledger`], the leader's copy of the pool [`records`], the [`leader`] state, per-object
 //! [`backoff`] and the [`metrics`] registry. The adapters — the planning loop
 //! (`crate::planning`), the addon applier, the REST API, the admission webhook — each read
 //! it; it knows none of them. `crate::controller` builds it and starts them.
@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
-use kube::runtime::events::Recorder;
-use kube::runtime::reflector::Store;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
 use kube::{Client, Config};
 use tokio::sync::{Mutex, Notify, watch};
 
@@ -99,6 +99,9 @@ pub struct Context {
     /// Cluster API's `IPAddressClaim`s, `IPAddress`es and `Cluster`s (empty while Cluster
     /// API is not installed).
     pub capi: watches::CapiCaches,
+    /// The pool records as the record watch shows them, on every replica (read-only; the
+    /// leader's own copy is [`Context::records`]).
+    pub record_view: watches::RecordView,
     pub ledger: Mutex<Ledger>,
     /// Ticks, for every subscriber, once each allocation watch event is in the ledger and
     /// after each rebuild: how the ledger's readers (the addon applier, the webhook) learn of
@@ -118,6 +121,146 @@ pub struct Context {
     pub leader: Arc<LeaderState>,
     /// What the demand reader saw in the user clusters (demand-driven growth).
     pub demand: Arc<demand::DemandCache>,
+}
+
+impl Context {
+    /// Starts a context over `client` (used for watches and, unless
+    /// [`ContextBuilder::writer`] says otherwise, for requests too). Everything else starts
+    /// empty: caches nothing fills, an empty ledger not yet complete, no records, a fresh
+    /// registry, a leader state that does not hold the Lease. This is the one way to build a
+    /// `Context`: the controller, the tests and the benches all use it, so a new field is
+    /// added here once.
+    pub fn builder(client: Client) -> ContextBuilder {
+        ContextBuilder {
+            writer: client.clone(),
+            client,
+            pools: None,
+            clusters: None,
+            namespaces: None,
+            capi: None,
+            record_view: None,
+            ledger: None,
+            dirty: None,
+            metrics: None,
+            leader: None,
+            instance: None,
+        }
+    }
+}
+
+/// Builds a [`Context`] ([`Context::builder`]).
+#[must_use]
+pub struct ContextBuilder {
+    client: Client,
+    writer: Client,
+    pools: Option<Store<IPAMPool>>,
+    clusters: Option<Store<Cluster>>,
+    namespaces: Option<Store<Namespace>>,
+    capi: Option<watches::CapiCaches>,
+    record_view: Option<watches::RecordView>,
+    ledger: Option<Ledger>,
+    dirty: Option<Arc<Dirty>>,
+    metrics: Option<Arc<Metrics>>,
+    leader: Option<Arc<LeaderState>>,
+    instance: Option<String>,
+}
+
+impl ContextBuilder {
+    /// The request client (timeouts, no retries); the watch client by default.
+    pub fn writer(mut self, writer: Client) -> Self {
+        self.writer = writer;
+        self
+    }
+
+    /// The caches the watches fill ([`watches::caches`]).
+    pub fn caches(
+        mut self,
+        pools: Store<IPAMPool>,
+        clusters: Store<Cluster>,
+        namespaces: Store<Namespace>,
+        capi: watches::CapiCaches,
+    ) -> Self {
+        self.pools = Some(pools);
+        self.clusters = Some(clusters);
+        self.namespaces = Some(namespaces);
+        self.capi = Some(capi);
+        self
+    }
+
+    /// The pool records' view ([`watches::caches`], or one a test fills).
+    pub fn record_view(mut self, view: watches::RecordView) -> Self {
+        self.record_view = Some(view);
+        self
+    }
+
+    /// Only the pool cache (the other caches stay empty).
+    pub fn pools(mut self, pools: Store<IPAMPool>) -> Self {
+        self.pools = Some(pools);
+        self
+    }
+
+    /// A ledger that already holds a complete list (tests and benches that fill it
+    /// themselves, as the allocation watch would). Without it the ledger starts empty and
+    /// incomplete, until the allocation watch lists.
+    pub fn complete_ledger(mut self, ledger: Ledger) -> Self {
+        self.ledger = Some(ledger);
+        self
+    }
+
+    pub fn dirty(mut self, dirty: Arc<Dirty>) -> Self {
+        self.dirty = Some(dirty);
+        self
+    }
+
+    pub fn metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    pub fn leader(mut self, leader: Arc<LeaderState>) -> Self {
+        self.leader = Some(leader);
+        self
+    }
+
+    /// This replica's name in the events it records.
+    pub fn instance(mut self, identity: String) -> Self {
+        self.instance = Some(identity);
+        self
+    }
+
+    pub fn build(self) -> Arc<Context> {
+        let complete = self.ledger.is_some();
+        let dirty = self.dirty.unwrap_or_default();
+        let ctx = Arc::new(Context {
+            recorder: Recorder::new(
+                self.client.clone(),
+                Reporter {
+                    controller: "kipam".into(),
+                    instance: self.instance,
+                },
+            ),
+            client: self.client,
+            writer: self.writer,
+            pools: self.pools.unwrap_or_else(|| reflector::store().0),
+            clusters: self.clusters.unwrap_or_else(|| reflector::store().0),
+            namespaces: self.namespaces.unwrap_or_else(|| reflector::store().0),
+            capi: self.capi.unwrap_or_default(),
+            record_view: self.record_view.unwrap_or_default(),
+            ledger: Mutex::new(self.ledger.unwrap_or_default()),
+            ledger_updates: watch::Sender::new(complete),
+            records: Mutex::new(records::Records::default()),
+            dirty: dirty.clone(),
+            backoff: std::sync::Mutex::new(backoff::Backoff::default()),
+            pass_lock: Mutex::new(()),
+            metrics: self.metrics.unwrap_or_else(Metrics::new),
+            leader: self
+                .leader
+                .unwrap_or_else(|| LeaderState::new(Duration::from_secs(10))),
+            demand: Default::default(),
+        });
+        ctx.demand.set_dirty(dirty);
+        ctx
+    }
 }
 
 /// The watch client and the request client.

@@ -22,7 +22,8 @@ use super::metrics::Metrics;
 use super::{Context, Dirty, preconditions};
 use crate::resources::capi::{CLAIM_FINALIZER, CapiCluster, IPAddress, IPAddressClaim};
 use crate::resources::{
-    CLUSTER_FINALIZER, Cluster, IPAMAllocation, IPAMPool, LABEL_CLUSTER, POOL_FINALIZER,
+    CLUSTER_FINALIZER, Cluster, IPAMAllocation, IPAMPool, IPAMPoolRecord, LABEL_CLUSTER,
+    POOL_FINALIZER,
 };
 
 /// Retry delays of kipam's watches: those of the controller's writes (200 ms, doubling,
@@ -302,13 +303,14 @@ pub struct Caches {
     pub clusters: Store<Cluster>,
     pub namespaces: Store<Namespace>,
     pub capi: CapiCaches,
+    pub records: RecordView,
     pub events: BoxStream<'static, ()>,
 }
 
 /// Starts the watches of pools, clusters and kipam's namespaces (lazily: nothing is sent
 /// until [`Caches::events`] is driven).
-// RBAC: src/rbac.rs (list/watch of pools, clusters, namespaces, and Cluster API's claims,
-// addresses and clusters).
+// RBAC: src/rbac.rs (list/watch of pools, clusters, namespaces, pool records, and Cluster
+// API's claims, addresses and clusters).
 pub fn caches(
     client: &Client,
     metrics: &Arc<Metrics>,
@@ -397,10 +399,12 @@ pub fn caches(
         None,
         Some(clusters_listed.clone()),
     );
+    let (records, record_events) = record_view(client, metrics);
     Caches {
         pools,
         clusters,
         namespaces,
+        records,
         capi: CapiCaches {
             claims,
             addresses,
@@ -416,9 +420,71 @@ pub fn caches(
             claim_events.boxed(),
             address_events.boxed(),
             capi_cluster_events.boxed(),
+            record_events.boxed(),
         ])
         .boxed(),
     }
+}
+
+/// The pool records as this replica sees them, read-only: what the page reads of the
+/// quarantine, and what the webhook checks claims' addresses against, on every replica. The
+/// leader's own copy, the fence's state, is [`super::records`]: it changes only with what
+/// the API server answered to its writes, never from this watch.
+#[derive(Clone)]
+pub struct RecordView {
+    pub store: Store<IPAMPoolRecord>,
+    listed: Arc<AtomicBool>,
+}
+
+impl Default for RecordView {
+    /// An empty view nothing fills (tests and benches that do not watch records).
+    fn default() -> Self {
+        RecordView {
+            store: reflector::store().0,
+            listed: Default::default(),
+        }
+    }
+}
+
+impl RecordView {
+    /// A view of `store`, complete once `listed` (tests fill it as the watch would).
+    pub fn new(store: Store<IPAMPoolRecord>, listed: bool) -> RecordView {
+        RecordView {
+            store,
+            listed: Arc::new(AtomicBool::new(listed)),
+        }
+    }
+
+    /// The watch has listed once: from then on the view is complete (a missing entry is
+    /// not there).
+    pub fn listed(&self) -> bool {
+        self.listed.load(Ordering::Acquire)
+    }
+}
+
+/// The watch of pool records: it wakes nobody (kipam alone writes them, and the planner
+/// reads the leader's copy); a failure makes the replica unready like any watch's.
+fn record_view(
+    client: &Client,
+    metrics: &Arc<Metrics>,
+) -> (RecordView, impl Stream<Item = ()> + use<>) {
+    let (store, events) = reflected(
+        Api::<IPAMPoolRecord>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let view = RecordView::new(store, false);
+    let listed = view.listed.clone();
+    let reporter = WatchReporter::new("ipampoolrecords.ipam.kipam.dev", metrics.clone());
+    let stream = events.map(move |ev| match &ev {
+        Err(e) => reporter.failed(e),
+        Ok(Event::Init) => {}
+        Ok(Event::InitDone) => {
+            listed.store(true, Ordering::Release);
+            reporter.ok()
+        }
+        Ok(_) => reporter.ok(),
+    });
+    (view, stream)
 }
 
 /// Cluster API's claims, their addresses and its clusters (for pauses), all empty while

@@ -13,10 +13,7 @@
 use std::collections::BTreeMap;
 
 use crate::address::{AddressCount, Cidr};
-use crate::planner::growth::{
-    DEFAULT_SHRINK_AFTER, GrowthOverride, GrowthPolicy, MAX_SHRINK_AFTER, MIN_SHRINK_AFTER,
-    parse_duration,
-};
+use crate::planner::growth::{DEFAULT_SHRINK_AFTER, GrowthOverride, GrowthPolicy};
 use crate::resources::{AllocationType, Cluster, ClusterPoolOverride, IPAMPoolDatacenter};
 
 use super::FieldError;
@@ -96,15 +93,7 @@ pub fn datacenter_growth(
     }
     let shrink_after = match &growth.shrink_after {
         None => Some(DEFAULT_SHRINK_AFTER),
-        Some(text) => match parse_duration(text) {
-            Ok(s) if !(MIN_SHRINK_AFTER..=MAX_SHRINK_AFTER).contains(&s) => {
-                add(
-                    ".shrinkAfter",
-                    text.clone(),
-                    "must be between 1m and 30d".into(),
-                );
-                None
-            }
+        Some(text) => match crate::duration::parse(text, crate::resources::bounds::SHRINK_AFTER) {
             Ok(s) => Some(s),
             Err(why) => {
                 add(".shrinkAfter", text.clone(), why);
@@ -237,7 +226,7 @@ mod tests {
         )));
         assert!(f.contains(&(
             "spec.datacenters[dc].growth.shrinkAfter".into(),
-            "must be between 1m and 30d".into()
+            "is too small: it must be between 1m and 30d".into()
         )));
         let f = fields(datacenter_growth(
             "dc",

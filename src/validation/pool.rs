@@ -318,32 +318,10 @@ pub fn machine_reserved(
     out
 }
 
-/// `reuseAfter` in whole seconds: a duration such as `90s`, `10m`, `1h30m`, `7d` (or ISO
-/// 8601, `PT10M`), from 0 to 90 days.
+/// `reuseAfter` in whole seconds, from 0 to 90 days ([`crate::duration::parse`]: `90s`,
+/// `10m`, `1h30m`, `7d`, or any span jiff reads such as `1w` or ISO 8601 `PT10M`).
 pub fn parse_reuse_after(text: &str) -> Result<u64, String> {
-    use crate::resources::bounds::MAX_REUSE_AFTER_SECONDS;
-    let trimmed = text.trim();
-    if trimmed == "0" {
-        return Ok(0);
-    }
-    use k8s_openapi::jiff::{Span, SpanTotal, Unit};
-    let not_a_duration =
-        || "is not a duration: write it as 30s, 10m, 1h30m or 7d (at most 90d)".to_string();
-    let span: Span = trimmed.parse().map_err(|_| not_a_duration())?;
-    if span.is_negative() {
-        return Err("must not be negative".into());
-    }
-    // Days (and weeks) of 24 hours; months and years have no fixed length and are refused.
-    let total = span
-        .total(SpanTotal::from(Unit::Second).days_are_24_hours())
-        .map_err(|_| not_a_duration())?;
-    if total.fract() != 0.0 {
-        return Err("must be whole seconds".into());
-    }
-    if total > MAX_REUSE_AFTER_SECONDS as f64 {
-        return Err("must be at most 90 days (90d)".into());
-    }
-    Ok(total as u64)
+    crate::duration::parse(text, crate::resources::bounds::REUSE_AFTER)
 }
 
 /// Parses exclusions and checks family and containment.

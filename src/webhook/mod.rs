@@ -2,8 +2,8 @@
 //!
 //! Every replica serves it over TLS ([`crate::tls`]) on `--webhook-addr`. It answers from
 //! memory: the controller's pool, cluster and namespace caches, the allocation ledger (which
-//! every replica's allocation watch keeps, leader or not), and one cache of its own —
-//! `IPAMPoolRecord`s, the authoritative record, which only the leader keeps otherwise. It never
+//! every replica's allocation watch keeps, leader or not), and the seed's read-only view of
+//! the `IPAMPoolRecord`s, the authoritative record (every replica watches it). It never
 //! calls the API server while answering; the only lock it takes is the ledger's, which nobody
 //! holds across a request to the API server, and it gives up after [`REVIEW_DEADLINE`] with a
 //! refusal, so it answers well inside the API server's timeout. The decisions themselves are
@@ -25,11 +25,8 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 
 use crate::resources::{Cluster, IPAMAllocation, IPAMPool, IPAMPoolRecord};
 use crate::seed::Context;
@@ -331,15 +328,6 @@ async fn handle<S: Source>(
         .into_response()
 }
 
-/// A watch feeding a cache, restarted with backoff on errors.
-fn cache<K>(api: Api<K>) -> (Store<K>, impl futures::Stream<Item = ()>)
-where
-    K: crate::seed::watches::Watched,
-{
-    let (store, events) = crate::seed::watches::reflected(api, watcher::Config::default());
-    (store, events.map(|_| ()))
-}
-
 /// Serves the webhook until the process ends, from the controller's caches. Fails at once when
 /// the address cannot be bound or the certificate files cannot be used.
 pub async fn run(ctx: Arc<Context>, options: WebhookOptions) -> Result<(), WebhookError> {
@@ -355,19 +343,16 @@ pub async fn run(ctx: Arc<Context>, options: WebhookOptions) -> Result<(), Webho
             addr: options.addr,
             source,
         })?;
-    // RBAC: src/rbac.rs (list/watch of pool records). Allocations come from the ledger.
-    let (records, record_events) = cache(Api::<IPAMPoolRecord>::all(ctx.client.clone()));
-    let watches = tokio::spawn(async move {
-        let mut record_events = std::pin::pin!(record_events);
-        while record_events.next().await.is_some() {}
-    });
+    // The pool records come from the seed's record view (every replica watches them);
+    // allocations from the ledger.
+    let records = ctx.record_view.clone();
     let ready = Arc::new(AtomicBool::new(false));
     let source = CacheSource {
         pools: ctx.pools.clone(),
         clusters: ctx.clusters.clone(),
         namespaces: ctx.namespaces.clone(),
         ctx: ctx.clone(),
-        records: records.clone(),
+        records: records.store.clone(),
         ready: ready.clone(),
     };
     // The controller's own caches are ready once its planning loop says so: a second waiter on
@@ -377,12 +362,9 @@ pub async fn run(ctx: Arc<Context>, options: WebhookOptions) -> Result<(), Webho
     let controller_ready = ctx.clone();
     let mut ledger_updates = ctx.ledger_updates.subscribe();
     tokio::spawn(async move {
-        let _ = tokio::join!(
-            records.wait_until_ready(),
-            // (the guard wait_for returns must not be held across the other waits)
-            async { ledger_updates.wait_for(|complete| *complete).await.is_ok() }
-        );
-        while !controller_ready.metrics.ready.load(Ordering::Relaxed) {
+        // (the guard wait_for returns is dropped at once: it must not be held across awaits)
+        let _ = ledger_updates.wait_for(|complete| *complete).await.is_ok();
+        while !(controller_ready.metrics.ready.load(Ordering::Relaxed) && records.listed()) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         ready.store(true, Ordering::Release);
@@ -394,7 +376,7 @@ pub async fn run(ctx: Arc<Context>, options: WebhookOptions) -> Result<(), Webho
         crate::seed::metrics::HttpMetrics::register(&ctx.metrics, "webhook", "Admission webhook"),
         vec![PATH],
     );
-    let result = tls::serve(listener, options.tls, app, std::future::pending()).await;
-    watches.abort();
-    result.map_err(WebhookError::Tls)
+    tls::serve(listener, options.tls, app, std::future::pending())
+        .await
+        .map_err(WebhookError::Tls)
 }

@@ -9,7 +9,6 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use futures::StreamExt;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
 use kube::runtime::watcher;
 use kube::{Api, Client};
@@ -19,7 +18,7 @@ use tower::ServiceExt;
 
 use kipam::api::{ApiOptions, ApiState};
 use kipam::resources::{IPAMAllocation, IPAMPool};
-use kipam::seed::{Context, backoff, leader, ledger, metrics};
+use kipam::seed::{Context, ledger};
 
 pub const SEED: &str = "seed-1";
 pub const POOLS: &str = "/api/v2/seeds/seed-1/ipampools";
@@ -87,33 +86,11 @@ pub async fn context(api: &ApiServer) -> (Arc<Context>, tokio::task::JoinHandle<
     let task = tokio::spawn(async move {
         stream.for_each(|_| async {}).await;
     });
-    let (clusters, _w1) = reflector::store();
-    let (namespaces, _w2) = reflector::store();
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        writer: client.clone(),
-        pools,
-        clusters,
-        namespaces,
-        ledger: tokio::sync::Mutex::new(ledger::Ledger::default()),
+    let ctx = Context::builder(client)
+        .pools(pools)
         // Filled by the test as the allocation watch would, complete from the start.
-        ledger_updates: tokio::sync::watch::Sender::new(true),
-        records: tokio::sync::Mutex::new(kipam::seed::records::Records::default()),
-        dirty: Default::default(),
-        backoff: std::sync::Mutex::new(backoff::Backoff::default()),
-        pass_lock: tokio::sync::Mutex::new(()),
-        recorder: Recorder::new(
-            client,
-            Reporter {
-                controller: "kipam".into(),
-                instance: None,
-            },
-        ),
-        metrics: metrics::Metrics::new(),
-        leader: leader::LeaderState::new(Duration::from_secs(10)),
-        demand: Default::default(),
-        capi: Default::default(),
-    });
+        .complete_ledger(ledger::Ledger::default())
+        .build();
     ctx.pools.wait_until_ready().await.unwrap();
     // What the planning loop does once its caches are ready.
     ctx.metrics

@@ -421,3 +421,96 @@ async fn a_quarantine_counted_by_the_leader_is_shown_and_never_answered_free() {
     let (_, body) = h.get(&format!("{LOOKUP}/10.20.0.1"), "reader").await;
     assert_eq!(body["matches"][0]["state"], "allocated");
 }
+
+/// The served page and the offline report draw the same thing for the same state: the
+/// report embeds the JSON the routes answer (detail, map, zoom) and, for the lookup, the
+/// answer the lookup route gives for any address of each piece of the pool.
+#[tokio::test]
+async fn the_served_page_and_the_report_draw_the_same_maps_and_answers() {
+    let h = with_allocations().await;
+    // A /48 of IPv6 too, so that the report holds a zoom.
+    h.pool(
+        "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata: {name: nodes}\nspec:\n  datacenters:\n    dc-1: {type: prefix, poolCidr: \"2001:db8::/48\", allocationPrefix: 64, excludePrefixes: [\"2001:db8::/64\"]}\n",
+    )
+    .await;
+    h.allocation(
+        "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMAllocation\nmetadata: {name: nodes, namespace: cluster-a, resourceVersion: \"6\"}\nspec: {type: prefix, dc: dc-1, cidr: \"2001:db8:0:1::/64\"}\nstatus: {phase: Allocated}\n",
+    )
+    .await;
+    let pools: Vec<kipam::resources::IPAMPool> =
+        h.ctx.pools.state().iter().map(|p| (**p).clone()).collect();
+    let holdings: Vec<kipam::page::Holding> = h
+        .ctx
+        .ledger
+        .lock()
+        .await
+        .snapshot()
+        .iter()
+        .map(|e| kipam::page::Holding::of(e.namespace(), e.name(), e.spec(), e.status()))
+        .collect();
+    let report = serde_json::to_value(kipam::page::view::report(
+        "seed-1",
+        "2026-01-01T00:00:00Z",
+        &pools,
+        &holdings,
+        &[],
+    ))
+    .unwrap();
+    let mut zooms = 0;
+    let mut pieces = 0;
+    for (key, path) in [
+        ("metallb/dc-1", "metallb/datacenters/dc-1"),
+        ("metallb/dc-2", "metallb/datacenters/dc-2"),
+        ("nodes/dc-1", "nodes/datacenters/dc-1"),
+    ] {
+        let (status, served) = h.get(&format!("/ui/api/pools/{path}"), "reader").await;
+        assert_eq!(status, StatusCode::OK, "{served}");
+        let embedded = &report["datacenters"][key];
+        assert_eq!(embedded["detail"], served, "{key}: the same detail and map");
+        for (slice, map) in embedded["maps"].as_object().unwrap() {
+            let (from, to) = slice.split_once('-').unwrap();
+            let (status, zoomed) = h
+                .get(
+                    &format!("/ui/api/pools/{path}?from={from}&to={to}"),
+                    "reader",
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{zoomed}");
+            assert_eq!(&zoomed["map"], map, "{key} {slice}: the same zoomed map");
+            zooms += 1;
+        }
+        for piece in embedded["pieces"].as_array().unwrap() {
+            for end in ["first", "last"] {
+                let address = piece[end].as_str().unwrap();
+                let (status, answer) = h.get(&format!("{LOOKUP}/{address}"), "reader").await;
+                assert_eq!(status, StatusCode::OK, "{answer}");
+                let m = answer["matches"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|m| {
+                        format!(
+                            "{}/{}",
+                            m["pool"].as_str().unwrap(),
+                            m["datacenter"].as_str().unwrap()
+                        ) == key
+                    })
+                    .unwrap_or_else(|| panic!("{key}: {answer}"));
+                for field in ["state", "holders", "quarantine", "cidrs", "more"] {
+                    assert_eq!(piece[field], m[field], "{key} {address} {field}");
+                }
+                assert_eq!(
+                    answer["message"],
+                    format!("{address}{}", piece["message"].as_str().unwrap()),
+                    "{key} {address}"
+                );
+            }
+            pieces += 1;
+        }
+    }
+    assert!(
+        zooms >= 1,
+        "the /48's first cell holds two things: {report}"
+    );
+    assert!(pieces >= 10, "{pieces} pieces");
+}

@@ -6,18 +6,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector;
+
 use kube_standin::ApiServer;
 use serde_json::{Value, json};
 
 use kipam::planning::records::{self, CommitError, RecordKey};
 use kipam::reservations::shards;
 use kipam::resources::{IPAMPool, IPAMPoolRecord, Reservation};
-use kipam::seed::{Context, backoff, leader, ledger, metrics};
+use kipam::seed::Context;
 
 struct Setup {
     api: ApiServer,
@@ -51,33 +49,9 @@ async fn setup() -> Setup {
         .create(&PostParams::default(), &pool)
         .await
         .unwrap();
-    let (pools, _p) = reflector::store();
-    let (clusters, _c) = reflector::store();
-    let (namespaces, _n) = reflector::store();
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        writer: client.clone(),
-        pools,
-        clusters,
-        namespaces,
-        ledger: tokio::sync::Mutex::new(ledger::Ledger::default()),
-        ledger_updates: tokio::sync::watch::Sender::new(true),
-        records: tokio::sync::Mutex::new(kipam::seed::records::Records::default()),
-        dirty: Default::default(),
-        backoff: std::sync::Mutex::new(backoff::Backoff::default()),
-        pass_lock: tokio::sync::Mutex::new(()),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "kipam".into(),
-                instance: None,
-            },
-        ),
-        metrics: metrics::Metrics::new(),
-        leader: leader::LeaderState::new(Duration::from_secs(10)),
-        demand: Default::default(),
-        capi: Default::default(),
-    });
+    let ctx = Context::builder(client.clone())
+        .complete_ledger(Default::default())
+        .build();
     let other = self::client(&api).await;
     Setup {
         api,

@@ -9,14 +9,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, ListParams, PostParams};
-use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector;
+
 use kube_standin::ApiServer;
 use serde_json::json;
 
 use kipam::planning::records::{self, CommitError, PlannedOn, RecordKey};
 use kipam::resources::{IPAMPool, IPAMPoolRecord, Reservation};
-use kipam::seed::{Context, backoff, leader, ledger, metrics};
+use kipam::seed::Context;
 
 use super::support::Seed;
 
@@ -31,33 +30,9 @@ async fn client(api: &ApiServer) -> kube::Client {
 /// One replica's context (its own copy of the records).
 async fn replica(api: &ApiServer) -> Arc<Context> {
     let client = client(api).await;
-    let (pools, _p) = reflector::store();
-    let (clusters, _c) = reflector::store();
-    let (namespaces, _n) = reflector::store();
-    Arc::new(Context {
-        client: client.clone(),
-        writer: client.clone(),
-        pools,
-        clusters,
-        namespaces,
-        ledger: tokio::sync::Mutex::new(ledger::Ledger::default()),
-        ledger_updates: tokio::sync::watch::Sender::new(true),
-        records: tokio::sync::Mutex::new(kipam::seed::records::Records::default()),
-        dirty: Default::default(),
-        backoff: std::sync::Mutex::new(backoff::Backoff::default()),
-        pass_lock: tokio::sync::Mutex::new(()),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "kipam".into(),
-                instance: None,
-            },
-        ),
-        metrics: metrics::Metrics::new(),
-        leader: leader::LeaderState::new(Duration::from_secs(10)),
-        demand: Default::default(),
-        capi: Default::default(),
-    })
+    Context::builder(client)
+        .complete_ledger(Default::default())
+        .build()
 }
 
 /// A fresh (quorum) list of the records into `ctx`'s copy, as at the start of a term.

@@ -395,3 +395,102 @@ async fn the_offline_report_works_from_the_file_alone() {
     drop(browser);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Two replicas. A cluster is deleted from a pool with `reuseAfter`: its addresses are
+/// quarantined in the pool record. The replica that does not lead — which never held the
+/// quarantine in memory — shows them on its page as quarantined, address by address: in the
+/// map, among the holders ("quarantined for web until …"), and in the lookup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_does_not_lead_shows_the_quarantine() {
+    if let Err(why) = webdriver::available() {
+        if std::env::var("KIPAM_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1") {
+            panic!("KIPAM_REQUIRE_CHROMIUM=1 but {why}");
+        }
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let seed = Seed::start("ui-quarantine").await;
+    script_auth(&seed);
+    seed.apply(
+        "
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: edge}
+spec:
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.0.0.0/28, allocationRange: 4, reuseAfter: 1h}
+",
+    );
+    let ctls = [seed.controller("r0"), seed.controller("r1")];
+    seed.cluster("web", "dc-1");
+    seed.cluster("api", "dc-1");
+    seed.wait_for("both allocated", WAIT, "r0", |s| {
+        s.phase("web", "edge") == "Allocated" && s.phase("api", "edge") == "Allocated"
+    })
+    .await;
+    // api plans first (by name): web holds the second four addresses.
+    assert_eq!(seed.held("web", "edge"), "10.0.0.4-10.0.0.7");
+    seed.delete("clusters", None, "web");
+    seed.wait_for("web's addresses quarantined", WAIT, "r0", |s| {
+        s.get("clusters", None, "web").is_none()
+            && s.api.list("ipampoolrecords", None).iter().any(|r| {
+                r["spec"]["reservations"]
+                    .as_object()
+                    .is_some_and(|e| e.keys().any(|k| k.starts_with("quarantined/web@")))
+            })
+    })
+    .await;
+    let leader = seed.lease_holder();
+    let follower = ctls
+        .iter()
+        .find(|c| c.identity != leader)
+        .expect("a replica that does not lead");
+    eprintln!("leader {leader}, asking {}", follower.identity);
+    let base = format!("http://127.0.0.1:{}/ui/", follower.api_port);
+    let browser = ok(
+        "browser",
+        tokio::task::block_in_place(|| Browser::start(1440, 1100)),
+    );
+    ok("open", browser.goto(&base));
+    browser
+        .wait_for("the sign-in form", |b| {
+            b.text("#login h1").contains("Sign in")
+        })
+        .await;
+    ok("type", browser.type_into("#token", "reader-token"));
+    ok("submit", browser.click("#login-form button"));
+    // (The list is drawn again when the first poll comes back: click until it takes.)
+    browser
+        .wait_for("edge dc-1 opened", |b| {
+            b.click("#pools tr[data-pool='edge'][data-dc='dc-1']")
+                .is_ok()
+                && b.text("#detail").contains("edge · dc-1")
+        })
+        .await;
+    browser
+        .wait_for("the quarantine in the map and among the holders", |b| {
+            b.eval("return document.querySelectorAll('#map .cell.quarantined').length;")
+                .ok()
+                .and_then(|v| v.as_u64())
+                == Some(4)
+                && b.text("#detail").contains("quarantined for web until")
+        })
+        .await;
+    let held = ok(
+        "eval",
+        browser.eval("return document.querySelectorAll('#map .cell.allocated').length;"),
+    );
+    assert_eq!(held.as_u64(), Some(4), "api's four addresses");
+    ok("search", browser.type_into("#q", "10.0.0.6"));
+    ok("find", browser.click("#search button"));
+    browser
+        .wait_for("the lookup names the former holder", |b| {
+            b.text("#lookup")
+                .contains("10.0.0.6 is quarantined for web until")
+        })
+        .await;
+    ok("top", browser.eval("window.scrollTo(0, 0); return null;"));
+    shot(&browser, "quarantine-follower");
+    drop(browser);
+    drop(ctls);
+}

@@ -1,6 +1,18 @@
 //! Just enough of the W3C WebDriver protocol to drive headless Chromium through Debian's
 //! `chromedriver`: one session, navigation, elements, script, screenshots. Plain HTTP/1.1 on
 //! loopback, so no crate is needed for it.
+//!
+//! Why not the `fantoccini` crate (0.22.1, the well-kept WebDriver client), measured on
+//! 2026-11-27 against this lock file: even with `default-features = false` (no TLS at all,
+//! which loopback needs none of) it adds **47 packages** to `Cargo.lock` — two generations of
+//! ICU (`icu_segmenter` 1.5 through `webdriver` 0.53, `icu_normalizer` 2.4 through `url`/`idna`)
+//! with their `zerovec`/`yoke`/`tinystr`/`litemap`/`writeable` families twice over, `http`
+//! 0.2 beside `http` 1, `thiserror` 1 beside 2, two `cookie`s, `time` macros — for ~200 lines
+//! of test code. Its clean build did not finish within 15 minutes of wall time on the shared
+//! 2-core machine (load average 13–17 at the time), so no build figure better than that could
+//! be taken; the package count alone is reason enough to keep this client: it has no
+//! dependency beyond `serde_json`, which the tests already use, and the protocol it speaks
+//! (W3C WebDriver over HTTP/1.1) is stable.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

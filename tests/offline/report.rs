@@ -57,18 +57,29 @@ fn the_embedded_default_writes_the_pool_page_without_a_cluster() {
     assert_eq!(dc["usage"]["excluded"], "4");
     assert_eq!(dc["usage"]["quarantined"], "0");
     let detail = &data["datacenters"]["metallb/azure-westeurope"];
-    // The map is drawn in the page from the segments (what is held and excluded).
-    assert_eq!(detail["detail"]["map"]["first"], "192.168.1.0");
-    assert_eq!(detail["detail"]["map"]["last"], "192.168.1.63");
-    let segments = detail["segments"].as_array().unwrap();
+    // The map as the Rust side drew it (the page only draws it): what is held and excluded.
+    let map = &detail["detail"]["map"];
+    assert_eq!(map["first"], "192.168.1.0");
+    assert_eq!(map["last"], "192.168.1.63");
+    assert_eq!(map["cells"].as_array().map(Vec::len), Some(64));
+    assert_eq!(map["cells"][0]["state"], "allocated");
+    assert_eq!(map["cells"][0]["holder"], "alpha");
+    assert_eq!(map["cells"][1]["state"], "excluded");
+    // The lookup, precomputed piece by piece: the page puts the address in front.
+    let pieces = detail["pieces"].as_array().unwrap();
     assert_eq!(
-        segments[0],
-        serde_json::json!(["192.168.1.0", "192.168.1.0", "alpha", "allocated"])
+        (
+            &pieces[0]["first"],
+            &pieces[0]["state"],
+            &pieces[0]["message"]
+        ),
+        (
+            &serde_json::json!("192.168.1.0"),
+            &serde_json::json!("allocated"),
+            &serde_json::json!(" is held by alpha (pool metallb in azure-westeurope)")
+        )
     );
-    assert_eq!(
-        segments[1],
-        serde_json::json!(["192.168.1.1", "192.168.1.1", "", "excluded"])
-    );
+    assert_eq!(pieces[1]["state"], "excluded");
 
     // Running again changes nothing in the state and writes the same page.
     let again = kipam(&[
@@ -167,16 +178,34 @@ fn the_report_shows_every_cidr_and_the_quarantine_with_its_former_holder() {
     let detail = &data["datacenters"]["lb/dc-1"];
     assert_eq!(detail["detail"]["cidrs"][1]["cidr"], "10.7.0.0/29");
     assert_eq!(detail["detail"]["cidrs"][1]["usage"]["quarantined"], "4");
-    let segments = detail["segments"].as_array().unwrap();
-    assert!(
-        segments.contains(&serde_json::json!([
-            "10.7.0.0",
-            "10.7.0.3",
-            "b",
+    // The additional CIDR's map, drawn by the Rust side, and its lookup.
+    let cells = detail["maps"]["10.7.0.0-10.7.0.7"]["cells"]
+        .as_array()
+        .unwrap();
+    let states: Vec<&str> = cells.iter().filter_map(|c| c["state"].as_str()).collect();
+    assert_eq!(
+        states,
+        [
             "quarantined",
-            "2026-11-25T11:30:00Z"
-        ])),
-        "{segments:?}"
+            "quarantined",
+            "quarantined",
+            "quarantined",
+            "free",
+            "free",
+            "free",
+            "free"
+        ]
+    );
+    let piece = detail["pieces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["first"] == "10.7.0.0")
+        .expect("a piece for the quarantine");
+    assert_eq!(piece["last"], "10.7.0.3");
+    assert_eq!(
+        piece["message"],
+        " is quarantined for b until 2026-11-25T11:30:00Z (pool lb in dc-1)"
     );
     let row = detail["detail"]["holders"]
         .as_array()

@@ -67,15 +67,15 @@ fn each_growth_rule_names_the_field_and_the_value() {
         ),
         (
             "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 2\ngrowth: {max: 8, shrinkAfter: 30s}",
-            "IPAMPool metallb: spec.datacenters[dc-1].growth.shrinkAfter \"30s\": must be between 1m and 30d",
+            "IPAMPool metallb: spec.datacenters[dc-1].growth.shrinkAfter \"30s\": is too small: it must be between 1m and 30d",
         ),
         (
             "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 2\ngrowth: {max: 8, shrinkAfter: 31d}",
-            "IPAMPool metallb: spec.datacenters[dc-1].growth.shrinkAfter \"31d\": must be between 1m and 30d",
+            "IPAMPool metallb: spec.datacenters[dc-1].growth.shrinkAfter \"31d\": is too large: it must be between 1m and 30d",
         ),
         (
             "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 2\ngrowth: {max: 8, shrinkAfter: 30m1h}",
-            "IPAMPool metallb: spec.datacenters[dc-1].growth.shrinkAfter \"30m1h\": must give each unit once, largest first (1h30m, not 30m1h)",
+            "IPAMPool metallb: spec.datacenters[dc-1].growth.shrinkAfter \"30m1h\": gives a unit twice or out of order (1h30m, not 30m1h); write a duration such as 30s, 10m, 1h30m or 7d (it must be between 1m and 30d)",
         ),
     ];
     for (dc, want) in cases {

@@ -484,14 +484,14 @@ fn reuse_after_and_address_space_are_checked_with_the_field_and_value() {
     assert_eq!(parsed("10m"), Ok(600));
     assert_eq!(parsed("7d"), Ok(7 * 86_400));
     for (bad, why) in [
-        ("91d", "must be at most 90 days (90d)"),
+        ("91d", "is too large: it must be at most 90d"),
         (
             "soon",
-            "is not a duration: write it as 30s, 10m, 1h30m or 7d (at most 90d)",
+            "is not a duration: write a duration such as 30s, 10m, 1h30m or 7d (it must be at most 90d)",
         ),
         (
             "1 month",
-            "is not a duration: write it as 30s, 10m, 1h30m or 7d (at most 90d)",
+            "is not a duration: write a duration such as 30s, 10m, 1h30m or 7d (it must be at most 90d)",
         ),
         ("-5m", "must not be negative"),
         ("1.5s", "must be whole seconds"),
@@ -517,4 +517,69 @@ fn reuse_after_and_address_space_are_checked_with_the_field_and_value() {
             .any(|m| m.starts_with("IPAMPool metallb: spec.addressSpace \"VRF_1\": ")),
         "{found:?}"
     );
+}
+
+/// Every form each duration field read before kipam had one duration reader (commit
+/// c6af421: `reuseAfter` through jiff, `shrinkAfter` through its own short form) still
+/// reads, to the same seconds: a stored pool never becomes unreadable on upgrade.
+#[test]
+fn durations_read_before_one_reader_still_read_the_same() {
+    let day = 86_400;
+    for (text, seconds) in [
+        ("0", 0),
+        ("0s", 0),
+        ("30s", 30),
+        ("10m", 600),
+        ("1h30m", 5_400),
+        ("7d", 7 * day),
+        ("90d", 90 * day),
+        ("1w", 7 * day),
+        ("PT10M", 600),
+        ("P1D", day),
+        ("PT1H30M", 5_400),
+        ("1h 30m", 5_400),
+        ("1 hour", 3_600),
+        ("2 days", 2 * day),
+        ("10 minutes", 600),
+        ("1.5h", 5_400),
+        ("1000ms", 1),
+        ("1d2h3m4s", day + 7_384),
+    ] {
+        assert_eq!(
+            kipam::validation::parse_reuse_after(text),
+            Ok(seconds),
+            "reuseAfter {text}"
+        );
+        let range = "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 8\nreuseAfter: ";
+        assert_eq!(
+            messages(&one_dc(&format!("{range}\"{text}\""))),
+            Vec::<String>::new(),
+            "reuseAfter {text}"
+        );
+    }
+    for (text, seconds) in [
+        ("1m", 60),
+        ("60s", 60),
+        ("90s", 90),
+        ("10m", 600),
+        ("1h30m", 5_400),
+        ("2d", 2 * day),
+        ("30d", 30 * day),
+        ("1d2h3m4s", day + 7_384),
+        ("0d1m", 60),
+        ("010m", 600),
+        ("1h0m0s", 3_600),
+        ("0h60m", 3_600),
+    ] {
+        let settings = format!(
+            "type: range\npoolCidr: 192.168.1.0/26\nallocationRange: 2\ngrowth: {{max: 8, shrinkAfter: \"{text}\"}}"
+        );
+        let pool = pool(&one_dc(&settings));
+        let dc = &pool.spec.datacenters["dc-1"];
+        let policy = kipam::validation::datacenter_growth("dc-1", dc)
+            .unwrap_or_else(|e| panic!("shrinkAfter {text}: {e:?}"))
+            .unwrap_or_else(|| panic!("shrinkAfter {text}: no growth"));
+        assert_eq!(policy.shrink_after, seconds, "shrinkAfter {text}");
+        assert_eq!(messages(&one_dc(&settings)), Vec::<String>::new(), "{text}");
+    }
 }

@@ -109,25 +109,6 @@
     return null;
   }
 
-  function show(v6, v) {
-    if (!v6) {
-      return [24n, 16n, 8n, 0n].map(function (s) { return String((v >> s) & 255n); }).join('.');
-    }
-    var g = [];
-    for (var i = 7; i >= 0; i--) g.push(Number((v >> BigInt(i * 16)) & 0xffffn));
-    var best = -1, bestLen = 0;
-    for (var a = 0; a < 8; a++) {
-      if (g[a] !== 0) continue;
-      var b = a;
-      while (b < 8 && g[b] === 0) b++;
-      if (b - a > bestLen && b - a > 1) { best = a; bestLen = b - a; }
-      a = b;
-    }
-    var hex = g.map(function (x) { return x.toString(16); });
-    if (best < 0) return hex.join(':');
-    return hex.slice(0, best).join(':') + '::' + hex.slice(best + bestLen).join(':');
-  }
-
   // ---- colours ---------------------------------------------------------------------------
 
   function hue(name) {
@@ -189,7 +170,9 @@
     version: function () { return get('/ui/api/version').then(function (b) { return b.version; }); }
   };
 
-  // The report: the same views, computed here from the inlined segments.
+  // The report: the views the Rust side computed (the same JSON the served page fetches),
+  // only read here. A zoom reads the map of its slice from the file; a lookup of an address
+  // finds the piece of each pool datacenter holding it and reads its answer.
   var fromFile = {
     summary: function (offset, filter) {
       var s = offline.summary;
@@ -205,134 +188,52 @@
       var d = offline.datacenters[pool + '/' + dc];
       if (!d) return Promise.reject(new ApiError(404, 'no such pool datacenter'));
       var copy = Object.assign({}, d.detail);
-      copy.map = mapOf(d, slice || [d.detail.map.first, d.detail.map.last]);
+      if (slice && slice[0] + '-' + slice[1] !== d.detail.map.first + '-' + d.detail.map.last) {
+        copy.map = d.maps[slice[0] + '-' + slice[1]];
+        if (!copy.map) return Promise.reject(new ApiError(404, 'this report has no map of ' + slice[0] + ' – ' + slice[1]));
+      }
       return Promise.resolve(copy);
+    },
+    zooms: function (pool, dc, first, last) {
+      var d = offline.datacenters[pool + '/' + dc];
+      return !!(d && d.maps[first + '-' + last]);
     },
     lookup: function (seed, text) { return Promise.resolve(lookupInFile(text)); },
     version: function () { return Promise.resolve('file'); }
   };
 
-  function segmentsOf(d) {
-    if (!d.parsed) {
-      var v6 = d.detail.cidr.indexOf(':') >= 0;
-      d.parsed = d.segments.map(function (s) {
-        return [parseAddr(s[0]).value, parseAddr(s[1]).value, s[2], s[3], s[4]];
-      });
-      d.v6 = v6;
+  // The piece of `d` holding address `a` (parsed), by bisection over its address order.
+  function pieceAt(d, a) {
+    if (!d.bounds) {
+      d.bounds = d.pieces.map(function (p) { return [parseAddr(p.first), parseAddr(p.last)]; });
     }
-    return d.parsed;
-  }
-
-  // The same cells as the controller's map (src/page/map.rs): 256 equal cells.
-  function mapOf(d, slice) {
-    var segs = segmentsOf(d);
-    var first = parseAddr(slice[0]).value, last = parseAddr(slice[1]).value;
-    var step = (last - first) / 256n + 1n;
-    var n = Number((last - first) / step + 1n);
-    var cells = [];
-    for (var i = 0; i < n; i++) {
-      var a = first + step * BigInt(i);
-      var b = a + step - 1n;
-      if (b > last) b = last;
-      cells.push({ a: a, b: b, held: 0n, excl: 0n, quar: 0n, shares: {} });
+    var lo = 0, hi = d.pieces.length - 1;
+    while (lo <= hi) {
+      var mid = (lo + hi) >> 1, b = d.bounds[mid];
+      if (!b[0] || b[0].v6 !== a.v6) return null;
+      if (a.value < b[0].value) hi = mid - 1;
+      else if (a.value > b[1].value) lo = mid + 1;
+      else return d.pieces[mid];
     }
-    segs.forEach(function (s) {
-      if (s[1] < first || s[0] > last) return;
-      var a = s[0] > first ? s[0] : first, b = s[1] < last ? s[1] : last;
-      var from = Number((a - first) / step), to = Number((b - first) / step);
-      for (var i = from; i <= to; i++) {
-        var c = cells[i];
-        var lo = a > c.a ? a : c.a, hi = b < c.b ? b : c.b;
-        var part = hi - lo + 1n;
-        if (s[3] === 'quarantined') c.quar += part;
-        else if (s[2]) { c.held += part; c.shares[s[2]] = (c.shares[s[2]] || 0n) + part; }
-        else c.excl += part;
-      }
-    });
-    return {
-      first: slice[0], last: slice[1], cellSize: String(step),
-      cells: cells.map(function (c) {
-        var size = c.b - c.a + 1n, used = c.held + c.excl + c.quar;
-        var names = Object.keys(c.shares).sort();
-        var best = null;
-        names.forEach(function (k) { if (best === null || c.shares[k] > c.shares[best]) best = k; });
-        var state = used === 0n ? 'free' : used < size ? 'partial' :
-          (c.held >= c.excl && c.held >= c.quar) ? 'allocated' : c.quar > c.excl ? 'quarantined' : 'excluded';
-        return {
-          first: show(d.v6, c.a), last: show(d.v6, c.b), state: state,
-          usedPercent: Number(used * 100n / size), holder: best || undefined, holders: names.length
-        };
-      })
-    };
+    return null;
   }
 
   function lookupInFile(text) {
-    var t = text.trim(), first, last, v6, query;
-    var slash = t.indexOf('/');
-    var a = parseAddr(slash >= 0 ? t.slice(0, slash) : t);
-    if (!a) throw new ApiError(400, 'address: "' + t + '" is not an IP address or a CIDR');
-    v6 = a.v6;
-    if (slash >= 0) {
-      var len = Number(t.slice(slash + 1));
-      var bits = v6 ? 128 : 32;
-      if (!/^\d+$/.test(t.slice(slash + 1)) || len > bits) throw new ApiError(400, 'address: "' + t + '" is not a CIDR');
-      var host = (1n << BigInt(bits - len)) - 1n;
-      if ((a.value & host) !== 0n) throw new ApiError(400, 'address: "' + t + '" has host bits set');
-      first = a.value; last = a.value + host;
-      query = show(v6, first) + '/' + len;
-    } else {
-      first = last = a.value;
-      query = show(v6, first);
+    var t = text.trim();
+    if (t.indexOf('/') >= 0) {
+      throw new ApiError(400, 'This report answers single addresses (10.1.2.3, 2001:db8::1); ' +
+        'for "' + t + '", open its pool\'s map, or ask the page a controller serves.');
     }
+    var a = parseAddr(t);
+    if (!a) throw new ApiError(400, 'address: "' + t + '" is not an IP address');
     var matches = [];
     Object.keys(offline.datacenters).sort().forEach(function (key) {
-      var d = offline.datacenters[key];
-      var segs = segmentsOf(d);
-      if (d.v6 !== v6) return;
-      var spans = (d.detail.cidrs || []).map(function (c) {
-        return [parseAddr(c.first).value, parseAddr(c.last).value, c.cidr];
-      }).filter(function (c) { return !(last < c[0] || first > c[1]); });
-      if (spans.length === 0) return;
-      var held = 0n, excl = 0n, quar = 0n, size = 0n, who = {}, kept = {};
-      var lo = null, hi = null;
-      spans.forEach(function (c) {
-        var a = first > c[0] ? first : c[0], b = last < c[1] ? last : c[1];
-        if (lo === null || a < lo) lo = a;
-        if (hi === null || b > hi) hi = b;
-        size += b - a + 1n;
-        segs.forEach(function (s) {
-          if (s[1] < a || s[0] > b) return;
-          var x = s[0] > a ? s[0] : a, y = s[1] < b ? s[1] : b;
-          if (s[3] === 'quarantined') { quar += y - x + 1n; kept[s[2]] = s[4]; }
-          else if (s[2]) { held += y - x + 1n; who[s[2]] = true; } else excl += y - x + 1n;
-        });
-      });
-      var free = size - held - excl - quar;
-      var kinds = [['allocated', held], ['excluded', excl], ['quarantined', quar], ['free', free]].filter(function (k) { return k[1] > 0n; });
-      var state = kinds.length === 1 ? kinds[0][0] : 'partial';
-      matches.push({
-        pool: d.detail.pool, datacenter: d.detail.datacenter, poolCidr: d.detail.cidr, type: d.detail.type,
-        cidrs: spans.map(function (c) { return c[2]; }),
-        range: show(v6, lo) + '-' + show(v6, hi), state: state,
-        allocated: String(held), excluded: String(excl), quarantined: String(quar), free: String(free),
-        holders: d.detail.holders.filter(function (h) { return who[h.cluster] && h.phase !== 'Quarantined'; }),
-        quarantine: d.detail.holders.filter(function (h) { return h.phase === 'Quarantined' && kept[h.cluster] !== undefined; }),
-        more: 0
-      });
+      var p = pieceAt(offline.datacenters[key], a);
+      if (p) matches.push(p);
     });
-    var msg = matches.length === 0 ? 'no pool covers ' + query : matches.map(function (m) {
-      var at = 'pool ' + m.pool + ' in ' + m.datacenter;
-      var names = m.holders.map(function (h) { return h.cluster; }).join(', ');
-      if (m.state === 'allocated') return query + ' is held by ' + names + ' (' + at + ')';
-      if (m.state === 'excluded') return query + ' is excluded (' + at + ')';
-      var kept = m.quarantine.map(function (q) { return q.message; }).join(', ');
-      if (m.state === 'quarantined') return query + ' is ' + kept + ' (' + at + ')';
-      if (m.state === 'free') return query + ' is free (' + at + ')';
-      if (!names && !kept) return query + ' is partly excluded, partly free (' + at + ')';
-      if (!names) return query + ' is partly ' + kept + ' (' + at + ')';
-      return query + ' is partly held by ' + names + ' (' + at + ')';
-    }).join('; ');
-    return { query: query, matches: matches, message: msg };
+    var msg = matches.length === 0 ? 'no pool covers ' + t :
+      matches.map(function (m) { return t + m.message; }).join('; ');
+    return { query: t, matches: matches, message: msg };
   }
 
   var source = offline ? fromFile : served;
@@ -559,7 +460,7 @@
       var lines = [c.first === c.last ? c.first : c.first + ' – ' + c.last, c.state + (c.state === 'partial' ? ' (' + c.usedPercent + '% used)' : '')];
       if (c.holder) lines.push(c.holders > 1 ? c.holder + ' and ' + (c.holders - 1) + ' more' : c.holder);
       cell.title = lines.join('\n');
-      if (c.first !== c.last) {
+      if (c.first !== c.last && (!offline || fromFile.zooms(d.pool, d.datacenter, c.first, c.last))) {
         cell.classList.add('zoomable');
         cell.addEventListener('click', function () { state.zoom.push([c.first, c.last]); loadDetail(); });
       }
