@@ -21,7 +21,7 @@ pub use cluster::cluster_input;
 pub use growth::{cluster_growth, datacenter_growth};
 pub use network::{DatacenterNetwork, datacenter_network};
 pub use pool::{parse_reuse_after, pool_input, validate_pool, validate_pool_with_clusters};
-pub use references::override_pools;
+pub use references::{override_fits, override_pools};
 
 use std::fmt;
 
