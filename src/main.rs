@@ -56,10 +56,12 @@ fn fatal(format: LogFormat, message: &str) {
 /// The end of `kipam offline --help` (docs/offline.md says the same).
 const OFFLINE_EXIT_STATUS: &str = "Exit status:
   0  every allocation was made, every addon rendered and written
-  1  an allocation failed (e.g. an exhausted pool) or is in conflict (allocations in the state
-     overlap, or one cannot be honoured: it is kept as stored and reported), an addon did not
-     render, or a file under --out could not be written or removed
-  2  invalid input, an unusable state file, or a release refused by the guard (nothing written)";
+  1  an allocation failed (e.g. an exhausted pool) or is in conflict (one cannot be honoured:
+     it is kept as stored and reported), an addon did not render, or a file under --out could
+     not be written or removed
+  2  invalid input, an unusable state file (unreadable, empty, or one that holds an address
+     twice), an output that would replace an input, or a release refused by the guard
+     (nothing written)";
 
 // Parsed once at start: the size of the controller's arguments does not matter.
 #[allow(clippy::large_enum_variant)]
@@ -244,6 +246,11 @@ struct OfflineArgs {
     /// datacenter no pool serves.
     #[arg(long)]
     allow_release: bool,
+    /// Take a state file that exists but holds no document (empty, only comments or `---`)
+    /// as an empty state: every cluster is planned from nothing. Without it such a file is
+    /// refused (a state emptied by a merge or by hand is a mistake far more often).
+    #[arg(long)]
+    allow_empty_state: bool,
     /// Also write the pool page (usage, address maps, holders, search) as one
     /// self-contained HTML file that needs no network.
     #[arg(long, value_name = "FILE.html")]
@@ -606,7 +613,17 @@ fn run_offline(args: OfflineArgs) -> ExitCode {
         }
         ExitCode::from(2)
     };
-    // Templates are loaded first: a broken addon stops the run before anything is written.
+    // Every output is checked first: one that would replace an input or another output, or
+    // that cannot be written, is a usage error before anything is written.
+    if let Err(e) = offline::outputs::check(offline::outputs::Paths {
+        inputs: &args.files,
+        state: &args.state,
+        out: args.out.as_deref(),
+        report: args.report.as_deref(),
+    }) {
+        return refuse(e);
+    }
+    // Templates are loaded next: a broken addon stops the run before anything is written.
     let renderer = match &args.out {
         Some(_) => match load_renderer(&args.templates) {
             Ok(r) => Some(r),
@@ -619,6 +636,7 @@ fn run_offline(args: OfflineArgs) -> ExitCode {
         state: args.state,
         now: args.now.clone().unwrap_or_else(resources::now_rfc3339),
         allow_release: args.allow_release,
+        allow_empty_state: args.allow_empty_state,
     };
     let target = match (&renderer, &args.out) {
         (Some(renderer), Some(dir)) => Some(offline::OutTarget { renderer, dir }),
@@ -628,6 +646,13 @@ fn run_offline(args: OfflineArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return refuse(e.to_string()),
     };
+    for leftover in &report.leftovers {
+        eprintln!(
+            "note: removed {}, a temporary file of the state left by a run that stopped \
+             mid-write (its process is gone)",
+            leftover.display()
+        );
+    }
     for skipped in report.ignored.iter().chain(&report.render_skipped) {
         eprintln!("note: skipped {skipped}");
     }
@@ -759,16 +784,62 @@ fn render(args: &RenderArgs) -> Result<(String, kipam::render::RenderedAddon), S
         .map(|a| a.spec.variables.clone())
         .unwrap_or_default();
     let allocations = match &args.state {
-        Some(p) => read_state(p)?,
+        Some(p) => {
+            let objects = read_state(p)?;
+            check_holders(p, &objects, &manifests.pools)?;
+            objects
+        }
         None => Vec::new(),
     };
-    let mut data =
-        kipam::desired::template_data(&name, &cluster.spec.datacenter, &allocations, variables);
+    // Only what it holds in its datacenter: a paused cluster moved elsewhere keeps its old
+    // addresses, which its addons, rendered for the new datacenter, must not announce.
+    let datacenter = &cluster.spec.datacenter;
+    let in_datacenter = allocations.iter().filter(|a| &a.spec.dc == datacenter);
+    let mut data = kipam::desired::template_data(&name, datacenter, in_datacenter, variables);
     kipam::desired::add_networks(&mut data, &manifests.pools);
     let rendered = renderer
         .render(&args.addon, &data)
         .map_err(|e| e.to_string())?;
     Ok((name, rendered))
+}
+
+/// Refuses a state that shows two holders of one address (see `offline::holders`), judged
+/// with the pools given (their address spaces and gateways).
+fn check_holders(
+    path: &std::path::Path,
+    objects: &[resources::IPAMAllocation],
+    pools: &[resources::IPAMPool],
+) -> Result<(), String> {
+    let mut stored = Vec::new();
+    for obj in objects {
+        let parsed = validation::stored_allocation(obj).map_err(|e| {
+            let list: Vec<String> = e.iter().map(|e| format!("  {e}")).collect();
+            format!(
+                "state file {} is corrupt, refusing to use it:\n{}",
+                path.display(),
+                list.join("\n")
+            )
+        })?;
+        stored.push(parsed);
+    }
+    let inputs: Vec<_> = pools
+        .iter()
+        .filter_map(|p| validation::pool_input(p).ok())
+        .collect();
+    let gateways = offline::holders::gateways(pools);
+    let clashes = offline::holders::state_clashes(&stored, &inputs, &gateways, false);
+    if clashes.is_empty() {
+        return Ok(());
+    }
+    let list: Vec<String> = offline::holders::clash_messages(&clashes)
+        .iter()
+        .map(|m| format!("  {m}"))
+        .collect();
+    Err(format!(
+        "state file {} holds addresses twice, nothing rendered:\n{}",
+        path.display(),
+        list.join("\n")
+    ))
 }
 
 fn run_validate(args: ValidateArgs) -> ExitCode {
@@ -867,9 +938,28 @@ fn validate(args: &ValidateArgs) -> Result<(usize, usize, Vec<String>), Vec<Stri
                 .map(|e| e.to_string()),
         );
     }
+    for cluster in &cluster_inputs {
+        let found = validation::override_fits(cluster, &pool_inputs);
+        cluster_errors.extend(found.iter().map(|e| e.to_string()));
+    }
     errors.extend(cluster_errors);
     if !errors.is_empty() {
         return Err(errors);
+    }
+    // The state is judged with the pools given: two holders of one address in a pool, or in
+    // one address space of pools both given, are an error.
+    let gateways = offline::holders::gateways(&new.pools);
+    let clashes = offline::holders::state_clashes(&stored, &pool_inputs, &gateways, false);
+    if !clashes.is_empty() {
+        let state = args
+            .state
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        return Err(offline::holders::clash_messages(&clashes)
+            .into_iter()
+            .map(|m| format!("state file {state}: {m}"))
+            .collect());
     }
     let warnings = offline::overlaps::overlap_warnings(&pool_inputs, &[]);
     Ok((new.pools.len(), new.clusters.len(), warnings))

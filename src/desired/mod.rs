@@ -91,14 +91,10 @@ pub fn allocation_object(
             .or(Some(now.to_string())),
         (None, _) => None,
     };
-    let message = match (decision.change, decision.message.is_empty()) {
-        (Change::Keep, true) => previous_status
-            .message
-            .clone()
-            .filter(|_| previous_status.phase == Some(AllocationPhase::Allocated)),
-        (_, true) => None,
-        (_, false) => Some(decision.message.clone()),
-    };
+    // The message says why the allocation is as it is in this plan: a plan that has nothing
+    // to say clears it (a refused growth, a pause, a blocked pool are over once the plan
+    // says nothing of them).
+    let message = (!decision.message.is_empty()).then(|| decision.message.clone());
     obj.status = Some(IPAMAllocationStatus {
         phase: Some(phase),
         message,

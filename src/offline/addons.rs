@@ -110,10 +110,13 @@ pub fn render_all(
             ));
             continue;
         };
+        // Only what the cluster holds in its datacenter: a paused cluster moved elsewhere
+        // keeps its old addresses, which its addons must not announce in the new one.
+        let datacenter = &cluster.spec.datacenter;
         let mut data = template_data(
             &cluster_name,
-            &cluster.spec.datacenter,
-            allocations,
+            datacenter,
+            allocations.iter().filter(|a| &a.spec.dc == datacenter),
             addon.spec.variables.clone(),
         );
         add_networks(&mut data, pools);

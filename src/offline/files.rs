@@ -263,6 +263,68 @@ fn resolve(path: &Path, what: &'static str) -> Result<PathBuf, FileError> {
     })
 }
 
+/// Removes the temporary files a run stopped mid-write (killed, or the machine went down)
+/// left next to the file at `path`: `.<name>.kipam-tmp-<pid>-<n>`, of a process `pid` that
+/// no longer exists. Those of a live process, and every other file, are left alone. Returns
+/// what was removed. Call it while holding the file's [`lock`].
+pub fn remove_leftovers(path: &Path, what: &'static str) -> Vec<PathBuf> {
+    let target = match check_existing(path, what) {
+        Ok(Target::Regular(resolved)) => resolved,
+        _ => path.to_path_buf(),
+    };
+    let Some(name) = target.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return Vec::new();
+    };
+    let prefix = format!(".{name}.kipam-tmp-");
+    let Ok(entries) = std::fs::read_dir(parent_dir(&target)) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = file_name.strip_prefix(&prefix) else {
+            continue;
+        };
+        let Some((pid, n)) = rest.split_once('-') else {
+            continue;
+        };
+        let (Ok(pid), true) = (pid.parse::<u32>(), n.parse::<u64>().is_ok()) else {
+            continue;
+        };
+        if pid == std::process::id() || process_exists(pid) {
+            continue;
+        }
+        // Only a regular file: never follow or remove anything else.
+        let is_file = entry.file_type().map(|t| t.is_file()).unwrap_or(false);
+        if is_file && std::fs::remove_file(entry.path()).is_ok() {
+            removed.push(entry.path());
+        }
+    }
+    removed.sort();
+    removed
+}
+
+/// Whether a process `pid` exists (when unsure, it does).
+fn process_exists(pid: u32) -> bool {
+    #[cfg(unix)]
+    {
+        let Ok(pid) = libc::pid_t::try_from(pid) else {
+            return true;
+        };
+        if pid <= 0 {
+            return true;
+        }
+        // SAFETY: signal 0 sends nothing; it only asks whether the process exists.
+        let found = unsafe { libc::kill(pid, 0) };
+        found == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = pid;
+        true
+    }
+}
+
 /// A new file next to `target`, created exclusively (never opening something that is
 /// already there, whoever put it there).
 fn create_temporary(dir: &Path, target: &Path) -> std::io::Result<(PathBuf, File)> {

@@ -60,10 +60,7 @@ pub enum ManifestError {
 /// fields, wrong types, numbers that are not whole or do not fit; see
 /// [`crate::validation::strict`]). All problems of all files are reported together.
 pub fn load(paths: &[PathBuf]) -> Result<Manifests, ManifestError> {
-    let mut files = Vec::new();
-    for path in paths {
-        collect(path, &mut files)?;
-    }
+    let files = input_files(paths)?;
     let mut out = Manifests::default();
     let mut problems = Vec::new();
     let mut seen: BTreeMap<(String, String), String> = BTreeMap::new();
@@ -208,8 +205,13 @@ fn read_document(doc: &RawNode) -> Read {
             .into_iter()
             .map(|p| (p.line.or(doc.line), p.error.to_string())),
     );
-    if kipam_kind == Kind::Namespace && metadata.is_some() && name.is_empty() {
-        found.push((doc.line, format!("{kind}: metadata.name: is required")));
+    if name.is_empty() {
+        // Said here, where the file and line are known: the object has no name to be
+        // found by.
+        found.push((
+            doc.line,
+            format!("{kind}: the object has no name (metadata.name is missing or empty)"),
+        ));
     }
     if !found.is_empty() {
         return Read::Refused(found);
@@ -220,6 +222,8 @@ fn read_document(doc: &RawNode) -> Read {
         Kind::Cluster => typed(json).map(Typed::Cluster),
         Kind::Addon => typed(json).map(Typed::Addon),
         Kind::IPAMAllocation => typed(json).map(Typed::Allocation),
+        // Never returned by `Kind::from_name`: a record is not a manifest.
+        Kind::IPAMPoolRecord => return Read::Ignored(format!("{api_version} {kind} {name}")),
         // A cluster's namespace is expected here; any other is not kipam's business.
         Kind::Namespace => match cluster_of_namespace(name) {
             Some(cluster) if validation::names::cluster_name("metadata.name", cluster).is_ok() => {
@@ -253,6 +257,19 @@ pub(crate) fn no_kind(doc: &RawNode) -> String {
 
 fn typed<T: DeserializeOwned>(doc: Value) -> Result<T, String> {
     serde_json::from_value(doc).map_err(|e| e.to_string())
+}
+
+/// The files `paths` name: files as given, directories' `*.yaml` / `*.yml` files in name
+/// order. A file named twice (given twice, or also inside a directory given, or through a
+/// symlink) is read once, where it first appears.
+pub fn input_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ManifestError> {
+    let mut files = Vec::new();
+    for path in paths {
+        collect(path, &mut files)?;
+    }
+    let mut seen = std::collections::HashSet::new();
+    files.retain(|f| seen.insert(std::fs::canonicalize(f).unwrap_or_else(|_| f.clone())));
+    Ok(files)
 }
 
 fn collect(path: &Path, files: &mut Vec<PathBuf>) -> Result<(), ManifestError> {

@@ -8,8 +8,10 @@
 pub mod addons;
 pub mod files;
 pub mod guard;
+pub mod holders;
 pub mod manifests;
 pub mod out_dir;
+pub mod outputs;
 pub mod overlaps;
 pub mod page;
 pub mod quarantine;
@@ -22,7 +24,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::desired::allocation_object;
-use crate::planner::{self, Plan};
+use crate::planner::{Change, Plan, PlanInputs};
 use crate::render::Renderer;
 use crate::resources::{Addon, Cluster, IPAMAllocation, IPAMPool, cluster_namespace};
 use crate::validation::{self, FieldError};
@@ -44,6 +46,9 @@ pub struct OfflineOptions {
     pub now: String,
     /// Let releases through that look like a mistake (see [`guard`]).
     pub allow_release: bool,
+    /// Take a state file that exists but holds no document (empty, only comments or `---`)
+    /// as an empty state; without it such a file is refused.
+    pub allow_empty_state: bool,
 }
 
 /// Where and with what to render the Addons (`--out`).
@@ -79,6 +84,9 @@ pub struct OfflineReport {
     /// Things that are allowed but likely wrong: pools overlapping in one datacenter, and the
     /// addresses held through both.
     pub warnings: Vec<String>,
+    /// Temporary files of the state that runs stopped mid-write had left (named after a
+    /// process that no longer exists), removed by this run.
+    pub leftovers: Vec<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +104,22 @@ pub enum OfflineError {
         concerns(.0)
     )]
     Release(Vec<Concern>),
+    #[error(
+        "state file {} holds addresses twice, nothing planned, rendered or written:\n{}",
+        path.display(),
+        lines(messages)
+    )]
+    Clash {
+        path: PathBuf,
+        messages: Vec<String>,
+    },
+}
+
+fn lines(list: &[String]) -> String {
+    list.iter()
+        .map(|m| format!("  {m}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn concerns(list: &[Concern]) -> String {
@@ -134,7 +158,11 @@ pub fn run_with_out(
     // Held until the run ends: a concurrent run on the same state is refused rather than
     // allowed to overwrite this one's allocations.
     let _lock = files::lock(&options.state, "state file")?;
-    let (stored_objects, kept_records) = state_file::read_state(&options.state)?;
+    // Under the lock: no other run is writing, so a temporary file of the state named after a
+    // process that is gone is a leftover of a run stopped mid-write.
+    let leftovers = files::remove_leftovers(&options.state, "state file");
+    let (stored_objects, kept_records) =
+        state_file::read_state(&options.state, options.allow_empty_state)?;
     let now = quarantine::seconds_of(&options.now).map_err(|why| {
         OfflineError::Invalid(vec![FieldError {
             object: "kipam offline".into(),
@@ -192,6 +220,9 @@ pub fn run_with_out(
             Err(e) => errors.extend(e),
         }
     }
+    for cluster in &clusters {
+        cluster_errors.extend(validation::override_fits(cluster, &pools));
+    }
     errors.extend(cluster_errors);
     for addon in &manifests.addons {
         errors.extend(addons::check_addon(addon));
@@ -199,8 +230,34 @@ pub fn run_with_out(
     if !errors.is_empty() {
         return Err(OfflineError::Invalid(errors));
     }
+    // Before planning: a state that shows two holders of one address (a Git merge of two
+    // branches that each allocated) is refused, never planned or rendered from.
+    let gateways = holders::gateways(&manifests.pools);
+    let clashes = holders::state_clashes(&stored, &pools, &gateways, true);
+    if !clashes.is_empty() {
+        return Err(OfflineError::Clash {
+            path: options.state.clone(),
+            messages: holders::clash_messages(&clashes),
+        });
+    }
 
-    let (plan, _) = planner::plan_at(&pools, &clusters, &stored, &kept_quarantine, now);
+    let held_elsewhere = holders::held_elsewhere(&pools, &clusters, &stored, gateways);
+    let inputs = PlanInputs {
+        pools,
+        clusters,
+        stored,
+        quarantined: kept_quarantine,
+        now,
+        held_elsewhere,
+    };
+    let (mut plan, _) = inputs.plan_keeping();
+    let PlanInputs {
+        pools,
+        clusters,
+        stored,
+        ..
+    } = inputs;
+    explain_moves_while_frozen(&mut plan, &clusters);
     if !options.allow_release {
         let concerns = guard::suspicious_releases(&plan, &stored, &pools, &clusters);
         if !concerns.is_empty() {
@@ -266,6 +323,7 @@ pub fn run_with_out(
         out: None,
         ignored: manifests.ignored,
         warnings,
+        leftovers,
     };
     if let Some(rendering) = &rendering {
         report.render_skipped = rendering.skipped.clone();
@@ -275,6 +333,8 @@ pub fn run_with_out(
             return Ok(report);
         }
     }
+    // Checked before anything is written (the state goes first, then --out).
+    state_file::check_size(&content)?;
     let current = std::fs::read_to_string(&options.state).ok();
     report.state_written = current.as_deref() != Some(content.as_str());
     if report.state_written {
@@ -284,6 +344,38 @@ pub fn run_with_out(
         report.out = Some(out_dir::write_out(target.dir, &rendering.files));
     }
     Ok(report)
+}
+
+/// A paused (or invalid) cluster keeps what it holds, even in a datacenter it no longer is in:
+/// say so, and what happens when it is resumed, instead of only "cluster is paused".
+fn explain_moves_while_frozen(plan: &mut Plan, clusters: &[crate::planner::ClusterInput]) {
+    let by_name: HashMap<&str, &crate::planner::ClusterInput> =
+        clusters.iter().map(|c| (c.name.as_str(), c)).collect();
+    for d in &mut plan.decisions {
+        let Some(c) = by_name.get(d.cluster.as_str()) else {
+            continue;
+        };
+        if d.change != Change::Keep || !c.frozen() || c.datacenter == d.datacenter {
+            continue;
+        }
+        let how = if c.paused {
+            "while it is paused"
+        } else {
+            "while its spec is invalid"
+        };
+        let held = d
+            .held
+            .as_ref()
+            .map(|h| h.to_string())
+            .unwrap_or_else(|| "nothing".into());
+        let (old, new) = (&d.datacenter, &c.datacenter);
+        d.message = format!(
+            "{}; its datacenter changed from {old} to {new} {how}: it keeps {held} in {old} \
+             until it is resumed, but its addons, rendered for {new}, do not show them; once \
+             resumed, these are released and it gets new addresses from the pools serving {new}",
+            d.message
+        );
+    }
 }
 
 /// The result table: one row per (cluster, pool), then the pools' usage (`pools` tells which

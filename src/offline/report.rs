@@ -66,6 +66,11 @@ pub fn human_count(count: AddressCount) -> String {
 /// A count of a pool whose allocations are `/len` subnets, as a number of such subnets when
 /// it is a whole number of them (`65534 /64s`), else as addresses.
 pub fn subnet_count(count: AddressCount, host_bits: u32) -> String {
+    // Nothing is nothing in any unit; and subnets of length /0 are the whole address space,
+    // better read as addresses.
+    if count == AddressCount::ZERO || host_bits >= 128 {
+        return human_count(count);
+    }
     let whole = match count.to_u128() {
         Some(n) if host_bits >= 128 => (n == 0).then_some(0),
         Some(n) => {
@@ -350,7 +355,7 @@ mod tests {
         let free = AddressCount::pow2(80).saturating_sub(AddressCount::pow2(65));
         assert_eq!(subnet_count(free, 64), "65534 /64s");
         assert_eq!(subnet_count(AddressCount::pow2(65), 64), "2 /64s");
-        assert_eq!(subnet_count(AddressCount::ZERO, 64), "0 /64s");
+        assert_eq!(subnet_count(AddressCount::ZERO, 64), "0");
         // Not a whole number of subnets: addresses.
         assert_eq!(subnet_count(AddressCount::from_u128(16), 64), "16");
         // The whole IPv6 space.

@@ -31,7 +31,27 @@ pub enum StateError {
     Serialise(String),
     #[error(transparent)]
     File(#[from] super::files::FileError),
+    #[error(
+        "state file {path} exists but holds no state (it is empty, or only comments or `---`): \
+         refusing to start every cluster over from nothing; restore the state (from Git, for \
+         instance), or, to start from an empty state on purpose, run again with \
+         --allow-empty-state"
+    )]
+    Empty { path: PathBuf },
+    #[error(
+        "the new state would be {size} bytes, more than the {limit} bytes (256 MiB) kipam reads \
+         back; nothing written (split the clusters over several state files)"
+    )]
+    TooLarge { size: usize, limit: u64 },
 }
+
+/// What kipam writes for a state that holds nothing (every allocation released): a file
+/// that says so, unlike one emptied by a merge or by hand, which is refused.
+pub const EMPTY_STATE: &str = "# kipam offline state: one IPAMAllocation per cluster and pool.\n\
+# This state is empty: it holds no allocation and no quarantine.\n";
+
+/// The largest state kipam writes: what it reads back ([`super::yaml::MAX_FILE_BYTES`]).
+pub const MAX_STATE_BYTES: u64 = super::yaml::MAX_FILE_BYTES;
 
 /// The stored allocations; an absent file is an empty state.
 ///
@@ -39,13 +59,21 @@ pub enum StateError {
 /// `ipam.kipam.dev/v1alpha1` with only known fields of the right types (see
 /// [`crate::validation::strict`]). Any problem refuses the whole file; it is never rewritten
 /// by a refused run.
+///
+/// A file that exists must hold a state: one without any document (empty, only comments or
+/// `---`, as a bad merge or a truncation leaves it) is refused, unless it is the
+/// [`EMPTY_STATE`] kipam writes.
 pub fn read(path: &Path) -> Result<Vec<IPAMAllocation>, StateError> {
-    read_state(path).map(|(allocations, _)| allocations)
+    read_state(path, false).map(|(allocations, _)| allocations)
 }
 
 /// [`read`], also giving the quarantine records (`IPAMPoolRecord` documents holding only
-/// quarantine entries; see [`super::quarantine`]).
-pub fn read_state(path: &Path) -> Result<(Vec<IPAMAllocation>, Vec<IPAMPoolRecord>), StateError> {
+/// quarantine entries; see [`super::quarantine`]). With `allow_empty`, a file without any
+/// document is an empty state.
+pub fn read_state(
+    path: &Path,
+    allow_empty: bool,
+) -> Result<(Vec<IPAMAllocation>, Vec<IPAMPoolRecord>), StateError> {
     let text = match yaml::read_text(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), Vec::new())),
@@ -69,6 +97,11 @@ pub fn read_state(path: &Path) -> Result<(Vec<IPAMAllocation>, Vec<IPAMPoolRecor
             .to_string(),
         )
     })?;
+    if docs.0.is_empty() && !allow_empty && text.trim_end() != EMPTY_STATE.trim_end() {
+        return Err(StateError::Empty {
+            path: path.to_path_buf(),
+        });
+    }
     let mut out = Vec::with_capacity(docs.0.len());
     let mut records: Vec<IPAMPoolRecord> = Vec::new();
     let mut problems = Vec::new();
@@ -139,9 +172,22 @@ fn read_document(doc: &RawNode, index: usize) -> DocResult {
     };
     let api_version = doc.get_str("apiVersion").unwrap_or("");
     if kind == "IPAMPoolRecord" && api_version == API_VERSION {
+        // As strict as the allocations: a misspelt field would drop the quarantine it holds.
+        let name = doc
+            .get("metadata")
+            .and_then(|m| m.get_str("name"))
+            .unwrap_or("");
+        let object = format!("IPAMPoolRecord {name} (quarantine)");
+        let found = strict::check_object(Kind::IPAMPoolRecord, &object, doc);
+        if !found.is_empty() {
+            return Err(found
+                .into_iter()
+                .map(|p| (p.line.or(doc.line), p.error.to_string()))
+                .collect());
+        }
         return serde_json::from_value::<IPAMPoolRecord>(doc.to_json())
             .map(Doc::Record)
-            .or_else(|e| at_doc(format!("IPAMPoolRecord (quarantine): {e}")));
+            .or_else(|e| at_doc(format!("{object}: {e}")));
     }
     if kind != "IPAMAllocation" {
         return at_doc(format!(
@@ -176,6 +222,9 @@ pub fn render_state(
     objects: &[IPAMAllocation],
     records: &[IPAMPoolRecord],
 ) -> Result<String, StateError> {
+    if objects.is_empty() && records.is_empty() {
+        return Ok(EMPTY_STATE.to_string());
+    }
     let mut sorted: Vec<&IPAMAllocation> = objects.iter().collect();
     sorted.sort_by(|a, b| {
         (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
@@ -200,7 +249,43 @@ pub fn render_state(
 
 /// Replaces the file at `path` with `content`, atomically (see [`super::files::write_atomic`]:
 /// exclusive temporary file next to the real target, flushed, renamed, directory flushed; a
-/// symlink stays a symlink and the mode is kept).
+/// symlink stays a symlink and the mode is kept). A state larger than kipam reads back
+/// ([`MAX_STATE_BYTES`]) is refused before anything is written.
 pub fn write_atomic(path: &Path, content: &str) -> Result<(), StateError> {
+    check_size(content)?;
     super::files::write_atomic(path, content.as_bytes(), "state file").map_err(StateError::from)
+}
+
+/// Refuses a state kipam could not read back.
+pub fn check_size(content: &str) -> Result<(), StateError> {
+    if content.len() as u64 > MAX_STATE_BYTES {
+        return Err(StateError::TooLarge {
+            size: content.len(),
+            limit: MAX_STATE_BYTES,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 37, item 12: kipam never writes a state it would refuse to read back.
+    #[test]
+    fn a_state_kipam_could_not_read_back_is_not_written() {
+        let dir = std::env::temp_dir().join(format!("kipam-state-size-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.yaml");
+        let big = "#".repeat(super::super::yaml::MAX_FILE_BYTES as usize + 1);
+        let result = write_atomic(&path, &big);
+        let written = path.exists();
+        let _ = std::fs::remove_dir_all(&dir);
+        let err = result.expect_err("refused").to_string();
+        assert!(
+            err.contains("more than the 268435456 bytes (256 MiB) kipam reads"),
+            "{err}"
+        );
+        assert!(!written, "nothing written");
+    }
 }

@@ -115,7 +115,64 @@ pub fn parse_each<S: DocumentSink>(text: &str) -> Result<S, String> {
     SOURCE.with(|s| *s.borrow_mut() = text.to_string());
     let parsed = serde_saphyr::from_str_multiple_with_options::<Node, Collect<S>>(text, options());
     SOURCE.with(|s| s.borrow_mut().clear());
-    parsed.map(|c| c.0).map_err(|e| e.to_string())
+    parsed.map(|c| c.0).map_err(|e| in_kipam_terms(&e))
+}
+
+/// The parser's error in kipam's words: where, and what to do, without the parser's own
+/// settings (`set DuplicateKeyPolicy in Options`) or internal names (`RecordedAnchorEvents`).
+fn in_kipam_terms(err: &serde_saphyr::Error) -> String {
+    use serde_saphyr::Error as E;
+    use serde_saphyr::budget::BudgetBreach as B;
+    let mut err = err.without_snippet();
+    // Unwrapped down to the parser's own error: an alias adds where it was defined and used.
+    while let E::AliasError { error, .. } | E::WithSnippet { error, .. } = err {
+        err = error;
+    }
+    let at = err
+        .location()
+        .filter(|l| l.line() > 0)
+        .map(|l| format!("line {} column {}: ", l.line(), l.column()))
+        .unwrap_or_default();
+    let aliases = "too many aliases: the anchors and aliases (`&name`, `*name`, `<<: *name`) \
+                   expand to more than kipam reads (is it an alias bomb?); write the values out";
+    let what = match err {
+        E::DuplicateMappingKey { key: Some(key), .. } => format!(
+            "the key `{key}` appears twice in one mapping; YAML allows each key once: remove \
+             or rename one of them"
+        ),
+        E::DuplicateMappingKey { key: None, .. } => {
+            "a key appears twice in one mapping; YAML allows each key once: remove or rename \
+             one of them"
+                .to_string()
+        }
+        E::AliasReplayLimitExceeded { .. }
+        | E::AliasReplayCounterOverflow { .. }
+        | E::AliasReplayStackDepthExceeded { .. } => aliases.to_string(),
+        E::Budget { breach, .. } => match breach {
+            B::Aliases { .. }
+            | B::Anchors { .. }
+            | B::MergeKeys { .. }
+            | B::AliasAnchorRatio { .. }
+            | B::RecordedAnchorEvents { .. }
+            | B::RecordedAnchorBytes { .. } => aliases.to_string(),
+            B::Depth { .. } => format!("nested more than {MAX_DEPTH} levels deep"),
+            B::Documents { .. } => format!("more than {MAX_DOCUMENTS} documents in one file"),
+            _ => format!(
+                "larger than kipam reads in one file ({MAX_FILE_BYTES} bytes, 256 MiB, of \
+                 ordinary YAML)"
+            ),
+        },
+        other => {
+            let text = other.to_string();
+            // The parser ends its message with where; that is said first here.
+            let text = match text.rfind(" at line ") {
+                Some(i) if !at.is_empty() => text[..i].to_string(),
+                _ => text,
+            };
+            return format!("{at}{}", text.trim_start_matches("error: "));
+        }
+    };
+    format!("{at}{what}")
 }
 
 thread_local! {

@@ -218,6 +218,7 @@ impl Renderer {
         }
         let context = Value::from(Serde(data));
         let mut objects = Vec::new();
+        let mut places = Vec::new();
         let mut budget = self.max_output();
         for name in names {
             let text = self.render_file(addon, name, &context, budget)?;
@@ -226,7 +227,7 @@ impl Renderer {
                 addon,
                 file: self.display_name(name),
             };
-            output::collect_objects(&origin, &text, &mut objects)?;
+            output::collect_objects(&origin, &text, &mut objects, &mut places)?;
         }
         Ok(RenderedAddon {
             addon: addon.to_string(),

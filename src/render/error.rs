@@ -113,6 +113,23 @@ pub enum RenderError {
         reason: String,
     },
 
+    /// Two rendered documents are one object (API group, kind, namespace and name): applied
+    /// in a user cluster, the second would silently replace the first.
+    #[error(
+        "addon {addon}: {object} is rendered twice: by {first_file} (document {first_document}) \
+         and by {second_file} (document {second_document}); the second would silently replace \
+         the first in the user cluster: render each object once"
+    )]
+    Duplicate {
+        addon: String,
+        /// `kind namespace/name` (the API group added when there is one).
+        object: String,
+        first_file: String,
+        first_document: usize,
+        second_file: String,
+        second_document: usize,
+    },
+
     /// Rendering needed more memory than the render sandbox allows (`--max-render-memory`):
     /// a template building ever larger strings or lists. The sandbox process was stopped; the
     /// controller and the command line are unaffected.

@@ -22,12 +22,18 @@ pub(crate) struct Origin<'a> {
     pub file: &'a str,
 }
 
+/// Where each rendered object came from: (template file, document number in its output).
+pub(crate) type Places = Vec<(String, usize)>;
+
 /// Parses the rendered text of one template file, drops its empty documents, checks that each
-/// remaining one is an object kipam can apply, labels it, and appends it to `objects`.
+/// remaining one is an object kipam can apply, labels it, and appends it to `objects`, its
+/// place to `places`. An object rendered before (same API group, kind, namespace and name)
+/// is refused, naming both places.
 pub(crate) fn collect_objects(
     origin: &Origin<'_>,
     text: &str,
     objects: &mut Vec<Value>,
+    places: &mut Places,
 ) -> Result<(), RenderError> {
     let documents = full_parse(origin, text)?;
     for (index, mut document) in documents.into_iter().enumerate() {
@@ -41,9 +47,51 @@ pub(crate) fn collect_objects(
             document: index + 1,
             reason,
         })?;
+        let key = identity(&document);
+        if let Some(at) = objects.iter().position(|o| identity(o) == key) {
+            let (first_file, first_document) = places[at].clone();
+            return Err(RenderError::Duplicate {
+                addon: origin.addon.to_string(),
+                object: shown(&key),
+                first_file,
+                first_document,
+                second_file: origin.file.to_string(),
+                second_document: index + 1,
+            });
+        }
         objects.push(document);
+        places.push((origin.file.to_string(), index + 1));
     }
     Ok(())
+}
+
+/// What names an object in a cluster: API group (not version), kind, namespace, name.
+fn identity(object: &Value) -> (&str, &str, &str, &str) {
+    fn text(v: Option<&Value>) -> &str {
+        v.and_then(Value::as_str).unwrap_or_default()
+    }
+    let api_version = text(object.get("apiVersion"));
+    let group = api_version.rsplit_once('/').map(|(g, _)| g).unwrap_or("");
+    let metadata = object.get("metadata");
+    (
+        group,
+        text(object.get("kind")),
+        text(metadata.and_then(|m| m.get("namespace"))),
+        text(metadata.and_then(|m| m.get("name"))),
+    )
+}
+
+fn shown((group, kind, namespace, name): &(&str, &str, &str, &str)) -> String {
+    let kind = if group.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind}.{group}")
+    };
+    if namespace.is_empty() {
+        format!("{kind} {name}")
+    } else {
+        format!("{kind} {namespace}/{name}")
+    }
 }
 
 /// Parses with the full YAML parser, turning its error into one that names the rendered line.

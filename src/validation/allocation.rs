@@ -66,6 +66,30 @@ pub fn stored_allocation_of(
         .status
         .and_then(|s| s.phase)
         .is_some_and(|p| p == AllocationPhase::Released);
+    // An entry whose data disagrees with its type is not read as something else (and never
+    // silently dropped: the planner would give the cluster other addresses).
+    match spec.type_ {
+        AllocationType::Range => {
+            if let Some(cidr) = &spec.cidr {
+                errors.add(
+                    "spec.cidr",
+                    cidr,
+                    "a range allocation holds spec.addresses, not a cidr: the entry disagrees \
+                     with its type (type: range)",
+                );
+            }
+        }
+        AllocationType::Prefix => {
+            if !spec.addresses.is_empty() {
+                errors.add(
+                    "spec.addresses",
+                    spec.addresses.join(","),
+                    "a prefix allocation holds spec.cidr, not addresses: the entry disagrees \
+                     with its type (type: prefix)",
+                );
+            }
+        }
+    }
     let held = match spec.type_ {
         AllocationType::Range => {
             let mut pieces = Vec::new();

@@ -100,8 +100,36 @@ fn pool_override(pool: &str, o: &ClusterPoolOverride, errors: &mut Errors) -> Op
                 ),
             }
         }
-        return (pieces.len() == o.addresses.len())
-            .then_some(PoolOverride::PinnedAddresses(pieces));
+        if pieces.len() != o.addresses.len() {
+            return None;
+        }
+        // The pieces of one pin are one allocation: one family, no address twice (the
+        // planner would refuse them on every run).
+        let mut sorted: Vec<(usize, AddrRange)> = pieces.iter().copied().enumerate().collect();
+        sorted.sort_by_key(|(_, r)| (r.family(), r.first(), r.last()));
+        let mut ok = true;
+        if let Some((_, first)) = sorted.first()
+            && let Some((i, _)) = sorted.iter().find(|(_, r)| r.family() != first.family())
+        {
+            errors.add(
+                format!("{}[{i}]", path("addresses")),
+                &o.addresses[*i],
+                format!("mixes address families with {first}: a pin is of one family"),
+            );
+            ok = false;
+        }
+        for pair in sorted.windows(2) {
+            let ((_, a), (j, b)) = (pair[0], pair[1]);
+            if a.overlaps(&b) {
+                errors.add(
+                    format!("{}[{j}]", path("addresses")),
+                    &o.addresses[j],
+                    format!("overlaps {a}, another piece of the pin: list each address once"),
+                );
+                ok = false;
+            }
+        }
+        return ok.then_some(PoolOverride::PinnedAddresses(pieces));
     }
     None
 }

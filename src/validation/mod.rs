@@ -26,7 +26,7 @@ pub use network::{DatacenterNetwork, datacenter_network};
 pub use pool::{
     machine_reserved, parse_reuse_after, pool_input, validate_pool, validate_pool_with_clusters,
 };
-pub use references::override_pools;
+pub use references::{override_fits, override_pools};
 
 use std::fmt;
 

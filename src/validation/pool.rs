@@ -44,8 +44,20 @@ pub fn pool_input(pool: &IPAMPool) -> Result<PoolInput, Vec<FieldError>> {
         name,
         reclaim_policy: pool.spec.reclaim_policy,
         datacenters,
-        address_space: pool.spec.address_space.clone().unwrap_or_default(),
+        address_space: space_of(pool.spec.address_space.as_deref()),
     })
+}
+
+/// The name of the default address space: `addressSpace: default` is the space of pools that
+/// name none, not a space of its own.
+pub const DEFAULT_SPACE: &str = "default";
+
+/// The planner's name of an address space: empty for the default one, however it is written.
+fn space_of(written: Option<&str>) -> String {
+    match written {
+        None | Some(DEFAULT_SPACE) => String::new(),
+        Some(other) => other.to_string(),
+    }
 }
 
 /// Every rule: creation rules, and when `old` is given the update rules (`type`,
@@ -91,6 +103,29 @@ pub fn validate_pool_with_clusters(
     }
 }
 
+/// The IPv4 network an IPv4-mapped IPv6 network (inside `::ffff:0:0/96`) stands for.
+fn ipv4_mapped(c: &Cidr) -> Option<Cidr> {
+    const MAPPED: u128 = 0xffff << 32;
+    let inside = c.family() == crate::address::Family::V6
+        && c.first() >= MAPPED
+        && c.last() <= (MAPPED | 0xffff_ffff);
+    if !inside {
+        return None;
+    }
+    Cidr::new(
+        crate::address::Family::V4,
+        c.first() & 0xffff_ffff,
+        c.prefix_len().saturating_sub(96),
+    )
+}
+
+fn mapped_reason(v4: &Cidr) -> String {
+    format!(
+        "is an IPv4-mapped IPv6 network: its addresses are the IPv4 addresses {v4}, which an \
+         IPv4 pool could hand out again; write the IPv4 network {v4} instead"
+    )
+}
+
 fn field(dc: &str, name: &str) -> String {
     format!("spec.datacenters[{dc}].{name}")
 }
@@ -126,6 +161,24 @@ fn datacenter_input(
         }
     };
     let additional = additional_cidrs(dc, settings, cidr, errors);
+    if let Some(c) = cidr
+        && let Some(v4) = ipv4_mapped(&c)
+    {
+        errors.add(
+            field(dc, "poolCidr"),
+            &settings.pool_cidr,
+            mapped_reason(&v4),
+        );
+    }
+    for (i, c) in additional.iter().flatten().enumerate() {
+        if let Some(v4) = ipv4_mapped(c) {
+            errors.add(
+                format!("{}[{i}]", field(dc, "additionalCidrs")),
+                c,
+                mapped_reason(&v4),
+            );
+        }
+    }
     // Every CIDR of the pool, when all of them parse.
     let cidrs: Option<Vec<Cidr>> = match (cidr, &additional) {
         (Some(c), Some(more)) => Some(std::iter::once(c).chain(more.iter().copied()).collect()),

@@ -179,6 +179,9 @@ pub enum Kind {
     Addon,
     IPAMAllocation,
     Namespace,
+    /// Read from the offline state file only (its quarantine), never from manifests: not
+    /// among [`Kind::from_name`]'s kinds.
+    IPAMPoolRecord,
 }
 
 impl Kind {
@@ -200,6 +203,7 @@ impl Kind {
             Kind::Addon => "Addon",
             Kind::IPAMAllocation => "IPAMAllocation",
             Kind::Namespace => "Namespace",
+            Kind::IPAMPoolRecord => "IPAMPoolRecord",
         }
     }
 
@@ -215,7 +219,7 @@ impl Kind {
 /// The schema of a whole object of `kind`: the CRD's schema with `apiVersion`, `kind` and
 /// `metadata` (Kubernetes' `ObjectMeta`) added, as the API server sees it.
 pub fn object_schema(kind: Kind) -> &'static Value {
-    static SCHEMAS: OnceLock<[Value; 5]> = OnceLock::new();
+    static SCHEMAS: OnceLock<[Value; 6]> = OnceLock::new();
     let all = SCHEMAS.get_or_init(|| {
         use k8s_openapi::api::core::v1::Namespace;
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -226,6 +230,7 @@ pub fn object_schema(kind: Kind) -> &'static Value {
             with_envelope(Addon::crd(), &metadata),
             with_envelope(IPAMAllocation::crd(), &metadata),
             builtin_schema::<Namespace>(),
+            with_envelope(crate::resources::IPAMPoolRecord::crd(), &metadata),
         ]
     });
     &all[kind as usize]

@@ -193,6 +193,7 @@ fn run_events(events: &[Event], w: &Workdir) -> Result<usize, TestCaseError> {
             state: state.clone(),
             now: time(now),
             allow_release: true,
+            allow_empty_state: false,
         };
         // Other tests of this binary spawn processes: one forked between our open and its
         // exec briefly shares the state file's lock. That is a run "in use", not a failure.

@@ -89,8 +89,10 @@ fn the_embedded_default_writes_the_pool_page_without_a_cluster() {
     assert_eq!(data_of(&w.read("pools.html"))["summary"], data["summary"]);
 }
 
+/// A report whose directory does not exist is a usage error found before anything is written
+/// (issue 37: every output is checked before the first is written).
 #[test]
-fn a_report_that_cannot_be_written_is_an_error_and_leaves_the_state_written() {
+fn a_report_that_cannot_be_written_is_refused_before_the_state_is_written() {
     let w = Workdir::new("report-bad");
     let state = w.path("state.yaml").display().to_string();
     let report = w.path("missing-dir/pools.html").display().to_string();
@@ -103,13 +105,13 @@ fn a_report_that_cannot_be_written_is_an_error_and_leaves_the_state_written() {
         "--report",
         &report,
     ]);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("missing-dir"),
         "names the path: {}",
         text(&out.stderr)
     );
-    assert!(w.read("state.yaml").contains("kind: IPAMAllocation"));
+    assert!(!w.path("state.yaml").exists(), "nothing written");
 }
 
 const GROWN: &str = "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata: {name: lb}\nspec:\n  datacenters:\n    dc-1: {type: range, poolCidr: 10.5.0.0/30, additionalCidrs: [10.7.0.0/29], allocationRange: 4, reuseAfter: 1h}\n";

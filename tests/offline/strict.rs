@@ -525,7 +525,7 @@ fn a_clusters_namespace_is_read_strictly_and_without_a_note() {
         "Namespace cluster-a: metadata.label: unknown field, did you mean `labels`?",
         "Namespace cluster-a: spec.finalizer: unknown field, did you mean `finalizers`?",
         "Namespace cluster-b: apiVersion: is required (v1)",
-        "Namespace: metadata.name: is required",
+        "Namespace: the object has no name (metadata.name is missing or empty)",
     ] {
         assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
     }
