@@ -542,9 +542,9 @@ mod on_a_server {
     async fn over_a_bound_is_refused_by_the_server_and_by_validation_at_the_same_field() {
         let (_server, client) = start().await;
         let pools: Api<IPAMPool> = Api::all(client.clone());
-        // 44 characters (an IPv4-mapped IPv6 network written out in full), a CIDR the address
+        // 44 characters (an IPv4-compatible IPv6 network written out in full), a CIDR the address
         // parser accepts and of the right shape: only the bound refuses it.
-        let long = "0000:0000:0000:0000:0000:ffff:100.10.0.0/112".to_string();
+        let long = "0000:0000:0000:0000:0000:0000:100.10.0.0/112".to_string();
         let p = pool(
             "metallb",
             json!({"dc-1": {"type": "prefix", "poolCidr": long, "allocationPrefix": 120}}),

@@ -220,6 +220,48 @@ fn hundred_thousand_clusters_run_and_rerun() {
     );
 }
 
+/// `clusters` clusters in one datacenter served by `pools` range pools, each with a gateway it
+/// excludes: the shape of a GitOps repository of many clusters.
+fn many_with_pools(clusters: usize, pools: usize) -> String {
+    let mut out = String::new();
+    for p in 0..pools {
+        out.push_str(&format!(
+            "---\napiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata:\n  name: p{p}\nspec:\n  datacenters:\n    dc-1:\n      type: range\n      poolCidr: 10.{p}.0.0/16\n      allocationRange: 4\n      excludeRanges: [\"10.{p}.255.254\"]\n      network:\n        gateway: 10.{p}.255.254\n"
+        ));
+    }
+    for i in 0..clusters {
+        out.push_str(&format!(
+            "---\napiVersion: ipam.kipam.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: c{i}\n  creationTimestamp: \"2026-01-01T00:00:00Z\"\nspec:\n  datacenter: dc-1\n"
+        ));
+    }
+    out
+}
+
+/// The 10,000 clusters × 10 pools figure of docs/offline.md: `cargo test --release --test
+/// offline -- --ignored ten_thousand --nocapture` (peak memory: `/usr/bin/time -v kipam
+/// offline` on the same input, which the test leaves in `KIPAM_FIXTURE_DIR` when set).
+#[test]
+#[ignore = "large: 10,000 clusters and 10 pools; run by hand for the figures"]
+fn ten_thousand_clusters_of_ten_pools_run_and_rerun() {
+    let w = Workdir::new("ten-thousand-ten-pools");
+    let input = many_with_pools(10_000, 10);
+    if let Some(dir) = std::env::var_os("KIPAM_FIXTURE_DIR") {
+        std::fs::write(std::path::Path::new(&dir).join("in.yaml"), &input).unwrap();
+    }
+    let files = w.write("in.yaml", &input);
+    let state = w.path("state.yaml");
+    for round in ["first", "second"] {
+        let started = std::time::Instant::now();
+        let run = offline(&[files.to_str().unwrap()], &state);
+        println!("{round} run: {:?}", started.elapsed());
+        assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
+    }
+    assert_eq!(
+        w.read("state.yaml").matches("kind: IPAMAllocation").count(),
+        100_000
+    );
+}
+
 const OVERLAPPING: &str = "apiVersion: ipam.kipam.dev/v1alpha1
 kind: IPAMPool
 metadata:
