@@ -826,7 +826,7 @@ fn check_holders(
         .iter()
         .filter_map(|p| validation::pool_input(p).ok())
         .collect();
-    let gateways = offline::holders::gateways(pools);
+    let gateways = validation::gateways(pools);
     let clashes = offline::holders::state_clashes(&stored, &inputs, &gateways, false);
     if clashes.is_empty() {
         return Ok(());
@@ -948,7 +948,7 @@ fn validate(args: &ValidateArgs) -> Result<(usize, usize, Vec<String>), Vec<Stri
     }
     // The state is judged with the pools given: two holders of one address in a pool, or in
     // one address space of pools both given, are an error.
-    let gateways = offline::holders::gateways(&new.pools);
+    let gateways = validation::gateways(&new.pools);
     let clashes = offline::holders::state_clashes(&stored, &pool_inputs, &gateways, false);
     if !clashes.is_empty() {
         let state = args

@@ -13,16 +13,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use crate::address::{AddrRange, parse_address};
+use crate::address::AddrRange;
 use crate::planner::{ClusterInput, HeldElsewhere, PoolInput, StoredAllocation};
-use crate::resources::{IPAMPool, ReclaimPolicy, cluster_namespace};
-use crate::validation::datacenter_network;
+use crate::resources::{ReclaimPolicy, cluster_namespace};
 
 /// Most clashes listed; the rest are counted.
 const SHOWN: usize = 20;
-
-/// The tag under which a gateway is kept out of the other pools of its datacenter.
-pub const GATEWAY_HOLDER: &str = "gateway";
 
 /// Where the addresses a holder holds count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -207,36 +203,6 @@ fn clash_of(
         addresses,
         way_out,
     })
-}
-
-/// The gateway of every pool datacenter of `pools` that names one (and whose network
-/// checks), as held by its pool: [`state_clashes`] and the planner keep it out of every other
-/// pool of the datacenter.
-pub fn gateways(pools: &[IPAMPool]) -> Vec<HeldElsewhere> {
-    let mut out = Vec::new();
-    for pool in pools {
-        let name = pool.metadata.name.as_deref().unwrap_or_default();
-        for (dc, settings) in &pool.spec.datacenters {
-            let Ok(Some(network)) = datacenter_network(dc, settings) else {
-                continue;
-            };
-            let Some(gateway) = network.gateway.as_deref() else {
-                continue;
-            };
-            let Ok((family, address)) = parse_address(gateway) else {
-                continue;
-            };
-            out.extend(
-                AddrRange::new(family, address, address).map(|r| HeldElsewhere {
-                    pool: name.to_string(),
-                    datacenter: dc.clone(),
-                    holder: GATEWAY_HOLDER.to_string(),
-                    addresses: vec![r],
-                }),
-            );
-        }
-    }
-    out
 }
 
 /// What the planner must keep out of every pool of a datacenter although it plans no pool

@@ -232,7 +232,7 @@ pub fn run_with_out(
     }
     // Before planning: a state that shows two holders of one address (a Git merge of two
     // branches that each allocated) is refused, never planned or rendered from.
-    let gateways = holders::gateways(&manifests.pools);
+    let gateways = crate::validation::gateways(&manifests.pools);
     let clashes = holders::state_clashes(&stored, &pools, &gateways, true);
     if !clashes.is_empty() {
         return Err(OfflineError::Clash {

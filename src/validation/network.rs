@@ -15,10 +15,14 @@
 //! Nothing here changes what a cluster holds, so the network may be edited at any time.
 
 use crate::address::{AddrRange, Cidr, Family, parse_address};
+use crate::planner::HeldElsewhere;
 use crate::resources::bounds::{MAX_MTU, MAX_VLAN_ID, MIN_MTU};
-use crate::resources::{AllocationType, IPAMPoolDatacenter};
+use crate::resources::{AllocationType, IPAMPool, IPAMPoolDatacenter};
 
 use super::FieldError;
+
+/// The tag under which a gateway is kept out of the other pools of its datacenter.
+pub const GATEWAY_HOLDER: &str = "gateway";
 
 /// The least MTU of an IPv6 link (RFC 8200).
 const MIN_MTU_IPV6: i32 = 1280;
@@ -290,4 +294,35 @@ fn not_excluded(
              cluster: add it to {list}"
         )
     })
+}
+
+/// The gateway of every pool datacenter of `pools` that names one (and whose network
+/// checks), as held by its pool: `kipam offline`'s clash check and the planner (offline and in
+/// the controller) keep it out of every other pool of the datacenter: a pool of the same
+/// address space whose CIDR covers it must not hand it to a cluster.
+pub fn gateways<'a>(pools: impl IntoIterator<Item = &'a IPAMPool>) -> Vec<HeldElsewhere> {
+    let mut out = Vec::new();
+    for pool in pools {
+        let name = pool.metadata.name.as_deref().unwrap_or_default();
+        for (dc, settings) in &pool.spec.datacenters {
+            let Ok(Some(network)) = datacenter_network(dc, settings) else {
+                continue;
+            };
+            let Some(gateway) = network.gateway.as_deref() else {
+                continue;
+            };
+            let Ok((family, address)) = parse_address(gateway) else {
+                continue;
+            };
+            out.extend(
+                AddrRange::new(family, address, address).map(|r| HeldElsewhere {
+                    pool: name.to_string(),
+                    datacenter: dc.clone(),
+                    holder: GATEWAY_HOLDER.to_string(),
+                    addresses: vec![r],
+                }),
+            );
+        }
+    }
+    out
 }

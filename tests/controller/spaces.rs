@@ -892,3 +892,65 @@ spec:
     assert_eq!(seed.held("api", "tiny"), "10.0.0.0-10.0.0.3");
     assert!(quarantine_entries(&seed).is_empty(), "the entry is trimmed");
 }
+
+/// Two pools of one address space whose gateway lies in the other's CIDR: pool `lb` excludes
+/// its gateway 10.0.0.1 by hand, pool `vip` shares the space and covers it. The gateway is
+/// held by its network (the router answers there), so no cluster may get it through `vip`:
+/// `kipam offline` already refused such a state; the controller must plan the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_gateway_is_never_handed_out_through_another_pool_of_its_address_space() {
+    let seed = Seed::start("spaces-gateway").await;
+    seed.apply(
+        "
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: lb}
+spec:
+  datacenters:
+    dc-1:
+      type: range
+      poolCidr: 10.0.0.0/28
+      allocationRange: 2
+      excludeRanges: [10.0.0.1]
+      network: {gateway: 10.0.0.1, prefixLength: 24}
+---
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: vip}
+spec:
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.0.0.0/28, allocationRange: 1}
+",
+    );
+    let _ctl = seed.controller("ctl");
+    for c in ["a", "b", "c"] {
+        seed.cluster(c, "dc-1");
+    }
+    seed.wait_for(
+        "every cluster served",
+        Duration::from_secs(30),
+        "ctl",
+        |s| {
+            ["a", "b", "c"]
+                .iter()
+                .all(|c| s.phase(c, "lb") == "Allocated" && s.phase(c, "vip") == "Allocated")
+        },
+    )
+    .await;
+    for c in ["a", "b", "c"] {
+        for pool in ["lb", "vip"] {
+            let held = seed.held(c, pool);
+            let gateway = u32::from(std::net::Ipv4Addr::new(10, 0, 0, 1));
+            let covers = held.split(',').any(|r| {
+                let (first, last) = r.split_once('-').unwrap_or((r, r));
+                let ip = |t: &str| u32::from(t.parse::<std::net::Ipv4Addr>().expect("an address"));
+                ip(first) <= gateway && gateway <= ip(last)
+            });
+            assert!(
+                !covers,
+                "cluster {c} holds {held} through pool {pool}, which covers lb's gateway 10.0.0.1"
+            );
+        }
+    }
+    assert!(cross_pool_overlaps(&seed).is_empty());
+}

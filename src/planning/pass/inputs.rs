@@ -223,7 +223,10 @@ pub(super) async fn gather(
         }
     }
     let mut stored: Vec<StoredAllocation> = Vec::with_capacity(stored_objects.len());
-    let mut held_elsewhere: Vec<HeldElsewhere> = Vec::new();
+    // A pool's gateway is its network's: no other pool of the datacenter (one of its address
+    // space whose CIDR covers it) hands it to a cluster.
+    let mut held_elsewhere: Vec<HeldElsewhere> =
+        validation::gateways(pools.iter().map(AsRef::as_ref));
     for obj in stored_objects {
         match stored_of(obj) {
             Ok(mut s) => {
