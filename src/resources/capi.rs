@@ -52,6 +52,37 @@ pub fn claim_of_holder(holder: &str) -> Option<(&str, &str)> {
     holder.strip_prefix(CLAIM_HOLDER_PREFIX)?.split_once('/')
 }
 
+/// The prefix of a pool record entry holding the address of a hand-made `IPAddress` (one that
+/// kipam did not write) that the admission webhook admitted:
+/// `ipaddress/<namespace>/<name>@<admission time>`. The webhook commits it behind the record's
+/// fence before it answers, so no commit planned without the object can hand the address out
+/// while the object shows it; the planner keeps the entry while the object exists.
+pub const HAND_MADE_PREFIX: &str = "ipaddress/";
+
+/// The record entry of hand-made `IPAddress` `namespace`/`name`, admitted at `admitted_at`
+/// (seconds since the Unix epoch).
+pub fn hand_made_holder(namespace: &str, name: &str, admitted_at: i64) -> String {
+    let when = k8s_openapi::jiff::Timestamp::from_second(admitted_at)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| admitted_at.to_string());
+    format!("{HAND_MADE_PREFIX}{namespace}/{name}@{when}")
+}
+
+/// The hand-made `IPAddress` a record entry stands for: (namespace, name, admission time),
+/// the time `None` when it does not read (the entry is then kept while its object exists, and
+/// dropped only once a read confirms the object gone).
+pub fn hand_made_of_holder(holder: &str) -> Option<(&str, &str, Option<i64>)> {
+    let rest = holder.strip_prefix(HAND_MADE_PREFIX)?;
+    let (object, when) = rest.rsplit_once('@').unwrap_or((rest, ""));
+    let (namespace, name) = object.split_once('/')?;
+    let at = when
+        .parse::<k8s_openapi::jiff::Timestamp>()
+        .map(|t| t.as_second())
+        .or_else(|_| when.parse::<i64>())
+        .ok();
+    Some((namespace, name, at))
+}
+
 /// The prefix of the holder name under which a hand-made `IPAddress` that a claim may adopt is
 /// set aside (`adoptable/claim/<namespace>/<name>`): the claim's own pin may take its address,
 /// nobody else.
@@ -219,6 +250,23 @@ impl IPAddressClaim {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hand_made_holders_round_trip_and_are_never_claims_or_clusters() {
+        let h = hand_made_holder("machines", "web-0", 1_764_000_000);
+        assert_eq!(h, "ipaddress/machines/web-0@2025-11-24T16:00:00Z");
+        assert_eq!(
+            hand_made_of_holder(&h),
+            Some(("machines", "web-0", Some(1_764_000_000)))
+        );
+        assert_eq!(claim_of_holder(&h), None);
+        assert_eq!(
+            hand_made_of_holder("ipaddress/machines/web-0@soon"),
+            Some(("machines", "web-0", None))
+        );
+        assert_eq!(hand_made_of_holder("claim/machines/web-0"), None);
+        assert_eq!(hand_made_of_holder("ipaddress/nonamespace"), None);
+    }
 
     #[test]
     fn claim_holders_round_trip_and_are_never_cluster_names() {

@@ -106,7 +106,9 @@ pub fn configuration(options: &ConfigOptions) -> Value {
             ],
             "failurePolicy": options.failure_policy,
             "matchPolicy": "Equivalent",
-            "sideEffects": "None",
+            // The address of an admitted hand-made `IPAddress` is committed to its pool
+            // record before the answer (`webhook::pin`); nothing is written on a dry run.
+            "sideEffects": "NoneOnDryRun",
             "timeoutSeconds": options.timeout_seconds,
         }],
     })

@@ -20,7 +20,7 @@ use crate::address::{AddrRange, parse_address};
 use crate::allocator::Allocation;
 use crate::reservations::{allocation_of, parse_quarantine_key};
 use crate::resources::capi::{
-    LABEL_ADDRESS_DATACENTER, PoolReference, claim_holder, claim_of_holder,
+    LABEL_ADDRESS_DATACENTER, PoolReference, claim_holder, claim_of_holder, hand_made_of_holder,
 };
 use crate::resources::{AllocationType, IPAMAllocation, IPAMPool, IPAMPoolRecord};
 use crate::validation::{self, FieldError};
@@ -71,6 +71,9 @@ fn joined(errors: &[FieldError]) -> String {
 /// The holder a record entry's name (or a planner holder's) stands for: `cluster c1`,
 /// `claim ns/name`.
 fn holder(entry: &str) -> String {
+    if let Some((namespace, name, _)) = hand_made_of_holder(entry) {
+        return format!("hand-made IPAddress {namespace}/{name}");
+    }
     match claim_of_holder(entry) {
         Some((namespace, name)) => format!("claim {namespace}/{name}"),
         None => format!("cluster {entry}"),
@@ -106,11 +109,17 @@ fn piece_holding(held: &Allocation, shown: &AddrRange) -> Option<String> {
 }
 
 /// The decision for a create or update of `object` (an `IPAddress`, as JSON) in `namespace`
-/// (the request's, used when the object does not say), given what its pool holds.
-/// `Ok` when it names no kipam pool.
-pub fn check(object: &Value, namespace: Option<&str>, held: Held<'_>) -> Result<(), Verdict> {
+/// (the request's, used when the object does not say), given what its pool holds. Admitted,
+/// it gives what the object shows in each datacenter of its pool it lies in (the address, or
+/// in a `prefix` datacenter its subnet): what [`super::pin`] commits to the record. Nothing
+/// when it names no kipam pool.
+pub fn check(
+    object: &Value,
+    namespace: Option<&str>,
+    held: Held<'_>,
+) -> Result<Vec<(String, AddrRange)>, Verdict> {
     let Some(pool_name) = kipam_pool(object) else {
-        return Ok(());
+        return Ok(Vec::new());
     };
     let namespace = text(object, &["metadata", "namespace"])
         .filter(|n| !n.is_empty())
@@ -216,6 +225,12 @@ pub fn check(object: &Value, namespace: Option<&str>, held: Held<'_>) -> Result<
             "{label}: spec.address {address:?}: {what}"
         )))
     };
+    // Its own entry (the webhook committed it when the object was created): not a holder
+    // against itself.
+    let itself = |entry: &str| {
+        hand_made_of_holder(entry).is_some_and(|(ns, n, _)| ns == namespace && n == name)
+    };
+    let mut placed = Vec::new();
     for dc in &dcs {
         let (Some(settings), Some(dc_input)) =
             (pool.spec.datacenters.get(*dc), input.datacenters.get(*dc))
@@ -260,7 +275,7 @@ pub fn check(object: &Value, namespace: Option<&str>, held: Held<'_>) -> Result<
                 .filter(|r| r.spec.pool == holder_pool && r.spec.datacenter == *dc)
             {
                 for (entry, reservation) in &record.spec.reservations {
-                    if *entry == own && holder_pool == pool_name {
+                    if (*entry == own || itself(entry)) && holder_pool == pool_name {
                         continue;
                     }
                     let Ok(recorded) = allocation_of(reservation) else {
@@ -292,8 +307,9 @@ pub fn check(object: &Value, namespace: Option<&str>, held: Held<'_>) -> Result<
                 }
             }
         }
+        placed.push((dc.to_string(), shown));
     }
-    Ok(())
+    Ok(placed)
 }
 
 #[cfg(test)]
@@ -396,6 +412,7 @@ mod tests {
                 space: &[],
             },
         )
+        .map(|_| ())
     }
 
     #[track_caller]
@@ -645,7 +662,8 @@ mod tests {
                 records: &records,
                 space: std::slice::from_ref(&other),
             },
-        );
+        )
+        .map(|_| ());
         refused(
             verdict,
             &[
@@ -665,7 +683,8 @@ mod tests {
                 space: &[],
             },
         );
-        assert_eq!(alone, Ok(()));
+        let dc1 = AddrRange::parse_lenient("10.0.0.101").unwrap();
+        assert_eq!(alone, Ok(vec![("dc-1".to_string(), dc1)]));
     }
 
     #[test]

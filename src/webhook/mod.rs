@@ -11,6 +11,7 @@
 
 pub mod config;
 pub mod ipaddress;
+pub mod pin;
 pub mod review;
 pub mod rules;
 pub mod selfsigned;
@@ -87,6 +88,15 @@ pub enum WebhookError {
 pub trait Source: Send + Sync + 'static {
     /// What [`rules::decide`] needs for a request; `Err` says why it cannot be known now.
     fn view(&self, wants: &Wants) -> impl Future<Output = Result<View, String>> + Send;
+
+    /// Commits the address of an admitted hand-made `IPAddress` to its pool's record
+    /// ([`pin`]); `Err` refuses the request after all. A fixed view has no records to write.
+    fn pin(
+        &self,
+        _request: &review::AdmissionRequest,
+    ) -> impl Future<Output = Result<(), Verdict>> + Send {
+        async { Ok(()) }
+    }
 }
 
 /// A fixed view: for tests and benches.
@@ -226,6 +236,68 @@ impl Source for CacheSource {
                 }),
         })
     }
+
+    async fn pin(&self, request: &review::AdmissionRequest) -> Result<(), Verdict> {
+        let Some(object) = request.object.as_ref() else {
+            return Ok(());
+        };
+        let view = self
+            .view(&rules::wants(request))
+            .await
+            .map_err(Verdict::unavailable)?;
+        let Some(pool) = view.pool.as_ref() else {
+            return Ok(());
+        };
+        let placed = ipaddress::check(
+            object,
+            request.namespace.as_deref(),
+            ipaddress::Held {
+                pool: Some(pool),
+                allocations: &view.allocations,
+                records: &view.records,
+                space: &view.space,
+            },
+        )?;
+        if placed.is_empty() {
+            return Ok(());
+        }
+        let text = |path: &str| {
+            object
+                .pointer(path)
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let namespace = Some(text("/metadata/namespace"))
+            .filter(|n| !n.is_empty())
+            .or_else(|| request.namespace.clone())
+            .unwrap_or_default();
+        let name = text("/metadata/name");
+        let claim = text("/spec/claimRef/name");
+        let pools: Vec<IPAMPool> = self
+            .pools
+            .state()
+            .iter()
+            .map(|p| p.as_ref().clone())
+            .collect();
+        // The pools as this replica has seen them: every change up to the highest version.
+        let pools_seen = pools
+            .iter()
+            .filter_map(|p| p.metadata.resource_version.as_deref()?.parse::<i64>().ok())
+            .max()
+            .unwrap_or(0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        let made = pin::HandMade {
+            namespace: &namespace,
+            name: &name,
+            claim: &claim,
+            pool,
+            placed: &placed,
+        };
+        pin::commit(&self.ctx.writer, &pools, pools_seen, &made, now).await
+    }
 }
 
 struct Shared<S> {
@@ -296,10 +368,18 @@ async fn handle<S: Source>(
             return Verdict::allow();
         }
         let wants = rules::wants(&request);
-        match shared.source.view(&wants).await {
+        let verdict = match shared.source.view(&wants).await {
             Ok(view) => rules::decide(&request, &view, &shared.kipam),
             Err(why) => Verdict::unavailable(why),
+        };
+        // Admitted by the caches: committed behind the record's fence before the answer.
+        if verdict.allowed && rules::commits_hand_made(&request) {
+            return match shared.source.pin(&request).await {
+                Ok(()) => verdict,
+                Err(refused) => refused,
+            };
         }
+        verdict
     };
     let verdict = match tokio::time::timeout(shared.deadline, work).await {
         Ok(v) => v,

@@ -592,3 +592,227 @@ async fn a_full_pool_grows_in_place_and_its_waiting_clusters_are_served() {
     );
     seed.assert_no_overlap_no_leak();
 }
+
+// ---- Issue 35, item 5: a hand-made IPAddress is committed before it is admitted ----
+
+/// The shards of `pool`'s record in dc-1 as the server stores them, entries joined.
+fn recorded(seed: &Seed, pool: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut out = std::collections::BTreeMap::new();
+    for r in seed.api.list("ipampoolrecords", None) {
+        let r: IPAMPoolRecord = serde_json::from_value(r).unwrap();
+        if r.spec.pool == pool && r.spec.datacenter == "dc-1" {
+            for (k, v) in r.spec.reservations {
+                out.insert(k, v.addresses);
+            }
+        }
+    }
+    out
+}
+
+fn ip_address(name: &str, claim: &str, pool: &str, address: &str) -> kube::api::DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "ipam.cluster.x-k8s.io/v1beta2",
+        "kind": "IPAddress",
+        "metadata": {"name": name, "namespace": "machines"},
+        "spec": {
+            "claimRef": {"name": claim},
+            "poolRef": {"apiGroup": "ipam.kipam.dev", "kind": "IPAMPool", "name": pool},
+            "address": address,
+            "prefix": 24,
+        },
+    }))
+    .unwrap()
+}
+
+/// The webhook answered from its caches alone, so between its answer and the planner seeing
+/// the object, a commit planned without the object could hand the same address to a cluster
+/// (two objects showing one address). Now the admitted address is in the pool record, behind
+/// the fence, before the create returns: a replica that read the records before cannot commit
+/// it, through the pool or through another pool of its address space (whose shard the webhook
+/// fences); a dry run writes nothing; the claim the object names adopts it, and the entry of
+/// one whose object never appeared is dropped once a read confirms it absent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_made_ip_address_is_committed_to_the_record_before_it_is_admitted() {
+    use kipam::planning::records::{self, PlannedOn};
+    use kipam::resources::Reservation;
+
+    let seed = crate::capi::capi_seed("webhook-hand-made").await;
+    with_human(&seed);
+    seed.apply(
+        "
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: machines}
+spec:
+  addressSpace: lab
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.10.0.0/28, allocationRange: 1}
+---
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: vip}
+spec:
+  addressSpace: lab
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.10.0.0/28, allocationRange: 1}
+",
+    );
+    let (ca, cert, key) = certificates(&seed);
+    let (_controller, port) = webhook_controller(&seed, "w1", &cert, &key);
+    install_configuration(&seed, port, &ca);
+    let human = client_for(&seed, HUMAN_TOKEN).await;
+    wait_until_serving(&seed, &human, "w1").await;
+
+    // A deposed replica: its copy of the records is from before the object.
+    let admin = Client::try_from(
+        kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::from_yaml(&seed.api.kubeconfig_yaml()).unwrap(),
+            &Default::default(),
+        )
+        .await
+        .unwrap(),
+    )
+    .unwrap();
+    let stale = kipam::seed::Context::builder(admin.clone())
+        .complete_ledger(Default::default())
+        .build();
+    let list = Api::<IPAMPoolRecord>::all(admin.clone())
+        .list(&Default::default())
+        .await
+        .unwrap();
+    stale.records.lock().await.reset(list.items);
+
+    let gvk = kube::api::GroupVersionKind::gvk("ipam.cluster.x-k8s.io", "v1beta2", "IPAddress");
+    let resource = kube::api::ApiResource::from_gvk_with_plural(&gvk, "ipaddresses");
+    let addresses: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(human.clone(), "machines", &resource);
+
+    // A dry run is reviewed and writes nothing.
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    addresses
+        .create(&dry, &ip_address("pinned", "pinned", "machines", "10.10.0.9"))
+        .await
+        .expect("dry run admitted");
+    assert!(
+        !recorded(&seed, "machines")
+            .keys()
+            .any(|k| k.starts_with("ipaddress/")),
+        "a dry run wrote {:?}",
+        recorded(&seed, "machines")
+    );
+
+    addresses
+        .create(
+            &PostParams::default(),
+            &ip_address("pinned", "pinned", "machines", "10.10.0.9"),
+        )
+        .await
+        .expect("admitted");
+    // In the record as soon as the create returned.
+    let entry = recorded(&seed, "machines")
+        .into_iter()
+        .find(|(k, _)| k.starts_with("ipaddress/machines/pinned@"))
+        .unwrap_or_else(|| panic!("no entry in {:?}", recorded(&seed, "machines")));
+    assert_eq!(entry.1, vec!["10.10.0.9-10.10.0.9".to_string()]);
+
+    // The deposed replica's commits of the same address are refused, in the pool and through
+    // the other pool of its address space.
+    let one = |who: &str| {
+        std::collections::BTreeMap::from([(
+            who.to_string(),
+            Reservation {
+                cidr: None,
+                addresses: vec!["10.10.0.9-10.10.0.9".into()],
+            },
+        )])
+    };
+    for (pool, holder) in [("machines", "cluster-x"), ("vip", "cluster-y")] {
+        let obj = Api::<IPAMPool>::all(admin.clone()).get(pool).await.unwrap();
+        let key = (pool.to_string(), "dc-1".to_string());
+        let r = records::commit(
+            &stale,
+            &obj,
+            &key,
+            one(holder),
+            Default::default(),
+            &PlannedOn::default(),
+        )
+        .await;
+        assert!(
+            matches!(&r, Err(e) if e.is_stale()),
+            "{pool}: a commit on the old copy went through: {r:?}"
+        );
+        assert!(
+            !recorded(&seed, pool).contains_key(holder),
+            "{pool}: {:?}",
+            recorded(&seed, pool)
+        );
+    }
+
+    // A second object for the same address is refused, naming the first.
+    let (code, message) = refusal(
+        addresses
+            .create(
+                &PostParams::default(),
+                &ip_address("copy", "copy", "machines", "10.10.0.9"),
+            )
+            .await,
+    );
+    assert_eq!(code, 422, "{message}");
+    assert!(
+        message.contains("hand-made IPAddress machines/pinned"),
+        "{message}"
+    );
+
+    // An entry whose object never appeared (long past its admission) goes once a read
+    // confirms the object absent; the address is then handed out again.
+    let shard = seed
+        .api
+        .list("ipampoolrecords", None)
+        .into_iter()
+        .find(|r| r["spec"]["pool"] == "machines" && r["spec"]["block"].is_string())
+        .expect("a shard of machines");
+    let name = shard["metadata"]["name"].as_str().unwrap().to_string();
+    Api::<IPAMPoolRecord>::all(admin.clone())
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"reservations": {
+                "ipaddress/machines/ghost@2020-01-01T00:00:00Z": {"addresses": ["10.10.0.12-10.10.0.12"]}
+            }}})),
+        )
+        .await
+        .expect("entry written as kipam");
+    // Clusters served from both pools never get the pinned address.
+    for i in 0..5 {
+        seed.cluster(&format!("c{i:02}"), "dc-1");
+    }
+    seed.wait_for("every cluster served", Duration::from_secs(40), "w1", |s| {
+        (0..5).all(|i| {
+            let c = format!("c{i:02}");
+            s.phase(&c, "machines") == "Allocated" && s.phase(&c, "vip") == "Allocated"
+        })
+    })
+    .await;
+    for i in 0..5 {
+        for pool in ["machines", "vip"] {
+            let held = seed.held(&format!("c{i:02}"), pool);
+            assert!(
+                !held.contains("10.10.0.9-") && held != "10.10.0.9",
+                "c{i:02} got the hand-made address through {pool}: {held}"
+            );
+        }
+    }
+    seed.wait_for("the ghost's entry released", Duration::from_secs(30), "w1", |s| {
+        !recorded(s, "machines").contains_key("ipaddress/machines/ghost@2020-01-01T00:00:00Z")
+    })
+    .await;
+    assert!(
+        recorded(&seed, "machines").contains_key(&entry.0),
+        "the live object's entry went: {:?}",
+        recorded(&seed, "machines")
+    );
+}

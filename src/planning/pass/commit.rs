@@ -34,6 +34,7 @@ pub(super) async fn commit_records(
     objects: &[Arc<Entry>],
     records: &BTreeMap<RecordKey, String>,
     to_write: &HashMap<RecordKey, BTreeSet<String>>,
+    hand_made: &inputs::HandMadeEntries,
     limit: usize,
     retry: &mut BTreeSet<String>,
     outcome: &mut PassOutcome,
@@ -108,6 +109,14 @@ pub(super) async fn commit_records(
                     reservations::keep_shown(&mut desired, &holder, &shown);
                 }
                 reservations::add_quarantine(&mut desired, &key.0, &key.1, &plan.quarantined);
+                // What the webhook committed for hand-made `IPAddress`es stays, unless this
+                // commit gives the object's claim exactly that (its adoption).
+                for (entry, held, claim) in hand_made.get(&key).into_iter().flatten() {
+                    let adopted = claim.as_ref().is_some_and(|c| desired.get(c) == Some(held));
+                    if !adopted {
+                        desired.insert(entry.clone(), held.clone());
+                    }
+                }
                 let r = records::commit_shared(ctx, &pool, &key, desired, check, &fences, planned)
                     .await;
                 (key, r.map_err(Some))

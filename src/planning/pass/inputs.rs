@@ -29,7 +29,17 @@ pub(super) struct Inputs {
     pub held_elsewhere: Vec<HeldElsewhere>,
     /// Machines' claims (they are among `cluster_inputs` too).
     pub claims: super::claims::ClaimsRead,
+    /// The record entries of hand-made `IPAddress`es that stay (`commit` keeps them).
+    pub hand_made: HandMadeEntries,
 }
+
+/// Record entries of hand-made `IPAddress`es the webhook committed, by pool datacenter:
+/// (entry, what it holds, the holder of the claim the object names, when it is known).
+pub type HandMadeEntries = HashMap<RecordKey, Vec<(String, Reservation, Option<String>)>>;
+
+/// How long after its admission a hand-made `IPAddress`'s entry is kept without its object
+/// being seen: the webhook commits before the object is stored, and the watch may lag.
+const HAND_MADE_GRACE: i64 = 60;
 
 /// A reading and the `resourceVersion` it was made at.
 type Versioned<T> = (String, T);
@@ -172,7 +182,9 @@ pub(super) async fn gather(
                 entries
                     .iter()
                     .filter(|(key, _)| {
-                        reservations::parse_quarantine_key(key).is_none() && !is_claim(key)
+                        reservations::parse_quarantine_key(key).is_none()
+                            && !is_claim(key)
+                            && crate::resources::capi::hand_made_of_holder(key).is_none()
                     })
                     .map(|(cluster, _)| cluster.clone()),
             );
@@ -324,6 +336,8 @@ pub(super) async fn gather(
         });
     }
     held_elsewhere.extend(being_released(&pool_inputs, &cluster_inputs, &stored));
+    let (hand_made_entries, aside) = hand_made_entries(ctx, records, &frozen_pools, cache).await;
+    held_elsewhere.extend(aside);
     let quarantined = quarantine_of_records(records, &frozen_pools, cache);
     for (pool, dc) in records.keys() {
         if !frozen_pools.contains(pool) {
@@ -345,6 +359,7 @@ pub(super) async fn gather(
     }
     held_elsewhere.sort();
     Ok(Inputs {
+        hand_made: hand_made_entries,
         claims,
         quarantined,
         held_elsewhere,
@@ -446,6 +461,9 @@ pub(super) fn merge_records(
             if reservations::parse_quarantine_key(cluster).is_some() {
                 continue; // quarantine: see `quarantine_of_records`
             }
+            if crate::resources::capi::hand_made_of_holder(cluster).is_some() {
+                continue; // a hand-made `IPAddress`: see `hand_made_entries`
+            }
             let recorded = match recorded.clone() {
                 Ok(a) => a,
                 Err(why) => {
@@ -533,6 +551,92 @@ pub(super) fn quarantine_of_records(
         }
     }
     out
+}
+
+/// The record entries of hand-made `IPAddress`es (written by the webhook as it admitted them)
+/// that stay, and what is set aside for them. An entry stays while its object exists as a
+/// hand-made one (the object is then set aside by `claims::stored_addresses`, in a way its
+/// claim's adoption lifts); while its object is not seen, it stays for [`HAND_MADE_GRACE`]
+/// after its admission, and after that until a read of the API server confirms the object
+/// gone — set aside meanwhile in every pool of the datacenter, its own included. One whose
+/// object kipam has adopted goes: the claim's own entry holds the address now.
+async fn hand_made_entries(
+    ctx: &Context,
+    records: &BTreeMap<RecordKey, String>,
+    frozen_pools: &HashSet<String>,
+    cache: &ReadCache,
+) -> (HandMadeEntries, Vec<HeldElsewhere>) {
+    use kube::runtime::reflector::ObjectRef;
+    let now = unix_now();
+    let listed = ctx
+        .capi
+        .addresses_listed
+        .load(std::sync::atomic::Ordering::Acquire);
+    let mut kept: HandMadeEntries = HashMap::new();
+    let mut aside = Vec::new();
+    for key in records.keys() {
+        let Some((_, entries)) = cache.records.get(key) else {
+            continue;
+        };
+        for (entry, recorded) in entries {
+            let Some((namespace, name, admitted)) =
+                crate::resources::capi::hand_made_of_holder(entry)
+            else {
+                continue;
+            };
+            // Unreadable (edited by hand): ignored, as a cluster's unreadable entry is.
+            let Ok(h) = recorded else { continue };
+            let held = Some(h);
+            let reservation = reservations::reservation_of(h);
+            let found = ctx
+                .capi
+                .addresses
+                .get(&ObjectRef::new(name).within(namespace));
+            let stays = match &found {
+                Some(a) if a.written_by_kipam() => false,
+                Some(_) => true,
+                None if !listed => true,
+                None if admitted.is_some_and(|at| now - at < HAND_MADE_GRACE) => true,
+                None => {
+                    let api: Api<crate::resources::capi::IPAddress> =
+                        Api::namespaced(ctx.writer.clone(), namespace);
+                    match api.get_opt(name).await {
+                        Ok(None) => {
+                            tracing::info!(pool = %key.0, datacenter = %key.1, entry = %entry, "hand-made IPAddress gone; its record entry is released");
+                            false
+                        }
+                        Ok(Some(_)) => true,
+                        Err(e) => {
+                            tracing::warn!(pool = %key.0, datacenter = %key.1, entry = %entry, error = %crate::seed::preconditions::short(&e), "cannot confirm a hand-made IPAddress gone; its address stays held");
+                            true
+                        }
+                    }
+                }
+            };
+            if !stays {
+                continue;
+            }
+            let claim = found.as_ref().map(|a| {
+                crate::resources::capi::claim_holder(namespace, &a.spec.claim_ref.name)
+            });
+            if found.is_none()
+                && !frozen_pools.contains(&key.0)
+                && let Some(h) = held
+            {
+                aside.push(HeldElsewhere {
+                    // Not a pool name: set aside in its own pool too.
+                    pool: format!("{} (IPAddress {namespace}/{name})", key.0),
+                    datacenter: key.1.clone(),
+                    holder: format!("{namespace}/{name}"),
+                    addresses: h.ranges().collect(),
+                });
+            }
+            kept.entry(key.clone())
+                .or_default()
+                .push((entry.clone(), reservation, claim));
+        }
+    }
+    (kept, aside)
 }
 
 /// The wall clock, in seconds since the Unix epoch: the planner's `now`.

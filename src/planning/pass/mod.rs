@@ -236,6 +236,7 @@ async fn full(
         &view.stored_objects,
         &view.records,
         &jobs.to_write,
+        &gathered.hand_made,
         limit,
         &mut state.retry_pools,
         &mut outcome,
@@ -435,6 +436,7 @@ struct Gathered {
     deleting_pools: HashMap<String, ReclaimPolicy>,
     cluster_errors: HashMap<String, Vec<crate::validation::FieldError>>,
     claims: claims::ClaimsRead,
+    hand_made: inputs::HandMadeEntries,
 }
 
 async fn gather(
@@ -465,6 +467,7 @@ async fn gather(
             deleting_pools: i.deleting_pools,
             cluster_errors: i.cluster_errors,
             claims: i.claims,
+            hand_made: i.hand_made,
         }),
         Err(e) => {
             // The changes taken from the ledger are not planned: plan everything next time.

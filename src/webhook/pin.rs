@@ -1,0 +1,453 @@
+//! The webhook's commit of a hand-made `IPAddress` to the pool record, before it admits it.
+//!
+//! Checked against the webhook's caches alone, a hand-made `IPAddress` could be admitted while
+//! a commit that planned without it hands the same address to a cluster or a claim: two
+//! objects would show one address (a double holding, judged by history). So an admitted one
+//! is also *committed*: the webhook writes an entry `ipaddress/<namespace>/<name>@<time>`
+//! ([`crate::resources::capi::hand_made_holder`]) into the shard of its pool's record that
+//! covers the address, by the same rules as the planning loop's commits — every shard it
+//! writes is read from the API server first (no cache), each write carries the version read
+//! as its precondition, the fences of every other pool of the address space covering the
+//! address are raised before the entry is written, and each write carries the `poolsSeen`
+//! stamp of the webhook's pool cache. The webhook is then one more writer of the record, and
+//! the argument of `docs/design.md` ("the fence across pools") holds between it and any
+//! commit: whichever lands second planned on a copy holding the first, or is refused (409).
+//! A planning loop commit refused that way reads the shard again and plans with the entry.
+//!
+//! Refused when the address is held in what it reads (naming the holder), when a pool of the
+//! datacenter is invalid (its fences cannot be raised by a division it does not know), when a
+//! shard was written by a replica that saw newer pools, or when the writes keep meeting other
+//! writers (`503`, try again). A dry run writes nothing. The entry is kept by the planning
+//! loop while the object exists; since admission comes before the object is stored, one whose
+//! object never appears (another admission step refused it) is dropped once a minute has
+//! passed and a read confirms the object absent.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Resource, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::address::{AddrRange, Cidr};
+use crate::allocator::Allocation;
+use crate::reservations::shards::{self, Layout};
+use crate::reservations::{allocation_of, reservation_of};
+use crate::resources::capi::{claim_holder, hand_made_holder, hand_made_of_holder};
+use crate::resources::{AllocationType, IPAMPool, IPAMPoolRecord, IPAMPoolRecordSpec};
+
+use super::review::Verdict;
+
+/// Tries before the webhook gives up on a commit that keeps meeting other writers.
+const ATTEMPTS: u32 = 5;
+
+/// The hand-made `IPAddress` to commit.
+pub struct HandMade<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    /// The claim it names (`spec.claimRef.name`): an entry of that claim holding exactly this
+    /// address already makes it held (kipam committed it for the claim).
+    pub claim: &'a str,
+    pub pool: &'a IPAMPool,
+    /// What it shows, by datacenter ([`super::ipaddress::check`]).
+    pub placed: &'a [(String, AddrRange)],
+}
+
+/// One shard to write, as read from the server (`None`: it does not exist).
+struct Shard {
+    pool: IPAMPool,
+    name: String,
+    block: Cidr,
+    read: Option<IPAMPoolRecord>,
+}
+
+/// Why an attempt stopped.
+enum Stop {
+    /// The answer, final.
+    Verdict(Verdict),
+    /// Somebody wrote first: read again and try again.
+    Again,
+}
+
+/// Commits `made` to the records of its pool, or says why not. `pools` are the pools of the
+/// webhook's cache; `pools_seen` the highest `resourceVersion` among them; `now` seconds since
+/// the Unix epoch.
+pub async fn commit(
+    client: &kube::Client,
+    pools: &[IPAMPool],
+    pools_seen: i64,
+    made: &HandMade<'_>,
+    now: i64,
+) -> Result<(), Verdict> {
+    let mut wait = Duration::from_millis(20);
+    for attempt in 1..=ATTEMPTS {
+        match attempt_commit(client, pools, pools_seen, made, now).await {
+            Ok(()) => return Ok(()),
+            Err(Stop::Verdict(v)) => return Err(v),
+            Err(Stop::Again) if attempt < ATTEMPTS => {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_millis(400));
+            }
+            Err(Stop::Again) => {}
+        }
+    }
+    Err(Verdict::unavailable(format!(
+        "IPAddress {}/{}: the pool record of IPAMPool {} kept changing while kipam committed its \
+         address ({ATTEMPTS} tries); try again",
+        made.namespace,
+        made.name,
+        made.pool.name_any()
+    )))
+}
+
+async fn attempt_commit(
+    client: &kube::Client,
+    pools: &[IPAMPool],
+    pools_seen: i64,
+    made: &HandMade<'_>,
+    now: i64,
+) -> Result<(), Stop> {
+    let api: Api<IPAMPoolRecord> = Api::all(client.clone());
+    let label = format!("IPAddress {}/{}", made.namespace, made.name);
+    let pool_name = made.pool.name_any();
+    let space = made.pool.spec.address_space.clone().unwrap_or_default();
+    // Everything read before anything is written.
+    let mut plans = Vec::new();
+    for (dc, shown) in made.placed {
+        let mut fences: Vec<Shard> = Vec::new();
+        for other in pools {
+            let name = other.name_any();
+            if name == pool_name
+                || other.metadata.deletion_timestamp.is_some()
+                || !other.spec.datacenters.contains_key(dc)
+            {
+                continue;
+            }
+            let input = match crate::validation::pool_input(other) {
+                Ok(i) => i,
+                Err(errors) => {
+                    let why: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+                    return Err(Stop::Verdict(Verdict::unavailable(format!(
+                        "{label}: IPAMPool {name}, which also serves datacenter {dc}, is invalid \
+                         ({}); kipam cannot fence a hand-made address there until it is fixed",
+                        why.join("; ")
+                    ))));
+                }
+            };
+            let shares = other.spec.address_space.clone().unwrap_or_default() == space
+                && input
+                    .datacenters
+                    .get(dc)
+                    .is_some_and(|d| d.config.cidrs().any(|c| c.range().overlaps(shown)));
+            if shares {
+                fences.extend(shards_of(&api, other, dc, shown, &label).await?);
+            }
+        }
+        let own = shards_of(&api, made.pool, dc, shown, &label).await?;
+        plans.push((dc, shown, own, fences));
+    }
+    let mine = |entry: &str| {
+        hand_made_of_holder(entry)
+            .is_some_and(|(ns, n, _)| ns == made.namespace && n == made.name)
+    };
+    let claim = claim_holder(made.namespace, made.claim);
+    let mut writes = Vec::new();
+    for (dc, shown, own, fences) in plans {
+        let held = held_here(made.pool, dc, shown);
+        let wanted = reservation_of(&held);
+        let mut done = false;
+        for shard in own.iter().chain(fences.iter()) {
+            let Some(read) = &shard.read else { continue };
+            let stamp = read.spec.pools_seen.unwrap_or(0);
+            if stamp > pools_seen {
+                return Err(Stop::Verdict(Verdict::unavailable(format!(
+                    "{label}: pool record {} was written by a replica that had seen the pools \
+                     at revision {stamp}; this replica has seen them up to {pools_seen}; try \
+                     again in a moment",
+                    shard.name
+                ))));
+            }
+            for (entry, r) in &read.spec.reservations {
+                let Ok(recorded) = allocation_of(r) else {
+                    continue;
+                };
+                if !recorded.ranges().any(|p| p.overlaps(shown)) {
+                    continue;
+                }
+                let own_pool = shard.pool.name_any() == pool_name;
+                if own_pool && mine(entry) && *r == wanted {
+                    done = true;
+                    continue;
+                }
+                if own_pool && (mine(entry) || (*entry == claim && *r == wanted)) {
+                    // Its own older entry (replaced below), or its claim's: kipam committed
+                    // this very address for the claim already.
+                    done |= *entry == claim;
+                    continue;
+                }
+                return Err(Stop::Verdict(Verdict::invalid(format!(
+                    "{label}: spec.address: {shown} is held by {entry} in IPAMPool {}/{dc} \
+                     (IPAMPoolRecord {})",
+                    shard.pool.name_any(),
+                    shard.name
+                ))));
+            }
+        }
+        if !done {
+            writes.push((own, fences, wanted));
+        }
+    }
+    let key = hand_made_holder(made.namespace, made.name, now);
+    for (own, fences, wanted) in writes {
+        for shard in &fences {
+            let spec = match &shard.read {
+                Some(read) => {
+                    json!({"fence": read.spec.fence.unwrap_or(0).saturating_add(1)})
+                }
+                None => Value::Null,
+            };
+            write(&api, shard, spec, pools_seen, |s| s.fence = Some(1)).await?;
+        }
+        for shard in &own {
+            // Its older entries (an earlier try of the same name) go in the same write.
+            let mut entries: BTreeMap<String, Value> = shard
+                .read
+                .iter()
+                .flat_map(|r| r.spec.reservations.keys())
+                .filter(|e| mine(e) && **e != key)
+                .map(|e| (e.clone(), Value::Null))
+                .collect();
+            let value = serde_json::to_value(&wanted).unwrap_or(Value::Null);
+            entries.insert(key.clone(), value);
+            let spec = match &shard.read {
+                Some(_) => json!({"reservations": entries}),
+                None => Value::Null,
+            };
+            write(&api, shard, spec, pools_seen, |s| {
+                s.reservations.insert(key.clone(), wanted.clone());
+            })
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// What the object holds in `dc` as a record entry reads it: the subnet in a `prefix`
+/// datacenter, else the address.
+fn held_here(pool: &IPAMPool, dc: &str, shown: &AddrRange) -> Allocation {
+    let prefix = pool
+        .spec
+        .datacenters
+        .get(dc)
+        .is_some_and(|s| s.type_ == AllocationType::Prefix);
+    // `check` gives a prefix datacenter's subnet as its range: the CIDR of that range.
+    let host = 128 - (shown.last() - shown.first()).leading_zeros();
+    let cidr = u32::from(shown.family().bits())
+        .checked_sub(host)
+        .and_then(|len| u8::try_from(len).ok())
+        .and_then(|len| Cidr::new(shown.family(), shown.first(), len))
+        .filter(|c| c.range() == *shown);
+    match cidr {
+        Some(cidr) if prefix => Allocation::Prefix(cidr),
+        _ => Allocation::Range(vec![*shown]),
+    }
+}
+
+/// The shards of `pool`'s record in `dc` covering `shown`, read from the server, divided by
+/// its layout record (created first when it has none, as the planning loop does).
+async fn shards_of(
+    api: &Api<IPAMPoolRecord>,
+    pool: &IPAMPool,
+    dc: &str,
+    shown: &AddrRange,
+    label: &str,
+) -> Result<Vec<Shard>, Stop> {
+    let pool_name = pool.name_any();
+    let Some(settings) = pool.spec.datacenters.get(dc) else {
+        return Ok(Vec::new());
+    };
+    let base = Layout::of(settings).map_err(|why| {
+        Stop::Verdict(Verdict::invalid(format!(
+            "{label}: IPAMPool {pool_name}/{dc}: {why}"
+        )))
+    })?;
+    let layout_name = shards::layout_name(&pool_name, dc);
+    let layout = match api.get_opt(&layout_name).await.map_err(unavailable(label))? {
+        Some(r) => match r.spec.block_length.and_then(|l| u8::try_from(l).ok()) {
+            Some(len) => base.with_block_len(len),
+            None => {
+                return Err(Stop::Verdict(Verdict::unavailable(format!(
+                    "{label}: layout record {layout_name} gives no block length"
+                ))));
+            }
+        },
+        None => {
+            // A record written before layout records existed: kipam moves it first.
+            if api
+                .get_opt(&crate::resources::record_name(&pool_name, dc))
+                .await
+                .map_err(unavailable(label))?
+                .is_some()
+            {
+                return Err(Stop::Verdict(Verdict::unavailable(format!(
+                    "{label}: the record of IPAMPool {pool_name}/{dc} predates its layout \
+                     record; kipam rewrites it at its next commit there; try again then"
+                ))));
+            }
+            let record = IPAMPoolRecord {
+                metadata: ObjectMeta {
+                    name: Some(layout_name.clone()),
+                    owner_references: Some(vec![owner(pool)]),
+                    ..Default::default()
+                },
+                spec: IPAMPoolRecordSpec {
+                    pool: pool_name.clone(),
+                    datacenter: dc.to_string(),
+                    block_length: Some(i32::from(base.block_len())),
+                    ..Default::default()
+                },
+            };
+            match api.create(&PostParams::default(), &record).await {
+                Ok(_) => {}
+                Err(e) if stale(&e) => return Err(Stop::Again),
+                Err(e) => return Err(unavailable(label)(e)),
+            }
+            base
+        }
+    };
+    let blocks = layout.blocks_covering([*shown]).map_err(|why| {
+        Stop::Verdict(Verdict::invalid(format!(
+            "{label}: IPAMPool {pool_name}/{dc}: {why}"
+        )))
+    })?;
+    let mut out = Vec::new();
+    for block in blocks {
+        let name = shards::shard_name(&pool_name, dc, &block);
+        let read = api.get_opt(&name).await.map_err(unavailable(label))?;
+        out.push(Shard {
+            pool: pool.clone(),
+            name,
+            block,
+            read,
+        });
+    }
+    Ok(out)
+}
+
+/// Writes `shard`: a merge patch of `spec` on the version read, or, when it did not exist, a
+/// create of a new shard that `fill` gives its entries. Both stamp `pools_seen`.
+async fn write(
+    api: &Api<IPAMPoolRecord>,
+    shard: &Shard,
+    mut spec: Value,
+    pools_seen: i64,
+    fill: impl FnOnce(&mut IPAMPoolRecordSpec),
+) -> Result<(), Stop> {
+    let result = match &shard.read {
+        Some(read) => {
+            let version = read.metadata.resource_version.clone().unwrap_or_default();
+            if read.spec.pools_seen.unwrap_or(0) < pools_seen {
+                spec["poolsSeen"] = json!(pools_seen);
+            }
+            let body = json!({"metadata": {"resourceVersion": version}, "spec": spec});
+            let pp = PatchParams {
+                field_manager: Some("kipam".into()),
+                ..Default::default()
+            };
+            api.patch(&shard.name, &pp, &Patch::Merge(&body))
+                .await
+                .map(|_| ())
+        }
+        None => {
+            let pool = &shard.pool;
+            let mut spec = IPAMPoolRecordSpec {
+                pool: pool.name_any(),
+                datacenter: String::new(),
+                block: Some(shard.block.to_string()),
+                pools_seen: (pools_seen > 0).then_some(pools_seen),
+                ..Default::default()
+            };
+            spec.datacenter = shard
+                .name
+                .strip_prefix(&format!("{}.", pool.name_any()))
+                .and_then(|rest| rest.split('.').next())
+                .unwrap_or_default()
+                .to_string();
+            fill(&mut spec);
+            let record = IPAMPoolRecord {
+                metadata: ObjectMeta {
+                    name: Some(shard.name.clone()),
+                    owner_references: Some(vec![owner(pool)]),
+                    ..Default::default()
+                },
+                spec,
+            };
+            api.create(&PostParams::default(), &record).await.map(|_| ())
+        }
+    };
+    match result {
+        Ok(()) => Ok(()),
+        Err(e) if stale(&e) => Err(Stop::Again),
+        Err(e) => Err(Stop::Verdict(Verdict::unavailable(format!(
+            "pool record {}: {}",
+            shard.name,
+            crate::seed::preconditions::short(&e)
+        )))),
+    }
+}
+
+/// A conflict, an object that exists already, or one gone since it was read.
+fn stale(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409 || s.code == 404)
+}
+
+fn unavailable(label: &str) -> impl Fn(kube::Error) -> Stop + '_ {
+    move |e| {
+        Stop::Verdict(Verdict::unavailable(format!(
+            "{label}: kipam cannot read its pool record to commit the address: {}",
+            crate::seed::preconditions::short(&e)
+        )))
+    }
+}
+
+/// The owner reference every record of `pool` carries.
+fn owner(pool: &IPAMPool) -> OwnerReference {
+    OwnerReference {
+        api_version: IPAMPool::api_version(&()).into_owned(),
+        kind: IPAMPool::kind(&()).into_owned(),
+        name: pool.name_any(),
+        uid: pool.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(kind: &str) -> IPAMPool {
+        serde_json::from_value(json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMPool",
+            "metadata": {"name": "lan"},
+            "spec": {"datacenters": {"dc-1": {"type": kind, "poolCidr": "10.0.0.0/16",
+                "allocationPrefix": 24, "allocationRange": 4}}},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn what_a_hand_made_address_holds_reads_as_its_datacenter_hands_out() {
+        let one = AddrRange::parse_lenient("10.0.3.7").unwrap();
+        assert_eq!(
+            held_here(&pool("range"), "dc-1", &one),
+            Allocation::Range(vec![one])
+        );
+        let subnet = AddrRange::parse_lenient("10.0.3.0-10.0.3.255").unwrap();
+        assert_eq!(
+            held_here(&pool("prefix"), "dc-1", &subnet),
+            Allocation::Prefix("10.0.3.0/24".parse().unwrap())
+        );
+    }
+}
