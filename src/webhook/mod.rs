@@ -3,11 +3,12 @@
 //! Every replica serves it over TLS ([`crate::tls`]) on `--webhook-addr`. It answers from
 //! memory: the controller's pool, cluster and namespace caches, the allocation ledger (which
 //! every replica's allocation watch keeps, leader or not), and the seed's read-only view of
-//! the `IPAMPoolRecord`s, the authoritative record (every replica watches it). It never
-//! calls the API server while answering; the only lock it takes is the ledger's, which nobody
-//! holds across a request to the API server, and it gives up after [`REVIEW_DEADLINE`] with a
-//! refusal, so it answers well inside the API server's timeout. The decisions themselves are
-//! pure: [`rules::decide`].
+//! the `IPAMPoolRecord`s, the authoritative record (every replica watches it). The one call it
+//! makes to the API server while answering is [`pin`]: an admitted hand-made `IPAddress` is
+//! committed to its pool record (a few reads and writes of one or two shards) before the
+//! answer. The only lock it takes is the ledger's, which nobody holds across a request to the
+//! API server, and it gives up after [`REVIEW_DEADLINE`] with a refusal, so it answers well
+//! inside the API server's timeout. The decisions themselves are pure: [`rules::decide`].
 
 pub mod config;
 pub mod ipaddress;

@@ -148,8 +148,7 @@ async fn attempt_commit(
         plans.push((dc, shown, own, fences));
     }
     let mine = |entry: &str| {
-        hand_made_of_holder(entry)
-            .is_some_and(|(ns, n, _)| ns == made.namespace && n == made.name)
+        hand_made_of_holder(entry).is_some_and(|(ns, n, _)| ns == made.namespace && n == made.name)
     };
     let claim = claim_holder(made.namespace, made.claim);
     let mut writes = Vec::new();
@@ -273,7 +272,11 @@ async fn shards_of(
         )))
     })?;
     let layout_name = shards::layout_name(&pool_name, dc);
-    let layout = match api.get_opt(&layout_name).await.map_err(unavailable(label))? {
+    let layout = match api
+        .get_opt(&layout_name)
+        .await
+        .map_err(unavailable(label))?
+    {
         Some(r) => match r.spec.block_length.and_then(|l| u8::try_from(l).ok()) {
             Some(len) => base.with_block_len(len),
             None => {
@@ -383,7 +386,9 @@ async fn write(
                 },
                 spec,
             };
-            api.create(&PostParams::default(), &record).await.map(|_| ())
+            api.create(&PostParams::default(), &record)
+                .await
+                .map(|_| ())
         }
     };
     match result {

@@ -213,12 +213,18 @@ fn ip_address(request: &AdmissionRequest, view: &View) -> Result<(), Verdict> {
 /// (a create, or an update giving a non-kipam one kipam's pool, which [`decide`] let through):
 /// the webhook commits its address before answering ([`super::pin`]). Never for a dry run.
 pub fn commits_hand_made(request: &AdmissionRequest) -> bool {
-    (request.resource.group.as_str(), request.resource.resource.as_str())
-        == (ipaddress::GROUP, ipaddress::RESOURCE)
+    (
+        request.resource.group.as_str(),
+        request.resource.resource.as_str(),
+    ) == (ipaddress::GROUP, ipaddress::RESOURCE)
         && matches!(request.operation.as_str(), "CREATE" | "UPDATE")
         && !spec_unchanged(request)
         && request.dry_run != Some(true)
-        && request.object.as_ref().and_then(ipaddress::kipam_pool).is_some()
+        && request
+            .object
+            .as_ref()
+            .and_then(ipaddress::kipam_pool)
+            .is_some()
 }
 
 fn spec_unchanged(request: &AdmissionRequest) -> bool {

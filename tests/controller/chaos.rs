@@ -2,8 +2,11 @@
 //! API stand-in, a seeded random sequence of operations — clusters created, deleted, moved
 //! between datacenters, opting out of pools and pinning addresses; Cluster API claims created
 //! and deleted; pools widened, given more CIDRs, overlapping in one address space, `reuseAfter`
-//! switched on and off, a datacenter removed and added again, a pool deleted and made again —
-//! while the leader is killed, frozen past its lease and thawed, and writes fail now and then.
+//! switched on and off, a datacenter removed and added again, a pool deleted and made again
+//! (also with `reclaimPolicy: Retain`, its kept allocations deleted by hand), a pool made
+//! invalid and fixed, hand-made `IPAddress`es created through the admission webhook (served by
+//! the first replica) and deleted — while the leader is killed, frozen past its lease and
+//! thawed, and writes fail now and then.
 //!
 //! Two watches, started before anything else, record every version of every `IPAMAllocation`
 //! and `IPAddress` (`ipam.cluster.x-k8s.io`) with its `resourceVersion`. The stand-in's
@@ -41,6 +44,8 @@ const ADDRESSES: &str = "ipaddresses.ipam.cluster.x-k8s.io";
 const CLUSTERS: &str = "clusters.ipam.kipam.dev";
 const POOLS: &str = "ipampools.ipam.kipam.dev";
 const MACHINES: &str = "machines";
+/// The token of alice, a person whose writes the admission webhook judges.
+const HUMAN_TOKEN: &str = "token-of-alice";
 
 /// What a run does.
 #[derive(Clone, Debug)]
@@ -218,6 +223,8 @@ struct DcModel {
     present: bool,
     /// The run may remove this datacenter and add it again.
     removable: bool,
+    /// Made invalid by the run: a `network.gateway` inside `poolCidr`, not excluded.
+    broken: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -228,6 +235,8 @@ struct PoolModel {
     deletable: bool,
     /// Deleted by the run (and maybe still going).
     deleted: bool,
+    /// `reclaimPolicy: Retain` (the run sets it just before it deletes the pool).
+    retain: bool,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -251,6 +260,7 @@ fn dc(
         reuse_after: None,
         present: true,
         removable,
+        broken: false,
     }
 }
 
@@ -263,6 +273,7 @@ fn pools() -> Vec<PoolModel> {
         dcs: dcs.into_iter().map(|(n, d)| (n.to_string(), d)).collect(),
         deletable,
         deleted: false,
+        retain: false,
     };
     vec![
         // The pool the MetalLB addon renders from; clusters' ranges.
@@ -373,12 +384,19 @@ fn pool_object(p: &PoolModel) -> Value {
         if let Some(r) = &d.reuse_after {
             v["reuseAfter"] = json!(r);
         }
+        if d.broken {
+            // A gateway inside poolCidr that is not excluded: the pool is invalid.
+            let net = AddrRange::parse_lenient(&d.cidr).expect("pool cidr");
+            let gateway = std::net::Ipv4Addr::from((net.first() + 1) as u32).to_string();
+            v["network"] = json!({"gateway": gateway});
+        }
         dcs.insert(name.clone(), v);
     }
+    let policy = if p.retain { "Retain" } else { "Delete" };
     json!({
         "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMPool",
         "metadata": {"name": p.name},
-        "spec": {"reclaimPolicy": "Delete", "datacenters": dcs},
+        "spec": {"reclaimPolicy": policy, "datacenters": dcs},
     })
 }
 
@@ -419,10 +437,18 @@ pub const OPS: &[&str] = &[
     "add-datacenter",
     "delete-pool",
     "create-pool",
+    "break-pool",
+    "fix-pool",
+    "retain-delete-pool",
+    "delete-retained",
+    "hand-made",
+    "delete-hand-made",
 ];
 
 /// Weights of [`OPS`]: mostly holders coming and going.
-const WEIGHTS: &[u64] = &[14, 3, 10, 8, 5, 4, 4, 3, 10, 2, 8, 1, 1, 2, 1, 2, 1, 2];
+const WEIGHTS: &[u64] = &[
+    14, 3, 10, 8, 5, 4, 4, 3, 10, 2, 8, 1, 1, 2, 1, 2, 1, 2, 1, 2, 1, 1, 4, 3,
+];
 
 struct World {
     clusters: BTreeMap<String, ClusterModel>,
@@ -433,6 +459,9 @@ struct World {
     pools: Vec<PoolModel>,
     next_cluster: usize,
     next_claim: usize,
+    /// Hand-made `IPAddress`es that the webhook admitted: name -> (pool, datacenter).
+    hand_made: BTreeMap<String, (String, String)>,
+    next_hand_made: usize,
 }
 
 const DCS: &[&str] = &["dc-1", "dc-2"];
@@ -678,6 +707,8 @@ struct Replicas {
     frozen: Option<(usize, Instant)>,
     /// A replica killed by the run, and when it comes back.
     dead: Option<(usize, Instant)>,
+    /// The arguments with which the first replica serves the admission webhook.
+    webhook: Vec<String>,
 }
 
 impl Replicas {
@@ -693,7 +724,16 @@ impl Replicas {
     fn restart(&mut self, seed: &Seed, i: usize) {
         self.generation[i] += 1;
         let identity = self.identity(i);
-        self.ctls[i] = seed.controller(&identity);
+        self.ctls[i] = self.start(seed, i, &identity);
+    }
+
+    fn start(&self, seed: &Seed, i: usize, identity: &str) -> Controller {
+        if i == 0 {
+            let args: Vec<&str> = self.webhook.iter().map(String::as_str).collect();
+            seed.controller_with(identity, &args)
+        } else {
+            seed.controller(identity)
+        }
     }
 
     /// Thaws and restarts what is due (or everything, with `all`).
@@ -785,20 +825,56 @@ pub async fn run(name: &str, config: &Config) -> Report {
         pools: pools(),
         next_cluster: 0,
         next_claim: 0,
+        hand_made: BTreeMap::new(),
+        next_hand_made: 0,
     };
     for p in &world.pools {
         seed.api.apply(&pool_object(p)).expect("pool");
     }
+    // The first replica serves the admission webhook, which judges the hand-made `IPAddress`es
+    // of a person (alice); kipam and the run's other writes (the admin) are not sent to it.
+    let (ca, cert, key) = super::support::webhook_certificates(&seed);
+    let webhook_port = super::support::free_port();
+    let admin = seed.api.token();
+    seed.api.set_token_review(move |t| {
+        if t == admin {
+            Some(kube_standin::UserInfo::new("system:admin").with_groups(&["system:masters"]))
+        } else if t == HUMAN_TOKEN {
+            Some(kube_standin::UserInfo::new("alice"))
+        } else {
+            None
+        }
+    });
     let mut replicas = Replicas {
         ctls: Vec::new(),
         generation: vec![0; config.replicas],
         frozen: None,
         dead: None,
+        webhook: vec![
+            "--webhook-addr".into(),
+            format!("127.0.0.1:{webhook_port}"),
+            "--tls-cert-file".into(),
+            cert,
+            "--tls-key-file".into(),
+            key,
+            "--service-account".into(),
+            "system:admin".into(),
+        ],
     };
     for i in 0..config.replicas {
         let identity = format!("r{i}-0");
-        replicas.ctls.push(seed.controller(&identity));
+        let ctl = replicas.start(&seed, i, &identity);
+        replicas.ctls.push(ctl);
     }
+    super::support::install_webhook_configuration(&seed, webhook_port, &ca);
+    let human = {
+        let kc = Kubeconfig::from_yaml(&seed.api.kubeconfig_yaml_for_token(HUMAN_TOKEN))
+            .expect("kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .expect("config");
+        kube::Client::try_from(config).expect("client")
+    };
 
     let mut rng = Rng(config.seed);
     let mut log: Vec<Logged> = Vec::new();
@@ -848,7 +924,7 @@ pub async fn run(name: &str, config: &Config) -> Report {
             chosen
         };
         if let Some(i) = chosen {
-            match operate(&seed, &mut world, &mut rng, OPS[i]) {
+            match operate(&seed, &human, &mut world, &mut rng, OPS[i]).await {
                 Ok(Some(what)) => {
                     *report.ops.entry(OPS[i]).or_default() += 1;
                     log.push(Logged {
@@ -1104,8 +1180,15 @@ fn fault(
     }
 }
 
-/// One operation of kind `op`; `Ok(None)` when it does not apply now.
-fn operate(seed: &Seed, w: &mut World, rng: &mut Rng, op: &str) -> Result<Option<String>, String> {
+/// One operation of kind `op`; `Ok(None)` when it does not apply now. `human` is alice's
+/// client, whose writes the webhook judges.
+async fn operate(
+    seed: &Seed,
+    human: &kube::Client,
+    w: &mut World,
+    rng: &mut Rng,
+    op: &str,
+) -> Result<Option<String>, String> {
     let api = &seed.api;
     let err = |e: kube_standin::ApiError| format!("{} {}", e.code, e.message);
     let live: Vec<String> = w.clusters.keys().cloned().collect();
@@ -1331,10 +1414,18 @@ fn operate(seed: &Seed, w: &mut World, rng: &mut Rng, op: &str) -> Result<Option
             Ok(Some(format!("delete-pool {name}")))
         }
         "create-pool" => {
+            // A pool deleted with Retain comes back only once a person deleted one of the
+            // allocations it kept (or none is left).
+            let kept = |pool: &str| {
+                api.list("ipamallocations.ipam.kipam.dev", None)
+                    .iter()
+                    .any(|v| v["metadata"]["name"] == pool)
+            };
             let names: Vec<String> = w
                 .pools
                 .iter()
                 .filter(|p| p.deleted && api.get(POOLS, None, &p.name).is_none())
+                .filter(|p| !p.retain || !kept(&p.name))
                 .map(|p| p.name.clone())
                 .collect();
             let Some(name) = rng.pick(&names).cloned() else {
@@ -1342,8 +1433,144 @@ fn operate(seed: &Seed, w: &mut World, rng: &mut Rng, op: &str) -> Result<Option
             };
             let p = w.pools.iter_mut().find(|p| p.name == name).expect("pool");
             p.deleted = false;
+            p.retain = false;
             api.create(&pool_object(p)).map_err(err)?;
             Ok(Some(format!("create-pool {name}")))
+        }
+        "break-pool" | "fix-pool" => {
+            let mut candidates = Vec::new();
+            for (pi, p) in w.pools.iter().enumerate() {
+                if p.deleted {
+                    continue;
+                }
+                for (dc, d) in &p.dcs {
+                    if d.present && !d.prefix && d.broken == (op == "fix-pool") {
+                        candidates.push((pi, dc.clone()));
+                    }
+                }
+            }
+            let Some((pi, dc)) = rng.pick(&candidates).cloned() else {
+                return Ok(None);
+            };
+            let p = &mut w.pools[pi];
+            let d = p.dcs.get_mut(&dc).expect("dc");
+            d.broken = op == "break-pool";
+            api.apply(&pool_object(p)).map_err(err)?;
+            Ok(Some(format!("{op} {} {dc}", p.name)))
+        }
+        "retain-delete-pool" => {
+            let names: Vec<String> = w
+                .pools
+                .iter()
+                .filter(|p| p.deletable && !p.deleted)
+                .map(|p| p.name.clone())
+                .collect();
+            let Some(name) = rng.pick(&names).cloned() else {
+                return Ok(None);
+            };
+            let p = w.pools.iter_mut().find(|p| p.name == name).expect("pool");
+            p.retain = true;
+            api.apply(&pool_object(p)).map_err(err)?;
+            api.delete(POOLS, None, &name).map_err(err)?;
+            p.deleted = true;
+            Ok(Some(format!("retain-delete-pool {name}")))
+        }
+        "delete-retained" => {
+            // A person deletes an allocation that a deleted Retain pool left behind.
+            let gone: Vec<String> = w
+                .pools
+                .iter()
+                .filter(|p| p.deleted && p.retain && api.get(POOLS, None, &p.name).is_none())
+                .map(|p| p.name.clone())
+                .collect();
+            let mut kept = Vec::new();
+            for v in api.list("ipamallocations.ipam.kipam.dev", None) {
+                let (Some(ns), Some(name)) = (
+                    v["metadata"]["namespace"].as_str(),
+                    v["metadata"]["name"].as_str(),
+                ) else {
+                    continue;
+                };
+                if gone.iter().any(|g| g == name) {
+                    kept.push((ns.to_string(), name.to_string()));
+                }
+            }
+            let Some((ns, name)) = rng.pick(&kept).cloned() else {
+                return Ok(None);
+            };
+            match api.delete("ipamallocations.ipam.kipam.dev", Some(&ns), &name) {
+                Ok(_) => {
+                    if let Some(p) = w.pools.iter_mut().find(|p| p.name == name) {
+                        // Done once: it may come back now.
+                        p.retain = false;
+                    }
+                    Ok(Some(format!("delete-retained {ns}/{name}")))
+                }
+                Err(e) if e.code == 404 => Ok(None),
+                Err(e) => Err(err(e)),
+            }
+        }
+        "hand-made" => {
+            // An address of a pool's network, picked at random: often taken, and then refused.
+            let mut candidates = Vec::new();
+            for p in w.pools.iter().filter(|p| !p.deleted) {
+                for (dc, d) in &p.dcs {
+                    if d.present && !d.prefix && !d.broken {
+                        candidates.push((p.name.clone(), dc.clone(), d.cidr.clone()));
+                    }
+                }
+            }
+            let Some((pool, dc, cidr)) = rng.pick(&candidates).cloned() else {
+                return Ok(None);
+            };
+            let net = AddrRange::parse_lenient(&cidr).expect("pool cidr");
+            let span = (net.last() - net.first() + 1) as usize;
+            let at = net.first() + rng.below(span) as u128;
+            let address = std::net::Ipv4Addr::from(at as u32).to_string();
+            let name = format!("h{:03}", w.next_hand_made);
+            w.next_hand_made += 1;
+            let addresses = Api::<DynamicObject>::namespaced_with(
+                human.clone(),
+                MACHINES,
+                &ApiResource::from_gvk_with_plural(
+                    &GroupVersionKind::gvk("ipam.cluster.x-k8s.io", "v1beta2", "IPAddress"),
+                    "ipaddresses",
+                ),
+            );
+            let obj: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "ipam.cluster.x-k8s.io/v1beta2", "kind": "IPAddress",
+                "metadata": {"name": name, "namespace": MACHINES,
+                    "labels": {"ipam.kipam.dev/datacenter": dc}},
+                "spec": {
+                    "claimRef": {"name": name},
+                    "poolRef": {"apiGroup": "ipam.kipam.dev", "kind": "IPAMPool", "name": pool},
+                    "address": address,
+                    "prefix": 24,
+                },
+            }))
+            .expect("IPAddress");
+            match addresses
+                .create(&kube::api::PostParams::default(), &obj)
+                .await
+            {
+                Ok(_) => {
+                    w.hand_made.insert(name.clone(), (pool.clone(), dc.clone()));
+                    Ok(Some(format!(
+                        "hand-made {name} {address} of {pool} in {dc}"
+                    )))
+                }
+                // Refused (held, or the webhook's replica is down): nothing was made.
+                Err(_) => Ok(None),
+            }
+        }
+        "delete-hand-made" => {
+            let names: Vec<String> = w.hand_made.keys().cloned().collect();
+            let Some(name) = rng.pick(&names).cloned() else {
+                return Ok(None);
+            };
+            api.delete(ADDRESSES, Some(MACHINES), &name).map_err(err)?;
+            w.hand_made.remove(&name);
+            Ok(Some(format!("delete-hand-made {name}")))
         }
         _ => Ok(None),
     }
@@ -1382,8 +1609,10 @@ async fn finish_world(
             }
             p.deleted = false;
         }
+        p.retain = false;
         for d in p.dcs.values_mut() {
             d.present = true;
+            d.broken = false;
             d.reuse_after = None;
             if !d.additional.contains(&d.room) {
                 d.additional.push(d.room.clone());
@@ -1487,6 +1716,16 @@ fn unmet_at_rest(seed: &Seed, w: &World) -> Vec<String> {
             .and_then(|l| l.get("ipam.kipam.dev/datacenter").cloned())
             .unwrap_or_default();
         let pool = a.spec.pool_ref.name.clone();
+        let object = a.metadata.name.clone().unwrap_or_default();
+        if let Some((p, d)) = w.hand_made.get(&object) {
+            if *p == pool && *d == dc {
+                shown.insert(
+                    (format!("hand:{object}"), pool, dc),
+                    ranges_of(std::slice::from_ref(&a.spec.address)),
+                );
+            }
+            continue;
+        }
         match w.claims.get(&name) {
             Some(c) if c.dc == dc && c.pool == pool => {
                 shown.insert(
@@ -1530,6 +1769,11 @@ fn unmet_at_rest(seed: &Seed, w: &World) -> Vec<String> {
             unmet.push(format!("a record of {pool}/{dc}, which is gone, is left"));
         }
         for (holder, entry) in r.spec.reservations {
+            // A hand-made `IPAddress`'s entry, under the name its object is shown by.
+            let holder = match kipam::resources::capi::hand_made_of_holder(&holder) {
+                Some((_, name, _)) => format!("hand:{name}"),
+                None => holder,
+            };
             let mut texts = entry.addresses.clone();
             texts.extend(entry.cidr.iter().cloned());
             recorded
@@ -1555,6 +1799,11 @@ fn unmet_at_rest(seed: &Seed, w: &World) -> Vec<String> {
         }
     }
     for (key, ranges) in &shown {
+        // A hand-made object may lack its entry: its pool's records went with the pool and
+        // came back without it (it is set aside by the object then).
+        if key.0.starts_with("hand:") {
+            continue;
+        }
         if !ranges.is_empty() && !recorded.contains_key(key) {
             unmet.push(format!(
                 "{} shows addresses of {}/{} that no record holds",

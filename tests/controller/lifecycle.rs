@@ -176,3 +176,46 @@ async fn a_deleted_clusters_range_goes_to_a_waiting_cluster_only_once_its_object
         "the watch never showed a's allocation deleted ({seen} events): {live:?}"
     );
 }
+
+/// A pool switched to `reclaimPolicy: Retain` and deleted at once, before kipam rewrote its
+/// allocations' reclaim-policy annotation: the pool used to stay `Terminating` for good (the
+/// annotation's rewrite waited for a record commit that a pool being deleted never gets, and
+/// the loop planned again every 200 ms), and once it went, its allocations were released as
+/// "pool no longer exists". Now the annotation is rewritten without a commit (it reserves
+/// nothing), the pool goes, and its allocations stay as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_set_to_retain_and_deleted_at_once_goes_and_keeps_its_allocations() {
+    let seed = Seed::start("lifecycle-retain-at-once").await;
+    let _ctl = seed.controller("ctl");
+    let pool = |policy: &str| {
+        format!(
+            "apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {{name: lb}}
+spec:
+  reclaimPolicy: {policy}
+  datacenters:
+    dc-1: {{type: range, poolCidr: 10.0.0.0/28, allocationRange: 2}}
+"
+        )
+    };
+    seed.apply(&pool("Delete"));
+    seed.cluster("a", "dc-1");
+    seed.wait_for("a allocated", WAIT, "ctl", |s| {
+        s.phase("a", "lb") == "Allocated"
+    })
+    .await;
+    let kept = seed.held("a", "lb");
+    seed.apply(&pool("Retain"));
+    seed.delete("ipampools", None, "lb");
+    seed.wait_for("the pool is gone", WAIT, "ctl", |s| {
+        s.get("ipampools", None, "lb").is_none()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        seed.held("a", "lb"),
+        kept,
+        "the retained allocation changed"
+    );
+}

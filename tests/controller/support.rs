@@ -587,3 +587,45 @@ pub fn longest_gap(times: &[Duration]) -> Duration {
         .max()
         .unwrap_or_default()
 }
+
+/// A CA and a webhook certificate for 127.0.0.1 signed by it, written into the seed's
+/// directory: (ca file, cert file, key file).
+pub fn webhook_certificates(seed: &Seed) -> (String, String, String) {
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "kipam e2e CA");
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let issuer = rcgen::Issuer::from_params(&ca, &ca_key);
+    let leaf_cert = leaf.signed_by(&leaf_key, &issuer).unwrap();
+    let path = |n: &str| seed.dir().join(n).display().to_string();
+    std::fs::write(path("ca.pem"), ca_cert.pem()).unwrap();
+    std::fs::write(path("tls.crt"), leaf_cert.pem()).unwrap();
+    std::fs::write(path("tls.key"), leaf_key.serialize_pem()).unwrap();
+    (path("ca.pem"), path("tls.crt"), path("tls.key"))
+}
+
+/// Installs the configuration exactly as `kipam webhook-config` prints it, pointing at `port`.
+pub fn install_webhook_configuration(seed: &Seed, port: u16, ca: &str) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kipam"))
+        .args([
+            "webhook-config",
+            "--url",
+            &format!("https://127.0.0.1:{port}"),
+            "--ca-file",
+            ca,
+            "--service-account",
+            "system:admin",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    seed.apply(&String::from_utf8(out.stdout).unwrap());
+}

@@ -12,29 +12,12 @@ use serde_json::{Value, json};
 
 use kipam::resources::{Cluster, IPAMAllocation, IPAMPool, IPAMPoolRecord};
 
-use crate::support::{Controller, POOLS, Seed, free_port};
+use crate::support::{
+    Controller, POOLS, Seed, free_port, install_webhook_configuration as install_configuration,
+    webhook_certificates as certificates,
+};
 
 const HUMAN_TOKEN: &str = "token-of-alice";
-
-/// A CA and a webhook certificate for 127.0.0.1 signed by it, written into the seed's
-/// directory: (ca file, cert file, key file).
-fn certificates(seed: &Seed) -> (String, String, String) {
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(rcgen::DnType::CommonName, "kipam e2e CA");
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
-    let leaf_key = rcgen::KeyPair::generate().unwrap();
-    let issuer = rcgen::Issuer::from_params(&ca, &ca_key);
-    let leaf_cert = leaf.signed_by(&leaf_key, &issuer).unwrap();
-    let path = |n: &str| seed.dir().join(n).display().to_string();
-    std::fs::write(path("ca.pem"), ca_cert.pem()).unwrap();
-    std::fs::write(path("tls.crt"), leaf_cert.pem()).unwrap();
-    std::fs::write(path("tls.key"), leaf_key.serialize_pem()).unwrap();
-    (path("ca.pem"), path("tls.crt"), path("tls.key"))
-}
 
 async fn client_for(seed: &Seed, token: &str) -> Client {
     let kc =
@@ -96,28 +79,6 @@ fn webhook_controller(seed: &Seed, identity: &str, cert: &str, key: &str) -> (Co
         ],
     );
     (controller, port)
-}
-
-/// Installs the configuration exactly as `kipam webhook-config` prints it, pointing at `port`.
-fn install_configuration(seed: &Seed, port: u16, ca: &str) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kipam"))
-        .args([
-            "webhook-config",
-            "--url",
-            &format!("https://127.0.0.1:{port}"),
-            "--ca-file",
-            ca,
-            "--service-account",
-            "system:admin",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    seed.apply(&String::from_utf8(out.stdout).unwrap());
 }
 
 /// Waits until the webhook answers from loaded caches: a dry-run pool create passes.
@@ -693,7 +654,10 @@ spec:
         ..Default::default()
     };
     addresses
-        .create(&dry, &ip_address("pinned", "pinned", "machines", "10.10.0.9"))
+        .create(
+            &dry,
+            &ip_address("pinned", "pinned", "machines", "10.10.0.9"),
+        )
         .await
         .expect("dry run admitted");
     assert!(
@@ -806,9 +770,12 @@ spec:
             );
         }
     }
-    seed.wait_for("the ghost's entry released", Duration::from_secs(30), "w1", |s| {
-        !recorded(s, "machines").contains_key("ipaddress/machines/ghost@2020-01-01T00:00:00Z")
-    })
+    seed.wait_for(
+        "the ghost's entry released",
+        Duration::from_secs(30),
+        "w1",
+        |s| !recorded(s, "machines").contains_key("ipaddress/machines/ghost@2020-01-01T00:00:00Z"),
+    )
     .await;
     assert!(
         recorded(&seed, "machines").contains_key(&entry.0),

@@ -6,8 +6,8 @@ use kube::{Api, ResourceExt};
 use super::*;
 use crate::planner::{Change, Decision};
 use crate::resources::{
-    ANNOTATION_ADDRESSES, AllocationPhase, Cluster, IPAMAllocation, IPAMAllocationStatus,
-    LABEL_PHASE, cluster_namespace,
+    ANNOTATION_ADDRESSES, ANNOTATION_RECLAIM_POLICY, AllocationPhase, Cluster, IPAMAllocation,
+    IPAMAllocationStatus, LABEL_PHASE, cluster_namespace,
 };
 use crate::seed::Context;
 use crate::seed::ledger::Key;
@@ -29,11 +29,11 @@ pub(super) async fn refresh(ctx: &Context, key: &Key) {
 /// `map` less `key` (an empty map is no map, as the API server stores it).
 fn without<'a>(
     map: &'a Option<std::collections::BTreeMap<String, String>>,
-    key: &str,
+    keys: &[&str],
 ) -> Vec<(&'a String, &'a String)> {
     map.iter()
         .flatten()
-        .filter(|(k, _)| k.as_str() != key)
+        .filter(|(k, _)| !keys.contains(&k.as_str()))
         .collect()
 }
 
@@ -127,16 +127,19 @@ impl AllocationWrite {
         }
     }
 
-    /// Only the status, the phase label or the address annotation change: nothing is
-    /// reserved or released by it, so it needs no record commit.
+    /// Only the status, the phase label, the address annotation or the reclaim-policy
+    /// annotation change: nothing is reserved or released by it, so it needs no record commit.
+    /// (A pool being deleted gets no commit at all: the rewrite of its allocations' reclaim
+    /// policy, which must land before its finalizer goes, would otherwise wait for good.)
     pub(super) fn is_status_only(&self) -> bool {
+        const UNFENCED: &[&str] = &[ANNOTATION_ADDRESSES, ANNOTATION_RECLAIM_POLICY];
         match (&self.existing, &self.desired) {
             (Some(e), Some(d)) => {
                 e.spec == d.spec
-                    && without(&e.metadata.labels, LABEL_PHASE)
-                        == without(&d.metadata.labels, LABEL_PHASE)
-                    && without(&e.metadata.annotations, ANNOTATION_ADDRESSES)
-                        == without(&d.metadata.annotations, ANNOTATION_ADDRESSES)
+                    && without(&e.metadata.labels, &[LABEL_PHASE])
+                        == without(&d.metadata.labels, &[LABEL_PHASE])
+                    && without(&e.metadata.annotations, UNFENCED)
+                        == without(&d.metadata.annotations, UNFENCED)
             }
             _ => false,
         }

@@ -54,9 +54,20 @@ type RecordEntry = (String, Result<crate::allocator::Allocation, String>);
 pub struct ReadCache {
     records: HashMap<RecordKey, Versioned<Vec<RecordEntry>>>,
     clusters: HashMap<String, Versioned<Read<ClusterInput>>>,
+    /// Record entries of hand-made `IPAddress`es whose object this replica has seen: one no
+    /// longer seen was deleted, and its entry goes once a read confirms it.
+    hand_made_seen: HashSet<String>,
+    /// When the first entry kept only for its grace ([`HAND_MADE_GRACE`]) is to be looked at
+    /// again (seconds since the Unix epoch): a pass comes by then.
+    hand_made_due: Option<i64>,
 }
 
 impl ReadCache {
+    /// When a pass should look again at a hand-made `IPAddress`'s entry kept for its grace.
+    pub(super) fn hand_made_due(&self) -> Option<i64> {
+        self.hand_made_due
+    }
+
     fn cluster(&mut self, cluster: &Cluster) -> Result<ClusterInput, Vec<FieldError>> {
         let rv = cluster
             .metadata
@@ -337,6 +348,9 @@ pub(super) async fn gather(
     }
     held_elsewhere.extend(being_released(&pool_inputs, &cluster_inputs, &stored));
     let (hand_made_entries, aside) = hand_made_entries(ctx, records, &frozen_pools, cache).await;
+    cache
+        .hand_made_seen
+        .retain(|e| hand_made_entries.values().flatten().any(|(k, ..)| k == e));
     held_elsewhere.extend(aside);
     let quarantined = quarantine_of_records(records, &frozen_pools, cache);
     for (pool, dc) in records.keys() {
@@ -564,7 +578,7 @@ async fn hand_made_entries(
     ctx: &Context,
     records: &BTreeMap<RecordKey, String>,
     frozen_pools: &HashSet<String>,
-    cache: &ReadCache,
+    cache: &mut ReadCache,
 ) -> (HandMadeEntries, Vec<HeldElsewhere>) {
     use kube::runtime::reflector::ObjectRef;
     let now = unix_now();
@@ -574,6 +588,8 @@ async fn hand_made_entries(
         .load(std::sync::atomic::Ordering::Acquire);
     let mut kept: HandMadeEntries = HashMap::new();
     let mut aside = Vec::new();
+    let mut seen_now = Vec::new();
+    let mut due_at = None;
     for key in records.keys() {
         let Some((_, entries)) = cache.records.get(key) else {
             continue;
@@ -592,11 +608,18 @@ async fn hand_made_entries(
                 .capi
                 .addresses
                 .get(&ObjectRef::new(name).within(namespace));
+            let seen = cache.hand_made_seen.contains(entry);
             let stays = match &found {
                 Some(a) if a.written_by_kipam() => false,
                 Some(_) => true,
                 None if !listed => true,
-                None if admitted.is_some_and(|at| now - at < HAND_MADE_GRACE) => true,
+                // Not seen yet: maybe not stored yet (the webhook commits before the API server
+                // stores the object), or not yet in the cache.
+                None if !seen && admitted.is_some_and(|at| now - at < HAND_MADE_GRACE) => {
+                    let due = admitted.unwrap_or(now) + HAND_MADE_GRACE;
+                    due_at = Some(due_at.map_or(due, |d: i64| d.min(due)));
+                    true
+                }
                 None => {
                     let api: Api<crate::resources::capi::IPAddress> =
                         Api::namespaced(ctx.writer.clone(), namespace);
@@ -616,9 +639,12 @@ async fn hand_made_entries(
             if !stays {
                 continue;
             }
-            let claim = found.as_ref().map(|a| {
-                crate::resources::capi::claim_holder(namespace, &a.spec.claim_ref.name)
-            });
+            if found.is_some() {
+                seen_now.push(entry.clone());
+            }
+            let claim = found
+                .as_ref()
+                .map(|a| crate::resources::capi::claim_holder(namespace, &a.spec.claim_ref.name));
             if found.is_none()
                 && !frozen_pools.contains(&key.0)
                 && let Some(h) = held
@@ -636,6 +662,8 @@ async fn hand_made_entries(
                 .push((entry.clone(), reservation, claim));
         }
     }
+    cache.hand_made_seen.extend(seen_now);
+    cache.hand_made_due = due_at;
     (kept, aside)
 }
 

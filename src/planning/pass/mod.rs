@@ -774,6 +774,12 @@ async fn settle(ctx: &Context, state: &mut PassState, mut outcome: PassOutcome) 
     {
         outcome.status_after = Some(outcome.status_after.map_or(wait, |s| s.min(wait)));
     }
+    // A hand-made `IPAddress`'s entry kept for its grace is looked at again when it ends.
+    if let Some(due) = state.reads.hand_made_due() {
+        let seconds = u64::try_from(due.saturating_sub(inputs::unix_now())).unwrap_or(0);
+        let wait = Duration::from_secs(seconds.max(1));
+        outcome.status_after = Some(outcome.status_after.map_or(wait, |s| s.min(wait)));
+    }
     outcome
 }
 
