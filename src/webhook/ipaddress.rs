@@ -52,6 +52,9 @@ pub struct Held<'a> {
     pub records: &'a [IPAMPoolRecord],
     /// The other pools of its address space; `allocations` and `records` hold theirs too.
     pub space: &'a [IPAMPool],
+    /// The `IPAMAllocation`s of pools that no longer exist (kept by `reclaimPolicy: Retain`):
+    /// held in every pool of their datacenter, whatever the address space.
+    pub retained: &'a [IPAMAllocation],
 }
 
 fn text<'a>(value: &'a Value, path: &[&str]) -> Option<&'a str> {
@@ -307,6 +310,23 @@ pub fn check(
                 }
             }
         }
+        for allocation in held.retained {
+            let Ok(stored) = validation::stored_allocation(allocation) else {
+                continue;
+            };
+            if stored.datacenter != *dc {
+                continue;
+            }
+            if let Some(piece) = stored.held.as_ref().and_then(|h| piece_holding(h, &shown)) {
+                return refuse(format!(
+                    "held by cluster {} through IPAMPool {}, deleted and kept by reclaimPolicy Retain (IPAMAllocation {}/{}: {piece})",
+                    stored.cluster,
+                    stored.pool,
+                    allocation.metadata.namespace.as_deref().unwrap_or_default(),
+                    allocation.metadata.name.as_deref().unwrap_or_default(),
+                ));
+            }
+        }
         placed.push((dc.to_string(), shown));
     }
     Ok(placed)
@@ -410,6 +430,7 @@ mod tests {
                 allocations: &allocations,
                 records: &records,
                 space: &[],
+                retained: &[],
             },
         )
         .map(|_| ())
@@ -661,6 +682,7 @@ mod tests {
                 allocations: &allocations,
                 records: &records,
                 space: std::slice::from_ref(&other),
+                retained: &[],
             },
         )
         .map(|_| ());
@@ -681,10 +703,42 @@ mod tests {
                 allocations: &allocations,
                 records: &records,
                 space: &[],
+                retained: &[],
             },
         );
         let dc1 = AddrRange::parse_lenient("10.0.0.101").unwrap();
         assert_eq!(alone, Ok(vec![("dc-1".to_string(), dc1)]));
+    }
+
+    #[test]
+    fn an_address_kept_by_a_deleted_retain_pool_is_refused() {
+        let lan = lan();
+        let kept: IPAMAllocation = serde_json::from_value(json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1",
+            "kind": "IPAMAllocation",
+            "metadata": {"name": "gone", "namespace": "cluster-c7",
+                "annotations": {"ipam.kipam.dev/reclaim-policy": "Retain"}},
+            "spec": {"type": "range", "dc": "dc-1", "addresses": ["10.0.0.120-10.0.0.123"]},
+        }))
+        .unwrap();
+        let records = records();
+        let object = address("v1beta2", "web-6", json!("10.0.0.121"));
+        let verdict = check(
+            &object,
+            Some("machines"),
+            Held {
+                pool: Some(&lan),
+                allocations: &[],
+                records: &records,
+                space: &[],
+                retained: std::slice::from_ref(&kept),
+            },
+        )
+        .map(|_| ());
+        refused(
+            verdict,
+            &["held by cluster c7", "IPAMPool gone", "Retain", "cluster-c7/gone"],
+        );
     }
 
     #[test]

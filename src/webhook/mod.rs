@@ -154,6 +154,18 @@ impl Source for StaticSource {
                 .cloned()
                 .collect(),
             space,
+            retained: if wants.space {
+                self.allocations
+                    .iter()
+                    .filter(|a| {
+                        let name = a.metadata.name.as_deref().unwrap_or_default();
+                        !self.pools.iter().any(|p| named(p, name))
+                    })
+                    .cloned()
+                    .collect()
+            } else {
+                Vec::new()
+            },
             cluster: wants
                 .cluster
                 .as_deref()
@@ -206,10 +218,27 @@ impl Source for CacheSource {
             .filter_map(|p| p.metadata.name.clone())
             .collect();
         names.push(pool.to_string());
-        // Shared under the lock, copied after it.
-        let allocations: Vec<_> = {
+        // Shared under the lock, copied after it. For an `IPAddress`, also the allocations of
+        // pools that went and left them (`Retain`): held in every pool of their datacenter.
+        let (allocations, retained): (Vec<_>, Vec<_>) = {
             let ledger = self.ctx.ledger.lock().await;
-            names.iter().flat_map(|n| ledger.in_pool(n)).collect()
+            let retained = if wants.space {
+                ledger
+                    .pools()
+                    .filter(|n| {
+                        self.pools
+                            .get(&ObjectRef::new(n))
+                            .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+                    })
+                    .flat_map(|n| ledger.in_pool(n))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            (
+                names.iter().flat_map(|n| ledger.in_pool(n)).collect(),
+                retained,
+            )
         };
         Ok(View {
             pool: found,
@@ -222,6 +251,7 @@ impl Source for CacheSource {
                 .map(|r| r.as_ref().clone())
                 .collect(),
             space,
+            retained: retained.iter().map(|a| a.to_object()).collect(),
             cluster: wants
                 .cluster
                 .as_deref()
@@ -257,6 +287,7 @@ impl Source for CacheSource {
                 allocations: &view.allocations,
                 records: &view.records,
                 space: &view.space,
+                retained: &view.retained,
             },
         )?;
         if placed.is_empty() {

@@ -50,6 +50,9 @@ pub struct View {
     /// `IPAMAllocation`s and records are in `allocations` and `records` too): an address held
     /// through one of them is held.
     pub space: Vec<IPAMPool>,
+    /// For an `IPAddress`: the `IPAMAllocation`s of pools that no longer exist (kept by
+    /// `reclaimPolicy: Retain`): held in every pool of their datacenter.
+    pub retained: Vec<IPAMAllocation>,
 }
 
 /// Which pool and cluster a request concerns, so the caller can gather the [`View`].
@@ -204,6 +207,7 @@ fn ip_address(request: &AdmissionRequest, view: &View) -> Result<(), Verdict> {
             allocations: &view.allocations,
             records: &view.records,
             space: &view.space,
+            retained: &view.retained,
         },
     )
     .map(|_| ())

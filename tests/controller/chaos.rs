@@ -870,9 +870,11 @@ pub async fn run(name: &str, config: &Config) -> Report {
     let human = {
         let kc = Kubeconfig::from_yaml(&seed.api.kubeconfig_yaml_for_token(HUMAN_TOKEN))
             .expect("kubeconfig");
-        let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
             .await
             .expect("config");
+        // A refusal with 503 ("try again") is an answer here, not something to wait out.
+        config.default_retry = false;
         kube::Client::try_from(config).expect("client")
     };
 

@@ -185,6 +185,12 @@ impl Ledger {
             .map(|o| o.0.as_ref())
     }
 
+    /// The names of the pools allocations are named after (pools that exist or that went,
+    /// leaving allocations kept by `reclaimPolicy: Retain`).
+    pub fn pools(&self) -> impl Iterator<Item = &str> + '_ {
+        self.by_pool.keys().map(|k| k.as_ref())
+    }
+
     /// [`Ledger::of_pool`], shared, to be read after the lock is released.
     pub fn in_pool(&self, pool: &str) -> Vec<Arc<Entry>> {
         self.by_pool
