@@ -16,6 +16,10 @@
 mod support;
 
 #[allow(dead_code)]
+#[path = "../tests/controller/metallb.rs"]
+mod metallb;
+
+#[allow(dead_code)]
 #[path = "../tests/controller/chaos.rs"]
 mod chaos;
 

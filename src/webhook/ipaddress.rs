@@ -737,7 +737,12 @@ mod tests {
         .map(|_| ());
         refused(
             verdict,
-            &["held by cluster c7", "IPAMPool gone", "Retain", "cluster-c7/gone"],
+            &[
+                "held by cluster c7",
+                "IPAMPool gone",
+                "Retain",
+                "cluster-c7/gone",
+            ],
         );
     }
 

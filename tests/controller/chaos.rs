@@ -33,7 +33,9 @@ use kipam::address::AddrRange;
 use kipam::resources::capi::{ANNOTATION_CLAIM_DATACENTER, IPAddress, claim_holder};
 use kipam::resources::{IPAMAllocation, IPAMPoolRecord};
 
+use super::metallb::{MetalLb, service};
 use super::support::{Controller, Seed};
+use kube_standin::ApiServer;
 
 const CLAIM_CRDS: &str = include_str!("../fixtures/capi/capi-ipam-ipaddressclaims.yaml");
 const ADDRESS_CRDS: &str = include_str!("../fixtures/capi/capi-ipam-ipaddresses.yaml");
@@ -44,6 +46,9 @@ const ADDRESSES: &str = "ipaddresses.ipam.cluster.x-k8s.io";
 const CLUSTERS: &str = "clusters.ipam.kipam.dev";
 const POOLS: &str = "ipampools.ipam.kipam.dev";
 const MACHINES: &str = "machines";
+const METALLB_CRDS: &str = include_str!("../render/fixtures/metallb-crds.yaml");
+/// Clusters whose MetalLB pool grows on demand: Services come and go in their user clusters.
+const GROWERS: &[&str] = &["g0", "g1"];
 /// The token of alice, a person whose writes the admission webhook judges.
 const HUMAN_TOKEN: &str = "token-of-alice";
 
@@ -91,7 +96,8 @@ impl Config {
             duration: Duration::from_secs(seconds),
             replicas,
             fault_every: (6, 12),
-            settle: Duration::from_secs(45),
+            // Past the minute a hand-made `IPAddress`'s entry is kept when its object never appeared.
+            settle: Duration::from_secs(75),
             resume_watches: false,
             only,
         }
@@ -225,6 +231,8 @@ struct DcModel {
     removable: bool,
     /// Made invalid by the run: a `network.gateway` inside `poolCidr`, not excluded.
     broken: bool,
+    /// Grows on demand (the growth clusters' Services): `growth` of the pool datacenter.
+    grows: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -261,6 +269,7 @@ fn dc(
         present: true,
         removable,
         broken: false,
+        grows: false,
     }
 }
 
@@ -384,6 +393,9 @@ fn pool_object(p: &PoolModel) -> Value {
         if let Some(r) = &d.reuse_after {
             v["reuseAfter"] = json!(r);
         }
+        if d.grows {
+            v["growth"] = json!({"increment": 1, "max": 4, "shrinkAfter": "1m"});
+        }
         if d.broken {
             // A gateway inside poolCidr that is not excluded: the pool is invalid.
             let net = AddrRange::parse_lenient(&d.cidr).expect("pool cidr");
@@ -443,11 +455,13 @@ pub const OPS: &[&str] = &[
     "delete-retained",
     "hand-made",
     "delete-hand-made",
+    "demand-up",
+    "demand-down",
 ];
 
 /// Weights of [`OPS`]: mostly holders coming and going.
 const WEIGHTS: &[u64] = &[
-    14, 3, 10, 8, 5, 4, 4, 3, 10, 2, 8, 1, 1, 2, 1, 2, 1, 2, 1, 2, 1, 1, 4, 3,
+    14, 3, 10, 8, 5, 4, 4, 3, 10, 2, 8, 1, 1, 2, 1, 2, 1, 2, 1, 2, 2, 6, 4, 3, 4, 3,
 ];
 
 struct World {
@@ -462,6 +476,10 @@ struct World {
     /// Hand-made `IPAddress`es that the webhook admitted: name -> (pool, datacenter).
     hand_made: BTreeMap<String, (String, String)>,
     next_hand_made: usize,
+    /// The growth clusters' user clusters (each with the MetalLB stand-in), by cluster; never
+    /// deleted, moved or edited by the run.
+    users: BTreeMap<String, ApiServer>,
+    next_service: usize,
 }
 
 const DCS: &[&str] = &["dc-1", "dc-2"];
@@ -822,14 +840,60 @@ pub async fn run(name: &str, config: &Config) -> Report {
         gone_clusters: Vec::new(),
         claims: BTreeMap::new(),
         gone_claims: Vec::new(),
-        pools: pools(),
+        pools: {
+            let mut p = pools();
+            // MetalLB's pool grows on demand in dc-1, where the growth clusters are.
+            if let Some(d) = p
+                .iter_mut()
+                .find(|p| p.name == "metallb")
+                .and_then(|p| p.dcs.get_mut("dc-1"))
+            {
+                d.grows = true;
+            }
+            p
+        },
         next_cluster: 0,
         next_claim: 0,
         hand_made: BTreeMap::new(),
         next_hand_made: 0,
+        users: BTreeMap::new(),
+        next_service: 0,
     };
     for p in &world.pools {
         seed.api.apply(&pool_object(p)).expect("pool");
+    }
+    // The growth clusters, each with a user cluster where the MetalLB stand-in serves
+    // LoadBalancer Services from the pool kipam renders.
+    let mut metallbs = Vec::new();
+    for name in GROWERS {
+        let user = ApiServer::start().await.expect("user cluster starts");
+        for ns in ["metallb-system", "default"] {
+            let _ = user.apply(&json!({"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": ns}}));
+        }
+        user.apply_yaml(METALLB_CRDS).expect("MetalLB CRDs");
+        metallbs.push(MetalLb::start(user.clone()));
+        seed.api
+            .apply(&json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": format!("kc-{name}"), "namespace": "kipam-system"},
+                "stringData": {"kubeconfig": user.kubeconfig_yaml()}}))
+            .expect("secret");
+        seed.api
+            .create(&json!({
+                "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Cluster",
+                "metadata": {"name": name},
+                "spec": {"datacenter": "dc-1",
+                    "kubeconfig": {"secretRef": {"namespace": "kipam-system", "name": format!("kc-{name}")}}},
+            }))
+            .expect("growth cluster");
+        world.clusters.insert(
+            name.to_string(),
+            ClusterModel {
+                dc: "dc-1".into(),
+                ipam: BTreeMap::new(),
+            },
+        );
+        world.users.insert(name.to_string(), user);
     }
     // The first replica serves the admission webhook, which judges the hand-made `IPAddress`es
     // of a person (alice); kipam and the run's other writes (the admin) are not sent to it.
@@ -867,6 +931,20 @@ pub async fn run(name: &str, config: &Config) -> Report {
         replicas.ctls.push(ctl);
     }
     super::support::install_webhook_configuration(&seed, webhook_port, &ca);
+    // The MetalLB addon of each growth cluster, once kipam made its namespace.
+    for name in GROWERS {
+        let ns = format!("cluster-{name}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while seed.api.get("namespaces", None, &ns).is_none() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        seed.api
+            .create(
+                &json!({"apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Addon",
+                "metadata": {"name": "metallb", "namespace": ns}, "spec": {"name": "metallb"}}),
+            )
+            .expect("addon");
+    }
     let human = {
         let kc = Kubeconfig::from_yaml(&seed.api.kubeconfig_yaml_for_token(HUMAN_TOKEN))
             .expect("kubeconfig");
@@ -960,6 +1038,7 @@ pub async fn run(name: &str, config: &Config) -> Report {
         .map(|i| seed.log(&replicas.ctls[i].identity))
         .unwrap_or_default();
     drop(replicas);
+    drop(metallbs);
 
     // The watches must have seen everything up to now, and agree with a final list.
     let end = seed.api.resource_version();
@@ -1193,7 +1272,12 @@ async fn operate(
 ) -> Result<Option<String>, String> {
     let api = &seed.api;
     let err = |e: kube_standin::ApiError| format!("{} {}", e.code, e.message);
-    let live: Vec<String> = w.clusters.keys().cloned().collect();
+    let live: Vec<String> = w
+        .clusters
+        .keys()
+        .filter(|c| !w.users.contains_key(*c))
+        .cloned()
+        .collect();
     match op {
         "create-cluster" | "recreate-cluster" => {
             if w.clusters.len() >= MAX_CLUSTERS {
@@ -1461,10 +1545,17 @@ async fn operate(
             Ok(Some(format!("{op} {} {dc}", p.name)))
         }
         "retain-delete-pool" => {
+            // One that has allocations to keep.
+            let allocations = api.list("ipamallocations.ipam.kipam.dev", None);
             let names: Vec<String> = w
                 .pools
                 .iter()
                 .filter(|p| p.deletable && !p.deleted)
+                .filter(|p| {
+                    allocations
+                        .iter()
+                        .any(|a| a["metadata"]["name"] == p.name.as_str())
+                })
                 .map(|p| p.name.clone())
                 .collect();
             let Some(name) = rng.pick(&names).cloned() else {
@@ -1513,12 +1604,15 @@ async fn operate(
             }
         }
         "hand-made" => {
-            // An address of a pool's network, picked at random: often taken, and then refused.
+            // An address of one of a pool's networks: mostly near its end (first fit hands
+            // the low ones out first), else anywhere; often taken all the same, and refused.
             let mut candidates = Vec::new();
             for p in w.pools.iter().filter(|p| !p.deleted) {
                 for (dc, d) in &p.dcs {
                     if d.present && !d.prefix && !d.broken {
-                        candidates.push((p.name.clone(), dc.clone(), d.cidr.clone()));
+                        for cidr in std::iter::once(&d.cidr).chain(d.additional.iter()) {
+                            candidates.push((p.name.clone(), dc.clone(), cidr.clone()));
+                        }
                     }
                 }
             }
@@ -1527,7 +1621,11 @@ async fn operate(
             };
             let net = AddrRange::parse_lenient(&cidr).expect("pool cidr");
             let span = (net.last() - net.first() + 1) as usize;
-            let at = net.first() + rng.below(span) as u128;
+            let at = if rng.chance(70) {
+                net.last() - rng.below(span.min(3)) as u128
+            } else {
+                net.first() + rng.below(span) as u128
+            };
             let address = std::net::Ipv4Addr::from(at as u32).to_string();
             let name = format!("h{:03}", w.next_hand_made);
             w.next_hand_made += 1;
@@ -1562,7 +1660,37 @@ async fn operate(
                     )))
                 }
                 // Refused (held, or the webhook's replica is down): nothing was made.
-                Err(_) => Ok(None),
+                Err(e) => {
+                    if std::env::var_os("KIPAM_HISTORY_LOG").is_some() {
+                        eprintln!("hand-made {name} {address} of {pool} in {dc} refused: {e}");
+                    }
+                    Ok(None)
+                }
+            }
+        }
+        "demand-up" | "demand-down" => {
+            let names: Vec<String> = w.users.keys().cloned().collect();
+            let Some(cluster) = rng.pick(&names).cloned() else {
+                return Ok(None);
+            };
+            let user = &w.users[&cluster];
+            if op == "demand-up" {
+                let name = format!("s{:03}", w.next_service);
+                w.next_service += 1;
+                service(user, &name);
+                Ok(Some(format!("demand-up {cluster}: Service {name}")))
+            } else {
+                let services: Vec<String> = user
+                    .list("services", Some("default"))
+                    .iter()
+                    .filter_map(|s| s["metadata"]["name"].as_str().map(str::to_string))
+                    .collect();
+                let Some(name) = rng.pick(&services).cloned() else {
+                    return Ok(None);
+                };
+                user.delete("services", Some("default"), &name)
+                    .map_err(err)?;
+                Ok(Some(format!("demand-down {cluster}: Service {name}")))
             }
         }
         "delete-hand-made" => {
