@@ -460,8 +460,15 @@ fn start_statuses(ctx: &Arc<Context>, state: &mut PassState, now: &str) -> Optio
         .iter()
         .filter_map(|p| ctx.pools.get(&ObjectRef::new(p)))
         .collect();
-    let updates =
-        statuses::pool_status_updates(ctx, &pools, &inputs.pools, &HashMap::new(), plan, now);
+    let updates = statuses::pool_status_updates(
+        ctx,
+        &pools,
+        &inputs.pools,
+        &HashMap::new(),
+        plan,
+        &state.outdated,
+        now,
+    );
     state.status_written = Some(std::time::Instant::now());
     if updates.is_empty() {
         return None;

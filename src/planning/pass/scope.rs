@@ -44,6 +44,9 @@ pub struct PassState {
     pub(super) status_due: BTreeSet<String>,
     /// When a short pass last wrote pool statuses.
     pub(super) status_written: Option<std::time::Instant>,
+    /// kipam's `IPAddress`es showing an older network, as the last full pass counted them:
+    /// what short passes write in pool statuses.
+    pub(super) outdated: super::statuses::Outdated,
     /// The planning loop's metrics.
     pub metrics: std::sync::Arc<crate::planning::metrics::Metrics>,
     /// Growth refusals last reported, by (cluster, pool or user cluster, reason): reported
@@ -71,6 +74,7 @@ impl PassState {
             reads: Default::default(),
             status_due: BTreeSet::new(),
             status_written: None,
+            outdated: Default::default(),
             growth_said: Default::default(),
         }
     }
