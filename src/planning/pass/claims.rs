@@ -550,14 +550,13 @@ pub(super) async fn inputs(
 pub(super) fn newcomers(
     ctx: &Context,
     pools: &[PoolInput],
-    known: &[ClusterInput],
+    known: &PassState,
     records: &crate::seed::records::Records,
     holders: &BTreeSet<String>,
 ) -> Option<(Vec<ClusterInput>, ClaimsRead)> {
     if !ctx.capi.listed() {
         return None;
     }
-    let known: HashMap<&str, &ClusterInput> = known.iter().map(|c| (c.name.as_str(), c)).collect();
     let mut read = ClaimsRead::default();
     let mut new = Vec::new();
     let paused_clusters = paused_clusters(ctx);
@@ -594,8 +593,8 @@ pub(super) fn newcomers(
         let r =
             validation::claim_input(&claim, pool_name, pool, cluster_dc.as_deref(), false, None);
         let input = r.input.filter(|_| r.wait.is_none())?;
-        match known.get(holder.as_str()) {
-            Some(before) if **before == input => continue,
+        match known.known_input(holder) {
+            Some(before) if *before == input => continue,
             Some(_) => return None,
             None => {}
         }
