@@ -44,28 +44,14 @@ pub fn address_object(a: &AddressFor<'_>) -> Result<IPAddress, String> {
 /// The `spec` of [`address_object`] alone: what decides whether a stored `IPAddress` needs a
 /// write, without building the rest.
 pub fn address_spec(a: &AddressFor<'_>) -> Result<IPAddressSpec, String> {
-    let (address, prefix) = match a.held {
-        Allocation::Prefix(cidr) => (
-            cidr.family().display(cidr.first()).to_string(),
-            cidr.prefix_len(),
-        ),
+    let prefix = held_prefix(a.held, a.cidrs, a.prefix_length)?;
+    let address = match a.held {
+        Allocation::Prefix(cidr) => cidr.family().display(cidr.first()).to_string(),
         Allocation::Range(pieces) => {
-            let [one] = pieces.as_slice() else {
+            let Some(one) = pieces.first() else {
                 return Err(format!("holds {} rather than one address", a.held));
             };
-            if one.first() != one.last() {
-                return Err(format!("holds {} rather than one address", a.held));
-            }
-            let prefix = a.prefix_length.or_else(|| {
-                a.cidrs
-                    .iter()
-                    .find(|c| c.contains(one))
-                    .map(|c| c.prefix_len())
-            });
-            let Some(prefix) = prefix else {
-                return Err(format!("{} lies in none of the pool's CIDRs", a.held));
-            };
-            (one.family().display(one.first()).to_string(), prefix)
+            one.family().display(one.first()).to_string()
         }
     };
     Ok(IPAddressSpec {
@@ -77,6 +63,36 @@ pub fn address_spec(a: &AddressFor<'_>) -> Result<IPAddressSpec, String> {
         prefix: i32::from(prefix),
         gateway: a.gateway.map(str::to_string),
     })
+}
+
+/// The `spec.prefix` of the `IPAddress` for a claim holding `held` (see [`address_spec`]): a
+/// subnet's own length, else `prefix_length` (the datacenter network's), else the length of
+/// the pool CIDR holding the address. `Err` as [`address_spec`]'s. Builds no string unless it
+/// fails: it is asked of every claim's `IPAddress` when pool statuses are written.
+pub fn held_prefix(
+    held: &Allocation,
+    cidrs: &[Cidr],
+    prefix_length: Option<u8>,
+) -> Result<u8, String> {
+    match held {
+        Allocation::Prefix(cidr) => Ok(cidr.prefix_len()),
+        Allocation::Range(pieces) => {
+            let [one] = pieces.as_slice() else {
+                return Err(format!("holds {held} rather than one address"));
+            };
+            if one.first() != one.last() {
+                return Err(format!("holds {held} rather than one address"));
+            }
+            prefix_length
+                .or_else(|| {
+                    cidrs
+                        .iter()
+                        .find(|c| c.contains(one))
+                        .map(|c| c.prefix_len())
+                })
+                .ok_or_else(|| format!("{held} lies in none of the pool's CIDRs"))
+        }
+    }
 }
 
 /// The `IPAddress` around `spec`: its name, labels, owners and finalizer.

@@ -114,6 +114,61 @@ where
     (store, reflector::reflector(writer, watch))
 }
 
+/// Like [`reflected`], with a second cache, `aside`, of the objects `pick` selects: the few a
+/// pass looks for among many (the `IPAddress`es kipam did not write, among thousands of its
+/// own) without going through all of them. Each event reaches `aside` before the main cache,
+/// so `aside` is never behind it; an object that stops being picked leaves `aside`.
+pub fn reflected_with_aside<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    pick: fn(&K) -> bool,
+) -> (
+    Store<K>,
+    Store<K>,
+    impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+)
+where
+    K: Watched,
+{
+    let (store, writer) = reflector::store();
+    let (aside, mut aside_writer) = reflector::store::<K>();
+    let aside_reader = aside.clone();
+    let watch = watcher::watcher(api, config)
+        .backoff(WatchBackoff::default())
+        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+        .map(move |ev| {
+            if let Ok(ev) = &ev {
+                feed_aside(&mut aside_writer, &aside_reader, ev, pick);
+            }
+            ev
+        });
+    (store, aside, reflector::reflector(writer, watch))
+}
+
+/// Applies one watch event to the cache of the objects `pick` selects (`writer`, read by
+/// `reader`).
+fn feed_aside<K>(
+    writer: &mut reflector::store::Writer<K>,
+    reader: &Store<K>,
+    ev: &Event<K>,
+    pick: fn(&K) -> bool,
+) where
+    K: Watched,
+{
+    match ev {
+        Event::Apply(o) | Event::InitApply(o) if pick(o) => writer.apply_watcher_event(ev),
+        // No longer picked (an `IPAddress` kipam adopted): it leaves.
+        Event::Apply(o) => {
+            if reader.get(&reflector::ObjectRef::from(o)).is_some() {
+                writer.apply_watcher_event(&Event::Delete(o.clone()));
+            }
+        }
+        // A re-list fills the cache with the picked objects only.
+        Event::InitApply(_) => {}
+        Event::Delete(_) | Event::Init | Event::InitDone => writer.apply_watcher_event(ev),
+    }
+}
+
 /// Says once (until it changes or clears) why a watch fails, at warn level, and keeps
 /// `/readyz` false with the same reason while it lasts.
 pub struct WatchReporter {
@@ -254,8 +309,29 @@ where
     K: Watched,
 {
     let (store, events) = reflected(api, config);
+    (
+        store,
+        waking(events, wake, reporter, wakes, dirty, by_name, listed),
+    )
+}
+
+/// The events of a watch feeding a cache, waking the planner on every change it reads (see
+/// [`cached`]).
+#[allow(clippy::too_many_arguments)]
+fn waking<K>(
+    events: impl Stream<Item = Result<Event<K>, watcher::Error>>,
+    wake: Arc<Notify>,
+    reporter: Arc<WatchReporter>,
+    wakes: Wakes<K>,
+    dirty: Arc<Dirty>,
+    by_name: Option<fn(&K) -> Option<String>>,
+    listed: Option<Arc<AtomicBool>>,
+) -> impl Stream<Item = ()>
+where
+    K: Watched,
+{
     let mut seen: std::collections::HashMap<reflector::ObjectRef<K>, u64> = Default::default();
-    let stream = events.map(move |ev| {
+    events.map(move |ev| {
         match &ev {
             Err(e) => reporter.failed(e),
             // A re-list announces itself before it is tried: no sign of health yet.
@@ -293,8 +369,7 @@ where
             }
             wake.notify_one();
         }
-    });
-    (store, stream)
+    })
 }
 
 /// The caches the planner reads, and the stream that keeps them filled (it must be driven).
@@ -372,9 +447,13 @@ pub fn caches(
         }),
         Some(claims_listed.clone()),
     );
-    let (addresses, address_events) = cached(
+    let (addresses, foreign_addresses, address_events) = reflected_with_aside(
         Api::<IPAddress>::all(client.clone()),
         watcher::Config::default(),
+        |a: &IPAddress| !a.written_by_kipam(),
+    );
+    let address_events = waking(
+        address_events,
         wake.clone(),
         WatchReporter::optional("ipaddresses.ipam.cluster.x-k8s.io", metrics.clone()),
         // kipam's own `IPAddress`es change only by kipam's writes (a hand edit is repaired by
@@ -408,6 +487,7 @@ pub fn caches(
         capi: CapiCaches {
             claims,
             addresses,
+            foreign_addresses,
             clusters: capi_clusters,
             claims_listed,
             addresses_listed,
@@ -494,6 +574,9 @@ fn record_view(
 pub struct CapiCaches {
     pub claims: Store<IPAddressClaim>,
     pub addresses: Store<IPAddress>,
+    /// The `IPAddress`es of `addresses` that kipam did not write (made by hand, or another
+    /// provider's): few, so a pass reads them without going through all of kipam's.
+    pub foreign_addresses: Store<IPAddress>,
     pub clusters: Store<CapiCluster>,
     pub claims_listed: Arc<AtomicBool>,
     pub addresses_listed: Arc<AtomicBool>,
@@ -508,6 +591,7 @@ impl Default for CapiCaches {
         CapiCaches {
             claims: reflector::store().0,
             addresses: reflector::store().0,
+            foreign_addresses: reflector::store().0,
             clusters: reflector::store().0,
             claims_listed: Default::default(),
             addresses_listed: Default::default(),
@@ -596,4 +680,59 @@ pub fn allocations(ctx: Arc<Context>, wake: Arc<Notify>) -> BoxStream<'static, (
 pub async fn drive(streams: Vec<BoxStream<'static, ()>>) {
     let mut all = futures::stream::select_all(streams);
     while all.next().await.is_some() {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::capi::{IPAddressSpec, MANAGED_BY};
+
+    fn address(name: &str, kipams: bool) -> IPAddress {
+        let mut a = IPAddress::new(name, IPAddressSpec::default());
+        a.metadata.namespace = Some("machines".into());
+        if kipams {
+            a.metadata.labels = Some([(MANAGED_BY.0.into(), MANAGED_BY.1.into())].into());
+        }
+        a
+    }
+
+    fn names(store: &Store<IPAddress>) -> Vec<String> {
+        let mut out: Vec<String> = store
+            .state()
+            .iter()
+            .filter_map(|a| a.metadata.name.clone())
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn the_aside_cache_holds_exactly_the_ip_addresses_kipam_did_not_write() {
+        let (reader, mut writer) = reflector::store::<IPAddress>();
+        let pick: fn(&IPAddress) -> bool = |a| !a.written_by_kipam();
+        let mut feed = |ev: Event<IPAddress>| feed_aside(&mut writer, &reader, &ev, pick);
+        // The first list: only the hand-made one is kept.
+        feed(Event::Init);
+        feed(Event::InitApply(address("hand", false)));
+        feed(Event::InitApply(address("ours", true)));
+        feed(Event::InitDone);
+        assert_eq!(names(&reader), ["hand"]);
+        // Another hand-made one arrives; one of kipam's too.
+        feed(Event::Apply(address("hand-2", false)));
+        feed(Event::Apply(address("ours-2", true)));
+        assert_eq!(names(&reader), ["hand", "hand-2"]);
+        // kipam adopts `hand` (its label now says kipam's): it leaves; `hand-2` is deleted.
+        feed(Event::Apply(address("hand", true)));
+        feed(Event::Delete(address("hand-2", false)));
+        assert!(names(&reader).is_empty());
+        // A label taken off one of kipam's by hand: it is not kipam's any more.
+        feed(Event::Apply(address("ours", false)));
+        assert_eq!(names(&reader), ["ours"]);
+        // A re-list replaces everything with what is picked now.
+        feed(Event::Init);
+        feed(Event::InitApply(address("ours", true)));
+        feed(Event::InitApply(address("hand-3", false)));
+        feed(Event::InitDone);
+        assert_eq!(names(&reader), ["hand-3"]);
+    }
 }

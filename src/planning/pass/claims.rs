@@ -220,10 +220,48 @@ pub(super) fn outdated_addresses(
     pools: &[Arc<IPAMPool>],
     inputs: &[PoolInput],
 ) -> HashMap<String, BTreeMap<String, usize>> {
-    let objects: HashMap<String, &Arc<IPAMPool>> =
-        pools.iter().map(|p| (p.name_any(), p)).collect();
+    /// What an `IPAddress` written now shows of a pool datacenter's network.
+    struct Now {
+        prefix_pool: bool,
+        cidrs: Vec<crate::address::Cidr>,
+        prefix_length: Option<u8>,
+        gateway: Option<String>,
+    }
+    // Read once per pool datacenter, not once per `IPAddress`: this runs over every claim's
+    // `IPAddress` whenever pool statuses are written (once a second while claims stream in).
     let inputs: HashMap<&str, &PoolInput> = inputs.iter().map(|p| (p.name.as_str(), p)).collect();
+    let mut now: HashMap<(&str, &str), Now> = HashMap::new();
+    for p in pools {
+        let Some(name) = p.metadata.name.as_deref() else {
+            continue;
+        };
+        let Some(input) = inputs.get(name) else {
+            continue;
+        };
+        for (dc, settings) in &p.spec.datacenters {
+            let Some(dc_input) = input.datacenters.get(dc) else {
+                continue;
+            };
+            let network = validation::datacenter_network(dc, settings).ok().flatten();
+            now.insert(
+                (name, dc.as_str()),
+                Now {
+                    prefix_pool: matches!(dc_input.config.kind, PoolKind::Prefix { .. }),
+                    cidrs: dc_input.config.cidrs().collect(),
+                    prefix_length: settings
+                        .network
+                        .as_ref()
+                        .and_then(|n| n.prefix_length)
+                        .and_then(|n| u8::try_from(n).ok()),
+                    gateway: network.and_then(|n| n.gateway),
+                },
+            );
+        }
+    }
     let mut out: HashMap<String, BTreeMap<String, usize>> = HashMap::new();
+    if now.is_empty() {
+        return out;
+    }
     for a in ctx.capi.addresses.state() {
         if !a.written_by_kipam() {
             continue;
@@ -234,40 +272,17 @@ pub(super) fn outdated_addresses(
         ) else {
             continue;
         };
-        let (Some(object), Some(input)) = (objects.get(pool), inputs.get(pool)) else {
+        let Some(n) = now.get(&(pool, dc.as_str())) else {
             continue;
         };
-        let (Some(settings), Some(dc_input)) =
-            (object.spec.datacenters.get(dc), input.datacenters.get(dc))
-        else {
+        let Some(held) = held_by(&a, n.prefix_pool) else {
             continue;
         };
-        let prefix_pool = matches!(dc_input.config.kind, PoolKind::Prefix { .. });
-        let Some(held) = held_by(&a, prefix_pool) else {
-            continue;
-        };
-        let network = validation::datacenter_network(dc, settings).ok().flatten();
-        let cidrs: Vec<crate::address::Cidr> = dc_input.config.cidrs().collect();
-        let (namespace, name) = key_of(a.as_ref());
-        let now = AddressFor {
-            namespace: &namespace,
-            claim: &name,
-            claim_uid: "",
-            pool,
-            pool_uid: "",
-            datacenter: dc,
-            held: &held,
-            cidrs: &cidrs,
-            prefix_length: settings
-                .network
-                .as_ref()
-                .and_then(|n| n.prefix_length)
-                .and_then(|n| u8::try_from(n).ok()),
-            gateway: network.as_ref().and_then(|n| n.gateway.as_deref()),
-            cluster_name: None,
-        };
-        let outdated = address_spec(&now)
-            .is_ok_and(|want| want.prefix != a.spec.prefix || want.gateway != a.spec.gateway);
+        let outdated = crate::desired::address::held_prefix(&held, &n.cidrs, n.prefix_length)
+            .is_ok_and(|prefix| {
+                i32::from(prefix) != a.spec.prefix
+                    || n.gateway.as_deref() != a.spec.gateway.as_deref()
+            });
         if outdated {
             *out.entry(pool.to_string())
                 .or_default()
@@ -535,14 +550,13 @@ pub(super) async fn inputs(
 pub(super) fn newcomers(
     ctx: &Context,
     pools: &[PoolInput],
-    known: &[ClusterInput],
+    known: &PassState,
     records: &crate::seed::records::Records,
     holders: &BTreeSet<String>,
 ) -> Option<(Vec<ClusterInput>, ClaimsRead)> {
     if !ctx.capi.listed() {
         return None;
     }
-    let known: HashMap<&str, &ClusterInput> = known.iter().map(|c| (c.name.as_str(), c)).collect();
     let mut read = ClaimsRead::default();
     let mut new = Vec::new();
     let paused_clusters = paused_clusters(ctx);
@@ -579,8 +593,8 @@ pub(super) fn newcomers(
         let r =
             validation::claim_input(&claim, pool_name, pool, cluster_dc.as_deref(), false, None);
         let input = r.input.filter(|_| r.wait.is_none())?;
-        match known.get(holder.as_str()) {
-            Some(before) if **before == input => continue,
+        match known.known_input(holder) {
+            Some(before) if *before == input => continue,
             Some(_) => return None,
             None => {}
         }
@@ -680,7 +694,9 @@ pub(super) async fn write(
         .map(|d| (d.cluster.as_str(), d))
         .collect();
     // Hand-made `IPAddress`es, by the address space of the pool they name, with what they show:
-    // kipam does not write a claim's `IPAddress` over one of them (see `hand_made_over`).
+    // kipam does not write a claim's `IPAddress` over one of them. Read from the cache of
+    // those kipam did not write (never behind the cache of all): going through all of them
+    // here cost every new claim a walk over every claim's `IPAddress`.
     let space_of = |pool: &str| {
         pool_objects
             .get(pool)
@@ -688,7 +704,7 @@ pub(super) async fn write(
     };
     let hand_made: Vec<(String, Allocation, String)> = ctx
         .capi
-        .addresses
+        .foreign_addresses
         .state()
         .iter()
         .filter(|a| !a.written_by_kipam())

@@ -111,7 +111,7 @@ pub(super) async fn run_claims(
     let (new, read) = {
         let (inputs, _) = state.previous.as_ref()?;
         let records = ctx.records.lock().await;
-        claims::newcomers(ctx, &inputs.pools, &inputs.clusters, &records, holders)?
+        claims::newcomers(ctx, &inputs.pools, state, &records, holders)?
     };
     let added = serve(state, new)?;
     steps.done("serve");
@@ -187,12 +187,7 @@ impl Named {
     /// Decides before doing anything: `None` (the full pass runs) when a named cluster is
     /// gone from the cache, invalid, changed, or holds something already.
     async fn read(ctx: &Context, state: &PassState, dirty: &BTreeSet<String>) -> Option<Named> {
-        let (inputs, _) = state.previous.as_ref()?;
-        let known: HashMap<&str, &ClusterInput> = inputs
-            .clusters
-            .iter()
-            .map(|c| (c.name.as_str(), c))
-            .collect();
+        state.previous.as_ref()?;
         let mut named = Named {
             clusters: Vec::new(),
             new: Vec::new(),
@@ -203,8 +198,8 @@ impl Named {
         for name in dirty {
             let cluster = ctx.clusters.get(&ObjectRef::new(name))?;
             let input = validation::cluster_input(&cluster).ok()?;
-            match known.get(name.as_str()) {
-                Some(before) if **before == input => {}
+            match state.known_input(name) {
+                Some(before) if *before == input => {}
                 Some(_) => return None,
                 None => {
                     if ledger.has_namespace(&cluster_namespace(name)) || records.holds(name) {
@@ -225,7 +220,7 @@ impl Named {
 fn serve(state: &mut PassState, new: Vec<ClusterInput>) -> Option<Vec<planner::Decision>> {
     let (inputs, plan) = state.previous.as_mut()?;
     let added = planner::serve_new(plan, &mut state.states, &inputs.pools, &new)?;
-    inputs.clusters.extend(new);
+    state.add_known(new);
     state.fast_passes += 1;
     Some(added)
 }
@@ -460,8 +455,15 @@ fn start_statuses(ctx: &Arc<Context>, state: &mut PassState, now: &str) -> Optio
         .iter()
         .filter_map(|p| ctx.pools.get(&ObjectRef::new(p)))
         .collect();
-    let updates =
-        statuses::pool_status_updates(ctx, &pools, &inputs.pools, &HashMap::new(), plan, now);
+    let updates = statuses::pool_status_updates(
+        ctx,
+        &pools,
+        &inputs.pools,
+        &HashMap::new(),
+        plan,
+        &state.outdated,
+        now,
+    );
     state.status_written = Some(std::time::Instant::now());
     if updates.is_empty() {
         return None;

@@ -297,12 +297,18 @@ async fn full(
     )
     .await;
     steps.done("cluster status");
+    // Counted here, over every claim's `IPAddress`, and kept for the short passes' pool
+    // statuses: they write no `IPAddress` that changes the count (a pool's network edit or an
+    // `IPAddress` deleted brings a full pass), and a walk over thousands of objects once a
+    // second is what a new claim would wait behind.
+    state.outdated = claims::outdated_addresses(ctx, &view.pools, &planned.inputs.pools);
     statuses::write_pool_status(
         ctx,
         &view.pools,
         &planned.inputs.pools,
         &gathered.pool_errors,
         &planned.plan,
+        &state.outdated,
         &view.now,
         limit,
         &mut outcome,

@@ -22,6 +22,10 @@ pub struct PassState {
     full: bool,
     /// The inputs of the last plan, and the plan.
     pub(super) previous: Option<(PlanInputs, Plan)>,
+    /// Where each holder of `previous`'s inputs is among them, by name ([`Self::known_input`]),
+    /// kept with them: a short pass looks up the one or two holders it is about instead of
+    /// indexing thousands.
+    known: HashMap<String, usize>,
     /// The pools the last full plan was made on (short passes commit on that plan).
     pub(super) planned_on: crate::planning::records::PlannedOn,
     /// The allocators the last plan ended with (new clusters are served from them).
@@ -44,6 +48,9 @@ pub struct PassState {
     pub(super) status_due: BTreeSet<String>,
     /// When a short pass last wrote pool statuses.
     pub(super) status_written: Option<std::time::Instant>,
+    /// kipam's `IPAddress`es showing an older network, as the last full pass counted them:
+    /// what short passes write in pool statuses.
+    pub(super) outdated: super::statuses::Outdated,
     /// The planning loop's metrics.
     pub metrics: std::sync::Arc<crate::planning::metrics::Metrics>,
     /// Growth refusals last reported, by (cluster, pool or user cluster, reason): reported
@@ -61,6 +68,7 @@ impl PassState {
             write_concurrency: write_concurrency.max(1),
             full: true,
             previous: None,
+            known: HashMap::new(),
             planned_on: Default::default(),
             states: planner::PoolStates::default(),
             retry_pools: BTreeSet::new(),
@@ -71,6 +79,7 @@ impl PassState {
             reads: Default::default(),
             status_due: BTreeSet::new(),
             status_written: None,
+            outdated: Default::default(),
             growth_said: Default::default(),
         }
     }
@@ -97,9 +106,33 @@ impl PassState {
         plan: Plan,
         planned_on: crate::planning::records::PlannedOn,
     ) {
+        self.known = inputs
+            .clusters
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.name.clone(), i))
+            .collect();
         self.previous = Some((inputs, plan));
         self.planned_on = planned_on;
         self.full = false;
+    }
+
+    /// The last plan's input for the holder `name`, if it had one (the last one of that name,
+    /// as a map of them would keep).
+    pub(super) fn known_input(&self, name: &str) -> Option<&ClusterInput> {
+        let (inputs, _) = self.previous.as_ref()?;
+        self.known.get(name).and_then(|i| inputs.clusters.get(*i))
+    }
+
+    /// Adds holders served from the kept allocators to the last plan's inputs.
+    pub(super) fn add_known(&mut self, new: Vec<ClusterInput>) {
+        let Some((inputs, _)) = self.previous.as_mut() else {
+            return;
+        };
+        for c in new {
+            self.known.insert(c.name.clone(), inputs.clusters.len());
+            inputs.clusters.push(c);
+        }
     }
 }
 
@@ -296,4 +329,55 @@ pub(super) fn plan(
         clusters,
     };
     (plan, scope)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(name: &str, datacenter: &str) -> ClusterInput {
+        ClusterInput::invalid(name, None, datacenter, false, String::new())
+    }
+
+    fn inputs(clusters: Vec<ClusterInput>) -> PlanInputs {
+        PlanInputs {
+            pools: Vec::new(),
+            clusters,
+            stored: Vec::new(),
+            quarantined: Vec::new(),
+            now: 0,
+            held_elsewhere: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_last_plans_inputs_are_found_by_name_as_holders_are_kept_and_added() {
+        let seed = crate::seed::metrics::Metrics::new();
+        let mut state = PassState::new(1, crate::planning::metrics::Metrics::new(&seed));
+        assert_eq!(state.known_input("a"), None, "no plan yet");
+        // A name twice: the last one counts, as in a map of them.
+        let kept = vec![input("a", "dc-1"), input("b", "dc-1"), input("a", "dc-2")];
+        state.keep(inputs(kept), Plan::default(), Default::default());
+        assert_eq!(state.known_input("a"), Some(&input("a", "dc-2")));
+        assert_eq!(state.known_input("b"), Some(&input("b", "dc-1")));
+        assert_eq!(state.known_input("c"), None);
+        // Served by a short pass: found from then on.
+        state.add_known(vec![input("c", "dc-3")]);
+        assert_eq!(state.known_input("c"), Some(&input("c", "dc-3")));
+        assert_eq!(
+            state.previous.as_ref().map(|(i, _)| i.clusters.len()),
+            Some(4)
+        );
+        // A new plan replaces them all.
+        state.keep(
+            inputs(vec![input("d", "dc-1")]),
+            Plan::default(),
+            Default::default(),
+        );
+        assert_eq!(state.known_input("a"), None);
+        assert_eq!(state.known_input("d"), Some(&input("d", "dc-1")));
+        // Planning takes the plan away: nothing is found until the next is kept.
+        state.previous = None;
+        assert_eq!(state.known_input("d"), None);
+    }
 }

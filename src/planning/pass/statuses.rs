@@ -173,11 +173,12 @@ pub(super) async fn write_pool_status(
     inputs: &[PoolInput],
     errors: &HashMap<String, Vec<FieldError>>,
     plan: &planner::Plan,
+    outdated: &Outdated,
     now: &str,
     limit: usize,
     outcome: &mut PassOutcome,
 ) {
-    let updates = pool_status_updates(ctx, pools, inputs, errors, plan, now);
+    let updates = pool_status_updates(ctx, pools, inputs, errors, plan, outdated, now);
     let sent = send_pool_status(ctx, updates, limit).await;
     outcome.writes += sent.writes;
     outcome.again |= !sent.failed.is_empty();
@@ -198,14 +199,19 @@ pub(super) struct PoolStatusSent {
     pub failed: BTreeSet<String>,
 }
 
+/// kipam's `IPAddress`es that show an older network than their pool datacenter's, by pool
+/// then datacenter (`claims::outdated_addresses`).
+pub(super) type Outdated = HashMap<String, BTreeMap<String, usize>>;
+
 /// The status each of `pools` should have after `plan`; pools whose status already says it
-/// are left out (and their earlier failures forgotten).
+/// are left out (and their earlier failures forgotten). `outdated`: see [`Outdated`].
 pub(super) fn pool_status_updates(
     ctx: &Context,
     pools: &[Arc<IPAMPool>],
     inputs: &[PoolInput],
     errors: &HashMap<String, Vec<FieldError>>,
     plan: &planner::Plan,
+    outdated: &Outdated,
     now: &str,
 ) -> Vec<PoolStatusUpdate> {
     let overlaps: Vec<Overlap> = status::find_overlaps(inputs);
@@ -230,7 +236,6 @@ pub(super) fn pool_status_updates(
             .or_default() += 1;
     }
     let mut updates = Vec::new();
-    let outdated = super::claims::outdated_addresses(ctx, pools, inputs);
     for p in pools {
         if p.metadata.deletion_timestamp.is_some() {
             // A pool being deleted waits for the claims that hold its addresses; its status
