@@ -35,7 +35,8 @@ fn the_default_configuration_reaches_the_service_with_a_ca_placeholder() {
     );
     let w = &c["webhooks"][0];
     assert_eq!(w["name"], "validate.ipam.kipam.dev");
-    assert_eq!(w["sideEffects"], "None");
+    // It writes one thing, the address of a hand-made `IPAddress` it admits, never on a dry run.
+    assert_eq!(w["sideEffects"], "NoneOnDryRun");
     assert_eq!(w["matchPolicy"], "Equivalent");
     assert_eq!(w["failurePolicy"], "Fail");
     assert_eq!(w["timeoutSeconds"], 10);
