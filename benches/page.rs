@@ -268,8 +268,9 @@ fn main() {
             })
             .collect();
         let start = Instant::now();
-        let report = view::report("bench", "2026-01-01T00:00:00Z", &all_pools, &all, &[]);
-        let html = page::html::offline(&report).expect("html");
+        let report =
+            page::report::report("bench", "2026-01-01T00:00:00Z", &all_pools, &all, &[]);
+        let html = page::html::offline(&report.packed().expect("packed")).expect("html");
         println!(
             "pure: offline report of the whole seed: {} ({} bytes)",
             ms(start.elapsed()),
