@@ -270,11 +270,18 @@ fn main() {
         let start = Instant::now();
         let report =
             page::report::report("bench", "2026-01-01T00:00:00Z", &all_pools, &all, &[]);
-        let html = page::html::offline(&report.packed().expect("packed")).expect("html");
+        let computed = start.elapsed();
+        let packed = report.packed().expect("packed");
+        let packed_at = start.elapsed();
+        let html = page::html::offline(&packed).expect("html");
         println!(
-            "pure: offline report of the whole seed: {} ({} bytes)",
+            "pure: offline report of the whole seed: {} ({} bytes; the views {}, packing {}, \
+             the page {})",
             ms(start.elapsed()),
-            html.len()
+            html.len(),
+            ms(computed),
+            ms(packed_at - computed),
+            ms(start.elapsed() - packed_at)
         );
     });
 }

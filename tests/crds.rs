@@ -665,14 +665,19 @@ mod on_a_server {
 /// The network of a pool datacenter carries its bounds in the schema, so a real API server
 /// refuses an out-of-range VLAN or MTU, a long list of DNS servers or an overlong address even
 /// without the webhook; and it is not immutable (no CEL rule compares it with `oldSelf`).
-#[test]
-fn the_pool_network_schema_has_its_bounds() {
+/// The IPAMPool CRD's schema, as JSON.
+fn pool_schema() -> Value {
     let crds = kipam::resources::crds();
     let crd = crds
         .iter()
         .find(|c| c.spec.names.kind == "IPAMPool")
         .expect("IPAMPool CRD");
-    let json = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+    serde_json::to_value(&crd.spec.versions[0].schema).unwrap()
+}
+
+#[test]
+fn the_pool_network_schema_has_its_bounds() {
+    let json = pool_schema();
     let network = json
         .pointer(
             "/openAPIV3Schema/properties/spec/properties/datacenters/additionalProperties/properties/network",
@@ -709,13 +714,9 @@ fn the_pool_network_schema_has_its_bounds() {
 #[test]
 fn the_crd_takes_every_duration_kipam_reads() {
     use kipam::resources::bounds::{REUSE_AFTER, SHRINK_AFTER};
-    let crds = kipam::resources::crds();
-    let crd = crds
-        .iter()
-        .find(|c| c.spec.names.kind == "IPAMPool")
-        .expect("IPAMPool CRD");
-    let json = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
-    let dc = "/openAPIV3Schema/properties/spec/properties/datacenters/additionalProperties/properties";
+    let json = pool_schema();
+    let dc =
+        "/openAPIV3Schema/properties/spec/properties/datacenters/additionalProperties/properties";
     for (field, bounds) in [
         ("/reuseAfter", REUSE_AFTER),
         ("/growth/properties/shrinkAfter", SHRINK_AFTER),
@@ -734,7 +735,10 @@ fn the_crd_takes_every_duration_kipam_reads() {
             if kipam::duration::parse(text, bounds).is_err() {
                 continue;
             }
-            assert!(text.len() as u64 <= max, "{field}: {text:?} is longer than {max}");
+            assert!(
+                text.len() as u64 <= max,
+                "{field}: {text:?} is longer than {max}"
+            );
             if let Some(p) = &pattern {
                 assert!(
                     p.is_match(text),

@@ -53,15 +53,13 @@ pub fn offline<T: Serialize>(data: &T) -> Result<String, serde_json::Error> {
 pub fn json_for_html<T: Serialize>(data: &T) -> Result<String, serde_json::Error> {
     let text = serde_json::to_string(data)?;
     let mut out = String::with_capacity(text.len() + 16);
-    for c in text.chars() {
-        match c {
-            '<' => out.push_str("\\u003c"),
-            '>' => out.push_str("\\u003e"),
-            '&' => out.push_str("\\u0026"),
-            '\u{2028}' => out.push_str("\\u2028"),
-            '\u{2029}' => out.push_str("\\u2029"),
-            c => out.push(c),
-        }
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find(['<', '>', '&', '\u{2028}', '\u{2029}']) {
+        out.push_str(&rest[..at]);
+        let c = rest[at..].chars().next().unwrap_or_default();
+        out.push_str(&format!("\\u{:04x}", u32::from(c)));
+        rest = &rest[at + c.len_utf8()..];
     }
+    out.push_str(rest);
     Ok(out)
 }

@@ -25,7 +25,9 @@ use serde_json::{Map, Value};
 #[derive(Debug, Default)]
 pub struct Packer {
     shapes: Vec<Vec<String>>,
-    ids: HashMap<Vec<String>, usize>,
+    /// Shape by its keys, each followed by a NUL (no key holds one).
+    ids: HashMap<String, usize>,
+    key: String,
 }
 
 impl Packer {
@@ -36,23 +38,22 @@ impl Packer {
     }
 
     /// `value` as a unit: `[strings, packed]`.
-    pub fn unit(&mut self, value: &Value) -> Value {
+    pub fn unit(&mut self, value: Value) -> Value {
         let mut counts: HashMap<&str, usize> = HashMap::new();
-        count_strings(value, &mut counts);
+        count_strings(&value, &mut counts);
         // The most frequent strings get the shortest references; ties by text, so a unit
         // packs the same every time.
-        let mut repeated: Vec<(&str, usize)> =
-            counts.into_iter().filter(|&(_, n)| n > 1).collect();
+        let mut repeated: Vec<(&str, usize)> = counts.into_iter().filter(|&(_, n)| n > 1).collect();
         repeated.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
         let mut table: Vec<Value> = Vec::new();
-        let mut refs: HashMap<&str, usize> = HashMap::new();
+        let mut refs: HashMap<String, usize> = HashMap::new();
         for (text, n) in repeated {
             let index = table.len() + 1;
             // `[-i]` against the quoted text, each time, plus one entry in the table.
             let reference = digits(index) + 3;
             let literal = text.len() + 2;
             if n * literal > n * reference + literal + 1 {
-                refs.insert(text, index);
+                refs.insert(text.to_string(), index);
                 table.push(Value::String(text.to_string()));
             }
         }
@@ -60,37 +61,41 @@ impl Packer {
         Value::Array(vec![Value::Array(table), packed])
     }
 
-    fn pack(&mut self, value: &Value, refs: &HashMap<&str, usize>) -> Value {
+    fn pack(&mut self, value: Value, refs: &HashMap<String, usize>) -> Value {
         match value {
-            Value::String(s) => match refs.get(s.as_str()) {
+            Value::String(s) => match refs.get(&s) {
                 Some(&i) => Value::Array(vec![Value::from(-(i as i64))]),
-                None => value.clone(),
+                None => Value::String(s),
             },
             Value::Array(items) => {
                 let mut out = Vec::with_capacity(items.len() + 1);
                 out.push(Value::from(0));
-                out.extend(items.iter().map(|v| self.pack(v, refs)));
+                out.extend(items.into_iter().map(|v| self.pack(v, refs)));
                 Value::Array(out)
             }
             Value::Object(map) => {
-                let shape = self.shape_of(map);
+                let shape = self.shape_of(&map);
                 let mut out = Vec::with_capacity(map.len() + 1);
                 out.push(Value::from(shape));
-                out.extend(map.values().map(|v| self.pack(v, refs)));
+                out.extend(map.into_iter().map(|(_, v)| self.pack(v, refs)));
                 Value::Array(out)
             }
-            _ => value.clone(),
+            other => other,
         }
     }
 
     fn shape_of(&mut self, map: &Map<String, Value>) -> usize {
-        let keys: Vec<String> = map.keys().cloned().collect();
-        if let Some(&k) = self.ids.get(&keys) {
+        self.key.clear();
+        for k in map.keys() {
+            self.key.push_str(k);
+            self.key.push('\0');
+        }
+        if let Some(&k) = self.ids.get(self.key.as_str()) {
             return k;
         }
-        self.shapes.push(keys.clone());
+        self.shapes.push(map.keys().cloned().collect());
         let k = self.shapes.len();
-        self.ids.insert(keys, k);
+        self.ids.insert(self.key.clone(), k);
         k
     }
 }
@@ -162,7 +167,7 @@ mod tests {
             "numbers": [-1, 0, 1.5], "short": ["a", "a", "a"]
         });
         let mut p = Packer::default();
-        let unit = p.unit(&value);
+        let unit = p.unit(value.clone());
         assert_eq!(round_trip(&p, &unit), value);
         // Keys are written once per shape, in the shared table; a repeated name once per
         // unit.
@@ -170,8 +175,9 @@ mod tests {
         assert!(!text.contains("cluster"), "{text}");
         assert_eq!(text.matches("metallb").count(), 1, "{text}");
         // A second unit shares the shapes and has its own strings.
-        let other = json!({"cluster": "charlie", "pool": "other", "datacenter": "dc-2", "size": "1"});
-        let second = p.unit(&other);
+        let other =
+            json!({"cluster": "charlie", "pool": "other", "datacenter": "dc-2", "size": "1"});
+        let second = p.unit(other.clone());
         assert_eq!(round_trip(&p, &second), other);
         assert_eq!(p.shapes().len(), 4, "{:?}", p.shapes());
     }
@@ -179,7 +185,14 @@ mod tests {
     #[test]
     fn only_strings_worth_it_are_in_the_table() {
         let mut p = Packer::default();
-        let unit = p.unit(&json!(["0", "0", "0", "a long name", "a long name", "once only"]));
+        let unit = p.unit(json!([
+            "0",
+            "0",
+            "0",
+            "a long name",
+            "a long name",
+            "once only"
+        ]));
         assert_eq!(unit[0], json!(["a long name"]));
         assert_eq!(unit[1], json!([0, "0", "0", "0", [-1], [-1], "once only"]));
     }

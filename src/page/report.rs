@@ -33,15 +33,15 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::address::AddrRange;
+use crate::address::{AddrRange, AddressCount};
 use crate::resources::IPAMPool;
 
-use super::lookup::{Query, answer_in};
+use super::lookup::{Match, Query, answer_in};
 use super::map::{AddressMap, address_map};
 use super::pack::Packer;
 use super::view::{
-    CellView, Detail, HolderView, MapView, PoolAttention, Summary, Totals, describe_match,
-    detail, match_view, notable_conditions, of_dc, pool_dcs_with, pool_summary,
+    CellView, Detail, HolderView, MapView, PoolAttention, Summary, Totals, describe_match, detail,
+    match_view, notable_conditions, of_dc, pool_dcs_with, pool_summary,
 };
 use super::{Holding, Layout, PoolDc, Quarantine};
 
@@ -69,10 +69,11 @@ pub struct ReportDc {
     /// What the served page fetches for the pool datacenter, but the map's cells: they are
     /// in [`ReportDc::maps`], under the map's slice.
     pub detail: Detail,
-    /// The maps, by their slice (`first-last`, as the map writes them): `poolCidr`'s, every
-    /// other CIDR's, and the zoom into cells that hold more than one thing, breadth first,
-    /// at most [`REPORT_ZOOMS`] of them. A cell whose map is not here does not zoom.
-    pub maps: BTreeMap<String, ReportMap>,
+    /// The maps: `poolCidr`'s, every other CIDR's, and the zoom into cells that hold more
+    /// than one thing, breadth first, at most [`REPORT_ZOOMS`] of them. The page finds a
+    /// map by its first and last address (a zoom's are its cell's); a cell whose map is not
+    /// here does not zoom.
+    pub maps: Vec<ReportMap>,
     pub lookup: ReportLookup,
 }
 
@@ -236,19 +237,16 @@ fn maps_of(
     holdings: &[&Holding],
     main: MapView,
     table: &mut BoundsTable,
-) -> BTreeMap<String, ReportMap> {
-    let show = |v| layout.family.display(v).to_string();
-    let key = |first: u128, last: u128| format!("{}-{}", show(first), show(last));
-    let mut maps = BTreeMap::new();
+) -> Vec<ReportMap> {
+    let mut maps = vec![table.map(main)];
     let mut queue: std::collections::VecDeque<AddressMap> = Default::default();
     let mut zooms = 0;
-    maps.insert(key(layout.cidrs[0].0, layout.cidrs[0].1), table.map(main));
     for (i, &(a, b)) in layout.cidrs.iter().enumerate() {
         let Ok(m) = address_map(layout, a, b) else {
             continue;
         };
         if i > 0 {
-            maps.insert(key(a, b), table.map(MapView::of(&m, holdings)));
+            maps.push(table.map(MapView::of(&m, holdings)));
         }
         queue.push_back(m);
     }
@@ -264,10 +262,7 @@ fn maps_of(
             let Ok(z) = address_map(layout, c.first, c.last) else {
                 continue;
             };
-            maps.insert(
-                key(c.first, c.last),
-                table.map(MapView::of(&z, holdings)),
-            );
+            maps.push(table.map(MapView::of(&z, holdings)));
             queue.push_back(z);
             zooms += 1;
         }
@@ -278,7 +273,13 @@ fn maps_of(
 /// Where the answer for a single address of `first..=last` (one CIDR) may change: its
 /// first address, and the ends of every segment, holding, quarantine entry and exclusion
 /// inside it (so that overlapping holders are exact). Sorted, without repeats.
-fn piece_starts(dc: &PoolDc, holdings: &[&Holding], layout: &Layout, a: u128, b: u128) -> Vec<u128> {
+fn piece_starts(
+    dc: &PoolDc,
+    holdings: &[&Holding],
+    layout: &Layout,
+    a: u128,
+    b: u128,
+) -> Vec<u128> {
     let mut starts: Vec<u128> = vec![a];
     let mut mark = |first: u128, last: u128| {
         if first > a && first <= b {
@@ -331,14 +332,27 @@ fn lookup_of(
     let mut by_address = layout.cidrs.clone();
     by_address.sort_unstable();
     let mut out = ReportLookup {
-        cidrs: by_address.iter().map(|&(a, b)| [show(a), show(b)]).collect(),
+        cidrs: by_address
+            .iter()
+            .map(|&(a, b)| [show(a), show(b)])
+            .collect(),
         starts: Vec::new(),
         answer: Vec::new(),
         common: Map::new(),
         answers: Vec::new(),
         holders: Vec::new(),
     };
-    let mut seen: HashMap<String, usize> = HashMap::new();
+    // An answer, by what it says (not the address asked, nor the pool datacenter, which
+    // are the same for every piece); holdings and quarantine entries by where they are.
+    type Said = (
+        Vec<String>,
+        &'static str,
+        Vec<usize>,
+        usize,
+        Vec<usize>,
+        [AddressCount; 4],
+    );
+    let mut seen: HashMap<Said, usize> = HashMap::new();
     for &(a, b) in &by_address {
         for x in piece_starts(dc, holdings, layout, a, b) {
             let Some(r) = AddrRange::new(layout.family, x, x) else {
@@ -347,30 +361,57 @@ fn lookup_of(
             let Some(m) = answer_in(layout, &Query::Address(r), dc, holdings) else {
                 continue;
             };
-            let mut view = match_view(&m);
-            let message = describe_match(&view);
-            let holders: Vec<Value> = std::mem::take(&mut view.holders)
-                .into_iter()
-                .map(|h| Value::from(row_of(h)))
-                .collect();
-            let quarantine: Vec<Value> = std::mem::take(&mut view.quarantine)
-                .into_iter()
-                .map(|h| Value::from(row_of(h)))
-                .collect();
-            let Ok(Value::Object(mut answer)) = serde_json::to_value(&view) else {
-                continue;
-            };
-            answer.remove("range");
-            answer.insert("holders".into(), Value::Array(holders));
-            if !quarantine.is_empty() {
-                answer.insert("quarantine".into(), Value::Array(quarantine));
-            }
-            answer.insert("message".into(), Value::String(message));
+            // Every field named: one added to `Match` must be thought of here.
+            let Match {
+                dc: _,
+                first: _,
+                last: _,
+                cidrs,
+                state,
+                holders,
+                more,
+                quarantine,
+                allocated,
+                excluded,
+                quarantined,
+                free,
+            } = &m;
+            let said: Said = (
+                cidrs.clone(),
+                state,
+                holders
+                    .iter()
+                    .map(|h| std::ptr::from_ref(*h) as usize)
+                    .collect(),
+                *more,
+                quarantine
+                    .iter()
+                    .map(|q| std::ptr::from_ref(*q) as usize)
+                    .collect(),
+                [*allocated, *excluded, *quarantined, *free],
+            );
             let next = out.answers.len();
-            let index = *seen
-                .entry(Value::Object(answer.clone()).to_string())
-                .or_insert(next);
+            let index = *seen.entry(said).or_insert(next);
             if index == next {
+                let mut view = match_view(&m);
+                let message = describe_match(&view);
+                let holders: Vec<usize> = std::mem::take(&mut view.holders)
+                    .into_iter()
+                    .map(&mut row_of)
+                    .collect();
+                let quarantine: Vec<usize> = std::mem::take(&mut view.quarantine)
+                    .into_iter()
+                    .map(&mut row_of)
+                    .collect();
+                let Ok(Value::Object(mut answer)) = serde_json::to_value(&view) else {
+                    continue;
+                };
+                answer.remove("range");
+                answer.insert("holders".into(), Value::from(holders));
+                if !quarantine.is_empty() {
+                    answer.insert("quarantine".into(), Value::from(quarantine));
+                }
+                answer.insert("message".into(), Value::String(message));
                 out.answers.push(answer);
             }
             out.starts.push(show(x));
@@ -494,10 +535,10 @@ impl Report {
     /// that a search unpacks only the pool datacenters holding the address).
     pub fn packed(&self) -> Result<Value, serde_json::Error> {
         let mut packer = Packer::default();
-        let summary = packer.unit(&serde_json::to_value(&self.summary)?);
+        let summary = packer.unit(serde_json::to_value(&self.summary)?);
         let mut datacenters = Map::new();
         for (key, dc) in &self.datacenters {
-            let unit = packer.unit(&serde_json::to_value(dc)?);
+            let unit = packer.unit(serde_json::to_value(dc)?);
             datacenters.insert(
                 key.clone(),
                 serde_json::json!({"cidrs": dc.lookup.cidrs, "unit": unit}),
@@ -524,14 +565,17 @@ pub fn read(packed: &Value) -> Result<Value, String> {
         serde_json::from_value(packed["bounds"].clone()).map_err(|e| format!("bounds: {e}"))?;
     let summary = super::pack::unpack(&packed["summary"], &shapes)?;
     let mut datacenters = Map::new();
-    let entries = packed["datacenters"]
-        .as_object()
-        .ok_or("no datacenters")?;
+    let entries = packed["datacenters"].as_object().ok_or("no datacenters")?;
     for (key, entry) in entries {
         let dc = super::pack::unpack(&entry["unit"], &shapes)?;
         let mut maps = Map::new();
-        for (slice, m) in dc["maps"].as_object().ok_or("no maps")? {
-            maps.insert(slice.clone(), cells_of(m, &bounds)?);
+        for m in dc["maps"].as_array().ok_or("no maps")? {
+            let slice = format!(
+                "{}-{}",
+                m["map"]["first"].as_str().unwrap_or_default(),
+                m["map"]["last"].as_str().unwrap_or_default()
+            );
+            maps.insert(slice, cells_of(m, &bounds)?);
         }
         let mut detail = dc["detail"].clone();
         let main = format!(

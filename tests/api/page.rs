@@ -449,15 +449,10 @@ async fn the_served_page_and_the_report_draw_the_same_maps_and_answers() {
         .iter()
         .map(|e| kipam::page::Holding::of(e.namespace(), e.name(), e.spec(), e.status()))
         .collect();
-    let packed = kipam::page::report::report(
-        "seed-1",
-        "2026-01-01T00:00:00Z",
-        &pools,
-        &holdings,
-        &[],
-    )
-    .packed()
-    .unwrap();
+    let packed =
+        kipam::page::report::report("seed-1", "2026-01-01T00:00:00Z", &pools, &holdings, &[])
+            .packed()
+            .unwrap();
     let report = kipam::page::report::read(&packed).unwrap();
     let mut zooms = 0;
     let mut pieces = 0;
@@ -529,7 +524,8 @@ async fn the_served_page_and_the_report_draw_the_same_maps_and_answers() {
 }
 
 fn address(text: &str) -> std::net::IpAddr {
-    text.parse().unwrap_or_else(|_| panic!("{text:?} is an address"))
+    text.parse()
+        .unwrap_or_else(|_| panic!("{text:?} is an address"))
 }
 
 /// The address before `text`.

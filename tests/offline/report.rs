@@ -212,7 +212,11 @@ fn the_report_shows_every_cidr_and_the_quarantine_with_its_former_holder() {
         .position(|p| p["first"] == "10.7.0.0")
         .expect("a piece for the quarantine");
     let piece = &pieces[at];
-    assert_eq!(pieces[at + 1]["first"], "10.7.0.4", "it ends where b's range ends");
+    assert_eq!(
+        pieces[at + 1]["first"],
+        "10.7.0.4",
+        "it ends where b's range ends"
+    );
     assert_eq!(
         piece["message"],
         " is quarantined for b until 2026-11-25T11:30:00Z (pool lb in dc-1)"

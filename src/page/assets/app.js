@@ -203,6 +203,15 @@
     return Object.assign({}, m.map, { cells: cells });
   }
 
+  // The map of `slice` ([first, last], as the Rust side wrote them) among the pool
+  // datacenter's maps, if the report holds it.
+  function mapAt(d, slice) {
+    for (var i = 0; i < d.maps.length; i++) {
+      if (d.maps[i].map.first === slice[0] && d.maps[i].map.last === slice[1]) return d.maps[i];
+    }
+    return null;
+  }
+
   var unpacked = {};
   function reportDc(key) {
     if (!(key in unpacked)) {
@@ -227,14 +236,13 @@
     detail: function (pool, dc, slice) {
       var d = reportDc(pool + '/' + dc);
       if (!d) return Promise.reject(new ApiError(404, 'no such pool datacenter'));
-      var key = slice ? slice[0] + '-' + slice[1] : d.detail.map.first + '-' + d.detail.map.last;
-      var m = d.maps[key];
+      var m = mapAt(d, slice || [d.detail.map.first, d.detail.map.last]);
       if (!m) return Promise.reject(new ApiError(404, 'this report has no map of ' + slice[0] + ' – ' + slice[1]));
       return Promise.resolve(Object.assign({}, d.detail, { map: cellsOf(m) }));
     },
     zooms: function (pool, dc, first, last) {
       var d = reportDc(pool + '/' + dc);
-      return !!(d && d.maps[first + '-' + last]);
+      return !!(d && mapAt(d, [first, last]));
     },
     lookup: function (seed, text) { return Promise.resolve(lookupInFile(text)); },
     version: function () { return Promise.resolve('file'); }
