@@ -273,7 +273,7 @@ fn main() {
         let computed = start.elapsed();
         let packed = report.packed().expect("packed");
         let packed_at = start.elapsed();
-        let html = page::html::offline(&packed).expect("html");
+        let html = page::html::offline(&packed);
         println!(
             "pure: offline report of the whole seed: {} ({} bytes; the views {}, packing {}, \
              the page {})",

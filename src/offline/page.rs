@@ -16,8 +16,8 @@ pub fn page(report: &OfflineReport, label: &str, now: &str) -> Result<String, St
     let quarantine = quarantine_of(report, &report.pools);
     let data = report::report(label, now, &report.pools, &holdings, &quarantine);
     data.packed()
-        .and_then(|packed| html::offline(&packed))
-        .map_err(|e| format!("cannot write the report: {e}"))
+        .map(|packed| html::offline(&packed))
+        .map_err(|e| e.to_string())
 }
 
 /// What stays quarantined after this run, with the end of each entry's period (the pool

@@ -38,7 +38,7 @@ use crate::resources::IPAMPool;
 
 use super::lookup::{Match, Query, answer_in};
 use super::map::{AddressMap, address_map};
-use super::pack::Packer;
+use super::pack::{PackError, Packer};
 use super::view::{
     CellView, Detail, HolderView, MapView, PoolAttention, Summary, Totals, describe_match, detail,
     match_view, notable_conditions, of_dc, pool_dcs_with, pool_summary,
@@ -530,28 +530,41 @@ pub fn report(
 }
 
 impl Report {
-    /// The report as the page's script reads it: the summary and each pool datacenter
-    /// packed ([`super::pack`]), each pool datacenter with its CIDRs' bounds beside it (so
-    /// that a search unpacks only the pool datacenters holding the address).
-    pub fn packed(&self) -> Result<Value, serde_json::Error> {
+    /// The report as the page's script reads it, as JSON text: the summary and each pool
+    /// datacenter packed ([`super::pack`]), each pool datacenter with its CIDRs' bounds
+    /// beside it (so that a search unpacks only the pool datacenters holding the address).
+    pub fn packed(&self) -> Result<String, PackError> {
         let mut packer = Packer::default();
-        let summary = packer.unit(serde_json::to_value(&self.summary)?);
-        let mut datacenters = Map::new();
-        for (key, dc) in &self.datacenters {
-            let unit = packer.unit(serde_json::to_value(dc)?);
-            datacenters.insert(
-                key.clone(),
-                serde_json::json!({"cidrs": dc.lookup.cidrs, "unit": unit}),
-            );
+        let summary = packer.unit(&self.summary)?;
+        let mut out = String::with_capacity(1 << 20);
+        out.push_str("{\"datacenters\":{");
+        for (i, (key, dc)) in self.datacenters.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(&json(key)?);
+            out.push_str(":{\"cidrs\":");
+            out.push_str(&json(&dc.lookup.cidrs)?);
+            out.push_str(",\"unit\":");
+            out.push_str(&packer.unit(dc)?);
+            out.push('}');
         }
-        Ok(serde_json::json!({
-            "generatedAt": self.generated_at,
-            "shapes": packer.shapes(),
-            "bounds": self.bounds,
-            "summary": summary,
-            "datacenters": datacenters,
-        }))
+        out.push_str("},\"generatedAt\":");
+        out.push_str(&json(&self.generated_at)?);
+        out.push_str(",\"bounds\":");
+        out.push_str(&json(&self.bounds)?);
+        out.push_str(",\"summary\":");
+        out.push_str(&summary);
+        out.push_str(",\"shapes\":");
+        out.push_str(&json(&packer.shapes())?);
+        out.push('}');
+        Ok(out)
     }
+}
+
+/// Plain JSON text.
+fn json<T: Serialize + ?Sized>(value: &T) -> Result<String, PackError> {
+    serde_json::to_string(value).map_err(<PackError as serde::ser::Error>::custom)
 }
 
 /// The report as its page reads it back, the way the script of the page does (`app.js`):
