@@ -268,12 +268,20 @@ fn main() {
             })
             .collect();
         let start = Instant::now();
-        let report = view::report("bench", "2026-01-01T00:00:00Z", &all_pools, &all, &[]);
-        let html = page::html::offline(&report).expect("html");
+        let report =
+            page::report::report("bench", "2026-01-01T00:00:00Z", &all_pools, &all, &[]);
+        let computed = start.elapsed();
+        let packed = report.packed().expect("packed");
+        let packed_at = start.elapsed();
+        let html = page::html::offline(&packed);
         println!(
-            "pure: offline report of the whole seed: {} ({} bytes)",
+            "pure: offline report of the whole seed: {} ({} bytes; the views {}, packing {}, \
+             the page {})",
             ms(start.elapsed()),
-            html.len()
+            html.len(),
+            ms(computed),
+            ms(packed_at - computed),
+            ms(start.elapsed() - packed_at)
         );
     });
 }

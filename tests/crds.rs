@@ -665,14 +665,19 @@ mod on_a_server {
 /// The network of a pool datacenter carries its bounds in the schema, so a real API server
 /// refuses an out-of-range VLAN or MTU, a long list of DNS servers or an overlong address even
 /// without the webhook; and it is not immutable (no CEL rule compares it with `oldSelf`).
-#[test]
-fn the_pool_network_schema_has_its_bounds() {
+/// The IPAMPool CRD's schema, as JSON.
+fn pool_schema() -> Value {
     let crds = kipam::resources::crds();
     let crd = crds
         .iter()
         .find(|c| c.spec.names.kind == "IPAMPool")
         .expect("IPAMPool CRD");
-    let json = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+    serde_json::to_value(&crd.spec.versions[0].schema).unwrap()
+}
+
+#[test]
+fn the_pool_network_schema_has_its_bounds() {
+    let json = pool_schema();
     let network = json
         .pointer(
             "/openAPIV3Schema/properties/spec/properties/datacenters/additionalProperties/properties/network",
@@ -699,4 +704,47 @@ fn the_pool_network_schema_has_its_bounds() {
         !network.to_string().contains("oldSelf"),
         "network is mutable: {network}"
     );
+}
+
+/// The API server never refuses a duration kipam reads: for `reuseAfter` and
+/// `growth.shrinkAfter`, every form `kipam::duration` takes passes the CRD's schema (its
+/// length, and its pattern if it had one). Before, `shrinkAfter` kept the short form's
+/// pattern after the one reader took every form for both fields: `1w` or `PT10M` read, yet
+/// the API server refused them.
+#[test]
+fn the_crd_takes_every_duration_kipam_reads() {
+    use kipam::resources::bounds::{REUSE_AFTER, SHRINK_AFTER};
+    let json = pool_schema();
+    let dc =
+        "/openAPIV3Schema/properties/spec/properties/datacenters/additionalProperties/properties";
+    for (field, bounds) in [
+        ("/reuseAfter", REUSE_AFTER),
+        ("/growth/properties/shrinkAfter", SHRINK_AFTER),
+    ] {
+        let schema = json
+            .pointer(&format!("{dc}{field}"))
+            .unwrap_or_else(|| panic!("{field} in the schema"));
+        let pattern = schema["pattern"]
+            .as_str()
+            .map(|p| regex::Regex::new(p).expect("the pattern compiles"));
+        let max = schema["maxLength"].as_u64().expect("a length bound");
+        for text in [
+            "90s", "10m", "1h30m", "2d", "1d2h3m4s", "010m", "1w", "PT10M", "P1D", "1h 30m",
+            "2 days", "1 hour", "1.5h", " 10m ", "1000s", "0h60m",
+        ] {
+            if kipam::duration::parse(text, bounds).is_err() {
+                continue;
+            }
+            assert!(
+                text.len() as u64 <= max,
+                "{field}: {text:?} is longer than {max}"
+            );
+            if let Some(p) = &pattern {
+                assert!(
+                    p.is_match(text),
+                    "{field}: kipam reads {text:?} but the CRD's pattern {p} refuses it"
+                );
+            }
+        }
+    }
 }

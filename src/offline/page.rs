@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::page::{Holding, Quarantine, html, view};
+use crate::page::{Holding, Quarantine, html, report};
 use crate::resources::{IPAMAllocation, IPAMPool};
 use crate::validation::parse_reuse_after;
 
@@ -14,8 +14,10 @@ use super::files::{FileError, write_atomic};
 pub fn page(report: &OfflineReport, label: &str, now: &str) -> Result<String, String> {
     let holdings: Vec<Holding> = report.allocations.iter().map(holding).collect();
     let quarantine = quarantine_of(report, &report.pools);
-    let data = view::report(label, now, &report.pools, &holdings, &quarantine);
-    html::offline(&data).map_err(|e| format!("cannot write the report: {e}"))
+    let data = report::report(label, now, &report.pools, &holdings, &quarantine);
+    data.packed()
+        .map(|packed| html::offline(&packed))
+        .map_err(|e| e.to_string())
 }
 
 /// What stays quarantined after this run, with the end of each entry's period (the pool

@@ -33,9 +33,9 @@ pub fn served() -> String {
         .replace("<!--DATA-->", "")
 }
 
-/// The self-contained report with `data` inlined.
-pub fn offline<T: Serialize>(data: &T) -> Result<String, serde_json::Error> {
-    let json = json_for_html(data)?;
+/// The self-contained report with `json` (JSON text) inlined.
+pub fn offline(json: &str) -> String {
+    let json = for_script(json);
     let head = format!(
         "<meta http-equiv=\"Content-Security-Policy\" content=\"{OFFLINE_CSP}\">\n<style>\n{APP_CSS}\n</style>"
     );
@@ -43,25 +43,27 @@ pub fn offline<T: Serialize>(data: &T) -> Result<String, serde_json::Error> {
         "<script type=\"application/json\" id=\"kipam-data\">{json}</script>\n<script>\n{}\n</script>",
         APP_JS.replace("</script", "<\\/script")
     );
-    Ok(SHELL
+    SHELL
         .replace("<!--HEAD-->", &head)
-        .replace("<!--DATA-->", &data))
+        .replace("<!--DATA-->", &data)
 }
 
 /// JSON that can sit inside an HTML `<script>` element: `<`, `>` and `&` (which only occur
 /// inside JSON strings) are written as `\u003c` etc., so no name can close the element.
 pub fn json_for_html<T: Serialize>(data: &T) -> Result<String, serde_json::Error> {
-    let text = serde_json::to_string(data)?;
+    Ok(for_script(&serde_json::to_string(data)?))
+}
+
+/// JSON text made safe inside a `<script>` element, as [`json_for_html`] says.
+fn for_script(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 16);
-    for c in text.chars() {
-        match c {
-            '<' => out.push_str("\\u003c"),
-            '>' => out.push_str("\\u003e"),
-            '&' => out.push_str("\\u0026"),
-            '\u{2028}' => out.push_str("\\u2028"),
-            '\u{2029}' => out.push_str("\\u2029"),
-            c => out.push(c),
-        }
+    let mut rest = text;
+    while let Some(at) = rest.find(['<', '>', '&', '\u{2028}', '\u{2029}']) {
+        out.push_str(&rest[..at]);
+        let c = rest[at..].chars().next().unwrap_or_default();
+        out.push_str(&format!("\\u{:04x}", u32::from(c)));
+        rest = &rest[at + c.len_utf8()..];
     }
-    Ok(out)
+    out.push_str(rest);
+    out
 }

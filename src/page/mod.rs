@@ -20,7 +20,9 @@
 pub mod html;
 pub mod lookup;
 pub mod map;
+pub mod pack;
 pub mod quarantine;
+pub mod report;
 pub mod view;
 
 use std::collections::BTreeSet;

@@ -222,7 +222,7 @@ fn json_in_html_cannot_close_the_script_element() {
     );
     let back: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(back["name"], "</script><b>&");
-    let page = html::offline(&serde_json::json!({"x": "</script>"})).unwrap();
+    let page = html::offline(&serde_json::json!({"x": "</script>"}).to_string());
     assert_eq!(
         page.matches("</script>").count(),
         2,

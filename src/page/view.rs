@@ -1,8 +1,6 @@
 //! The page's JSON model: what the served page fetches and what the offline report inlines.
 //! Counts are decimal strings (exact for IPv6); addresses are written in their usual form.
 
-use std::collections::BTreeMap;
-
 use schemars::JsonSchema;
 use serde::Serialize;
 
@@ -55,7 +53,7 @@ impl UsageView {
 }
 
 /// One allocation.
-#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HolderView {
     pub cluster: String,
@@ -193,7 +191,7 @@ pub struct PoolSummary {
 }
 
 /// The holdings of `holdings` in datacenter `dc`.
-fn of_dc<'a>(holdings: &'a [Holding], dc: &str) -> Vec<&'a Holding> {
+pub(super) fn of_dc<'a>(holdings: &'a [Holding], dc: &str) -> Vec<&'a Holding> {
     holdings.iter().filter(|h| h.datacenter == dc).collect()
 }
 
@@ -632,233 +630,5 @@ fn describe(text: &str, m: &MatchView) -> String {
         }
         _ if who.is_empty() => format!("{text} is partly {kept} ({at})"),
         _ => format!("{text} is partly held by {who} ({at})"),
-    }
-}
-
-/// A pool datacenter in the offline report, as the Rust side computed it: the script of the
-/// report only draws it, so the served page and the report cannot disagree.
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ReportDc {
-    /// What the served page fetches for the pool datacenter (`poolCidr`'s map included).
-    pub detail: Detail,
-    /// More maps, by their slice (`first-last`, as the map writes them): every other CIDR's,
-    /// and the zoom into cells that hold more than one thing, breadth first, at most
-    /// [`REPORT_ZOOMS`] of them. A cell whose map is not here does not zoom in the report.
-    pub maps: BTreeMap<String, MapView>,
-    /// The lookup of any single address, precomputed: the pool datacenter cut into pieces
-    /// (every CIDR, in address order) each of whose addresses gets the same answer.
-    pub pieces: Vec<PieceView>,
-}
-
-/// Whether every address of `first..=last` is in one and the same segment, or free.
-fn uniform(layout: &Layout, first: u128, last: u128) -> bool {
-    match layout.segments_in(first, last) {
-        [] => true,
-        [s] => s.first <= first && s.last >= last,
-        _ => false,
-    }
-}
-
-/// Zoomed maps the report holds per pool datacenter at most (each is 256 cells).
-pub const REPORT_ZOOMS: usize = 16;
-
-/// A run of a pool datacenter's addresses that a lookup answers alike.
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PieceView {
-    pub first: String,
-    pub last: String,
-    /// The answer for an address in it; its `message` is what follows the address (` is held
-    /// by web (pool lb in dc-1)`).
-    #[serde(flatten)]
-    pub answer: MatchView,
-    pub message: String,
-}
-
-/// The maps and the lookup pieces of one pool datacenter for the report.
-fn report_dc(dc: &PoolDc, holdings: &[&Holding], detail: Detail, layout: &Layout) -> ReportDc {
-    let show = |v| layout.family.display(v).to_string();
-    let key = |first: u128, last: u128| format!("{}-{}", show(first), show(last));
-    let mut maps = BTreeMap::new();
-    let mut queue: std::collections::VecDeque<(u128, u128)> = Default::default();
-    let mut zooms = 0;
-    for (i, &(a, b)) in layout.cidrs.iter().enumerate() {
-        if i > 0
-            && let Ok(m) = address_map(layout, a, b)
-        {
-            maps.insert(key(a, b), MapView::of(&m, holdings));
-        }
-        queue.push_back((a, b));
-    }
-    // Breadth first: a cell of a map drawn that holds more than one thing gets its own map.
-    while let Some((a, b)) = queue.pop_front() {
-        let Ok(m) = address_map(layout, a, b) else {
-            continue;
-        };
-        for c in &m.cells {
-            if zooms >= REPORT_ZOOMS {
-                break;
-            }
-            if c.first == c.last || uniform(layout, c.first, c.last) {
-                continue;
-            }
-            let Ok(z) = address_map(layout, c.first, c.last) else {
-                continue;
-            };
-            maps.insert(key(c.first, c.last), MapView::of(&z, holdings));
-            queue.push_back((c.first, c.last));
-            zooms += 1;
-        }
-    }
-    let mut pieces = Vec::new();
-    for &(a, b) in &layout.cidrs {
-        // Where what covers an address may change: the ends of every segment, holding,
-        // quarantine entry and exclusion inside the CIDR (so overlapping holders are exact).
-        let mut starts: Vec<u128> = vec![a];
-        let mut mark = |first: u128, last: u128| {
-            if first > a && first <= b {
-                starts.push(first);
-            }
-            if let Some(next) = last.checked_add(1)
-                && next > a
-                && next <= b
-            {
-                starts.push(next);
-            }
-        };
-        for s in layout.segments_in(a, b) {
-            mark(s.first, s.last);
-        }
-        let ranges = holdings
-            .iter()
-            .flat_map(|h| h.ranges.iter())
-            .chain(dc.quarantine.iter().flat_map(|q| q.ranges.iter()))
-            .chain(dc.exclusions.iter());
-        for r in ranges.filter(|r| r.family() == layout.family) {
-            mark(r.first(), r.last());
-        }
-        starts.sort_unstable();
-        starts.dedup();
-        let runs: Vec<(u128, u128)> = starts
-            .iter()
-            .enumerate()
-            .map(|(i, &x)| (x, starts.get(i + 1).map_or(b, |next| next - 1)))
-            .collect();
-        for (x, y) in runs {
-            let Some(r) = crate::address::AddrRange::new(layout.family, x, x) else {
-                continue;
-            };
-            let Some(m) = super::lookup::answer_in(layout, &Query::Address(r), dc, holdings) else {
-                continue;
-            };
-            let answer = match_view(&m);
-            pieces.push(PieceView {
-                first: show(x),
-                last: show(y),
-                message: describe_match(&answer),
-                answer,
-            });
-        }
-    }
-    ReportDc {
-        detail,
-        maps,
-        pieces,
-    }
-}
-
-/// Everything the offline report shows, for every pool.
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Report {
-    /// When the report was written (RFC 3339), as the caller says.
-    pub generated_at: String,
-    pub summary: Summary,
-    /// `pool/datacenter` → its detail.
-    pub datacenters: BTreeMap<String, ReportDc>,
-}
-
-/// The whole report of a seed (`pools` with every holding and every quarantined address):
-/// no paging, every detail.
-pub fn report(
-    seed: &str,
-    now: &str,
-    pools: &[IPAMPool],
-    holdings: &[Holding],
-    quarantine: &[Quarantine],
-) -> Report {
-    let mut by_pool: BTreeMap<&str, Vec<Holding>> = BTreeMap::new();
-    for h in holdings {
-        by_pool.entry(h.pool.as_str()).or_default().push(h.clone());
-    }
-    let mut sorted: Vec<&IPAMPool> = pools.iter().collect();
-    sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    let mut datacenters = BTreeMap::new();
-    let mut summaries = Vec::new();
-    let mut attention = Vec::new();
-    let mut attention_pools = Vec::new();
-    let mut dc_count = 0;
-    for pool in &sorted {
-        let name = pool.metadata.name.clone().unwrap_or_default();
-        let mine = by_pool.get(name.as_str()).map(Vec::as_slice).unwrap_or(&[]);
-        let dcs = pool_dcs_with(pool, quarantine);
-        summaries.push(summary_of(pool, &dcs, mine));
-        let conditions = notable_conditions(pool);
-        if !conditions.is_empty() {
-            attention_pools.push(PoolAttention {
-                pool: name.clone(),
-                conditions: conditions.clone(),
-            });
-        }
-        for dc in dcs {
-            dc_count += 1;
-            let here = of_dc(mine, &dc.datacenter);
-            let Ok((detail, layout)) = detail(&dc, &here, None, conditions.clone()) else {
-                continue;
-            };
-            attention.extend(
-                detail
-                    .holders
-                    .iter()
-                    .filter(|h| h.attention.is_some())
-                    .cloned(),
-            );
-            datacenters.insert(
-                format!("{}/{}", dc.pool, dc.datacenter),
-                report_dc(&dc, &here, detail, &layout),
-            );
-        }
-    }
-    // Holdings of pools that are not in the input (kept in the state): still shown as
-    // needing a look, since no pool explains them.
-    let known: std::collections::BTreeSet<&str> = sorted
-        .iter()
-        .filter_map(|p| p.metadata.name.as_deref())
-        .collect();
-    for h in holdings.iter().filter(|h| !known.contains(h.pool.as_str())) {
-        let mut v = HolderView::of(h, false);
-        v.attention.get_or_insert_with(|| "NoPool".to_string());
-        attention.push(v);
-    }
-    let matched = summaries.len();
-    Report {
-        generated_at: now.to_string(),
-        summary: Summary {
-            seed: seed.to_string(),
-            totals: Totals {
-                pools: matched,
-                datacenters: dc_count,
-                allocations: holdings.len(),
-                attention: attention.len() + attention_pools.len(),
-            },
-            attention,
-            attention_pools,
-            pools: summaries,
-            matched,
-            offset: 0,
-            limit: matched,
-        },
-        datacenters,
     }
 }

@@ -115,5 +115,6 @@ pub const MAX_MTU: i32 = 9216;
 /// The shape of one address (spaces around allowed); validation parses it.
 pub const PATTERN_ADDRESS: &str = "^ *[0-9A-Fa-f:.]+ *$";
 
-/// Units `s`, `m`, `h`, `d`, largest first, each at most once (checked by kipam).
-pub const PATTERN_DURATION: &str = "^([0-9]+[smhd])+$";
+// Durations (`reuseAfter`, `growth.shrinkAfter`) have no schema pattern, only a length
+// (`MAX_DURATION`): `crate::duration::parse` reads more forms than a pattern can say
+// (`1h 30m`, `PT10M`), and the CRD must never refuse what kipam reads.

@@ -153,9 +153,10 @@ pub struct PoolGrowth {
     #[schemars(range(min = 1, max = MAX_ALLOCATION_RANGE))]
     pub max: i64,
     /// How long a grown piece must stay unused, without a break, before it is given back:
-    /// a duration such as `90s`, `10m`, `1h30m` or `2d`, between 1m and 30d (default 10m).
+    /// a duration written as for `reuseAfter` (`90s`, `10m`, `1h30m`, `2d`, `1w`, ISO 8601
+    /// `PT10M`), between 1m and 30d (default 10m).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = MAX_DURATION), pattern(PATTERN_DURATION))]
+    #[schemars(length(max = MAX_DURATION))]
     pub shrink_after: Option<String>,
 }
 

@@ -4,8 +4,13 @@ use serde_json::Value;
 
 use super::{Workdir, examples, kipam, text};
 
-/// The JSON inlined in the report.
+/// The JSON inlined in the report, read back as the page's script reads it.
 fn data_of(html: &str) -> Value {
+    kipam::page::report::read(&packed_of(html)).expect("the report reads back")
+}
+
+/// The JSON inlined in the report, as it is there.
+fn packed_of(html: &str) -> Value {
     let start = html
         .find("<script type=\"application/json\" id=\"kipam-data\">")
         .expect("a data block")
@@ -65,6 +70,9 @@ fn the_embedded_default_writes_the_pool_page_without_a_cluster() {
     assert_eq!(map["cells"][0]["state"], "allocated");
     assert_eq!(map["cells"][0]["holder"], "alpha");
     assert_eq!(map["cells"][1]["state"], "excluded");
+    // The data is packed: each key once in the whole file, not once per object.
+    let packed = packed_of(&html).to_string();
+    assert_eq!(packed.matches("\"largestFreeBlock\"").count(), 1);
     // The lookup, precomputed piece by piece: the page puts the address in front.
     let pieces = detail["pieces"].as_array().unwrap();
     assert_eq!(
@@ -198,13 +206,17 @@ fn the_report_shows_every_cidr_and_the_quarantine_with_its_former_holder() {
             "free"
         ]
     );
-    let piece = detail["pieces"]
-        .as_array()
-        .unwrap()
+    let pieces = detail["pieces"].as_array().unwrap();
+    let at = pieces
         .iter()
-        .find(|p| p["first"] == "10.7.0.0")
+        .position(|p| p["first"] == "10.7.0.0")
         .expect("a piece for the quarantine");
-    assert_eq!(piece["last"], "10.7.0.3");
+    let piece = &pieces[at];
+    assert_eq!(
+        pieces[at + 1]["first"],
+        "10.7.0.4",
+        "it ends where b's range ends"
+    );
     assert_eq!(
         piece["message"],
         " is quarantined for b until 2026-11-25T11:30:00Z (pool lb in dc-1)"

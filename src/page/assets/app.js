@@ -171,11 +171,60 @@
   };
 
   // The report: the views the Rust side computed (the same JSON the served page fetches),
-  // only read here. A zoom reads the map of its slice from the file; a lookup of an address
-  // finds the piece of each pool datacenter holding it and reads its answer.
+  // packed (`page::pack`, `page::report`), only read here. Unpacking puts keys and repeated
+  // strings back; a map's cells come as runs, their bounds as the Rust side wrote them (a
+  // prefix and a suffix glued); a lookup takes, in each pool datacenter whose CIDRs hold
+  // the address, the last piece starting at or before it and reads its answer. Nothing is
+  // computed here: what to draw was decided by the Rust side.
+  function unpack(v, strings) {
+    if (v === null || typeof v !== 'object') return v;
+    var tag = v[0], i;
+    if (tag < 0) return strings[-tag - 1];
+    if (tag === 0) {
+      var a = new Array(v.length - 1);
+      for (i = 1; i < v.length; i++) a[i - 1] = unpack(v[i], strings);
+      return a;
+    }
+    var keys = offline.shapes[tag - 1], o = {};
+    for (i = 0; i < keys.length; i++) o[keys[i]] = unpack(v[i + 1], strings);
+    return o;
+  }
+  function unpackUnit(u) { return unpack(u[1], u[0]); }
+
+  // A packed map as the served page fetches it: every run's cell, once per step.
+  function cellsOf(m) {
+    var list = offline.bounds[m.bounds], cells = [];
+    m.runs.forEach(function (n, r) {
+      for (var j = 0; j < n; j++) {
+        var k = cells.length;
+        cells.push(Object.assign({ first: m.prefix + list[2 * k], last: m.prefix + list[2 * k + 1] }, m.cells[r]));
+      }
+    });
+    return Object.assign({}, m.map, { cells: cells });
+  }
+
+  // The map of `slice` ([first, last], as the Rust side wrote them) among the pool
+  // datacenter's maps, if the report holds it.
+  function mapAt(d, slice) {
+    for (var i = 0; i < d.maps.length; i++) {
+      if (d.maps[i].map.first === slice[0] && d.maps[i].map.last === slice[1]) return d.maps[i];
+    }
+    return null;
+  }
+
+  var unpacked = {};
+  function reportDc(key) {
+    if (!(key in unpacked)) {
+      var e = offline.datacenters[key];
+      unpacked[key] = e ? unpackUnit(e.unit) : null;
+    }
+    return unpacked[key];
+  }
+  var offlineSummary = offline ? unpackUnit(offline.summary) : null;
+
   var fromFile = {
     summary: function (offset, filter) {
-      var s = offline.summary;
+      var s = offlineSummary;
       var all = s.pools.filter(function (p) { return p.name.indexOf(filter) >= 0; });
       var copy = Object.assign({}, s);
       copy.pools = all.slice(offset, offset + PAGE);
@@ -185,37 +234,47 @@
       return Promise.resolve(copy);
     },
     detail: function (pool, dc, slice) {
-      var d = offline.datacenters[pool + '/' + dc];
+      var d = reportDc(pool + '/' + dc);
       if (!d) return Promise.reject(new ApiError(404, 'no such pool datacenter'));
-      var copy = Object.assign({}, d.detail);
-      if (slice && slice[0] + '-' + slice[1] !== d.detail.map.first + '-' + d.detail.map.last) {
-        copy.map = d.maps[slice[0] + '-' + slice[1]];
-        if (!copy.map) return Promise.reject(new ApiError(404, 'this report has no map of ' + slice[0] + ' – ' + slice[1]));
-      }
-      return Promise.resolve(copy);
+      var m = mapAt(d, slice || [d.detail.map.first, d.detail.map.last]);
+      if (!m) return Promise.reject(new ApiError(404, 'this report has no map of ' + slice[0] + ' – ' + slice[1]));
+      return Promise.resolve(Object.assign({}, d.detail, { map: cellsOf(m) }));
     },
     zooms: function (pool, dc, first, last) {
-      var d = offline.datacenters[pool + '/' + dc];
-      return !!(d && d.maps[first + '-' + last]);
+      var d = reportDc(pool + '/' + dc);
+      return !!(d && mapAt(d, [first, last]));
     },
     lookup: function (seed, text) { return Promise.resolve(lookupInFile(text)); },
     version: function () { return Promise.resolve('file'); }
   };
 
-  // The piece of `d` holding address `a` (parsed), by bisection over its address order.
-  function pieceAt(d, a) {
-    if (!d.bounds) {
-      d.bounds = d.pieces.map(function (p) { return [parseAddr(p.first), parseAddr(p.last)]; });
-    }
-    var lo = 0, hi = d.pieces.length - 1;
+  function parsedAll(list) { return list.map(function (t) { return parseAddr(t); }); }
+
+  // The answer of pool datacenter `key` for address `a` (parsed), or null when no CIDR of it
+  // holds the address.
+  function answerAt(key, a) {
+    var e = offline.datacenters[key];
+    if (!e.parsed) e.parsed = e.cidrs.map(parsedAll);
+    var inside = e.parsed.some(function (c) {
+      return c[0] && c[0].v6 === a.v6 && c[0].value <= a.value && a.value <= c[1].value;
+    });
+    if (!inside) return null;
+    var d = reportDc(key), l = d.lookup;
+    if (!l.parsed) l.parsed = parsedAll(l.starts);
+    // The last piece starting at or before `a`: the pieces cover every CIDR from its first
+    // address, in address order.
+    var lo = 0, hi = l.parsed.length - 1, at = -1;
     while (lo <= hi) {
-      var mid = (lo + hi) >> 1, b = d.bounds[mid];
-      if (!b[0] || b[0].v6 !== a.v6) return null;
-      if (a.value < b[0].value) hi = mid - 1;
-      else if (a.value > b[1].value) lo = mid + 1;
-      else return d.pieces[mid];
+      var mid = (lo + hi) >> 1;
+      if (l.parsed[mid].value <= a.value) { at = mid; lo = mid + 1; } else hi = mid - 1;
     }
-    return null;
+    if (at < 0) return null;
+    var rows = d.detail.holders.concat(l.holders);
+    var rowsOf = function (list) { return list.map(function (i) { return rows[i]; }); };
+    var m = Object.assign({}, l.common, l.answers[l.answer[at]]);
+    m.holders = rowsOf(m.holders);
+    if (m.quarantine) m.quarantine = rowsOf(m.quarantine);
+    return m;
   }
 
   function lookupInFile(text) {
@@ -228,8 +287,8 @@
     if (!a) throw new ApiError(400, 'address: "' + t + '" is not an IP address');
     var matches = [];
     Object.keys(offline.datacenters).sort().forEach(function (key) {
-      var p = pieceAt(offline.datacenters[key], a);
-      if (p) matches.push(p);
+      var m = answerAt(key, a);
+      if (m) matches.push(m);
     });
     var msg = matches.length === 0 ? 'no pool covers ' + t :
       matches.map(function (m) { return t + m.message; }).join('; ');
@@ -241,7 +300,7 @@
   // ---- state -----------------------------------------------------------------------------
 
   var state = {
-    seed: offline ? offline.summary.seed : '',
+    seed: offline ? offlineSummary.seed : '',
     offset: 0,
     filter: '',
     selected: null,      // [pool, dc]
