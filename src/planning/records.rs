@@ -38,7 +38,7 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::Status;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, ResourceExt};
 use serde_json::{Map, Value, json};
 
 use crate::address::Cidr;
@@ -460,18 +460,8 @@ async fn create_layout(
     send(ctx, key, Write::Create(Box::new(record))).await
 }
 
-/// The owner reference of every record of `pool`: deleting the pool removes its records
-/// (allocations a `Retain` pool leaves behind are still reserved by their objects, and the
-/// records are rebuilt from them).
 fn owner(pool: &IPAMPool) -> OwnerReference {
-    OwnerReference {
-        api_version: IPAMPool::api_version(&()).into_owned(),
-        kind: IPAMPool::kind(&()).into_owned(),
-        name: pool.name_any(),
-        uid: pool.uid().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: None,
-    }
+    crate::resources::record_owner(pool)
 }
 
 /// Writes the record of `key` so that it holds exactly `reservations`, each shard conditional

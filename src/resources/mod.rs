@@ -33,7 +33,7 @@ pub use pool::{
 };
 pub use record::{
     IPAMPoolRecord, IPAMPoolRecordSpec, MAX_RECORD_BYTES, MAX_RECORD_ENTRIES, Reservation,
-    record_name,
+    record_name, record_owner,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

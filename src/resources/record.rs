@@ -107,6 +107,23 @@ pub struct Reservation {
     pub addresses: Vec<String>,
 }
 
+/// The owner reference every record of `pool` carries (`controller: true`): deleting the pool
+/// removes its records (allocations a `Retain` pool leaves behind are still reserved by their
+/// objects, and the records are rebuilt from them).
+pub fn record_owner(
+    pool: &super::IPAMPool,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+    use kube::{Resource, ResourceExt};
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+        api_version: super::IPAMPool::api_version(&()).into_owned(),
+        kind: super::IPAMPool::kind(&()).into_owned(),
+        name: pool.name_any(),
+        uid: pool.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }
+}
+
 /// The name of a record written before records were sharded: `<pool>.<datacenter>` (pool and
 /// datacenter names are DNS labels: neither holds a dot).
 pub fn record_name(pool: &str, datacenter: &str) -> String {

@@ -25,9 +25,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::address::{AddrRange, Cidr};
@@ -301,7 +301,7 @@ async fn shards_of(
             let record = IPAMPoolRecord {
                 metadata: ObjectMeta {
                     name: Some(layout_name.clone()),
-                    owner_references: Some(vec![owner(pool)]),
+                    owner_references: Some(vec![crate::resources::record_owner(pool)]),
                     ..Default::default()
                 },
                 spec: IPAMPoolRecordSpec {
@@ -381,7 +381,7 @@ async fn write(
             let record = IPAMPoolRecord {
                 metadata: ObjectMeta {
                     name: Some(shard.name.clone()),
-                    owner_references: Some(vec![owner(pool)]),
+                    owner_references: Some(vec![crate::resources::record_owner(pool)]),
                     ..Default::default()
                 },
                 spec,
@@ -413,18 +413,6 @@ fn unavailable(label: &str) -> impl Fn(kube::Error) -> Stop + '_ {
             "{label}: kipam cannot read its pool record to commit the address: {}",
             crate::seed::preconditions::short(&e)
         )))
-    }
-}
-
-/// The owner reference every record of `pool` carries.
-fn owner(pool: &IPAMPool) -> OwnerReference {
-    OwnerReference {
-        api_version: IPAMPool::api_version(&()).into_owned(),
-        kind: IPAMPool::kind(&()).into_owned(),
-        name: pool.name_any(),
-        uid: pool.uid().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: None,
     }
 }
 
