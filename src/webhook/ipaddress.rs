@@ -55,6 +55,10 @@ pub struct Held<'a> {
     /// The `IPAMAllocation`s of pools that no longer exist (kept by `reclaimPolicy: Retain`):
     /// held in every pool of their datacenter, whatever the address space.
     pub retained: &'a [IPAMAllocation],
+    /// The hand-made `IPAddress`es (not kipam's) of the pool and of its address space: one
+    /// whose record entry went with its pool's record (a datacenter removed and added again, a
+    /// pool made again) still holds its address.
+    pub hand_made: &'a [crate::resources::capi::IPAddress],
 }
 
 fn text<'a>(value: &'a Value, path: &[&str]) -> Option<&'a str> {
@@ -310,6 +314,45 @@ pub fn check(
                 }
             }
         }
+        for other in held.hand_made {
+            let (other_ns, other_name) = (
+                other.metadata.namespace.as_deref().unwrap_or_default(),
+                other.metadata.name.as_deref().unwrap_or_default(),
+            );
+            if (other_ns, other_name) == (namespace, name) {
+                continue;
+            }
+            let Some(other_pool) = other.spec.pool_ref.kipam_pool() else {
+                continue;
+            };
+            let serves = other_pool == pool_name.as_str()
+                || held.space.iter().any(|p| {
+                    p.metadata.name.as_deref() == Some(other_pool)
+                        && p.spec.datacenters.contains_key(*dc)
+                });
+            let Ok((f, a)) = parse_address(other.spec.address.trim()) else {
+                continue;
+            };
+            let prefix = u8::try_from(other.spec.prefix).ok();
+            let theirs = prefix
+                .and_then(|len| crate::address::Cidr::new(f, a, len))
+                .map(|c| c.range())
+                .filter(|_| {
+                    held.space
+                        .iter()
+                        .chain(std::iter::once(pool))
+                        .find(|p| p.metadata.name.as_deref() == Some(other_pool))
+                        .and_then(|p| p.spec.datacenters.get(*dc))
+                        .is_some_and(|s| s.type_ == AllocationType::Prefix)
+                })
+                .or_else(|| AddrRange::new(f, a, a));
+            if serves && theirs.is_some_and(|t| t.overlaps(&shown)) {
+                return refuse(format!(
+                    "held by hand-made IPAddress {other_ns}/{other_name} of IPAMPool {other_pool} ({})",
+                    other.spec.address
+                ));
+            }
+        }
         for allocation in held.retained {
             let Ok(stored) = validation::stored_allocation(allocation) else {
                 continue;
@@ -431,6 +474,7 @@ mod tests {
                 records: &records,
                 space: &[],
                 retained: &[],
+                hand_made: &[],
             },
         )
         .map(|_| ())
@@ -683,6 +727,7 @@ mod tests {
                 records: &records,
                 space: std::slice::from_ref(&other),
                 retained: &[],
+                hand_made: &[],
             },
         )
         .map(|_| ());
@@ -704,6 +749,7 @@ mod tests {
                 records: &records,
                 space: &[],
                 retained: &[],
+                hand_made: &[],
             },
         );
         let dc1 = AddrRange::parse_lenient("10.0.0.101").unwrap();
@@ -732,6 +778,7 @@ mod tests {
                 records: &records,
                 space: &[],
                 retained: std::slice::from_ref(&kept),
+                hand_made: &[],
             },
         )
         .map(|_| ());
@@ -743,6 +790,43 @@ mod tests {
                 "Retain",
                 "cluster-c7/gone",
             ],
+        );
+    }
+
+    #[test]
+    fn an_address_another_hand_made_ip_address_shows_is_refused() {
+        let lan = lan();
+        let records = records();
+        let first: crate::resources::capi::IPAddress =
+            serde_json::from_value(address("v1beta2", "web-7", json!("10.0.0.121"))).unwrap();
+        let object = address("v1beta2", "web-8", json!("10.0.0.121"));
+        let held = |hand_made| Held {
+            pool: Some(&lan),
+            allocations: &[],
+            records: &records,
+            space: &[],
+            retained: &[],
+            hand_made,
+        };
+        refused(
+            check(
+                &object,
+                Some("machines"),
+                held(std::slice::from_ref(&first)),
+            )
+            .map(|_| ()),
+            &["held by hand-made IPAddress machines/web-7"],
+        );
+        // Itself is no holder against itself (an update of the same object).
+        let itself: crate::resources::capi::IPAddress =
+            serde_json::from_value(object.clone()).unwrap();
+        assert!(
+            check(
+                &object,
+                Some("machines"),
+                held(std::slice::from_ref(&itself))
+            )
+            .is_ok()
         );
     }
 

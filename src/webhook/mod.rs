@@ -154,6 +154,7 @@ impl Source for StaticSource {
                 .cloned()
                 .collect(),
             space,
+            hand_made: Vec::new(),
             retained: if wants.space {
                 self.allocations
                     .iter()
@@ -252,6 +253,23 @@ impl Source for CacheSource {
                 .collect(),
             space,
             retained: retained.iter().map(|a| a.to_object()).collect(),
+            hand_made: if wants.space {
+                self.ctx
+                    .capi
+                    .foreign_addresses
+                    .state()
+                    .iter()
+                    .filter(|a| {
+                        a.spec
+                            .pool_ref
+                            .kipam_pool()
+                            .is_some_and(|p| names.iter().any(|n| n == p))
+                    })
+                    .map(|a| a.as_ref().clone())
+                    .collect()
+            } else {
+                Vec::new()
+            },
             cluster: wants
                 .cluster
                 .as_deref()
@@ -288,6 +306,7 @@ impl Source for CacheSource {
                 records: &view.records,
                 space: &view.space,
                 retained: &view.retained,
+                hand_made: &view.hand_made,
             },
         )?;
         if placed.is_empty() {

@@ -53,6 +53,9 @@ pub struct View {
     /// For an `IPAddress`: the `IPAMAllocation`s of pools that no longer exist (kept by
     /// `reclaimPolicy: Retain`): held in every pool of their datacenter.
     pub retained: Vec<IPAMAllocation>,
+    /// For an `IPAddress`: the hand-made ones (not kipam's) naming the pool or a pool of its
+    /// address space.
+    pub hand_made: Vec<crate::resources::capi::IPAddress>,
 }
 
 /// Which pool and cluster a request concerns, so the caller can gather the [`View`].
@@ -208,6 +211,7 @@ fn ip_address(request: &AdmissionRequest, view: &View) -> Result<(), Verdict> {
             records: &view.records,
             space: &view.space,
             retained: &view.retained,
+            hand_made: &view.hand_made,
         },
     )
     .map(|_| ())

@@ -137,9 +137,12 @@ pub(super) async fn commit_records(
             continue;
         }
         let pool_valid = inputs.iter().any(|p| p.name == key.0);
+        // Hand-made `IPAddress`es whose entries the record keeps count as objects: their
+        // addresses stay recorded until the objects go.
         let objects_left = objects_of
             .get(key.0.as_str())
-            .is_some_and(|list| list.iter().any(|o| o.spec().dc == key.1));
+            .is_some_and(|list| list.iter().any(|o| o.spec().dc == key.1))
+            || hand_made.get(key).is_some_and(|kept| !kept.is_empty());
         if pool_valid && !served.contains(key) && !objects_left {
             match records::remove(ctx, key).await {
                 Err(e) => {
