@@ -960,6 +960,21 @@ pub async fn run(name: &str, config: &Config) -> Report {
     let mut log: Vec<Logged> = Vec::new();
     let mut op_errors: Vec<String> = Vec::new();
     let started = Instant::now();
+    // One hand-made `IPAddress` while the pools are still empty (the webhook admits it once it
+    // serves), so that every run has one for the webhook's commit and for `delete-hand-made`,
+    // however full the pools get later.
+    for _ in 0..40 {
+        if let Ok(Some(what)) = operate(&seed, &human, &mut world, &mut rng, "hand-made").await {
+            *report.ops.entry("hand-made").or_default() += 1;
+            log.push(Logged {
+                rv: seed.api.resource_version(),
+                at: started.elapsed(),
+                what,
+            });
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     let mut next_fault = started + Duration::from_secs(rng.between(3, config.fault_every.1));
     let fault_offset = rng.below(4);
     let mut faults_tried = 0;
