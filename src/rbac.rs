@@ -181,9 +181,10 @@ pub const PERMISSIONS: &[Permission] = &[
     rule(
         CAPI_IPAM,
         "ipaddresses",
-        &["list", "watch", "create", "patch", "delete"],
+        &["get", "list", "watch", "create", "patch", "delete"],
         "src/seed/watches.rs cache of IPAddresses (list/watch); src/planning/pass/claims.rs \
-         create, finalizer ProtectAddress (patch), delete",
+         create, finalizer ProtectAddress (patch), delete; src/planning/pass/inputs.rs a \
+         hand-made one confirmed gone before its record entry is released (get)",
     ),
     rule(
         CAPI,
