@@ -57,6 +57,7 @@ pub struct HandMade<'a> {
 /// One shard to write, as read from the server (`None`: it does not exist).
 struct Shard {
     pool: IPAMPool,
+    datacenter: String,
     name: String,
     block: Cidr,
     read: Option<IPAMPoolRecord>,
@@ -330,6 +331,7 @@ async fn shards_of(
         let read = api.get_opt(&name).await.map_err(unavailable(label))?;
         out.push(Shard {
             pool: pool.clone(),
+            datacenter: dc.to_string(),
             name,
             block,
             read,
@@ -366,17 +368,11 @@ async fn write(
             let pool = &shard.pool;
             let mut spec = IPAMPoolRecordSpec {
                 pool: pool.name_any(),
-                datacenter: String::new(),
+                datacenter: shard.datacenter.clone(),
                 block: Some(shard.block.to_string()),
                 pools_seen: (pools_seen > 0).then_some(pools_seen),
                 ..Default::default()
             };
-            spec.datacenter = shard
-                .name
-                .strip_prefix(&format!("{}.", pool.name_any()))
-                .and_then(|rest| rest.split('.').next())
-                .unwrap_or_default()
-                .to_string();
             fill(&mut spec);
             let record = IPAMPoolRecord {
                 metadata: ObjectMeta {
