@@ -20,7 +20,8 @@ use crate::address::{AddrRange, parse_address};
 use crate::allocator::Allocation;
 use crate::reservations::{allocation_of, parse_quarantine_key};
 use crate::resources::capi::{
-    LABEL_ADDRESS_DATACENTER, PoolReference, claim_holder, claim_of_holder, hand_made_of_holder,
+    IPAddress, LABEL_ADDRESS_DATACENTER, PoolReference, claim_holder, claim_of_holder,
+    hand_made_of_holder,
 };
 use crate::resources::{AllocationType, IPAMAllocation, IPAMPool, IPAMPoolRecord};
 use crate::validation::{self, FieldError};
@@ -41,6 +42,45 @@ pub fn kipam_pool(object: &Value) -> Option<String> {
     pool_ref.kipam_pool().map(str::to_string)
 }
 
+/// Whether the pool a hand-made `IPAddress` names still serves it: `pool` (as the caller's
+/// cache shows it; `None` when it is gone) is valid and has a datacenter whose CIDRs hold the
+/// address — the one its datacenter label names, when it has the label. One its pool no
+/// longer serves (the datacenter removed from the pool, the pool deleted or invalid) still
+/// shows its address, so it still holds it: in the datacenter its label names, or without
+/// one in every datacenter, whatever the address space, until it is deleted
+/// ([`outlived_holds_in`]). An address that does not read holds nothing: served.
+pub fn served_by(address: &IPAddress, pool: Option<&IPAMPool>) -> bool {
+    let Ok((family, at)) = parse_address(address.spec.address.trim()) else {
+        return true;
+    };
+    let Some(single) = AddrRange::new(family, at, at) else {
+        return true;
+    };
+    let Some(input) = pool.and_then(|p| validation::pool_input(p).ok()) else {
+        return false;
+    };
+    let label = datacenter_label(address);
+    input.datacenters.iter().any(|(dc, d)| {
+        label.is_none_or(|l| l == dc) && d.config.cidrs().any(|c| c.contains(&single))
+    })
+}
+
+/// For a hand-made `IPAddress` its pool no longer serves ([`served_by`]): whether it holds
+/// its address in datacenter `dc` — the one its label names, or every one without a label.
+pub fn outlived_holds_in(address: &IPAddress, dc: &str) -> bool {
+    datacenter_label(address).is_none_or(|l| l == dc)
+}
+
+fn datacenter_label(address: &IPAddress) -> Option<&str> {
+    address
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_ADDRESS_DATACENTER))
+        .map(String::as_str)
+        .filter(|l| !l.is_empty())
+}
+
 /// What the pool holds, as the webhook's caches show it.
 #[derive(Clone, Copy, Debug)]
 pub struct Held<'a> {
@@ -57,8 +97,9 @@ pub struct Held<'a> {
     pub retained: &'a [IPAMAllocation],
     /// The hand-made `IPAddress`es (not kipam's) of the pool and of its address space: one
     /// whose record entry went with its pool's record (a datacenter removed and added again, a
-    /// pool made again) still holds its address.
-    pub hand_made: &'a [crate::resources::capi::IPAddress],
+    /// pool made again) still holds its address. Also those of any pool that no longer serves
+    /// them ([`served_by`]): held in their datacenter whatever the address space.
+    pub hand_made: &'a [IPAddress],
 }
 
 fn text<'a>(value: &'a Value, path: &[&str]) -> Option<&'a str> {
@@ -325,11 +366,16 @@ pub fn check(
             let Some(other_pool) = other.spec.pool_ref.kipam_pool() else {
                 continue;
             };
+            // Its pool as the caches show it: this one or one of its address space; any
+            // other is here only because it no longer serves the object.
+            let known = held
+                .space
+                .iter()
+                .chain(std::iter::once(pool))
+                .find(|p| p.metadata.name.as_deref() == Some(other_pool));
             let serves = other_pool == pool_name.as_str()
-                || held.space.iter().any(|p| {
-                    p.metadata.name.as_deref() == Some(other_pool)
-                        && p.spec.datacenters.contains_key(*dc)
-                });
+                || known.is_some_and(|p| p.spec.datacenters.contains_key(*dc))
+                || (!served_by(other, known) && outlived_holds_in(other, dc));
             let Ok((f, a)) = parse_address(other.spec.address.trim()) else {
                 continue;
             };
@@ -828,6 +874,70 @@ mod tests {
             )
             .is_ok()
         );
+    }
+
+    #[test]
+    fn a_hand_made_ip_address_whose_pool_no_longer_serves_it_still_holds_its_address() {
+        // `vip` served dc-1 over lan's network; dc-1 was removed from it, so it serves dc-3
+        // only now. Its hand-made `web-7` still shows 10.0.0.121 in dc-1.
+        let lan = lan();
+        let records = records();
+        let vip: IPAMPool = serde_json::from_value(json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1",
+            "kind": "IPAMPool",
+            "metadata": {"name": "vip"},
+            "spec": {"datacenters": {"dc-3": {"type": "range", "poolCidr": "10.7.0.0/24", "allocationRange": 1}}},
+        }))
+        .unwrap();
+        let made = |labels: Value| -> IPAddress {
+            let mut v = address("v1beta2", "web-7", json!("10.0.0.121"));
+            v["spec"]["poolRef"]["name"] = json!("vip");
+            v["metadata"]["labels"] = labels;
+            serde_json::from_value(v).unwrap()
+        };
+        let object = address("v1beta2", "web-8", json!("10.0.0.121"));
+        let judge = |space: &[IPAMPool], other: &IPAddress| {
+            check(
+                &object,
+                Some("machines"),
+                Held {
+                    pool: Some(&lan),
+                    allocations: &[],
+                    records: &records,
+                    space,
+                    retained: &[],
+                    hand_made: std::slice::from_ref(other),
+                },
+            )
+            .map(|_| ())
+        };
+        let in_dc1 = made(json!({"ipam.kipam.dev/datacenter": "dc-1"}));
+        assert!(!served_by(&in_dc1, Some(&vip)));
+        refused(
+            judge(std::slice::from_ref(&vip), &in_dc1),
+            &[
+                "spec.address \"10.0.0.121\"",
+                "held by hand-made IPAddress machines/web-7 of IPAMPool vip",
+            ],
+        );
+        // Its pool gone altogether (deleted): the same.
+        assert!(!served_by(&in_dc1, None));
+        refused(judge(&[], &in_dc1), &["hand-made IPAddress machines/web-7"]);
+        // Without a datacenter label it holds its address in every datacenter.
+        refused(
+            judge(std::slice::from_ref(&vip), &made(Value::Null)),
+            &["hand-made IPAddress machines/web-7"],
+        );
+        // Labelled for another datacenter, it holds nothing in dc-1.
+        assert_eq!(
+            judge(
+                std::slice::from_ref(&vip),
+                &made(json!({"ipam.kipam.dev/datacenter": "dc-2"}))
+            ),
+            Ok(())
+        );
+        // Served by its pool, it is judged as before: held where its pool serves it.
+        assert!(served_by(&made(Value::Null), Some(&lan)));
     }
 
     #[test]

@@ -260,10 +260,15 @@ impl Source for CacheSource {
                     .state()
                     .iter()
                     .filter(|a| {
-                        a.spec
-                            .pool_ref
-                            .kipam_pool()
-                            .is_some_and(|p| names.iter().any(|n| n == p))
+                        // Of its address space, or of a pool that no longer serves it (held
+                        // in its datacenter whatever the space).
+                        a.spec.pool_ref.kipam_pool().is_some_and(|p| {
+                            names.iter().any(|n| n == p)
+                                || !ipaddress::served_by(
+                                    a,
+                                    self.pools.get(&ObjectRef::new(p)).as_deref(),
+                                )
+                        })
                     })
                     .map(|a| a.as_ref().clone())
                     .collect()

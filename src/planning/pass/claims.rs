@@ -153,6 +153,41 @@ pub(super) fn stored_addresses(
                     }
                 }
             }
+            // Its pool no longer serves it (the datacenter removed from the pool, the pool
+            // deleted or invalid), yet the object still shows the address: set aside in every
+            // pool of the datacenter its label names (without one, of every datacenter) whose
+            // CIDRs hold it, whatever the address space, until the object is deleted.
+            if !serves_hand_made(pools, pool, &a)
+                && let Some(shown) = held_by(&a, false)
+            {
+                let r: Vec<crate::address::AddrRange> = shown.ranges().collect();
+                let label = a
+                    .labels()
+                    .get(LABEL_DATACENTER)
+                    .filter(|l| !l.is_empty())
+                    .cloned();
+                let mut dcs: Vec<&String> = pools
+                    .iter()
+                    .flat_map(|p| p.datacenters.iter())
+                    .filter(|(dc, d)| {
+                        label.as_ref().is_none_or(|l| l == *dc)
+                            && d.config
+                                .cidrs()
+                                .any(|c| r.iter().all(|piece| c.contains(piece)))
+                    })
+                    .map(|(dc, _)| dc)
+                    .collect();
+                dcs.sort();
+                dcs.dedup();
+                for dc in dcs {
+                    aside.push(HeldElsewhere {
+                        pool: format!("{pool} (IPAddress {namespace}/{name})"),
+                        datacenter: dc.clone(),
+                        holder: format!("{namespace}/{name}"),
+                        addresses: r.clone(),
+                    });
+                }
+            }
             hand_made.push(HandMade { object: a, aside });
             continue;
         };
@@ -323,6 +358,24 @@ fn held_by(a: &IPAddress, prefix_pool: bool) -> Option<Allocation> {
     Some(Allocation::Range(vec![crate::address::AddrRange::new(
         family, value, value,
     )?]))
+}
+
+/// Whether `pool` (among the valid pools) still serves the hand-made `a`: one of its
+/// datacenters holds its address in its CIDRs — the one its datacenter label names, when it
+/// has the label (the webhook's rule, `webhook::ipaddress::served_by`).
+fn serves_hand_made(pools: &[PoolInput], pool: &str, a: &IPAddress) -> bool {
+    let Some(shown) = held_by(a, false) else {
+        return true; // shows nothing readable: holds nothing
+    };
+    let label = a.labels().get(LABEL_DATACENTER).filter(|l| !l.is_empty());
+    pools.iter().filter(|p| p.name == pool).any(|p| {
+        p.datacenters.iter().any(|(dc, d)| {
+            label.is_none_or(|l| l == dc)
+                && d.config
+                    .cidrs()
+                    .any(|c| shown.ranges().all(|piece| c.contains(&piece)))
+        })
+    })
 }
 
 /// The claims as planner input. `stored` already holds what records and `IPAddress`es show;
