@@ -92,8 +92,10 @@ pub struct Held<'a> {
     pub records: &'a [IPAMPoolRecord],
     /// The other pools of its address space; `allocations` and `records` hold theirs too.
     pub space: &'a [IPAMPool],
-    /// The `IPAMAllocation`s of pools that no longer exist (kept by `reclaimPolicy: Retain`):
-    /// held in every pool of their datacenter, whatever the address space.
+    /// The `IPAMAllocation`s whose pool no longer serves them: of pools that no longer exist
+    /// (kept by `reclaimPolicy: Retain`, or not deleted yet), or of a datacenter removed from
+    /// their pool. Held in every pool of their datacenter, whatever the address space, until
+    /// their objects go.
     pub retained: &'a [IPAMAllocation],
     /// The hand-made `IPAddress`es (not kipam's) of the pool and of its address space: one
     /// whose record entry went with its pool's record (a datacenter removed and added again, a
@@ -407,8 +409,14 @@ pub fn check(
                 continue;
             }
             if let Some(piece) = stored.held.as_ref().and_then(|h| piece_holding(h, &shown)) {
+                let how = if stored.reclaim_policy == Some(crate::resources::ReclaimPolicy::Retain)
+                {
+                    "kept by reclaimPolicy Retain until a person deletes it"
+                } else {
+                    "not deleted yet"
+                };
                 return refuse(format!(
-                    "held by cluster {} through IPAMPool {}, deleted and kept by reclaimPolicy Retain (IPAMAllocation {}/{}: {piece})",
+                    "held by cluster {} through IPAMPool {}, which no longer serves {dc} (the pool deleted or the datacenter removed from it); its IPAMAllocation {}/{} is {how} ({piece})",
                     stored.cluster,
                     stored.pool,
                     allocation.metadata.namespace.as_deref().unwrap_or_default(),

@@ -160,7 +160,10 @@ impl Source for StaticSource {
                     .iter()
                     .filter(|a| {
                         let name = a.metadata.name.as_deref().unwrap_or_default();
-                        !self.pools.iter().any(|p| named(p, name))
+                        !self
+                            .pools
+                            .iter()
+                            .any(|p| named(p, name) && p.spec.datacenters.contains_key(&a.spec.dc))
                     })
                     .cloned()
                     .collect()
@@ -219,19 +222,26 @@ impl Source for CacheSource {
             .filter_map(|p| p.metadata.name.clone())
             .collect();
         names.push(pool.to_string());
-        // Shared under the lock, copied after it. For an `IPAddress`, also the allocations of
-        // pools that went and left them (`Retain`): held in every pool of their datacenter.
+        // Shared under the lock, copied after it. For an `IPAddress`, also the allocations
+        // whose pool no longer serves them — a pool that went and left them (`Retain`, or not
+        // deleted yet), a datacenter removed from the pool — held in every pool of their
+        // datacenter until their objects go.
         let (allocations, retained): (Vec<_>, Vec<_>) = {
             let ledger = self.ctx.ledger.lock().await;
             let retained = if wants.space {
                 ledger
                     .pools()
-                    .filter(|n| {
-                        self.pools
+                    .flat_map(|n| {
+                        let serving = self
+                            .pools
                             .get(&ObjectRef::new(n))
-                            .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+                            .filter(|p| p.metadata.deletion_timestamp.is_none());
+                        ledger.in_pool(n).into_iter().filter(move |a| {
+                            serving
+                                .as_ref()
+                                .is_none_or(|p| !p.spec.datacenters.contains_key(&a.spec().dc))
+                        })
                     })
-                    .flat_map(|n| ledger.in_pool(n))
                     .collect()
             } else {
                 Vec::new()

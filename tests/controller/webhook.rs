@@ -952,3 +952,111 @@ spec:
     )
     .await;
 }
+
+/// The same gap for a cluster's allocation: dc-2 removed from `vip`, whose `reclaimPolicy:
+/// Retain` keeps c1's allocation there (kipam never releases it; a person deletes it). The
+/// object still shows its address in dc-2, so a hand-made `IPAddress` for it through `wide`
+/// (the same address space, serving dc-2) is refused, naming the allocation — the webhook
+/// counted only allocations of pools still serving the datacenter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_an_allocation_of_a_removed_datacenter_shows_is_refused_to_hand_made_ones() {
+    let seed = crate::capi::capi_seed("webhook-removed-dc-allocation").await;
+    with_human(&seed);
+    seed.apply(
+        "
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: vip}
+spec:
+  reclaimPolicy: Retain
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.20.0.0/28, allocationRange: 1}
+    dc-2: {type: range, poolCidr: 10.10.0.8/29, allocationRange: 1}
+---
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: wide}
+spec:
+  datacenters:
+    dc-2: {type: range, poolCidr: 10.10.0.0/28, allocationRange: 1}
+",
+    );
+    let (ca, cert, key) = certificates(&seed);
+    let (_controller, port) = webhook_controller(&seed, "w1", &cert, &key);
+    install_configuration(&seed, port, &ca);
+    let human = client_for(&seed, HUMAN_TOKEN).await;
+    wait_until_serving(&seed, &human, "w1").await;
+    seed.cluster("c1", "dc-2");
+    seed.wait_for("c1 served by vip", Duration::from_secs(30), "w1", |s| {
+        s.phase("c1", "vip") == "Allocated"
+    })
+    .await;
+    let held = seed.held("c1", "vip");
+    let address = held.split('-').next().unwrap_or_default().to_string();
+    assert!(address.starts_with("10.10.0."), "{held}");
+
+    let admin = Client::try_from(
+        kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::from_yaml(&seed.api.kubeconfig_yaml()).unwrap(),
+            &Default::default(),
+        )
+        .await
+        .unwrap(),
+    )
+    .unwrap();
+    Api::<IPAMPool>::all(admin)
+        .patch(
+            "vip",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"datacenters": {"dc-2": null}}})),
+        )
+        .await
+        .expect("dc-2 removed from vip");
+
+    let gvk = kube::api::GroupVersionKind::gvk("ipam.cluster.x-k8s.io", "v1beta2", "IPAddress");
+    let resource = kube::api::ApiResource::from_gvk_with_plural(&gvk, "ipaddresses");
+    let addresses: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(human.clone(), "machines", &resource);
+    // The webhook has seen the edit once an address of vip's old dc-2 lies outside vip.
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let mut seen = false;
+    for _ in 0..200 {
+        match addresses
+            .create(&dry, &ip_address("probe", "probe", "vip", &address))
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.message.contains("lies in none of the CIDRs") => {
+                seen = true;
+                break;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    assert!(
+        seen,
+        "the webhook never saw dc-2 leave vip\n{}",
+        seed.log("w1")
+    );
+    // Retained: the allocation still shows the address.
+    assert_eq!(seed.held("c1", "vip"), held);
+
+    denied(
+        refusal(
+            addresses
+                .create(
+                    &PostParams::default(),
+                    &ip_address("taken", "taken", "wide", &address),
+                )
+                .await,
+        ),
+        422,
+        &[
+            &format!("spec.address \"{address}\""),
+            "held by cluster c1 through IPAMPool vip, which no longer serves dc-2",
+            "reclaimPolicy Retain",
+        ],
+    );
+}
