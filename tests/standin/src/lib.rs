@@ -19,6 +19,7 @@ mod resources;
 mod reviews;
 mod schema;
 mod selectors;
+mod serve_tls;
 mod store;
 mod util;
 mod watch;
@@ -27,6 +28,7 @@ pub use error::ApiError;
 pub use resources::ResourceType;
 pub use reviews::{AccessRequest, NonResourceAttributes, ResourceAttributes, UserInfo};
 pub use selectors::{FieldSelector, LabelSelector};
+pub use serve_tls::Connections;
 
 use reviews::{AccessReviewFn, TokenReviewFn};
 use serde_json::Value;
@@ -178,6 +180,8 @@ struct Handle {
     shared: Arc<Shared>,
     token: String,
     name: String,
+    /// Served over TLS ([`ApiServer::start_tls`]): the CA's PEM and the connections counted.
+    tls: Option<(String, Arc<Connections>)>,
 }
 
 impl Drop for Handle {
@@ -224,6 +228,25 @@ impl ApiServer {
     /// request is served whatever its token, and `TokenReview`s authenticate exactly that token
     /// (as `system:admin` in `system:masters`), while `SubjectAccessReview`s allow everything.
     pub async fn start() -> std::io::Result<ApiServer> {
+        Self::start_serving(false).await
+    }
+
+    /// Like [`ApiServer::start`], but served over TLS with ALPN offering HTTP/2 and HTTP/1.1,
+    /// as a real API server is: an HTTP/2 client multiplexes every request and watch over one
+    /// connection. The kubeconfig carries the CA; [`ApiServer::connections`] counts the
+    /// connections.
+    pub async fn start_tls() -> std::io::Result<ApiServer> {
+        Self::start_serving(true).await
+    }
+
+    async fn start_serving(tls: bool) -> std::io::Result<ApiServer> {
+        let tls = match tls {
+            true => Some((
+                serve_tls::ca_pem().map_err(std::io::Error::other)?,
+                Arc::new(Connections::default()),
+            )),
+            false => None,
+        };
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
         let mut store = Store::new();
@@ -257,19 +280,32 @@ impl ApiServer {
         let app = axum::Router::new()
             .fallback(http::handle)
             .with_state(shared.clone());
-        tokio::spawn(async move {
-            let stopped = async move {
-                let _ = shutdown_rx.wait_for(|v| *v).await;
-            };
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(stopped)
-                .await;
-        });
+        match &tls {
+            Some((_, connections)) => {
+                tokio::spawn(serve_tls::serve(
+                    listener,
+                    app,
+                    connections.clone(),
+                    shutdown_rx,
+                ));
+            }
+            None => {
+                tokio::spawn(async move {
+                    let stopped = async move {
+                        let _ = shutdown_rx.wait_for(|v| *v).await;
+                    };
+                    let _ = axum::serve(listener, app)
+                        .with_graceful_shutdown(stopped)
+                        .await;
+                });
+            }
+        }
         Ok(ApiServer {
             inner: Arc::new(Handle {
                 shared,
                 token,
                 name: format!("standin-{}", addr.port()),
+                tls,
             }),
         })
     }
@@ -341,9 +377,16 @@ impl ApiServer {
         &self.inner.shared
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT`, or `https://` when served over TLS.
     pub fn url(&self) -> String {
-        format!("http://{}", self.shared().addr)
+        let scheme = if self.inner.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.shared().addr)
+    }
+
+    /// The connections accepted so far (open now, and in total); `None` unless served over
+    /// TLS ([`ApiServer::start_tls`]).
+    pub fn connections(&self) -> Option<Arc<Connections>> {
+        self.inner.tls.as_ref().map(|(_, c)| c.clone())
     }
 
     /// The bearer token in the kubeconfig.
@@ -362,8 +405,15 @@ impl ApiServer {
     pub fn kubeconfig_yaml_for_token(&self, token: &str) -> String {
         let n = &self.inner.name;
         format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: {n}\n  cluster:\n    server: {url}\ncontexts:\n- name: {n}\n  context:\n    cluster: {n}\n    user: {n}\n    namespace: default\ncurrent-context: {n}\nusers:\n- name: {n}\n  user:\n    token: {token}\npreferences: {{}}\n",
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: {n}\n  cluster:\n    server: {url}\n{ca}contexts:\n- name: {n}\n  context:\n    cluster: {n}\n    user: {n}\n    namespace: default\ncurrent-context: {n}\nusers:\n- name: {n}\n  user:\n    token: {token}\npreferences: {{}}\n",
             url = self.url(),
+            ca = match &self.inner.tls {
+                Some((pem, _)) => format!(
+                    "    certificate-authority-data: {}\n",
+                    base64::Engine::encode(&base64::engine::general_purpose::STANDARD, pem)
+                ),
+                None => String::new(),
+            },
         )
     }
 
