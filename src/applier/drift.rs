@@ -332,7 +332,10 @@ impl Drift {
             let Some((resource, namespaced)) = w.resources.get(&key).cloned() else {
                 continue;
             };
-            let client = w.client.get_or_insert_with(|| applied.client.clone()).clone();
+            let client = w
+                .client
+                .get_or_insert_with(|| applied.client.clone())
+                .clone();
             // Metadata only: the user cluster sends no spec, and nothing is kept but a stamp.
             let api: Api<Meta> = if namespaced {
                 Api::namespaced_with(client, &key.namespace, &resource)

@@ -709,9 +709,10 @@ async fn client_for(
     let client = match (ctx.tenants.cached(&cluster_name, &source), kept) {
         (Some(client), _) => client,
         // Shared again (the shared set lets go of clients when this replica stops leading).
-        (None, Some(client)) => ctx
-            .tenants
-            .client(&cluster_name, &source, || Ok(client.clone()))?,
+        (None, Some(client)) => {
+            ctx.tenants
+                .client(&cluster_name, &source, || Ok(client.clone()))?
+        }
         (None, None) => {
             let where_ = format!("Secret {namespace}/{name} key {key:?}");
             let text = kubeconfig::kubeconfig_text(secret, &key)?;

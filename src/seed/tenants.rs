@@ -37,6 +37,8 @@ use tower::timeout::TimeoutLayer;
 /// ping 15 s).
 const PING_INTERVAL: Duration = Duration::from_secs(30);
 const PING_TIMEOUT: Duration = Duration::from_secs(15);
+/// TLS sessions kept per user cluster for resuming a connection.
+const SESSIONS: usize = 4;
 /// An HTTP/1.1 connection left without requests is closed after this long.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -49,9 +51,12 @@ pub fn client(config: &Config, timeout: Duration) -> Result<Client, String> {
     http.set_connect_timeout(Some(timeout));
     http.set_nodelay(true);
     http.set_keepalive(Some(PING_INTERVAL));
-    let tls = config
+    let mut tls = config
         .rustls_client_config()
         .map_err(|e| format!("cannot set up TLS for the user cluster: {e}"))?;
+    // One server per client: room for a few sessions, not rustls' default 256 (whose cache is
+    // allocated up front, about 14 KiB per user cluster).
+    tls.resumption = rustls::client::Resumption::in_memory_sessions(SESSIONS);
     let builder = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http();
@@ -136,15 +141,6 @@ impl Tenants {
     /// Forgets every cluster `keep` says no to.
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
         self.lock().retain(|name, _| keep(name));
-    }
-
-    /// How many user clusters have a client.
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

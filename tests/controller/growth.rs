@@ -357,7 +357,9 @@ async fn a_user_cluster_is_served_over_one_connection() {
             "metadata": {"name": ns}}));
     }
     user.apply_yaml(METALLB_CRDS).expect("MetalLB CRDs");
-    let connections = user.connections().expect("a TLS stand-in counts connections");
+    let connections = user
+        .connections()
+        .expect("a TLS stand-in counts connections");
     let _ctl = seed.controller("ctl");
     seed.apply(POOLS);
     register(&seed, "g1", "dc-1", &user).await;

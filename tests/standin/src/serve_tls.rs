@@ -44,8 +44,8 @@ fn make_material() -> Result<Material, String> {
     let issuer = rcgen::Issuer::from_params(&ca, &ca_key);
     let leaf_cert = leaf.signed_by(&leaf_key, &issuer).map_err(|e| err(&e))?;
     let chain = vec![CertificateDer::from(leaf_cert.der().to_vec())];
-    let key = PrivateKeyDer::from_pem_slice(leaf_key.serialize_pem().as_bytes())
-        .map_err(|e| err(&e))?;
+    let key =
+        PrivateKeyDer::from_pem_slice(leaf_key.serialize_pem().as_bytes()).map_err(|e| err(&e))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
