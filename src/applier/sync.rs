@@ -709,10 +709,7 @@ async fn client_for(
     let client = match (ctx.tenants.cached(&cluster_name, &source), kept) {
         (Some(client), _) => client,
         // Shared again (the shared set lets go of clients when this replica stops leading).
-        (None, Some(client)) => {
-            ctx.tenants
-                .client(&cluster_name, &source, || Ok(client.clone()))?
-        }
+        (None, Some(client)) => ctx.tenants.share(&cluster_name, &source, client),
         (None, None) => {
             let where_ = format!("Secret {namespace}/{name} key {key:?}");
             let text = kubeconfig::kubeconfig_text(secret, &key)?;
@@ -720,7 +717,8 @@ async fn client_for(
             let config = kubeconfig::config(parsed, &where_, timeout).await?;
             tracing::info!(cluster = %cluster_name, secret = %format!("{namespace}/{name}"), "user cluster client (re)built from its kubeconfig Secret");
             ctx.tenants
-                .client(&cluster_name, &source, || tenants::client(&config, timeout))?
+                .client(&cluster_name, &source, || tenants::client(&config, timeout))
+                .await?
         }
     };
     if slot.as_ref().is_some_and(|t| t.source == source) {

@@ -215,6 +215,7 @@ async fn client_for(ctx: &Context, target: &Target) -> Result<Client, String> {
     let config = kubeconfig::config(parsed, &where_, TIMEOUT).await?;
     ctx.tenants
         .client(cluster, &source, || tenants::client(&config, TIMEOUT))
+        .await
 }
 
 /// Watches Services and `AllocationFailed` events until either watch fails; returns why.

@@ -37,6 +37,8 @@ use tower::timeout::TimeoutLayer;
 /// ping 15 s).
 const PING_INTERVAL: Duration = Duration::from_secs(30);
 const PING_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a new client's first request is waited for before the client is shared anyway.
+const PRIME_WAIT: Duration = Duration::from_secs(2);
 /// TLS sessions kept per user cluster for resuming a connection.
 const SESSIONS: usize = 4;
 /// An HTTP/1.1 connection left without requests is closed after this long.
@@ -108,26 +110,46 @@ impl Tenants {
         self.clients.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The client of `cluster` for the kubeconfig `source`; `config` builds one when there is
-    /// none yet or the kubeconfig changed.
-    pub fn client(
+    /// The client of `cluster` for the kubeconfig `source`; `build` makes one when there is
+    /// none yet or the kubeconfig changed. A new client sends one request (`/version`, waited
+    /// for at most [`PRIME_WAIT`]) before it is shared, so the connection is up and HTTP/2
+    /// agreed when the requests a sync sends at once arrive; otherwise each of them opens a
+    /// connection of its own, and watches started on those keep them open.
+    pub async fn client(
         &self,
         cluster: &str,
         source: &str,
-        config: impl FnOnce() -> Result<Client, String>,
+        build: impl FnOnce() -> Result<Client, String>,
     ) -> Result<Client, String> {
-        if let Some((known, client)) = self.lock().get(cluster)
-            && known == source
-        {
-            return Ok(client.clone());
+        if let Some(client) = self.cached(cluster, source) {
+            return Ok(client);
         }
-        // Built outside the lock (TLS setup reads certificates). Two rooms racing here both
-        // build one; the later insert wins and the other's client lives only as long as it
-        // is held.
-        let client = config()?;
-        self.lock()
-            .insert(cluster.to_string(), (source.to_string(), client.clone()));
-        Ok(client)
+        // Built outside the lock (TLS setup reads certificates).
+        let client = build()?;
+        // Its answer does not matter: an unreachable cluster is said by the request that
+        // needed it, with its reason.
+        let _ = tokio::time::timeout(PRIME_WAIT, client.apiserver_version()).await;
+        // Two rooms racing here: the first one shared wins, the other's is dropped.
+        let mut clients = self.lock();
+        match clients.get(cluster) {
+            Some((known, shared)) if known == source => Ok(shared.clone()),
+            _ => {
+                clients.insert(cluster.to_string(), (source.to_string(), client.clone()));
+                Ok(client)
+            }
+        }
+    }
+
+    /// Shares `client`, already built for `source`, unless one is shared for it already.
+    pub fn share(&self, cluster: &str, source: &str, client: Client) -> Client {
+        let mut clients = self.lock();
+        match clients.get(cluster) {
+            Some((known, shared)) if known == source => shared.clone(),
+            _ => {
+                clients.insert(cluster.to_string(), (source.to_string(), client.clone()));
+                client
+            }
+        }
     }
 
     /// The client of `cluster` if one was built for `source`.

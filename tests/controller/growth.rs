@@ -410,9 +410,9 @@ async fn a_user_cluster_is_served_over_one_connection() {
          watches"
     );
     // Not one connection per sync either: the repair went over the one already open.
-    assert!(
-        connections.total() <= 2,
-        "{} connections were opened in all for two syncs and {watches} watches",
-        connections.total()
+    assert_eq!(
+        connections.total(),
+        1,
+        "connections opened in all for two syncs and {watches} watches"
     );
 }
