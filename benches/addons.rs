@@ -18,6 +18,13 @@
 //!
 //! Prints the controller's peak resident memory and the requests the user clusters served.
 //! Exits non-zero when a user cluster does not get its objects or a hand edit is not repaired.
+//!
+//! The user clusters are served over TLS with ALPN offering HTTP/2 and HTTP/1.1, as a real API
+//! server is (`KIPAM_BENCH_PLAIN=1`: plain HTTP/1.1 instead), and the drift phase counts the
+//! connections each one holds from kipam. `KIPAM_BENCH_GROWTH=1` gives the pool `growth`, so the
+//! demand reader watches every user cluster's Services and Events too.
+//! `KIPAM_BENCH_BEFORE=<path to another kipam binary>` runs every size with that binary first,
+//! then with this build's, so both sets of figures come from one run.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -36,9 +43,20 @@ spec:
   datacenters:
     dc-1:
       type: range
-      poolCidr: 10.0.0.0/16
+      poolCidr: 10.0.0.0/12
       allocationRange: 8
 ";
+
+/// [`POOL`] with demand-driven growth (`KIPAM_BENCH_GROWTH=1`).
+const GROWTH: &str = "      growth: {increment: 8, max: 32, shrinkAfter: 10m}\n";
+
+fn tls() -> bool {
+    std::env::var_os("KIPAM_BENCH_PLAIN").is_none()
+}
+
+fn growth() -> bool {
+    std::env::var_os("KIPAM_BENCH_GROWTH").is_some()
+}
 
 /// A self-signed CA certificate (public part only, made for this benchmark), put into every
 /// user cluster's kubeconfig as `certificate-authority-data`, as real kubeconfigs carry one.
@@ -110,12 +128,16 @@ fn hand_edit(user: &ApiServer) {
 
 /// The drift phase (see the module's documentation); false when a hand edit is not repaired.
 fn drift(size: usize, pid: u32, users: &[ApiServer], before: (usize, u64)) -> bool {
+    let growing = growth();
     // The watches open once a cluster's first sync has applied: wait until each user cluster
     // has served a watch of both kinds kipam applied there.
     let start = Instant::now();
     let watching = |u: &ApiServer| {
         let stats = u.stats();
-        stats.count("watch", "ipaddresspools") > 0 && stats.count("watch", "l2advertisements") > 0
+        stats.count("watch", "ipaddresspools") > 0
+            && stats.count("watch", "l2advertisements") > 0
+            && (!growing
+                || (stats.count("watch", "services") > 0 && stats.count("watch", "events") > 0))
     };
     while !users.iter().all(watching) && start.elapsed() < Duration::from_secs(120) {
         std::thread::sleep(Duration::from_millis(20));
@@ -129,18 +151,34 @@ fn drift(size: usize, pid: u32, users: &[ApiServer], before: (usize, u64)) -> bo
     let (sockets_before, rss_before) = before;
     let sockets_now = sockets(pid);
     let rss_now = status_kib(pid, "VmRSS:").unwrap_or(0);
+    let watches_per = if growing { 4 } else { 2 };
     println!(
-        "drift watches: 2 per user cluster (IPAddressPool, L2Advertisement in metallb-system), \
-         {} open; the controller holds {sockets_now} sockets ({:.2} per user cluster over the \
-         {sockets_before} it held before), resident memory {:.1} MiB ({:.0} KiB per user \
-         cluster over the {:.1} MiB before any Cluster, everything kipam keeps per cluster \
-         included)",
-        2 * size,
+        "watches: {watches_per} per user cluster (IPAddressPool, L2Advertisement in \
+         metallb-system{}), {} open; the controller holds {sockets_now} sockets ({:.2} per user \
+         cluster over the {sockets_before} it held before), resident memory {:.1} MiB ({:.0} KiB \
+         per user cluster over the {:.1} MiB before any Cluster, everything kipam keeps per \
+         cluster included)",
+        if growing {
+            "; Services and Events for growth"
+        } else {
+            ""
+        },
+        watches_per * size,
         (sockets_now.saturating_sub(sockets_before)) as f64 / size as f64,
         rss_now as f64 / 1024.0,
         rss_now.saturating_sub(rss_before) as f64 / size as f64,
         rss_before as f64 / 1024.0,
     );
+    // A fleet shares one count of connections (see `run`).
+    if let Some(c) = users.first().and_then(|u| u.connections()) {
+        println!(
+            "  connections to the user clusters (TLS, ALPN h2 and http/1.1): {} open, {:.2} per \
+             user cluster, {} opened since the Clusters were created",
+            c.open(),
+            c.open() as f64 / size as f64,
+            c.total(),
+        );
+    }
 
     // One hand edit at a time, spread over the clusters.
     let sample: Vec<usize> = (0..size.min(100))
@@ -182,7 +220,9 @@ fn drift(size: usize, pid: u32, users: &[ApiServer], before: (usize, u64)) -> bo
     let edited = t0.elapsed();
     let mut pending: Vec<usize> = (0..size).collect();
     let mut repairs = Vec::with_capacity(size);
-    while !pending.is_empty() && t0.elapsed() < Duration::from_secs(120) {
+    // 120 s, or 30 ms per cluster beyond 4,000 (the repairs go 16 user clusters at a time).
+    let cap = Duration::from_secs(120).max(Duration::from_millis(30) * size as u32);
+    while !pending.is_empty() && t0.elapsed() < cap {
         pending.retain(|&i| {
             if in_user_cluster(&users[i]) == wants[i] {
                 repairs.push(t0.elapsed());
@@ -195,8 +235,9 @@ fn drift(size: usize, pid: u32, users: &[ApiServer], before: (usize, u64)) -> bo
     }
     if !pending.is_empty() {
         println!(
-            "  {} hand edits not repaired in 120 s (FAILED)",
-            pending.len()
+            "  {} hand edits not repaired in {} s (FAILED)",
+            pending.len(),
+            cap.as_secs()
         );
         return false;
     }
@@ -247,7 +288,7 @@ fn name(i: usize) -> String {
     format!("c{i:04}")
 }
 
-fn run(size: usize) -> bool {
+fn run(size: usize, binary: &str) -> bool {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -261,13 +302,30 @@ fn run(size: usize) -> bool {
     seed.apply(&json!({"apiVersion": "v1", "kind": "Namespace",
         "metadata": {"name": "kipam-system"}}))
         .expect("namespace");
-    seed.apply_yaml(POOL).expect("pool");
+    let pool = if growth() {
+        format!("{POOL}{GROWTH}")
+    } else {
+        POOL.to_string()
+    };
+    seed.apply_yaml(&pool).expect("pool");
     let setup = Instant::now();
+    // Over TLS, one listener serves every user cluster, each under its own path (a process
+    // may hold only so many sockets; kipam still opens a connection per user cluster).
+    let mut fleet = if tls() {
+        rt.block_on(ApiServer::start_tls_fleet(size))
+            .expect("user clusters start")
+            .into_iter()
+    } else {
+        Vec::new().into_iter()
+    };
     let mut users = Vec::with_capacity(size);
     for i in 0..size {
-        let user = rt
-            .block_on(ApiServer::start())
-            .expect("user cluster starts");
+        let user = match fleet.next() {
+            Some(user) => user,
+            None => rt
+                .block_on(ApiServer::start())
+                .expect("user cluster starts"),
+        };
         // As often as a real API server sends them (the stand-in's default is every 5 s, which
         // over 2,000 drift watches would be 400 bookmarks a second).
         user.set_bookmark_interval(Duration::from_secs(60));
@@ -281,9 +339,13 @@ fn run(size: usize) -> bool {
             "metadata": {"name": ns, "labels": {"ipam.kipam.dev/cluster": cluster}}}))
             .expect("cluster namespace");
         seed.apply(&json!({"apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "kubeconfig", "namespace": ns},
-            "stringData": {"kubeconfig": kubeconfig_with_ca(&user)}}))
-            .expect("secret");
+        "metadata": {"name": "kubeconfig", "namespace": ns},
+        "stringData": {"kubeconfig": if tls() {
+            user.kubeconfig_yaml()
+        } else {
+            kubeconfig_with_ca(&user)
+        }}}))
+        .expect("secret");
         seed.create(
             &json!({"apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Addon",
             "metadata": {"name": "metallb", "namespace": ns},
@@ -307,15 +369,16 @@ fn run(size: usize) -> bool {
     let mut command = match wrap.next() {
         Some(program) => {
             let mut c = Command::new(program);
-            c.args(wrap).arg(env!("CARGO_BIN_EXE_kipam"));
+            c.args(wrap).arg(binary);
             c
         }
-        None => Command::new(env!("CARGO_BIN_EXE_kipam")),
+        None => Command::new(binary),
     };
     let mut child = command
         .args(["controller", "--kubeconfig"])
         .arg(&kubeconfig)
-        .args(["--metrics-addr", "127.0.0.1:0", "--identity", "bench"])
+        .args(["--metrics-addr", "127.0.0.1:0", "--api-addr", "127.0.0.1:0"])
+        .args(["--identity", "bench"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -466,10 +529,25 @@ fn main() {
     } else {
         sizes
     };
-    println!("kipam addon applier benchmark (release build, default --tenant-concurrency 16)\n");
+    println!(
+        "kipam addon applier benchmark (release build, default --tenant-concurrency 16; user \
+         clusters over {}{})\n",
+        if tls() { "TLS" } else { "plain HTTP" },
+        if growth() { "; growth on" } else { "" }
+    );
+    let mut binaries = Vec::new();
+    if let Ok(before) = std::env::var("KIPAM_BENCH_BEFORE") {
+        binaries.push(("before", before));
+    }
+    binaries.push(("this build", env!("CARGO_BIN_EXE_kipam").to_string()));
     let mut ok = true;
     for size in sizes {
-        ok &= run(size);
+        for (label, binary) in &binaries {
+            if binaries.len() > 1 {
+                println!("== {label}: {binary}");
+            }
+            ok &= run(size, binary);
+        }
     }
     if !ok {
         std::process::exit(1);

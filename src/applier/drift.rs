@@ -30,7 +30,7 @@ use kube::core::PartialObjectMeta;
 use kube::discovery::{ApiCapabilities, ApiResource, Scope};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client, Config};
+use kube::{Api, Client};
 use serde_json::Value;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -228,7 +228,8 @@ struct Watched {
 pub struct Applied<'a> {
     /// Where the configuration comes from; a new source restarts the watches.
     pub source: &'a str,
-    pub config: &'a Config,
+    /// The user cluster's shared client (HTTP/2: the watches are streams on its connection).
+    pub client: &'a Client,
     /// Discovery's answers, `apiVersion` -> resources.
     pub kinds: &'a HashMap<String, Vec<(ApiResource, ApiCapabilities)>>,
     pub stamps: &'a BTreeMap<AppliedObject, Stamp>,
@@ -331,25 +332,10 @@ impl Drift {
             let Some((resource, namespaced)) = w.resources.get(&key).cloned() else {
                 continue;
             };
-            let client = match &w.client {
-                Some(c) => c.clone(),
-                None => {
-                    // A watch is a long response: no read timeout (kube's watcher notices a
-                    // silent connection itself), the same connect and write timeouts.
-                    let mut config = applied.config.clone();
-                    config.read_timeout = None;
-                    match Client::try_from(config) {
-                        Ok(c) => {
-                            w.client = Some(c.clone());
-                            c
-                        }
-                        Err(e) => {
-                            tracing::warn!(cluster = %cluster, error = %e, "cannot build a client for the drift watches (drift is repaired on the resync)");
-                            return;
-                        }
-                    }
-                }
-            };
+            let client = w
+                .client
+                .get_or_insert_with(|| applied.client.clone())
+                .clone();
             // Metadata only: the user cluster sends no spec, and nothing is kept but a stamp.
             let api: Api<Meta> = if namespaced {
                 Api::namespaced_with(client, &key.namespace, &resource)

@@ -256,6 +256,8 @@ async fn schedule(
                     forget(t);
                 }
                 drift.stop_all();
+                // The shared user-cluster clients too (the demand reader stops as well).
+                ctx.tenants.retain(|_| false);
             }
             was_leader = false;
             next_wait = Duration::from_secs(1);
@@ -312,7 +314,7 @@ fn finish(
             &name,
             drift::Applied {
                 source: &t.source,
-                config: &t.config,
+                client: &t.client,
                 kinds: &t.kinds,
                 stamps: &t.stamps,
             },
@@ -382,6 +384,8 @@ fn round(
         t.running || by_namespace.contains_key(&crate::resources::cluster_namespace(name))
     });
     drift.retain(|name| tenants.contains_key(name));
+    // A deleted Cluster's shared client goes (whoever still holds it keeps it until done).
+    ctx.tenants.retain(|name| clusters.contains_key(name));
     for (namespace, mut addons) in by_namespace {
         let Some(cluster_name) = cluster_of_namespace(&namespace).map(str::to_string) else {
             continue;

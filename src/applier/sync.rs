@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersion;
 use kube::discovery::{ApiCapabilities, ApiResource, Scope};
-use kube::{Api, Client, Config, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
 use super::drift::Stamp;
@@ -20,7 +20,7 @@ use crate::render::Renderer;
 use crate::resources::bounds::MAX_APPLIED_OBJECTS;
 use crate::resources::{Addon, AddonStatus, AppliedObject, Cluster, IPAMAllocation};
 use crate::seed::ledger::Entry;
-use crate::seed::{Context, preconditions};
+use crate::seed::{Context, preconditions, tenants};
 
 /// Everything one sync of a user cluster looks at, taken from the caches at one moment.
 pub struct TenantInput {
@@ -41,7 +41,9 @@ pub struct TenantInput {
 pub struct TenantClient {
     /// `uid/resourceVersion/key` of the Secret it was built from.
     pub source: String,
-    pub config: Config,
+    /// The user cluster's shared client (`seed::tenants`): one connection for the syncs and
+    /// the watches of every room.
+    pub client: Client,
     /// `apiVersion` -> the resources discovery found there.
     pub kinds: HashMap<String, Vec<(ApiResource, ApiCapabilities)>>,
     /// Addon name -> what this process last applied there.
@@ -182,7 +184,7 @@ pub async fn sync_tenant(
         }
     };
 
-    let client = match client_for(&cluster, input.secret.as_deref(), slot, timeout).await {
+    let client = match client_for(ctx, &cluster, input.secret.as_deref(), slot, timeout).await {
         Ok(client) => client,
         Err(message) => {
             let failure = Failure {
@@ -241,7 +243,7 @@ pub async fn sync_tenant(
         };
     };
 
-    let claims = Claims::new(&rendered, &tenant.config.default_namespace);
+    let claims = Claims::new(&rendered, tenant.client.default_namespace());
     let mut statuses = Vec::new();
     for (addon, result) in rendered {
         if !ctx.leader.holds() {
@@ -671,18 +673,18 @@ fn render(
     Ok((rendered.objects, hash))
 }
 
-/// A client for the user cluster, from the cached configuration when the Secret has not
-/// changed, else from the Secret (parsed and checked again). A fresh client per sync: its
-/// connections close when the sync ends, so at most `--tenant-concurrency` user clusters hold
-/// connections at any time.
+/// The user cluster's client: the shared one (`seed::tenants`) while the Secret has not
+/// changed, else one built from the Secret, parsed and checked again. Every room uses the
+/// same client, so a sync sends its requests over the connection the watches already hold.
 async fn client_for(
+    ctx: &Context,
     cluster: &Cluster,
     secret: Option<&Secret>,
     slot: &mut ClientSlot,
     timeout: std::time::Duration,
 ) -> Result<Client, String> {
-    // On every failure below the slot is left as it is: its configuration is never used
-    // (the source no longer matches), but its memory of applied objects is kept.
+    // On every failure below the slot is left as it is: its client is never used (the
+    // source no longer matches), but its memory of applied objects is kept.
     let Some((namespace, name, key)) = kubeconfig::secret_location(cluster) else {
         return Err(format!(
             "Cluster {} has no spec.kubeconfig.secretRef: kipam cannot reach the user cluster",
@@ -694,34 +696,46 @@ async fn client_for(
             "the kubeconfig Secret {namespace}/{name} does not exist (or kipam may not read it)"
         ));
     };
-    let source = format!(
-        "{}/{}/{key}",
-        secret.uid().unwrap_or_default(),
-        secret.resource_version().unwrap_or_default()
+    let source = tenants::source(
+        &secret.uid().unwrap_or_default(),
+        &secret.resource_version().unwrap_or_default(),
+        &key,
     );
-    if slot.as_ref().is_none_or(|t| t.source != source) {
-        let where_ = format!("Secret {namespace}/{name} key {key:?}");
-        let text = kubeconfig::kubeconfig_text(secret, &key)?;
-        let parsed = kubeconfig::parse(&text, &where_)?;
-        let config = kubeconfig::config(parsed, &where_, timeout).await?;
-        tracing::info!(cluster = %cluster.name_any(), secret = %format!("{namespace}/{name}"), "user cluster client (re)built from its kubeconfig Secret");
-        let (applied, stamps) = slot
-            .take()
-            .map(|t| (t.applied, t.stamps))
-            .unwrap_or_default();
-        *slot = Some(TenantClient {
-            source: source.clone(),
-            config,
-            kinds: HashMap::new(),
-            applied,
-            stamps,
-        });
-    }
-    let Some(tenant) = slot.as_ref().filter(|t| t.source == source) else {
-        return Err("internal: no client".into());
+    let cluster_name = cluster.name_any();
+    let kept = slot
+        .as_ref()
+        .filter(|t| t.source == source)
+        .map(|t| t.client.clone());
+    let client = match (ctx.tenants.cached(&cluster_name, &source), kept) {
+        (Some(client), _) => client,
+        // Shared again (the shared set lets go of clients when this replica stops leading).
+        (None, Some(client)) => ctx.tenants.share(&cluster_name, &source, client),
+        (None, None) => {
+            let where_ = format!("Secret {namespace}/{name} key {key:?}");
+            let text = kubeconfig::kubeconfig_text(secret, &key)?;
+            let parsed = kubeconfig::parse(&text, &where_)?;
+            let config = kubeconfig::config(parsed, &where_, timeout).await?;
+            tracing::info!(cluster = %cluster_name, secret = %format!("{namespace}/{name}"), "user cluster client (re)built from its kubeconfig Secret");
+            ctx.tenants
+                .client(&cluster_name, &source, || tenants::client(&config, timeout))
+                .await?
+        }
     };
-    Client::try_from(tenant.config.clone())
-        .map_err(|e| format!("cannot build a client for the user cluster: {e}"))
+    if slot.as_ref().is_some_and(|t| t.source == source) {
+        return Ok(client);
+    }
+    let (applied, stamps) = slot
+        .take()
+        .map(|t| (t.applied, t.stamps))
+        .unwrap_or_default();
+    *slot = Some(TenantClient {
+        source,
+        client: client.clone(),
+        kinds: HashMap::new(),
+        applied,
+        stamps,
+    });
+    Ok(client)
 }
 
 /// Classifies an error of the user cluster.
@@ -849,7 +863,7 @@ async fn apply_addon(
     objects: Vec<Value>,
     hash: String,
 ) -> Outcome {
-    let default_namespace = tenant.config.default_namespace.clone();
+    let default_namespace = tenant.client.default_namespace().to_string();
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let mut applied = Vec::new();
     for mut object in objects {

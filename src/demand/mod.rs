@@ -30,7 +30,7 @@ use tokio::task::JoinHandle;
 use crate::resources::{AllocationType, Cluster};
 use crate::seed::Context;
 use crate::seed::demand::ServiceDemand;
-use crate::seed::kubeconfig;
+use crate::seed::{kubeconfig, tenants};
 
 /// How often the set of user clusters to read is worked out again (also on every ledger
 /// change).
@@ -198,12 +198,24 @@ async fn client_for(ctx: &Context, target: &Target) -> Result<Client, String> {
         .into_iter()
         .find(|s| s.name_any() == *name)
         .ok_or_else(|| format!("the kubeconfig Secret {namespace}/{name} does not exist"))?;
+    // The client the applier shares for this user cluster, when it has one for this version
+    // of the Secret: the watches below are then streams on the connection it already holds.
+    let source = tenants::source(
+        &secret.uid().unwrap_or_default(),
+        &secret.resource_version().unwrap_or_default(),
+        key,
+    );
+    let cluster = &target.0;
+    if let Some(client) = ctx.tenants.cached(cluster, &source) {
+        return Ok(client);
+    }
     let where_ = format!("Secret {namespace}/{name} key {key:?}");
     let text = kubeconfig::kubeconfig_text(&secret, key)?;
     let parsed = kubeconfig::parse(&text, &where_)?;
-    let mut config = kubeconfig::config(parsed, &where_, TIMEOUT).await?;
-    config.read_timeout = None;
-    Client::try_from(config).map_err(|e| format!("cannot build a client for the user cluster: {e}"))
+    let config = kubeconfig::config(parsed, &where_, TIMEOUT).await?;
+    ctx.tenants
+        .client(cluster, &source, || tenants::client(&config, TIMEOUT))
+        .await
 }
 
 /// Watches Services and `AllocationFailed` events until either watch fails; returns why.

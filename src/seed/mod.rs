@@ -14,6 +14,7 @@ pub mod ledger;
 pub mod metrics;
 pub mod preconditions;
 pub mod records;
+pub mod tenants;
 pub mod watches;
 
 use std::path::PathBuf;
@@ -121,6 +122,8 @@ pub struct Context {
     pub leader: Arc<LeaderState>,
     /// What the demand reader saw in the user clusters (demand-driven growth).
     pub demand: Arc<demand::DemandCache>,
+    /// One client per user cluster, shared by the applier and the demand reader.
+    pub tenants: Arc<tenants::Tenants>,
 }
 
 impl Context {
@@ -257,6 +260,7 @@ impl ContextBuilder {
                 .leader
                 .unwrap_or_else(|| LeaderState::new(Duration::from_secs(10))),
             demand: Default::default(),
+            tenants: Default::default(),
         });
         ctx.demand.set_dirty(dirty);
         ctx

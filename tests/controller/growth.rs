@@ -341,3 +341,78 @@ async fn an_unreachable_user_cluster_is_said_and_grows_nothing() {
     .await;
     assert_eq!(seed.held("d1", "metallb"), "10.0.0.0-10.0.0.1");
 }
+
+/// Every room that talks to a user cluster — the applier's syncs and drift watches, the demand
+/// reader's Service and Event watches — shares one connection to it, over HTTP/2 as a real
+/// API server offers it through ALPN. (Over HTTP/1.1 every watch held a socket of its own:
+/// four per user cluster, plus a new connection for every sync.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_cluster_is_served_over_one_connection() {
+    let seed = Seed::start("one-connection").await;
+    let user = ApiServer::start_tls()
+        .await
+        .expect("user cluster starts over TLS");
+    for ns in ["metallb-system", "default"] {
+        let _ = user.apply(&json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": ns}}));
+    }
+    user.apply_yaml(METALLB_CRDS).expect("MetalLB CRDs");
+    let connections = user
+        .connections()
+        .expect("a TLS stand-in counts connections");
+    let _ctl = seed.controller("ctl");
+    seed.apply(POOLS);
+    register(&seed, "g1", "dc-1", &user).await;
+
+    seed.wait_for("condition GrowthDemandReadable True", WAIT, "ctl", |s| {
+        s.condition("clusters", "g1", "GrowthDemandReadable")
+            .is_some_and(|c| c["status"] == "True")
+    })
+    .await;
+    seed.wait_for("the pool in the user cluster", WAIT, "ctl", |_| {
+        pool_entries(&user) == vec!["10.0.0.0-10.0.0.1".to_string()]
+    })
+    .await;
+    // The drift watches open once the first sync ended.
+    seed.wait_for("the drift and demand watches open", WAIT, "ctl", |_| {
+        let stats = user.stats();
+        stats.count("watch", "ipaddresspools") > 0
+            && stats.count("watch", "services") > 0
+            && stats.count("watch", "events") > 0
+    })
+    .await;
+    // A hand edit is repaired (a sync on the same connection), and a Service read as demand.
+    let api = "ipaddresspools.metallb.io";
+    let mut pool = user
+        .get(api, Some("metallb-system"), "kipam-managed-pool")
+        .expect("kipam's IPAddressPool");
+    pool["spec"]["addresses"] = json!(["10.9.9.0/30"]);
+    user.apply(&pool).expect("hand edit");
+    seed.wait_for("the hand edit repaired", WAIT, "ctl", |_| {
+        pool_entries(&user) == vec!["10.0.0.0-10.0.0.1".to_string()]
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stats = user.stats();
+    let watches = stats.verb("watch");
+    assert_eq!(
+        connections.open(),
+        1,
+        "kipam holds {} connections to the user cluster ({} opened in all) for {watches} \
+         watches; one is enough over HTTP/2\n{}",
+        connections.open(),
+        connections.total(),
+        seed.log("ctl")
+    );
+    assert!(
+        watches >= 3,
+        "only {watches} watches were opened: the test did not cover the drift and demand \
+         watches"
+    );
+    // Not one connection per sync either: the repair went over the one already open.
+    assert_eq!(
+        connections.total(),
+        1,
+        "connections opened in all for two syncs and {watches} watches"
+    );
+}

@@ -215,6 +215,31 @@ fn classify(
 }
 
 /// The single handler behind every path.
+/// One member of a fleet ([`crate::ApiServer::start_tls_fleet`]): the request's path starts
+/// with `/clusters/<i>`, which is taken off before the member serves it. Any other path is not
+/// found, as a plain-text 404 (what a server answers for a path nothing serves).
+pub(crate) async fn handle_member(members: &[Arc<Shared>], req: Request) -> Response {
+    let path = req.uri().path();
+    let member = path.strip_prefix("/clusters/").and_then(|rest| {
+        let (index, tail) = rest.split_once('/').unwrap_or((rest, ""));
+        let shared = members.get(index.parse::<usize>().ok()?)?;
+        Some((shared.clone(), format!("/{tail}")))
+    });
+    let Some((shared, tail)) = member else {
+        return (StatusCode::NOT_FOUND, "404 page not found\n").into_response();
+    };
+    let (mut parts, body) = req.into_parts();
+    let rewritten = match parts.uri.query() {
+        Some(q) => format!("{tail}?{q}"),
+        None => tail,
+    };
+    match rewritten.parse() {
+        Ok(uri) => parts.uri = uri,
+        Err(_) => return (StatusCode::BAD_REQUEST, "bad path\n").into_response(),
+    }
+    handle(State(shared), Request::from_parts(parts, body)).await
+}
+
 pub(crate) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_string();

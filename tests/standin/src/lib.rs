@@ -19,6 +19,7 @@ mod resources;
 mod reviews;
 mod schema;
 mod selectors;
+mod serve_tls;
 mod store;
 mod util;
 mod watch;
@@ -27,6 +28,7 @@ pub use error::ApiError;
 pub use resources::ResourceType;
 pub use reviews::{AccessRequest, NonResourceAttributes, ResourceAttributes, UserInfo};
 pub use selectors::{FieldSelector, LabelSelector};
+pub use serve_tls::Connections;
 
 use reviews::{AccessReviewFn, TokenReviewFn};
 use serde_json::Value;
@@ -178,6 +180,10 @@ struct Handle {
     shared: Arc<Shared>,
     token: String,
     name: String,
+    /// Served over TLS ([`ApiServer::start_tls`]): the CA's PEM and the connections counted.
+    tls: Option<(String, Arc<Connections>)>,
+    /// The path this instance is served under (one of a fleet, [`ApiServer::start_tls_fleet`]).
+    prefix: String,
 }
 
 impl Drop for Handle {
@@ -192,6 +198,40 @@ fn stop(shared: &Shared) {
     // A hook may hold a clone of the server: dropping the ones never run breaks that cycle.
     let hooks = std::mem::take(&mut shared.control_lock().get_hooks);
     drop(hooks);
+}
+
+/// A fresh instance's state at `addr`: its store (with the admin token) and controls, and the
+/// receiver its server watches for shutdown.
+fn new_shared(addr: SocketAddr) -> (Arc<Shared>, String, tokio::sync::watch::Receiver<bool>) {
+    let mut store = Store::new();
+    let token = store.ids().token();
+    let admin_token = token.clone();
+    let control = Control {
+        stats: Stats::default(),
+        token_review: Arc::new(move |t: &str| {
+            (t == admin_token)
+                .then(|| UserInfo::new("system:admin").with_groups(&["system:masters"]))
+        }),
+        access_review: Arc::new(|_: &AccessRequest| true),
+        require_auth: false,
+        rbac: false,
+        owner_references_enforcement: false,
+        tokens: BTreeMap::new(),
+        refusals: Vec::new(),
+        latency: Duration::ZERO,
+        bookmark_interval: Duration::from_secs(5),
+        watch_delay: Duration::ZERO,
+        injections: Vec::new(),
+        get_hooks: Vec::new(),
+    };
+    let (shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
+    let shared = Arc::new(Shared {
+        store: Mutex::new(store),
+        control: Mutex::new(control),
+        shutdown,
+        addr,
+    });
+    (shared, token, shutdown_rx)
 }
 
 /// A running stand-in API server. Cheap to clone; it stops when [`ApiServer::shutdown`] is
@@ -224,54 +264,102 @@ impl ApiServer {
     /// request is served whatever its token, and `TokenReview`s authenticate exactly that token
     /// (as `system:admin` in `system:masters`), while `SubjectAccessReview`s allow everything.
     pub async fn start() -> std::io::Result<ApiServer> {
+        Self::start_serving(false).await
+    }
+
+    /// Like [`ApiServer::start`], but served over TLS with ALPN offering HTTP/2 and HTTP/1.1,
+    /// as a real API server is: an HTTP/2 client multiplexes every request and watch over one
+    /// connection. The kubeconfig carries the CA; [`ApiServer::connections`] counts the
+    /// connections.
+    pub async fn start_tls() -> std::io::Result<ApiServer> {
+        Self::start_serving(true).await
+    }
+
+    async fn start_serving(tls: bool) -> std::io::Result<ApiServer> {
+        let tls = match tls {
+            true => Some((
+                serve_tls::ca_pem().map_err(std::io::Error::other)?,
+                Arc::new(Connections::default()),
+            )),
+            false => None,
+        };
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
-        let mut store = Store::new();
-        let token = store.ids().token();
-        let admin_token = token.clone();
-        let control = Control {
-            stats: Stats::default(),
-            token_review: Arc::new(move |t: &str| {
-                (t == admin_token)
-                    .then(|| UserInfo::new("system:admin").with_groups(&["system:masters"]))
-            }),
-            access_review: Arc::new(|_: &AccessRequest| true),
-            require_auth: false,
-            rbac: false,
-            owner_references_enforcement: false,
-            tokens: BTreeMap::new(),
-            refusals: Vec::new(),
-            latency: Duration::ZERO,
-            bookmark_interval: Duration::from_secs(5),
-            watch_delay: Duration::ZERO,
-            injections: Vec::new(),
-            get_hooks: Vec::new(),
-        };
-        let (shutdown, mut shutdown_rx) = tokio::sync::watch::channel(false);
-        let shared = Arc::new(Shared {
-            store: Mutex::new(store),
-            control: Mutex::new(control),
-            shutdown,
-            addr,
-        });
+        let (shared, token, mut shutdown_rx) = new_shared(addr);
         let app = axum::Router::new()
             .fallback(http::handle)
             .with_state(shared.clone());
-        tokio::spawn(async move {
-            let stopped = async move {
-                let _ = shutdown_rx.wait_for(|v| *v).await;
-            };
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(stopped)
-                .await;
-        });
+        match &tls {
+            Some((_, connections)) => {
+                tokio::spawn(serve_tls::serve(
+                    listener,
+                    app,
+                    connections.clone(),
+                    shutdown_rx,
+                ));
+            }
+            None => {
+                tokio::spawn(async move {
+                    let stopped = async move {
+                        let _ = shutdown_rx.wait_for(|v| *v).await;
+                    };
+                    let _ = axum::serve(listener, app)
+                        .with_graceful_shutdown(stopped)
+                        .await;
+                });
+            }
+        }
         Ok(ApiServer {
             inner: Arc::new(Handle {
                 shared,
                 token,
                 name: format!("standin-{}", addr.port()),
+                tls,
+                prefix: String::new(),
             }),
         })
+    }
+
+    /// `n` instances behind one TLS listener (as [`ApiServer::start_tls`]), each served under
+    /// its own path, `https://127.0.0.1:PORT/clusters/<i>` (kubeconfigs carry it; clients
+    /// prefix every request with it, as they do behind a multi-cluster proxy). For benchmarks
+    /// with more user clusters than a process may hold listening sockets. They share one count
+    /// of connections; each stops on its own, and the listener when all have.
+    pub async fn start_tls_fleet(n: usize) -> std::io::Result<Vec<ApiServer>> {
+        let ca = serve_tls::ca_pem().map_err(std::io::Error::other)?;
+        let connections = Arc::new(Connections::default());
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr = listener.local_addr()?;
+        let mut members = Vec::with_capacity(n);
+        let mut stops = Vec::with_capacity(n);
+        for i in 0..n {
+            let (shared, token, stop) = new_shared(addr);
+            stops.push(stop);
+            members.push(ApiServer {
+                inner: Arc::new(Handle {
+                    shared,
+                    token,
+                    name: format!("standin-{}-{i}", addr.port()),
+                    tls: Some((ca.clone(), connections.clone())),
+                    prefix: format!("/clusters/{i}"),
+                }),
+            });
+        }
+        let shareds: Arc<Vec<Arc<Shared>>> =
+            Arc::new(members.iter().map(|m| m.inner.shared.clone()).collect());
+        let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+            let shareds = shareds.clone();
+            async move { http::handle_member(&shareds, req).await }
+        });
+        let (fleet_stop, fleet_stopped) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            for mut stop in stops {
+                let _ = stop.wait_for(|v| *v).await;
+            }
+            fleet_stop.send_replace(true);
+        });
+        tokio::spawn(serve_tls::serve(listener, app, connections, fleet_stopped));
+        Ok(members)
     }
 
     /// Like [`ApiServer::start`], but serves from a runtime on a thread of its own, so that
@@ -341,9 +429,20 @@ impl ApiServer {
         &self.inner.shared
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT`, or `https://` when served over TLS.
     pub fn url(&self) -> String {
-        format!("http://{}", self.shared().addr)
+        let scheme = if self.inner.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}{}", self.shared().addr, self.inner.prefix)
+    }
+
+    /// The connections accepted so far (open now, and in total); `None` unless served over
+    /// TLS ([`ApiServer::start_tls`]).
+    pub fn connections(&self) -> Option<Arc<Connections>> {
+        self.inner.tls.as_ref().map(|(_, c)| c.clone())
     }
 
     /// The bearer token in the kubeconfig.
@@ -362,8 +461,15 @@ impl ApiServer {
     pub fn kubeconfig_yaml_for_token(&self, token: &str) -> String {
         let n = &self.inner.name;
         format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: {n}\n  cluster:\n    server: {url}\ncontexts:\n- name: {n}\n  context:\n    cluster: {n}\n    user: {n}\n    namespace: default\ncurrent-context: {n}\nusers:\n- name: {n}\n  user:\n    token: {token}\npreferences: {{}}\n",
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: {n}\n  cluster:\n    server: {url}\n{ca}contexts:\n- name: {n}\n  context:\n    cluster: {n}\n    user: {n}\n    namespace: default\ncurrent-context: {n}\nusers:\n- name: {n}\n  user:\n    token: {token}\npreferences: {{}}\n",
             url = self.url(),
+            ca = match &self.inner.tls {
+                Some((pem, _)) => format!(
+                    "    certificate-authority-data: {}\n",
+                    base64::Engine::encode(&base64::engine::general_purpose::STANDARD, pem)
+                ),
+                None => String::new(),
+            },
         )
     }
 

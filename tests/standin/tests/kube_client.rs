@@ -2132,3 +2132,68 @@ async fn admission_webhooks_follow_failure_policy_and_match_conditions() {
         .await
         .unwrap();
 }
+
+/// Over TLS the kubeconfig carries the stand-in's CA and kube's client (HTTP/1.1 through ALPN)
+/// works unchanged; every connection is counted.
+#[tokio::test]
+async fn a_tls_instance_serves_kube_and_counts_its_connections() -> TestResult {
+    let server = ApiServer::start_tls().await?;
+    assert!(
+        server.url().starts_with("https://127.0.0.1:"),
+        "{}",
+        server.url()
+    );
+    let client = client_for(&server).await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let listed = namespaces.list(&ListParams::default()).await?;
+    assert!(listed.items.iter().any(|n| n.name_any() == "default"));
+    let connections = server
+        .connections()
+        .expect("TLS instances count connections");
+    assert!(connections.total() >= 1);
+    assert!(connections.open() >= 1);
+    drop(client);
+    drop(namespaces);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(connections.open(), 0, "the client's connections closed");
+    Ok(())
+}
+
+/// A fleet's members share one listener but nothing else: each has its own objects under its
+/// own path, and a path outside every member is a plain-text 404.
+#[tokio::test]
+async fn fleet_members_are_separate_api_servers_behind_one_listener() -> TestResult {
+    let fleet = ApiServer::start_tls_fleet(3).await?;
+    assert_eq!(fleet.len(), 3);
+    assert!(
+        fleet[2].url().ends_with("/clusters/2"),
+        "{}",
+        fleet[2].url()
+    );
+    let client = client_for(&fleet[1]).await;
+    let namespaces: Api<Namespace> = Api::all(client);
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "only-in-one"}}))?,
+        )
+        .await?;
+    assert!(fleet[1].get("namespaces", None, "only-in-one").is_some());
+    assert!(fleet[0].get("namespaces", None, "only-in-one").is_none());
+    assert!(fleet[2].get("namespaces", None, "only-in-one").is_none());
+    assert_eq!(fleet[1].stats().count("create", "namespaces"), 1);
+    assert_eq!(fleet[0].stats().total, 0);
+    // Past the last member: nothing serves it.
+    let beyond = fleet[0].url().replace("/clusters/0", "/clusters/3");
+    let kc = fleet[0].kubeconfig_yaml().replace(&fleet[0].url(), &beyond);
+    let config =
+        Config::from_custom_kubeconfig(Kubeconfig::from_yaml(&kc)?, &KubeConfigOptions::default())
+            .await?;
+    let lost: Api<Namespace> = Api::all(Client::try_from(config)?);
+    let err = lost
+        .list(&ListParams::default())
+        .await
+        .expect_err("no member serves /clusters/3");
+    assert!(err.to_string().contains("404"), "{err}");
+    Ok(())
+}

@@ -1,0 +1,172 @@
+//! One connection per user cluster.
+//!
+//! The addon applier (its syncs and its drift watches) and the demand reader all talk to the
+//! same user clusters. kube's own client speaks HTTP/1.1 only, where every watch holds a socket
+//! of its own: with growth on, that was four connections per user cluster (two drift watches,
+//! the Service and Event watches), about 100 KiB of buffers each, plus a fresh connection and
+//! TLS handshake for every sync. [`Tenants`] keeps one client per user cluster, shared by every
+//! room, built on hyper with HTTP/2 offered through ALPN: against a real API server (which
+//! always speaks HTTP/2 over TLS) every request and every watch of that cluster is a stream
+//! on one connection. A server that only speaks HTTP/1.1 (a plain-`http://` endpoint, a proxy)
+//! still works: the same client then opens a connection per concurrent request, as before.
+//!
+//! Invariants:
+//! - A user cluster's client is rebuilt when its kubeconfig Secret changes (the `source` key:
+//!   the Secret's uid, resourceVersion and key), and dropped when kipam stops serving it; a
+//!   room that still holds the old one keeps its connection until it lets go.
+//! - No socket read timeout (a watch is a long response). Instead every request must see its
+//!   response headers within the request timeout, and HTTP/2 PINGs find a connection that went
+//!   silent, failing every stream on it, so the watches restart and syncs fail instead of
+//!   hanging.
+//! - No hidden retries: the rooms decide what to retry, with their own backoff.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use kube::client::{Body, ConfigExt};
+use kube::{Client, Config};
+use tower::ServiceBuilder;
+use tower::timeout::TimeoutLayer;
+
+/// How often an idle HTTP/2 connection is pinged, and how long a ping may go unanswered
+/// before the connection counts as dead (client-go pings after 30 s of silence and gives a
+/// ping 15 s).
+const PING_INTERVAL: Duration = Duration::from_secs(30);
+const PING_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a new client's first request is waited for before the client is shared anyway.
+const PRIME_WAIT: Duration = Duration::from_secs(2);
+/// TLS sessions kept per user cluster for resuming a connection.
+const SESSIONS: usize = 4;
+/// An HTTP/1.1 connection left without requests is closed after this long.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Builds a client for a user cluster from its configuration: HTTP/2 offered over TLS, one
+/// connection shared by all its requests and watches, `timeout` to connect and for every
+/// response's headers.
+pub fn client(config: &Config, timeout: Duration) -> Result<Client, String> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(timeout));
+    http.set_nodelay(true);
+    http.set_keepalive(Some(PING_INTERVAL));
+    let mut tls = config
+        .rustls_client_config()
+        .map_err(|e| format!("cannot set up TLS for the user cluster: {e}"))?;
+    // One server per client: room for a few sessions, not rustls' default 256 (whose cache is
+    // allocated up front, about 14 KiB per user cluster).
+    tls.resumption = rustls::client::Resumption::in_memory_sessions(SESSIONS);
+    let builder = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http();
+    let builder = match &config.tls_server_name {
+        Some(name) => {
+            let name = rustls_pki_types::ServerName::try_from(name.clone()).map_err(|e| {
+                format!("the kubeconfig's tls-server-name {name:?} is not a server name: {e}")
+            })?;
+            builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
+        }
+        None => builder,
+    };
+    // Both versions: ALPN offers h2 first, and HTTP/1.1 stays for servers without it.
+    let https = builder.enable_all_versions().wrap_connector(http);
+    let hyper: HyperClient<_, Body> = HyperClient::builder(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(IDLE_TIMEOUT)
+        .http2_keep_alive_interval(PING_INTERVAL)
+        .http2_keep_alive_timeout(PING_TIMEOUT)
+        .http2_keep_alive_while_idle(false)
+        .build(https);
+    let auth = config
+        .auth_layer()
+        .map_err(|e| format!("cannot use the kubeconfig's credentials: {e}"))?;
+    let headers = config
+        .extra_headers_layer()
+        .map_err(|e| format!("cannot use the kubeconfig's headers: {e}"))?;
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(auth)
+        .layer(headers)
+        // Bounds the wait for a response's headers; a watch's body may then last as long as
+        // the server keeps it open.
+        .layer(TimeoutLayer::new(timeout))
+        .service(hyper);
+    Ok(Client::new(service, config.default_namespace.clone()))
+}
+
+/// The shared clients, one per user cluster (by Cluster name).
+#[derive(Default)]
+pub struct Tenants {
+    clients: Mutex<HashMap<String, (String, Client)>>,
+}
+
+impl Tenants {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Client)>> {
+        // Plain data: a panic elsewhere leaves it usable.
+        self.clients.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The client of `cluster` for the kubeconfig `source`; `build` makes one when there is
+    /// none yet or the kubeconfig changed. A new client sends one request (`/version`, waited
+    /// for at most [`PRIME_WAIT`]) before it is shared, so the connection is up and HTTP/2
+    /// agreed when the requests a sync sends at once arrive; otherwise each of them opens a
+    /// connection of its own, and watches started on those keep them open.
+    pub async fn client(
+        &self,
+        cluster: &str,
+        source: &str,
+        build: impl FnOnce() -> Result<Client, String>,
+    ) -> Result<Client, String> {
+        if let Some(client) = self.cached(cluster, source) {
+            return Ok(client);
+        }
+        // Built outside the lock (TLS setup reads certificates).
+        let client = build()?;
+        // Its answer does not matter: an unreachable cluster is said by the request that
+        // needed it, with its reason.
+        let _ = tokio::time::timeout(PRIME_WAIT, client.apiserver_version()).await;
+        // Two rooms racing here: the first one shared wins, the other's is dropped.
+        let mut clients = self.lock();
+        match clients.get(cluster) {
+            Some((known, shared)) if known == source => Ok(shared.clone()),
+            _ => {
+                clients.insert(cluster.to_string(), (source.to_string(), client.clone()));
+                Ok(client)
+            }
+        }
+    }
+
+    /// Shares `client`, already built for `source`, unless one is shared for it already.
+    pub fn share(&self, cluster: &str, source: &str, client: Client) -> Client {
+        let mut clients = self.lock();
+        match clients.get(cluster) {
+            Some((known, shared)) if known == source => shared.clone(),
+            _ => {
+                clients.insert(cluster.to_string(), (source.to_string(), client.clone()));
+                client
+            }
+        }
+    }
+
+    /// The client of `cluster` if one was built for `source`.
+    pub fn cached(&self, cluster: &str, source: &str) -> Option<Client> {
+        self.lock()
+            .get(cluster)
+            .filter(|(known, _)| known == source)
+            .map(|(_, c)| c.clone())
+    }
+
+    /// Forgets every cluster `keep` says no to.
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        self.lock().retain(|name, _| keep(name));
+    }
+}
+
+/// The key a client is kept under: which Secret, which version of it, which key in it.
+pub fn source(secret_uid: &str, resource_version: &str, key: &str) -> String {
+    format!("{secret_uid}/{resource_version}/{key}")
+}
