@@ -341,3 +341,53 @@ async fn an_unreachable_user_cluster_is_said_and_grows_nothing() {
     .await;
     assert_eq!(seed.held("d1", "metallb"), "10.0.0.0-10.0.0.1");
 }
+
+/// Issue 39, item 6: while demand is read, a new cluster is still served by a short pass (from
+/// the allocators the last plan kept), not by a plan of the whole seed; growth is decided
+/// again only when the demand changed. Before, every pass planned the whole seed as soon as
+/// any user cluster's demand was read, so at 10,000 clusters every new one waited seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_cluster_takes_the_short_pass_while_demand_is_read() {
+    let seed = Seed::start("growth-short").await;
+    let user = user_cluster().await;
+    let _metallb = MetalLb::start(user.clone());
+    let _ctl = seed.controller("ctl");
+    seed.apply(POOLS);
+    register(&seed, "g1", "dc-1", &user).await;
+    seed.wait_for("condition GrowthDemandReadable True", WAIT, "ctl", |s| {
+        s.condition("clusters", "g1", "GrowthDemandReadable")
+            .is_some_and(|c| c["status"] == "True")
+    })
+    .await;
+    seed.wait_for("the initial pool in the user cluster", WAIT, "ctl", |_| {
+        pool_entries(&user) == vec!["10.0.0.0-10.0.0.1".to_string()]
+    })
+    .await;
+    // Quiet: every write's echo is in, nothing waits for a retry.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let short_passes = |s: &Seed| s.full_log("ctl").matches("short pass steps").count();
+    let before = short_passes(&seed);
+
+    seed.cluster("plain", "dc-1");
+    seed.wait_for("plain allocated", WAIT, "ctl", |s| {
+        s.phase("plain", "metallb") == "Allocated"
+    })
+    .await;
+    assert!(
+        short_passes(&seed) > before,
+        "the new cluster was not served by a short pass while demand is read\n{}",
+        seed.log("ctl")
+    );
+    assert_eq!(seed.held("plain", "metallb"), "10.0.0.2-10.0.0.3");
+
+    // Demand still decides growth: a third Service is refused and the allocation grows.
+    for s in ["s1", "s2", "s3"] {
+        service(&user, s);
+    }
+    seed.wait_for("s3 served after a growth", WAIT, "ctl", |_| {
+        address_of(&user, "s3").is_some()
+    })
+    .await;
+    assert_eq!(seed.held("g1", "metallb").split(',').count(), 2);
+    seed.assert_no_overlap_no_leak();
+}
