@@ -238,10 +238,14 @@ fn setup(size: usize) -> Result<Setup, String> {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let kubeconfig = dir.join("kubeconfig");
     seed.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-    let child = Command::new(env!("CARGO_BIN_EXE_kipam"))
+    // `KIPAM_BENCH_BINARY=<path>`: another kipam binary (an older release, to compare).
+    let binary = std::env::var_os("KIPAM_BENCH_BINARY")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_kipam").into());
+    let child = Command::new(binary)
         .args(["controller", "--kubeconfig"])
         .arg(&kubeconfig)
         .args(["--metrics-addr", "127.0.0.1:0", "--identity", "bench"])
+        .args(["--api-addr", "127.0.0.1:0"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())

@@ -3,7 +3,8 @@
 //! A cluster needs, in order: its finalizer and its namespace (at once: neither needs the
 //! other), then its `IPAMAllocation`s — which live in the namespace and, where they hand out
 //! addresses, wait for the commit of their pool datacenter's record (the fence) — then its
-//! status, which reports them. Before, a pass wrote every cluster's finalizer, then every
+//! status, which reports them. Statuses go last, once every chain of the pass is over: nothing
+//! waits for a status, and written among the allocations they would delay them. Before, a pass wrote every cluster's finalizer, then every
 //! namespace, then every allocation, then every status: on a real API server, where a write
 //! costs a few milliseconds, the first allocation of a 1,000-cluster burst waited for 2,000
 //! writes that no allocation needed. Now every cluster moves on as soon as its own
@@ -163,6 +164,8 @@ pub(super) struct Done {
     pub(super) stale: Vec<Key>,
     pub(super) notes: BTreeMap<String, Vec<allocations::ClusterNote>>,
     pub(super) failures: HashMap<String, Vec<String>>,
+    /// Statuses the chains left for the end of the pass.
+    statuses: Vec<StatusJob>,
 }
 
 impl Done {
@@ -178,11 +181,13 @@ impl Done {
         for (k, v) in other.failures {
             self.failures.entry(k).or_default().extend(v);
         }
+        self.statuses.extend(other.statuses);
     }
 }
 
 /// Runs the chains, `width` of them at once (their writes share `env.slots`), in the order
-/// given; each result is taken as it comes.
+/// given, each result taken as it comes; then the statuses they left. A status reports and
+/// nothing waits for it: written after every allocation of the pass, it never delays one.
 pub(super) async fn run(env: &Env<'_>, chains: Vec<Chain>, width: usize) -> Done {
     let mut done = Done::default();
     let mut results = futures::stream::iter(chains)
@@ -191,6 +196,22 @@ pub(super) async fn run(env: &Env<'_>, chains: Vec<Chain>, width: usize) -> Done
     while let Some(one) = results.next().await {
         done.merge(one);
     }
+    drop(results);
+    let jobs = std::mem::take(&mut done.statuses);
+    let failures = std::mem::take(&mut done.failures);
+    let mut results = futures::stream::iter(jobs)
+        .map(|job| {
+            let failed = failures.get(job.cluster.metadata.name.as_deref().unwrap_or_default());
+            write_status(env, job, failed)
+        })
+        .buffer_unordered(width.max(1));
+    let mut written = Done::default();
+    while let Some(one) = results.next().await {
+        written.merge(one);
+    }
+    drop(results);
+    done.merge(written);
+    done.failures = failures;
     done
 }
 
@@ -285,55 +306,78 @@ async fn run_one(env: &Env<'_>, chain: Chain) -> Done {
         }
     }
 
-    // 3. The status, once everything it reports on was written.
-    let failed = done.failures.get(&chain.name);
-    if let Some(c) = cluster.filter(|_| chain.status || failed.is_some()) {
-        let mine: Vec<&Decision> = env
-            .of_holder
-            .get(chain.name.as_str())
-            .into_iter()
-            .flatten()
-            .map(|&i| &env.decisions[i])
-            .collect();
-        let next = statuses::next_cluster_status(
-            c,
-            &mine,
-            env.errors.get(&chain.name),
-            failed,
-            env.demand,
-            env.now,
-        );
-        if let Some(next) = next {
-            if !due(ctx, "Cluster", &chain.name) {
-                done.outcome.again = true;
-                done.retry_clusters.insert(chain.name.clone());
-            } else {
-                let r = env
-                    .slots
-                    .run(statuses::patch_cluster_status(
-                        ctx,
-                        &chain.name,
-                        read_at,
-                        next,
-                    ))
-                    .await;
-                match r {
-                    Ok(()) => {
-                        done.outcome.writes += 1;
-                        write_succeeded(ctx, "Cluster", &chain.name);
-                    }
-                    Err(e) if is_conflict(&e) => {
-                        tracing::debug!(cluster = %chain.name, "cluster changed under its status update; planning again");
-                        done.outcome.again = true;
-                        done.retry_clusters.insert(chain.name.clone());
-                    }
-                    Err(e) => {
-                        write_failed(ctx, "Cluster", &chain.name, "patch status of", &e);
-                        done.outcome.again = true;
-                        done.retry_clusters.insert(chain.name.clone());
-                    }
-                }
-            }
+    // 3. The status: once every chain of the pass is over (see `run`).
+    if let Some(c) = chain
+        .cluster
+        .as_ref()
+        .filter(|_| chain.status || done.failures.contains_key(&chain.name))
+    {
+        done.statuses.push(StatusJob {
+            cluster: c.clone(),
+            read_at,
+        });
+    }
+    done
+}
+
+/// A cluster status to check, and write when it changed.
+pub(super) struct StatusJob {
+    cluster: Arc<Cluster>,
+    /// The `resourceVersion` its conditions were read at (or its finalizer patch left).
+    read_at: Option<String>,
+}
+
+/// One cluster's status, built when its write starts (a burst writes the status of every
+/// cluster: building them all first would hold every one at once).
+async fn write_status(env: &Env<'_>, job: StatusJob, failed: Option<&Vec<String>>) -> Done {
+    let ctx = env.ctx;
+    let mut done = Done::default();
+    let name = job.cluster.name_any();
+    let mine: Vec<&Decision> = env
+        .of_holder
+        .get(name.as_str())
+        .into_iter()
+        .flatten()
+        .map(|&i| &env.decisions[i])
+        .collect();
+    let Some(next) = statuses::next_cluster_status(
+        &job.cluster,
+        &mine,
+        env.errors.get(&name),
+        failed,
+        env.demand,
+        env.now,
+    ) else {
+        return done;
+    };
+    if !due(ctx, "Cluster", &name) {
+        done.outcome.again = true;
+        done.retry_clusters.insert(name);
+        return done;
+    }
+    let r = env
+        .slots
+        .run(statuses::patch_cluster_status(
+            ctx,
+            &name,
+            job.read_at,
+            next,
+        ))
+        .await;
+    match r {
+        Ok(()) => {
+            done.outcome.writes += 1;
+            write_succeeded(ctx, "Cluster", &name);
+        }
+        Err(e) if is_conflict(&e) => {
+            tracing::debug!(cluster = %name, "cluster changed under its status update; planning again");
+            done.outcome.again = true;
+            done.retry_clusters.insert(name);
+        }
+        Err(e) => {
+            write_failed(ctx, "Cluster", &name, "patch status of", &e);
+            done.outcome.again = true;
+            done.retry_clusters.insert(name);
         }
     }
     done
