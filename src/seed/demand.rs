@@ -41,9 +41,6 @@ struct ClusterState {
 pub struct DemandCache {
     inner: Mutex<BTreeMap<String, ClusterState>>,
     dirty: std::sync::OnceLock<Arc<Dirty>>,
-    /// Counts the changes that matter to growth: a pass that decided growth at one count
-    /// need not decide again until it moves (or a timer it set comes due).
-    generation: std::sync::atomic::AtomicU64,
 }
 
 impl DemandCache {
@@ -53,8 +50,6 @@ impl DemandCache {
     }
 
     fn changed(&self) {
-        self.generation
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if let Some(d) = self.dirty.get() {
             d.other();
             d.wake();
@@ -177,16 +172,7 @@ impl DemandCache {
 
     /// Stops keeping `cluster` (no longer read).
     pub fn forget(&self, cluster: &str) {
-        if self.lock().remove(cluster).is_some() {
-            self.generation
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-    }
-
-    /// How many changes that matter to growth the cache has seen: read before
-    /// [`DemandCache::take`], it says whether anything changed since a decision.
-    pub fn generation(&self) -> u64 {
-        self.generation.load(std::sync::atomic::Ordering::SeqCst)
+        self.lock().remove(cluster);
     }
 
     /// Every user cluster kept: `None` when its Services are read, else why they cannot be.

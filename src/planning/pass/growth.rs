@@ -7,11 +7,8 @@
 //! changed decisions then go through the same record commit and object writes as every
 //! other: nothing here writes.
 //!
-//! A growth must be taken from allocators that hold everything, so the step runs on a plan of
-//! the whole seed — but only when there is something to decide: the demand changed since the
-//! last decision, a timer it set came due (a grown piece may be given back, a waiting Service
-//! starts to count), or the last decision left demand unmet. Otherwise passes plan what
-//! changed, and new clusters take the short pass, as without growth (see [`needs_full_plan`]).
+//! While any user cluster's demand is read, every pass plans the whole seed: a growth must be
+//! taken from allocators that hold everything (see [`needs_full_plan`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -44,27 +41,9 @@ pub(super) struct GrowthDone {
     pub unmet: BTreeMap<(String, String), usize>,
 }
 
-/// Growth has something to decide, so this pass must plan everything: demand is read and it
-/// changed since the last decision, or a timer that decision set came due. (Demand left unmet
-/// is decided again by every full pass, see [`decides`], but holds no short pass back.)
-pub(super) fn needs_full_plan(ctx: &Context, state: &super::PassState) -> bool {
+/// Growth needs a plan of everything in this pass.
+pub(super) fn needs_full_plan(ctx: &Context) -> bool {
     !ctx.demand.is_empty()
-        && (state.growth_generation != Some(ctx.demand.generation())
-            || state
-                .growth_due
-                .is_some_and(|due| std::time::Instant::now() >= due))
-}
-
-/// Whether this full pass decides growth (and so plans everything).
-pub(super) fn decides(ctx: &Context, state: &super::PassState) -> bool {
-    needs_full_plan(ctx, state) || (state.growth_unmet && !ctx.demand.is_empty())
-}
-
-/// Keeps what the decision made at `generation` asks of later passes.
-pub(super) fn decided(state: &mut super::PassState, generation: u64, done: &GrowthDone) {
-    state.growth_generation = Some(generation);
-    state.growth_due = done.next_due.map(|d| std::time::Instant::now() + d);
-    state.growth_unmet = !done.unmet.is_empty();
 }
 
 fn seconds(text: &str) -> Option<i64> {
@@ -169,17 +148,6 @@ pub(super) fn step(
     }
     // Demand handed over but not used (no holding): nothing else needs it.
     demand.clear();
-    // A Service MetalLB has not refused starts to count after `PENDING_GRACE`: a pass must
-    // come by then, which no watch event asks for.
-    for h in &holdings {
-        for w in h.demand.waiting.iter().filter(|w| !w.refused) {
-            let counts_at = w.since.saturating_add(PENDING_GRACE);
-            if counts_at > now {
-                let due = Duration::from_secs((counts_at - now) as u64);
-                done.next_due = Some(done.next_due.map_or(due, |d| d.min(due)));
-            }
-        }
-    }
     let free = plan
         .usage
         .iter()

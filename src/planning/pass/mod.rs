@@ -145,14 +145,13 @@ pub async fn run(
     if changed.nothing()
         && state.can_skip_planning()
         && !state.status_due.is_empty()
-        && !growth::needs_full_plan(ctx, state)
+        && !growth::needs_full_plan(ctx)
     {
         // Nothing changed, but pool statuses wait: they are written (when due) without
         // planning.
         return Ok(fast::flush_statuses(ctx, state).await);
     }
-    if changed.only_clusters() && state.can_skip_planning() && !growth::needs_full_plan(ctx, state)
-    {
+    if changed.only_clusters() && state.can_skip_planning() && !growth::needs_full_plan(ctx) {
         // Machines' claims are named by their holder name (`claim/<ns>/<name>`): a short pass
         // serves either new clusters or new claims; both at once take the full pass.
         let (claims, clusters): (BTreeSet<String>, BTreeSet<String>) = changed
@@ -184,9 +183,7 @@ async fn full(
     let limit = state.write_concurrency;
     let mut outcome = PassOutcome::default();
     let mut steps = Steps::start();
-    // Read before the demand is taken: a change from now on asks for another decision.
-    let growth_generation = ctx.demand.generation();
-    if growth::decides(ctx, state) {
+    if growth::needs_full_plan(ctx) {
         state.replan_all();
     }
 
@@ -197,7 +194,7 @@ async fn full(
     let ledger_changed = std::mem::take(&mut view.ledger_changed);
     let mut planned = plan(state, gathered.plan_inputs, ledger_changed).await?;
     let grown = if planned.scope.is_full() {
-        let done = growth::step(
+        growth::step(
             ctx,
             &mut planned.plan,
             &mut state.states,
@@ -205,9 +202,7 @@ async fn full(
             &planned.inputs.pools,
             &view.clusters,
             &view.stored_objects,
-        );
-        growth::decided(state, growth_generation, &done);
-        done
+        )
     } else {
         growth::GrowthDone::default()
     };
@@ -664,16 +659,6 @@ async fn settle(ctx: &Context, state: &mut PassState, mut outcome: PassOutcome) 
     if let Some((inputs, plan)) = &state.previous
         && let Some(wait) = next_quarantine_end(inputs, plan, inputs::unix_now())
     {
-        outcome.status_after = Some(outcome.status_after.map_or(wait, |s| s.min(wait)));
-    }
-    // Growth is decided again when its timer comes due (a grown piece may be given back, a
-    // waiting Service starts to count), whatever pass took the wake-up meant for it.
-    if let Some(due) = state.growth_due
-        && !ctx.demand.is_empty()
-    {
-        let wait = due
-            .saturating_duration_since(std::time::Instant::now())
-            .max(Duration::from_millis(10));
         outcome.status_after = Some(outcome.status_after.map_or(wait, |s| s.min(wait)));
     }
     // A hand-made `IPAddress`'s entry kept for its grace is looked at again when it ends.

@@ -56,14 +56,6 @@ pub struct PassState {
     /// Growth refusals last reported, by (cluster, pool or user cluster, reason): reported
     /// again only when they change.
     pub(super) growth_said: std::collections::BTreeMap<(String, String, &'static str), String>,
-    /// The demand cache's generation the last growth decision was made at (`None`: none
-    /// made yet, or it must be made again).
-    pub(super) growth_generation: Option<u64>,
-    /// When growth must be decided again although no demand changed: a grown piece may be
-    /// given back, or a waiting Service starts to count.
-    pub(super) growth_due: Option<std::time::Instant>,
-    /// The last growth decision left demand unmet: every full pass decides again.
-    pub(super) growth_unmet: bool,
 }
 
 impl PassState {
@@ -89,9 +81,6 @@ impl PassState {
             status_written: None,
             outdated: Default::default(),
             growth_said: Default::default(),
-            growth_generation: None,
-            growth_due: None,
-            growth_unmet: false,
         }
     }
 
