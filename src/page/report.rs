@@ -50,8 +50,7 @@ use super::{Holding, Layout, PoolDc, Quarantine};
 pub const REPORT_ZOOMS: usize = 16;
 
 /// Everything the offline report shows, for every pool.
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug)]
 pub struct Report {
     /// When the report was written (RFC 3339), as the caller says.
     pub generated_at: String,
@@ -59,8 +58,21 @@ pub struct Report {
     /// The suffix lists of the maps' cell bounds (see [`ReportMap`]): two per cell, its
     /// first and its last address.
     pub bounds: Vec<Vec<String>>,
-    /// `pool/datacenter` → what the page shows of it.
-    pub datacenters: BTreeMap<String, ReportDc>,
+    /// `pool/datacenter` → what the page shows of it ([`ReportDc`]), packed as soon as it
+    /// is made: the views of a whole seed at once would take several times the memory.
+    datacenters: BTreeMap<String, PackedDc>,
+    /// The packer of the pool datacenters (its shapes serve the summary too).
+    packer: Packer,
+    /// Why a pool datacenter could not be packed, if one could not.
+    failed: Option<PackError>,
+}
+
+/// A pool datacenter packed: its CIDRs' bounds as JSON text (for a search to unpack only
+/// the pool datacenters holding the address) and the unit of its [`ReportDc`].
+#[derive(Debug)]
+struct PackedDc {
+    cidrs: String,
+    unit: String,
 }
 
 /// A pool datacenter in the report.
@@ -626,6 +638,8 @@ pub fn report(
     sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let mut table = BoundsTable::default();
     let mut datacenters = BTreeMap::new();
+    let mut packer = Packer::default();
+    let mut failed = None;
     let mut summaries = Vec::new();
     let mut attention = Vec::new();
     let mut attention_pools = Vec::new();
@@ -658,14 +672,20 @@ pub fn report(
             );
             let maps = maps_of(&layout, &here, (main, detail.map.clone()), &mut table);
             let lookup = lookup_of(&dc, &here, &layout, &detail.holders);
-            datacenters.insert(
-                format!("{}/{}", dc.pool, dc.datacenter),
-                ReportDc {
-                    detail,
-                    maps,
-                    lookup,
-                },
-            );
+            let packed = ReportDc {
+                detail,
+                maps,
+                lookup,
+            }
+            .pack(&mut packer);
+            match packed {
+                Ok(packed) => {
+                    datacenters.insert(format!("{}/{}", dc.pool, dc.datacenter), packed);
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
         }
     }
     // Holdings of pools that are not in the input (kept in the state): still shown as
@@ -699,6 +719,17 @@ pub fn report(
         },
         bounds: table.lists,
         datacenters,
+        packer,
+        failed,
+    }
+}
+
+impl ReportDc {
+    fn pack(&self, packer: &mut Packer) -> Result<PackedDc, PackError> {
+        Ok(PackedDc {
+            cidrs: json(&self.lookup.cidrs)?,
+            unit: packer.unit(self)?,
+        })
     }
 }
 
@@ -706,20 +737,30 @@ impl Report {
     /// The report as the page's script reads it, as JSON text: the summary and each pool
     /// datacenter packed ([`super::pack`]), each pool datacenter with its CIDRs' bounds
     /// beside it (so that a search unpacks only the pool datacenters holding the address).
-    pub fn packed(&self) -> Result<String, PackError> {
-        let mut packer = Packer::default();
-        let summary = packer.unit(&self.summary)?;
-        let mut out = String::with_capacity(1 << 20);
+    pub fn packed(mut self) -> Result<String, PackError> {
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        let summary = self.packer.unit(&self.summary)?;
+        let size: usize = self
+            .datacenters
+            .iter()
+            .map(|(k, d)| k.len() + d.cidrs.len() + d.unit.len() + 24)
+            .sum();
+        let mut out = String::with_capacity(size + summary.len() + (1 << 16));
         out.push_str("{\"datacenters\":{");
-        for (i, (key, dc)) in self.datacenters.iter().enumerate() {
+        for (i, (key, dc)) in std::mem::take(&mut self.datacenters)
+            .into_iter()
+            .enumerate()
+        {
             if i > 0 {
                 out.push(',');
             }
-            out.push_str(&json(key)?);
+            out.push_str(&json(&key)?);
             out.push_str(":{\"cidrs\":");
-            out.push_str(&json(&dc.lookup.cidrs)?);
+            out.push_str(&dc.cidrs);
             out.push_str(",\"unit\":");
-            out.push_str(&packer.unit(dc)?);
+            out.push_str(&dc.unit);
             out.push('}');
         }
         out.push_str("},\"generatedAt\":");
@@ -729,7 +770,7 @@ impl Report {
         out.push_str(",\"summary\":");
         out.push_str(&summary);
         out.push_str(",\"shapes\":");
-        out.push_str(&json(&packer.shapes())?);
+        out.push_str(&json(self.packer.shapes())?);
         out.push('}');
         Ok(out)
     }
