@@ -275,7 +275,8 @@ fn main() {
         let packed_at = start.elapsed();
         let html = page::html::offline(&packed);
         println!(
-            "pure: offline report of the whole seed: {} ({} bytes; the views {}, packing {}, \
+            "pure: offline report of the whole seed: {} ({} bytes; the views, each pool \
+             datacenter packed as it is made, {}; the summary packed and all put together {}; \
              the page {})",
             ms(start.elapsed()),
             html.len(),

@@ -120,8 +120,11 @@ impl AddressCount {
 
     /// `floor(100 * self / whole)`, clamped to 100; 0 when `whole` is zero.
     pub fn percent_of(self, whole: Self) -> u8 {
-        if whole.is_zero() {
+        if whole.is_zero() || self.is_zero() {
             return 0;
+        }
+        if self >= whole {
+            return 100;
         }
         let scaled = self.saturating_mul_u64(100);
         // The answer lies in 0..=100: a binary search over `whole * q <= scaled` is exact.

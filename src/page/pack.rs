@@ -28,7 +28,9 @@ use serde_json::Value;
 pub struct Packer {
     shapes: Vec<Vec<String>>,
     /// Shape by its keys, each followed by a NUL (no key holds one).
-    ids: HashMap<String, usize>,
+    ids: QuickMap<String, usize>,
+    /// The length of the last unit written (room for the next).
+    last_unit: usize,
 }
 
 /// Why a value cannot be packed (what JSON cannot hold either: a float that is not finite,
@@ -56,36 +58,55 @@ impl Packer {
     pub fn unit<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<String, PackError> {
         let mut count = Walk {
             packer: self,
-            counts: Some(HashMap::new()),
-            refs: HashMap::new(),
+            counting: true,
+            ids: QuickMap::default(),
+            counts: Vec::new(),
+            order: Vec::new(),
+            next: 0,
+            refs: Vec::new(),
             out: String::new(),
             keys: String::new(),
         };
         value.serialize(&mut count)?;
-        let counts = count.counts.take().unwrap_or_default();
+        let Walk {
+            ids, counts, order, ..
+        } = count;
         // The most frequent strings get the shortest references; ties by text, so a unit
         // packs the same every time.
-        let mut repeated: Vec<(String, usize)> =
-            counts.into_iter().filter(|&(_, n)| n > 1).collect();
-        repeated.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut repeated: Vec<(String, u32)> = ids
+            .into_iter()
+            .filter(|&(_, id)| counts[id as usize] > 1)
+            .collect();
+        repeated.sort_unstable_by(|a, b| {
+            counts[b.1 as usize]
+                .cmp(&counts[a.1 as usize])
+                .then_with(|| a.0.cmp(&b.0))
+        });
         let mut table: Vec<String> = Vec::new();
-        let mut refs: HashMap<String, usize> = HashMap::new();
-        for (text, n) in repeated {
+        // By string id: its index in the table, 0 when it is written out.
+        let mut refs: Vec<usize> = vec![0; counts.len()];
+        for (text, id) in repeated {
+            let n = counts[id as usize] as usize;
             let index = table.len() + 1;
             // `[-i]` against the quoted text, each time, plus one entry in the table.
             let reference = digits(index) + 3;
             let literal = text.len() + 2;
             if n * literal > n * reference + literal + 1 {
-                table.push(text.clone());
-                refs.insert(text, index);
+                table.push(text);
+                refs[id as usize] = index;
             }
         }
-        let mut out = String::from("[");
+        let mut out = String::with_capacity(self.last_unit + self.last_unit / 4);
+        out.push('[');
         out.push_str(&serde_json::to_string(&table).map_err(|e| PackError(e.to_string()))?);
         out.push(',');
         let mut write = Walk {
             packer: self,
-            counts: None,
+            counting: false,
+            ids: QuickMap::default(),
+            counts: Vec::new(),
+            order,
+            next: 0,
             refs,
             out,
             keys: String::new(),
@@ -93,6 +114,7 @@ impl Packer {
         value.serialize(&mut write)?;
         let mut out = write.out;
         out.push(']');
+        self.last_unit = out.len();
         Ok(out)
     }
 
@@ -108,38 +130,59 @@ impl Packer {
     }
 }
 
-/// One walk over a value: counting its strings (`counts`), or writing it packed (`out`).
+/// One walk over a value: counting its strings (`counting`), or writing it packed (`out`).
 /// `keys` holds the keys of the objects being written, innermost last, each followed by a
-/// NUL.
+/// NUL. Both walks meet the strings in the same order (the value's own `Serialize`), so the
+/// writing walk finds each string's fate by its place in `order`, without hashing it again.
 struct Walk<'p> {
     packer: &'p mut Packer,
-    counts: Option<HashMap<String, usize>>,
-    refs: HashMap<String, usize>,
+    counting: bool,
+    /// Counting: each distinct string's id, and how often it occurs.
+    ids: QuickMap<String, u32>,
+    counts: Vec<u32>,
+    /// The id of every string met, in order; writing: the next one's place.
+    order: Vec<u32>,
+    next: usize,
+    /// Writing: by id, the string's index in the unit's table (0: written out).
+    refs: Vec<usize>,
     out: String,
     keys: String,
 }
 
 impl<'p> Walk<'p> {
-    fn string(&mut self, s: &str) {
-        if let Some(counts) = &mut self.counts {
-            match counts.get_mut(s) {
-                Some(n) => *n += 1,
+    fn string(&mut self, s: &str) -> Result<(), PackError> {
+        if self.counting {
+            let id = match self.ids.get(s) {
+                Some(&id) => id,
                 None => {
-                    counts.insert(s.to_string(), 1);
+                    let id = u32::try_from(self.counts.len())
+                        .map_err(|_| PackError("too many strings in one unit".into()))?;
+                    self.ids.insert(s.to_string(), id);
+                    self.counts.push(0);
+                    id
                 }
-            }
-            return;
+            };
+            self.counts[id as usize] += 1;
+            self.order.push(id);
+            return Ok(());
         }
-        match self.refs.get(s) {
-            Some(i) => {
-                let _ = write!(self.out, "[-{i}]");
-            }
-            None => escape(&mut self.out, s),
+        let reference = self
+            .order
+            .get(self.next)
+            .and_then(|&id| self.refs.get(id as usize))
+            .copied()
+            .ok_or_else(|| PackError("the value changed between its two walks".into()))?;
+        self.next += 1;
+        if reference > 0 {
+            let _ = write!(self.out, "[-{reference}]");
+        } else {
+            escape(&mut self.out, s);
         }
+        Ok(())
     }
 
     fn raw(&mut self, text: std::fmt::Arguments<'_>) {
-        if self.counts.is_none() {
+        if !self.counting {
             let _ = self.out.write_fmt(text);
         }
     }
@@ -147,7 +190,7 @@ impl<'p> Walk<'p> {
     fn open<'w>(&'w mut self, array: bool) -> Compound<'w, 'p> {
         let start = self.out.len();
         let keys = self.keys.len();
-        if self.counts.is_none() {
+        if !self.counting {
             self.out.push_str(if array { "[0" } else { "[" });
         }
         Compound {
@@ -163,19 +206,27 @@ impl<'p> Walk<'p> {
 /// JSON's string escaping (the page's own escaping for HTML comes after).
 fn escape(out: &mut String, s: &str) {
     out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if u32::from(c) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c => out.push(c),
+    // Runs that need no escape are copied whole.
+    let mut from = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let escaped = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0..0x20 => "",
+            _ => continue,
+        };
+        out.push_str(&s[from..i]);
+        if escaped.is_empty() {
+            let _ = write!(out, "\\u{b:04x}");
+        } else {
+            out.push_str(escaped);
         }
+        from = i + 1;
     }
+    out.push_str(&s[from..]);
     out.push('"');
 }
 
@@ -191,7 +242,7 @@ struct Compound<'w, 'p> {
 
 impl Compound<'_, '_> {
     fn value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), PackError> {
-        if self.walk.counts.is_none() && (!self.object || !self.first) {
+        if !self.walk.counting && (!self.object || !self.first) {
             self.walk.out.push(',');
         }
         self.first = false;
@@ -207,17 +258,28 @@ impl Compound<'_, '_> {
         if self.object {
             let k = self.walk.packer.shape_of(&self.walk.keys[self.keys..]);
             self.walk.keys.truncate(self.keys);
-            if self.walk.counts.is_none() {
+            if !self.walk.counting {
                 // The shape is known once every key is: it goes first.
-                let tag = if self.first {
-                    format!("{k}")
-                } else {
-                    format!("{k},")
-                };
-                self.walk.out.insert_str(self.start + 1, &tag);
+                let mut tag = [0u8; 24];
+                let mut at = tag.len();
+                if !self.first {
+                    at -= 1;
+                    tag[at] = b',';
+                }
+                let mut n = k;
+                loop {
+                    at -= 1;
+                    tag[at] = b'0' + (n % 10) as u8;
+                    n /= 10;
+                    if n == 0 {
+                        break;
+                    }
+                }
+                let tag = std::str::from_utf8(&tag[at..]).unwrap_or_default();
+                self.walk.out.insert_str(self.start + 1, tag);
             }
         }
-        if self.walk.counts.is_none() {
+        if !self.walk.counting {
             self.walk.out.push(']');
         }
         Ok(())
@@ -270,12 +332,10 @@ impl<'w, 'p> ser::Serializer for &'w mut Walk<'p> {
         Ok(())
     }
     fn serialize_char(self, v: char) -> Result<(), PackError> {
-        self.string(v.encode_utf8(&mut [0; 4]));
-        Ok(())
+        self.string(v.encode_utf8(&mut [0; 4]))
     }
     fn serialize_str(self, v: &str) -> Result<(), PackError> {
-        self.string(v);
-        Ok(())
+        self.string(v)
     }
     fn serialize_bytes(self, v: &[u8]) -> Result<(), PackError> {
         let mut seq = self.open(true);
@@ -303,8 +363,7 @@ impl<'w, 'p> ser::Serializer for &'w mut Walk<'p> {
         _: u32,
         variant: &'static str,
     ) -> Result<(), PackError> {
-        self.string(variant);
-        Ok(())
+        self.string(variant)
     }
     fn serialize_newtype_struct<T: Serialize + ?Sized>(
         self,
@@ -459,6 +518,62 @@ fn digits(n: usize) -> usize {
     n.to_string().len()
 }
 
+/// A quick hash for the report's tables: the report hashes every string it writes (twice)
+/// and the default hasher, built to resist chosen keys, was a tenth of its build time. The
+/// keys here are the report's own texts, and a worst case would only be slower.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QuickHash;
+
+impl std::hash::BuildHasher for QuickHash {
+    type Hasher = QuickHasher;
+    fn build_hasher(&self) -> QuickHasher {
+        QuickHasher(0)
+    }
+}
+
+/// Eight bytes at a time: rotate, mix the word in, multiply by an odd constant.
+#[derive(Clone, Copy, Debug)]
+pub struct QuickHasher(u64);
+
+impl QuickHasher {
+    fn word(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl std::hash::Hasher for QuickHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0; 8];
+            w.copy_from_slice(c);
+            self.word(u64::from_le_bytes(w));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut w = [0; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            self.word(u64::from_le_bytes(w));
+        }
+    }
+    fn write_u8(&mut self, n: u8) {
+        self.word(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.word(n);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.word(n as u64);
+    }
+    fn finish(&self) -> u64 {
+        // The high bits are the best mixed; the table reads the low ones.
+        self.0.rotate_left(26)
+    }
+}
+
+/// A map with [`QuickHash`].
+pub type QuickMap<K, V> = HashMap<K, V, QuickHash>;
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -480,7 +595,8 @@ mod tests {
                 {"cluster": "bravo", "pool": "metallb", "message": "x"}
             ],
             "empty": [], "nested": [[1, 2], [], [-1], [0]], "emptyObject": {},
-            "numbers": [-1, 0, 1.5], "short": ["a", "a", "a"]
+            "numbers": [-1, 0, 1.5], "short": ["a", "a", "a"],
+            "escaped": ["a \"quoted\" \\ back\nline\ttab\r\u{1}\u{1f}end", "é ü → 🙂 \"", "\n", ""]
         });
         let mut p = Packer::default();
         let unit = p.unit(&value).unwrap();

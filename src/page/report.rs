@@ -28,20 +28,21 @@
 //! holdings, exclusions and quarantine entries, and every name is written once per pool
 //! datacenter.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::address::{AddrRange, AddressCount};
+use crate::address::{AddrRange, AddressCount, Family};
 use crate::resources::IPAMPool;
 
 use super::lookup::{Match, Query, answer_in};
-use super::map::{AddressMap, address_map};
-use super::pack::{PackError, Packer};
+use super::map::{AddressMap, CellState, address_map};
+use super::pack::{PackError, Packer, QuickMap};
 use super::view::{
-    CellView, Detail, HolderView, MapView, PoolAttention, Summary, Totals, describe_match, detail,
-    match_view, notable_conditions, of_dc, pool_dcs_with, pool_summary,
+    CellView, Detail, HolderView, MapView, MatchView, PoolAttention, Summary, Totals,
+    describe_match, detail_frame, match_view, notable_conditions, of_dc, pool_dcs_with,
+    pool_summary,
 };
 use super::{Holding, Layout, PoolDc, Quarantine};
 
@@ -49,8 +50,7 @@ use super::{Holding, Layout, PoolDc, Quarantine};
 pub const REPORT_ZOOMS: usize = 16;
 
 /// Everything the offline report shows, for every pool.
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug)]
 pub struct Report {
     /// When the report was written (RFC 3339), as the caller says.
     pub generated_at: String,
@@ -58,8 +58,21 @@ pub struct Report {
     /// The suffix lists of the maps' cell bounds (see [`ReportMap`]): two per cell, its
     /// first and its last address.
     pub bounds: Vec<Vec<String>>,
-    /// `pool/datacenter` → what the page shows of it.
-    pub datacenters: BTreeMap<String, ReportDc>,
+    /// `pool/datacenter` → what the page shows of it ([`ReportDc`]), packed as soon as it
+    /// is made: the views of a whole seed at once would take several times the memory.
+    datacenters: BTreeMap<String, PackedDc>,
+    /// The packer of the pool datacenters (its shapes serve the summary too).
+    packer: Packer,
+    /// Why a pool datacenter could not be packed, if one could not.
+    failed: Option<PackError>,
+}
+
+/// A pool datacenter packed: its CIDRs' bounds as JSON text (for a search to unpack only
+/// the pool datacenters holding the address) and the unit of its [`ReportDc`].
+#[derive(Debug)]
+struct PackedDc {
+    cidrs: String,
+    unit: String,
 }
 
 /// A pool datacenter in the report.
@@ -137,88 +150,290 @@ pub struct ReportLookup {
     pub starts: Vec<String>,
     /// The answer of each piece: an index into `answers`.
     pub answer: Vec<usize>,
-    /// The fields every answer here has alike (the pool, the datacenter, …), written once.
-    pub common: Map<String, Value>,
-    /// Each answer as the lookup route gives it in `matches`, without `common`'s fields and
-    /// without `range` (it names the address asked; the page does not draw it); with
-    /// `message`, what the route's message says after the address. `holders` and
-    /// `quarantine` are indexes into the detail's holders followed by [`ReportLookup::holders`].
-    pub answers: Vec<Map<String, Value>>,
+    /// The fields every answer here has alike (the pool datacenter's own), written once;
+    /// `None` when there is no answer.
+    pub common: Option<AnswerCommon>,
+    /// Each answer as the lookup route gives it in `matches`, without `common`'s fields.
+    pub answers: Vec<ReportAnswer>,
     /// Rows the answers show that the detail's holders do not list.
     pub holders: Vec<HolderView>,
+}
+
+/// The fields of a lookup answer ([`MatchView`]) that name the pool datacenter: alike in
+/// all of its answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AnswerCommon {
+    pub pool: String,
+    pub datacenter: String,
+    pub pool_cidr: String,
+    #[serde(rename = "type")]
+    pub type_: String,
+}
+
+/// A lookup answer ([`MatchView`]) without [`AnswerCommon`]'s fields and without `range`
+/// (it names the address asked; the page does not draw it); with `message`, what the
+/// route's message says after the address. `holders` and `quarantine` are rows: indexes
+/// into the detail's holders followed by [`ReportLookup::holders`].
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReportAnswer {
+    pub cidrs: Vec<String>,
+    pub state: String,
+    pub allocated: String,
+    pub excluded: String,
+    pub quarantined: String,
+    pub free: String,
+    pub holders: Vec<usize>,
+    pub more: usize,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub quarantine: Vec<usize>,
+    pub message: String,
+}
+
+impl ReportAnswer {
+    /// The answer `view` with its rows as indexes (`row_of`). Every field is named, so that
+    /// a field added to [`MatchView`] cannot be left out of the report unnoticed.
+    fn split(
+        view: MatchView,
+        mut row_of: impl FnMut(HolderView) -> usize,
+    ) -> (AnswerCommon, ReportAnswer) {
+        let message = describe_match(&view);
+        let MatchView {
+            pool,
+            datacenter,
+            pool_cidr,
+            type_,
+            range: _,
+            cidrs,
+            state,
+            allocated,
+            excluded,
+            quarantined,
+            free,
+            holders,
+            more,
+            quarantine,
+        } = view;
+        let common = AnswerCommon {
+            pool,
+            datacenter,
+            pool_cidr,
+            type_,
+        };
+        let answer = ReportAnswer {
+            cidrs,
+            state,
+            allocated,
+            excluded,
+            quarantined,
+            free,
+            holders: holders.into_iter().map(&mut row_of).collect(),
+            more,
+            quarantine: quarantine.into_iter().map(&mut row_of).collect(),
+            message,
+        };
+        (common, answer)
+    }
 }
 
 /// Suffix lists of cell bounds, each written once.
 #[derive(Default)]
 struct BoundsTable {
     lists: Vec<Vec<String>>,
-    ids: HashMap<String, usize>,
+    /// The lists by a cheap fingerprint ([`BoundsTable::print`]); a match is then compared
+    /// in full.
+    by_print: QuickMap<(usize, usize, u64), Vec<usize>>,
+    /// The list of a map by its [`Tail`], when it has one.
+    by_tail: QuickMap<Tail, usize>,
+    /// The bounds of the map being written, one after the other, and where each ends.
+    text: String,
+    ends: Vec<usize>,
+}
+
+/// What the suffix list of a map follows from, for a map whose bounds all start with the
+/// same leading groups (IPv6, none of them zero) or octets (IPv4): the text of every bound is
+/// then those groups' text followed by a text that depends on the other bits alone. (IPv6
+/// text shortens the longest run of zero groups; with no zero group in front, every run is
+/// among the other bits. An IPv4-mapped address starts with zero groups.) So two maps with
+/// the same tail have the same suffixes, and the prefix of each is its first bound less the
+/// first suffix: `report_maps_with_one_tail_share_suffixes` holds that against writing
+/// every bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Tail {
+    family: Family,
+    /// Leading bits every bound shares (whole groups or octets).
+    shared: u32,
+    /// The other bits of the first and the last address, and the cell size.
+    first: u128,
+    last: u128,
+    step: u128,
+}
+
+impl Tail {
+    fn of(m: &AddressMap) -> Option<Tail> {
+        let (bits, unit) = match m.family {
+            Family::V4 => (32, 8),
+            Family::V6 => (128, 16),
+        };
+        let (first, last) = (m.first, m.last);
+        let mut shared = 0;
+        while shared + unit < bits {
+            let low = bits - shared - unit;
+            let group = first >> low;
+            if group != last >> low {
+                break;
+            }
+            if m.family == Family::V6 && group & 0xffff == 0 {
+                break;
+            }
+            shared += unit;
+        }
+        if shared == 0 {
+            return None;
+        }
+        let low = |v: u128| v & ((1u128 << (bits - shared)) - 1);
+        Some(Tail {
+            family: m.family,
+            shared,
+            first: low(first),
+            last: low(last),
+            step: m.step,
+        })
+    }
 }
 
 impl BoundsTable {
-    /// `cells` (bounds and the rest) as a [`ReportMap`] of `map` (whose cells are gone).
-    fn map(&mut self, mut map: MapView) -> ReportMap {
-        let cells = std::mem::take(&mut map.cells);
-        let mut bounds: Vec<String> = Vec::with_capacity(cells.len() * 2);
+    /// Map `m` drawn with `holdings` as a [`ReportMap`]; `map` is its [`MapView::frame`].
+    /// Each cell is what [`MapView::of`] makes of it: its bounds are written by the same
+    /// [`crate::address::Family::display`], straight into one text (or found by their
+    /// [`Tail`]), and its other fields by [`CellView::of`], once per run.
+    fn map(&mut self, m: &AddressMap, holdings: &[&Holding], map: MapView) -> ReportMap {
         let mut runs: Vec<usize> = Vec::new();
         let mut kinds: Vec<RunCell> = Vec::new();
-        for c in cells {
-            let (first, last, rest) = RunCell::split(c);
-            bounds.push(first);
-            bounds.push(last);
-            if let (Some(k), Some(n)) = (kinds.last(), runs.last_mut())
-                && *k == rest
-            {
-                *n += 1;
-            } else {
-                kinds.push(rest);
-                runs.push(1);
+        // What a cell's view is made of, its bounds aside (see `CellView::of`): cells alike
+        // in it are drawn alike.
+        let mut previous: Option<(CellState, u8, Option<&str>, usize)> = None;
+        for c in &m.cells {
+            let alike = (
+                c.state,
+                c.used_percent(),
+                c.holder
+                    .and_then(|i| holdings.get(i))
+                    .map(|h| h.cluster.as_str()),
+                c.holders,
+            );
+            match runs.last_mut() {
+                Some(n) if previous == Some(alike) => *n += 1,
+                _ => {
+                    let (_, _, rest) =
+                        RunCell::split(CellView::of(c, holdings, String::new(), String::new()));
+                    kinds.push(rest);
+                    runs.push(1);
+                    previous = Some(alike);
+                }
             }
         }
-        let prefix = common_prefix(&bounds).to_string();
-        let key = bounds
-            .iter()
-            .map(|b| &b[prefix.len()..])
-            .collect::<Vec<_>>()
-            .join(" ");
-        let next = self.lists.len();
-        let id = *self.ids.entry(key).or_insert(next);
-        if id == next {
-            self.lists.push(
-                bounds
-                    .iter()
-                    .map(|b| b[prefix.len()..].to_string())
-                    .collect(),
-            );
-        }
+        let (prefix, bounds) = self.bounds_of(m, true);
         ReportMap {
             map,
             prefix,
-            bounds: id,
+            bounds,
             runs,
             cells: kinds,
         }
     }
-}
 
-/// The longest text every one of `texts` starts with (cut at a character boundary).
-fn common_prefix(texts: &[String]) -> &str {
-    let Some(first) = texts.first() else {
-        return "";
-    };
-    let mut len = first.len();
-    for t in &texts[1..] {
-        len = first
-            .bytes()
-            .zip(t.bytes())
-            .take(len)
-            .take_while(|(a, b)| a == b)
-            .count();
+    /// The prefix and the suffix list (its index) of `m`'s cell bounds; `by_tail`: whether a
+    /// map with the same [`Tail`] may answer (otherwise every bound is written).
+    fn bounds_of(&mut self, m: &AddressMap, by_tail: bool) -> (String, usize) {
+        let tail = Tail::of(m).filter(|_| by_tail);
+        if let Some(id) = tail.and_then(|t| self.by_tail.get(&t).copied())
+            && let (Some(c), Some(suffix)) = (m.cells.first(), self.lists[id].first())
+        {
+            let mut first = String::new();
+            m.family.display(c.first).push_to(&mut first);
+            if let Some(prefix) = first.strip_suffix(suffix.as_str()) {
+                return (prefix.to_string(), id);
+            }
+        }
+        self.text.clear();
+        self.ends.clear();
+        for c in &m.cells {
+            m.family.display(c.first).push_to(&mut self.text);
+            self.ends.push(self.text.len());
+            m.family.display(c.last).push_to(&mut self.text);
+            self.ends.push(self.text.len());
+        }
+        let prefix = self.prefix_len();
+        let print = self.print(prefix);
+        let known = self.by_print.get(&print).and_then(|ids| {
+            ids.iter().copied().find(|&id| {
+                self.suffixes(prefix)
+                    .eq(self.lists[id].iter().map(String::as_str))
+            })
+        });
+        let id = known.unwrap_or_else(|| {
+            let id = self.lists.len();
+            self.lists
+                .push(self.suffixes(prefix).map(str::to_string).collect());
+            self.by_print.entry(print).or_default().push(id);
+            id
+        });
+        if let Some(t) = tail {
+            self.by_tail.insert(t, id);
+        }
+        (self.text[..prefix].to_string(), id)
     }
-    while !first.is_char_boundary(len) {
-        len -= 1;
+
+    /// The bounds written, in order.
+    fn bounds(&self) -> impl Iterator<Item = &str> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts
+            .zip(self.ends.iter().copied())
+            .map(|(a, b)| &self.text[a..b])
     }
-    &first[..len]
+
+    /// The bounds without their first `prefix` bytes.
+    fn suffixes(&self, prefix: usize) -> impl Iterator<Item = &str> {
+        self.bounds().map(move |b| &b[prefix..])
+    }
+
+    /// The length of the text every bound starts with (cut at a character boundary).
+    fn prefix_len(&self) -> usize {
+        let mut all = self.bounds();
+        let Some(first) = all.next() else {
+            return 0;
+        };
+        let mut len = first.len();
+        for b in all {
+            len = first
+                .bytes()
+                .zip(b.bytes())
+                .take(len)
+                .take_while(|(x, y)| x == y)
+                .count();
+        }
+        while !first.is_char_boundary(len) {
+            len -= 1;
+        }
+        len
+    }
+
+    /// A fingerprint of the suffix list: how many, their bytes, and a hash of the last two
+    /// (where lists of the same length part most often).
+    fn print(&self, prefix: usize) -> (usize, usize, u64) {
+        use std::hash::{Hash, Hasher};
+        let bytes = self.text.len() - self.ends.len() * prefix;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for s in self
+            .suffixes(prefix)
+            .skip(self.ends.len().saturating_sub(2))
+        {
+            s.hash(&mut h);
+        }
+        (self.ends.len(), bytes, h.finish())
+    }
 }
 
 /// Whether every address of `first..=last` is in one and the same segment, or free.
@@ -230,24 +445,23 @@ fn uniform(layout: &Layout, first: u128, last: u128) -> bool {
     }
 }
 
-/// The maps of one pool datacenter: `main` (the detail's, of `poolCidr`), every other
-/// CIDR's, and the zooms.
+/// The maps of one pool datacenter: `main` (the detail's, of `poolCidr`, with its
+/// [`MapView::frame`]), every other CIDR's, and the zooms.
 fn maps_of(
     layout: &Layout,
     holdings: &[&Holding],
-    main: MapView,
+    (main, frame): (AddressMap, MapView),
     table: &mut BoundsTable,
 ) -> Vec<ReportMap> {
-    let mut maps = vec![table.map(main)];
+    let mut maps = vec![table.map(&main, holdings, frame)];
     let mut queue: std::collections::VecDeque<AddressMap> = Default::default();
     let mut zooms = 0;
-    for (i, &(a, b)) in layout.cidrs.iter().enumerate() {
+    queue.push_back(main);
+    for &(a, b) in layout.cidrs.iter().skip(1) {
         let Ok(m) = address_map(layout, a, b) else {
             continue;
         };
-        if i > 0 {
-            maps.push(table.map(MapView::of(&m, holdings)));
-        }
+        maps.push(table.map(&m, holdings, MapView::frame(&m)));
         queue.push_back(m);
     }
     // Breadth first: a cell of a map drawn that holds more than one thing gets its own map.
@@ -262,7 +476,7 @@ fn maps_of(
             let Ok(z) = address_map(layout, c.first, c.last) else {
                 continue;
             };
-            maps.push(table.map(MapView::of(&z, holdings)));
+            maps.push(table.map(&z, holdings, MapView::frame(&z)));
             queue.push_back(z);
             zooms += 1;
         }
@@ -317,7 +531,7 @@ fn lookup_of(
     listed: &[HolderView],
 ) -> ReportLookup {
     let show = |v| layout.family.display(v).to_string();
-    let mut rows: HashMap<HolderView, usize> = HashMap::new();
+    let mut rows: QuickMap<HolderView, usize> = QuickMap::default();
     for (i, h) in listed.iter().enumerate() {
         rows.entry(h.clone()).or_insert(i);
     }
@@ -338,7 +552,7 @@ fn lookup_of(
             .collect(),
         starts: Vec::new(),
         answer: Vec::new(),
-        common: Map::new(),
+        common: None,
         answers: Vec::new(),
         holders: Vec::new(),
     };
@@ -352,7 +566,7 @@ fn lookup_of(
         Vec<usize>,
         [AddressCount; 4],
     );
-    let mut seen: HashMap<Said, usize> = HashMap::new();
+    let mut seen: QuickMap<Said, usize> = QuickMap::default();
     for &(a, b) in &by_address {
         for x in piece_starts(dc, holdings, layout, a, b) {
             let Some(r) = AddrRange::new(layout.family, x, x) else {
@@ -393,40 +607,14 @@ fn lookup_of(
             let next = out.answers.len();
             let index = *seen.entry(said).or_insert(next);
             if index == next {
-                let mut view = match_view(&m);
-                let message = describe_match(&view);
-                let holders: Vec<usize> = std::mem::take(&mut view.holders)
-                    .into_iter()
-                    .map(&mut row_of)
-                    .collect();
-                let quarantine: Vec<usize> = std::mem::take(&mut view.quarantine)
-                    .into_iter()
-                    .map(&mut row_of)
-                    .collect();
-                let Ok(Value::Object(mut answer)) = serde_json::to_value(&view) else {
-                    continue;
-                };
-                answer.remove("range");
-                answer.insert("holders".into(), Value::from(holders));
-                if !quarantine.is_empty() {
-                    answer.insert("quarantine".into(), Value::from(quarantine));
-                }
-                answer.insert("message".into(), Value::String(message));
+                let (common, answer) = ReportAnswer::split(match_view(&m), &mut row_of);
+                // Every answer here is of `dc`: its own fields are alike in all of them.
+                debug_assert!(out.common.as_ref().is_none_or(|c| *c == common));
+                out.common.get_or_insert(common);
                 out.answers.push(answer);
             }
             out.starts.push(show(x));
             out.answer.push(index);
-        }
-    }
-    // Fields alike in every answer, written once.
-    if let Some(first) = out.answers.first() {
-        out.common = first
-            .iter()
-            .filter(|(k, v)| out.answers.iter().all(|a| a.get(*k) == Some(*v)))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        for a in &mut out.answers {
-            a.retain(|k, _| !out.common.contains_key(k));
         }
     }
     out.holders = extra;
@@ -450,6 +638,8 @@ pub fn report(
     sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let mut table = BoundsTable::default();
     let mut datacenters = BTreeMap::new();
+    let mut packer = Packer::default();
+    let mut failed = None;
     let mut summaries = Vec::new();
     let mut attention = Vec::new();
     let mut attention_pools = Vec::new();
@@ -469,7 +659,8 @@ pub fn report(
         for dc in dcs {
             dc_count += 1;
             let here = of_dc(mine, &dc.datacenter);
-            let Ok((mut detail, layout)) = detail(&dc, &here, None, conditions.clone()) else {
+            let Ok((detail, layout, main)) = detail_frame(&dc, &here, None, conditions.clone())
+            else {
                 continue;
             };
             attention.extend(
@@ -479,20 +670,22 @@ pub fn report(
                     .filter(|h| h.attention.is_some())
                     .cloned(),
             );
-            let main = MapView {
-                cells: std::mem::take(&mut detail.map.cells),
-                ..detail.map.clone()
-            };
-            let maps = maps_of(&layout, &here, main, &mut table);
+            let maps = maps_of(&layout, &here, (main, detail.map.clone()), &mut table);
             let lookup = lookup_of(&dc, &here, &layout, &detail.holders);
-            datacenters.insert(
-                format!("{}/{}", dc.pool, dc.datacenter),
-                ReportDc {
-                    detail,
-                    maps,
-                    lookup,
-                },
-            );
+            let packed = ReportDc {
+                detail,
+                maps,
+                lookup,
+            }
+            .pack(&mut packer);
+            match packed {
+                Ok(packed) => {
+                    datacenters.insert(format!("{}/{}", dc.pool, dc.datacenter), packed);
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
         }
     }
     // Holdings of pools that are not in the input (kept in the state): still shown as
@@ -526,6 +719,17 @@ pub fn report(
         },
         bounds: table.lists,
         datacenters,
+        packer,
+        failed,
+    }
+}
+
+impl ReportDc {
+    fn pack(&self, packer: &mut Packer) -> Result<PackedDc, PackError> {
+        Ok(PackedDc {
+            cidrs: json(&self.lookup.cidrs)?,
+            unit: packer.unit(self)?,
+        })
     }
 }
 
@@ -533,20 +737,30 @@ impl Report {
     /// The report as the page's script reads it, as JSON text: the summary and each pool
     /// datacenter packed ([`super::pack`]), each pool datacenter with its CIDRs' bounds
     /// beside it (so that a search unpacks only the pool datacenters holding the address).
-    pub fn packed(&self) -> Result<String, PackError> {
-        let mut packer = Packer::default();
-        let summary = packer.unit(&self.summary)?;
-        let mut out = String::with_capacity(1 << 20);
+    pub fn packed(mut self) -> Result<String, PackError> {
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        let summary = self.packer.unit(&self.summary)?;
+        let size: usize = self
+            .datacenters
+            .iter()
+            .map(|(k, d)| k.len() + d.cidrs.len() + d.unit.len() + 24)
+            .sum();
+        let mut out = String::with_capacity(size + summary.len() + (1 << 16));
         out.push_str("{\"datacenters\":{");
-        for (i, (key, dc)) in self.datacenters.iter().enumerate() {
+        for (i, (key, dc)) in std::mem::take(&mut self.datacenters)
+            .into_iter()
+            .enumerate()
+        {
             if i > 0 {
                 out.push(',');
             }
-            out.push_str(&json(key)?);
+            out.push_str(&json(&key)?);
             out.push_str(":{\"cidrs\":");
-            out.push_str(&json(&dc.lookup.cidrs)?);
+            out.push_str(&dc.cidrs);
             out.push_str(",\"unit\":");
-            out.push_str(&packer.unit(dc)?);
+            out.push_str(&dc.unit);
             out.push('}');
         }
         out.push_str("},\"generatedAt\":");
@@ -556,7 +770,7 @@ impl Report {
         out.push_str(",\"summary\":");
         out.push_str(&summary);
         out.push_str(",\"shapes\":");
-        out.push_str(&json(&packer.shapes())?);
+        out.push_str(&json(self.packer.shapes())?);
         out.push('}');
         Ok(out)
     }
@@ -669,4 +883,110 @@ fn cells_of(m: &Value, bounds: &[Vec<String>]) -> Result<Value, String> {
     let mut map = m["map"].clone();
     map["cells"] = Value::Array(cells);
     Ok(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::page::map::{CELLS, Cell};
+
+    /// The map of `first..=last` with every cell free (the bounds are all that matters here).
+    fn bare(family: Family, first: u128, last: u128) -> AddressMap {
+        let step = (last - first) / CELLS + 1;
+        let count = ((last - first) / step + 1) as usize;
+        let cells = (0..count)
+            .map(|i| {
+                let a = first + step * i as u128;
+                Cell {
+                    first: a,
+                    last: a.saturating_add(step - 1).min(last),
+                    state: CellState::Free,
+                    held: AddressCount::ZERO,
+                    excluded: AddressCount::ZERO,
+                    quarantined: AddressCount::ZERO,
+                    holder: None,
+                    holders: 0,
+                }
+            })
+            .collect();
+        AddressMap {
+            family,
+            first,
+            last,
+            step,
+            cells,
+        }
+    }
+
+    #[test]
+    fn report_maps_with_one_tail_share_suffixes() {
+        let v6 = |text: &str| -> u128 { text.parse::<std::net::Ipv6Addr>().unwrap().into() };
+        let mut maps = Vec::new();
+        for k in 0..200u128 {
+            // IPv4 /24s, /16s and odd slices; IPv6 /48s, their /56 zooms, and their /64s.
+            let a = 0x0a00_0000 + (k << 8);
+            maps.push(bare(Family::V4, a, a + 255));
+            maps.push(bare(Family::V4, a + 7, a + 7 + 99 + k % 3));
+            maps.push(bare(
+                Family::V4,
+                (k << 16) & 0xffff_0000,
+                (k << 16) | 0xffff,
+            ));
+            let p = (0x2001_0db8u128 << 96) | (k << 80);
+            maps.push(bare(Family::V6, p, p + (1 << 80) - 1));
+            maps.push(bare(Family::V6, p, p + (1 << 72) - 1));
+            maps.push(bare(
+                Family::V6,
+                p + (k << 64),
+                p + (k << 64) + (1 << 64) - 1,
+            ));
+            // Zero groups in front and amid, runs reaching into the shared groups, and the
+            // IPv4-mapped range.
+            let z = (k % 7) << 112 | (k % 5) << 96 | (k % 3) << 80;
+            maps.push(bare(Family::V6, z, z + (1 << 72) - 1));
+            maps.push(bare(
+                Family::V6,
+                z | 0xffff << 32,
+                z | 0xffff << 32 | 0xffff_ffff,
+            ));
+        }
+        maps.push(bare(Family::V6, v6("::ffff:0:0"), v6("::ffff:ffff:ffff")));
+        maps.push(bare(
+            Family::V6,
+            v6("1:0:0:1::"),
+            v6("1:0:0:1:ffff:ffff:ffff:ffff"),
+        ));
+        maps.push(bare(
+            Family::V6,
+            v6("1:2:0:0:1::"),
+            v6("1:2:0:0:1:0:ffff:ffff"),
+        ));
+        maps.push(bare(Family::V6, 0, u128::MAX));
+        let (mut quick, mut plain) = (BoundsTable::default(), BoundsTable::default());
+        let mut found = 0;
+        for m in &maps {
+            let known = Tail::of(m).is_some_and(|t| quick.by_tail.contains_key(&t));
+            let (a, i) = quick.bounds_of(m, true);
+            let (b, j) = plain.bounds_of(m, false);
+            let texts = |prefix: &str, list: &[String]| -> Vec<String> {
+                list.iter().map(|s| format!("{prefix}{s}")).collect()
+            };
+            let written: Vec<String> = m
+                .cells
+                .iter()
+                .flat_map(|c| [c.first, c.last])
+                .map(|v| m.family.display(v).to_string())
+                .collect();
+            assert_eq!(texts(&b, &plain.lists[j]), written, "{}", written[0]);
+            assert_eq!(
+                (&a, &quick.lists[i]),
+                (&b, &plain.lists[j]),
+                "{}",
+                written[0]
+            );
+            found += usize::from(known);
+        }
+        assert!(found > 1000, "{found} maps found by their tail");
+        assert!(quick.lists.len() < 100, "{} lists", quick.lists.len());
+    }
 }

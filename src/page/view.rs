@@ -8,7 +8,7 @@ use crate::address::{AddressCount, Family};
 use crate::resources::IPAMPool;
 
 use super::lookup::{Match, Query};
-use super::map::{AddressMap, SliceError, address_map};
+use super::map::{AddressMap, Cell, SliceError, address_map};
 use super::{Holding, Layout, PoolDc, Quarantine, Usage, pool_dcs};
 
 /// A pool datacenter's figures.
@@ -340,28 +340,45 @@ pub struct MapView {
     pub cells: Vec<CellView>,
 }
 
+impl CellView {
+    /// Cell `c` of a map drawn with `holdings`, its bounds written as `first` and `last`
+    /// (the offline report writes them its own compact way, and passes empty texts).
+    pub fn of(c: &Cell, holdings: &[&Holding], first: String, last: String) -> CellView {
+        CellView {
+            first,
+            last,
+            state: c.state.as_str().to_string(),
+            used_percent: c.used_percent(),
+            holder: c
+                .holder
+                .and_then(|i| holdings.get(i))
+                .map(|h| h.cluster.clone()),
+            holders: c.holders,
+        }
+    }
+}
+
 impl MapView {
     pub fn of(map: &AddressMap, holdings: &[&Holding]) -> MapView {
+        let show = |v| map.family.display(v).to_string();
+        MapView {
+            cells: map
+                .cells
+                .iter()
+                .map(|c| CellView::of(c, holdings, show(c.first), show(c.last)))
+                .collect(),
+            ..MapView::frame(map)
+        }
+    }
+
+    /// The map without its cells.
+    pub fn frame(map: &AddressMap) -> MapView {
         let show = |v| map.family.display(v).to_string();
         MapView {
             first: show(map.first),
             last: show(map.last),
             cell_size: AddressCount::from_u128(map.step).to_string(),
-            cells: map
-                .cells
-                .iter()
-                .map(|c| CellView {
-                    first: show(c.first),
-                    last: show(c.last),
-                    state: c.state.as_str().to_string(),
-                    used_percent: c.used_percent(),
-                    holder: c
-                        .holder
-                        .and_then(|i| holdings.get(i))
-                        .map(|h| h.cluster.clone()),
-                    holders: c.holders,
-                })
-                .collect(),
+            cells: Vec::new(),
         }
     }
 }
@@ -425,6 +442,19 @@ pub fn detail(
     slice: Option<(u128, u128)>,
     conditions: Vec<ConditionView>,
 ) -> Result<(Detail, Layout), DetailError> {
+    let (mut detail, layout, map) = detail_frame(dc, holdings, slice, conditions)?;
+    detail.map = MapView::of(&map, holdings);
+    Ok((detail, layout))
+}
+
+/// [`detail`] with the map's cells left out ([`MapView::frame`]), and the map itself: the
+/// offline report writes the cells its own compact way.
+pub fn detail_frame(
+    dc: &PoolDc,
+    holdings: &[&Holding],
+    slice: Option<(u128, u128)>,
+    conditions: Vec<ConditionView>,
+) -> Result<(Detail, Layout, AddressMap), DetailError> {
     let layout =
         Layout::build(dc, holdings).ok_or_else(|| DetailError::NoCidr(dc.problems.join("; ")))?;
     let (first, last) = slice.unwrap_or(layout.cidrs[0]);
@@ -486,7 +516,7 @@ pub fn detail(
                 }
             })
             .collect(),
-        map: MapView::of(&map, holdings),
+        map: MapView::frame(&map),
         holders: holders
             .into_iter()
             .take(MAX_HOLDERS)
@@ -494,7 +524,7 @@ pub fn detail(
             .collect(),
         holders_total: total,
     };
-    Ok((detail, layout))
+    Ok((detail, layout, map))
 }
 
 /// A slice of a pool, parsed from its two addresses (`from`, `to`).
