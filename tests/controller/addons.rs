@@ -159,10 +159,21 @@ async fn addons_reach_user_clusters_and_stay_there() {
     register(&seed, "nocrd", "dc-1", &no_crds.kubeconfig_yaml()).await;
     register(&seed, "down", "dc-1", &down).await;
 
-    // Each reachable user cluster holds exactly its allocations.
-    seed.wait_for("single and dual in sync", WAIT, "ctl", |s| {
-        in_sync(s, "single") && in_sync(s, "dual")
-    })
+    // Each reachable user cluster holds exactly its allocations. A cluster's allocations of
+    // two pools are written as their own records' commits land, so the applier may first sync
+    // "dual" with one of them (in sync with what exists then): wait for both to be held too.
+    seed.wait_for(
+        "single and dual in sync with all they hold",
+        WAIT,
+        "ctl",
+        |s| {
+            in_sync(s, "single")
+                && in_sync(s, "dual")
+                && !held_entries(s, "dual", "metallb-ipv4").is_empty()
+                && !held_entries(s, "dual", "metallb-ipv6").is_empty()
+                && pool_addresses(&dual, "kipam-managed-pool-dualstack").is_some()
+        },
+    )
     .await;
     let expected = held_entries(&seed, "single", "metallb");
     assert_eq!(expected.len(), 1, "{expected:?}");
