@@ -21,7 +21,6 @@ mod fast;
 mod growth;
 mod inputs;
 mod lifecycle;
-mod pipeline;
 mod report;
 mod scope;
 mod statuses;
@@ -51,7 +50,7 @@ use report::{cluster_reference, due, is_conflict, is_not_found, publish, write_s
 pub use crate::resources::{CLUSTER_FINALIZER, POOL_FINALIZER};
 
 /// Writes a pass sends at once unless `--write-concurrency` says otherwise.
-pub const DEFAULT_WRITE_CONCURRENCY: usize = 64;
+pub const DEFAULT_WRITE_CONCURRENCY: usize = 16;
 
 /// What a pass asks of the loop.
 #[derive(Debug, Default)]
@@ -189,6 +188,9 @@ async fn full(
 
     let mut view = View::read(ctx, state).await;
     steps.done("snapshot");
+    let finalized =
+        lifecycle::add_finalizers(ctx, &view.pools, &view.clusters, limit, &mut outcome).await;
+    steps.done("finalizers");
 
     let gathered = gather(ctx, state, &mut view).await?;
     let ledger_changed = std::mem::take(&mut view.ledger_changed);
@@ -209,6 +211,8 @@ async fn full(
     state.metrics.observe_plan(&planned.plan);
     steps.done("plan");
 
+    // Namespaces first: allocations live in them.
+    lifecycle::ensure_namespaces(ctx, &view.clusters, &view.namespaces, limit, &mut outcome).await;
     let mut writes = Writes::new(
         &view.stored_objects,
         &planned.inputs.pools,
@@ -220,71 +224,45 @@ async fn full(
     for (record, holders) in claims::to_create(&planned.plan, &gathered.claims) {
         jobs.to_write.entry(record).or_default().extend(holders);
     }
-    let chains = chains_of(&view, &planned, &jobs.pending);
     steps.done("jobs");
 
-    // The record commits (the fence: one compare-and-swap per pool datacenter that is to get
-    // objects written) run beside every cluster's chain of writes — finalizer and namespace,
-    // then allocations once their commit landed, then status — all sharing the pass's write
-    // slots (`pipeline`).
-    let slots = pipeline::Slots::new(limit);
-    let landing = pipeline::Landing::new();
-    let of_holder = pipeline::by_holder(&planned.plan.decisions);
-    let demand = ctx.demand.states();
-    let build = |d: &planner::Decision| writes.build(d);
-    let metrics = state.metrics.clone();
-    let env = pipeline::Env {
+    // The fence: one compare-and-swap per pool datacenter that is to get objects written.
+    let committed = commit::commit_records(
+        ctx,
+        &view.pools,
+        &planned.inputs.pools,
+        &planned.scope,
+        &planned.plan,
+        &view.stored_objects,
+        &view.records,
+        &jobs.to_write,
+        &gathered.hand_made,
+        limit,
+        &mut state.retry_pools,
+        &mut outcome,
+    )
+    .await;
+    steps.done("records");
+
+    let allowed = admit(
+        ctx,
+        state,
+        &planned.plan,
+        jobs.pending,
+        &committed,
+        &mut outcome,
+    );
+    let written = write_allocations(
         ctx,
         term,
-        metrics: &metrics,
-        slots: &slots,
-        landing: &landing,
-        decisions: &planned.plan.decisions,
-        of_holder: &of_holder,
-        build: &build,
-        errors: &gathered.cluster_errors,
-        demand: &demand,
-        now: &view.now,
-    };
-    let mut retry_pools = BTreeSet::new();
-    let (mut commit_outcome, mut pool_outcome) = (PassOutcome::default(), PassOutcome::default());
-    let (committed, done, _) = tokio::join!(
-        async {
-            let committed = commit::commit_records(
-                ctx,
-                &view.pools,
-                &planned.inputs.pools,
-                &planned.scope,
-                &planned.plan,
-                &view.stored_objects,
-                &view.records,
-                &jobs.to_write,
-                &gathered.hand_made,
-                limit,
-                &mut retry_pools,
-                &mut commit_outcome,
-                &landing,
-            )
-            .await;
-            landing.over();
-            committed
-        },
-        pipeline::run(&env, chains, 2 * limit),
-        lifecycle::add_finalizers(ctx, &view.pools, &[], limit, &mut pool_outcome),
-    );
-    for o in [commit_outcome, pool_outcome, done.outcome] {
-        outcome.writes += o.writes;
-        outcome.again |= o.again;
-    }
-    state.retry_pools.extend(retry_pools);
-    state.retry_pools.extend(done.retry_pools);
-    state.retry_clusters.extend(done.retry_clusters);
-    // Re-read once every write is over.
-    for key in &done.stale {
-        allocations::refresh(ctx, key).await;
-    }
-    steps.done("clusters");
-
+        state,
+        &writes,
+        &planned.plan,
+        allowed,
+        &mut outcome,
+    )
+    .await;
+    steps.done("allocations");
     claims::write(
         ctx,
         term,
@@ -300,14 +278,25 @@ async fn full(
     .await;
     steps.done("claims");
 
-    let mut notes = done.notes;
+    let mut notes = written.notes;
     growth::report_refusals(ctx, state, &grown, &mut notes);
     if let Some(due) = grown.next_due {
         outcome.status_after = Some(outcome.status_after.map_or(due, |s| s.min(due)));
     }
     allocations::publish_cluster_events(ctx, notes, &view.uids(), limit).await;
     lifecycle::release_finalizers(ctx, &view.pools, &view.clusters, &mut outcome).await;
-    steps.done("events");
+    write_cluster_statuses(
+        ctx,
+        state,
+        &view,
+        &finalized,
+        &planned,
+        &gathered.cluster_errors,
+        &written.failures,
+        &mut outcome,
+    )
+    .await;
+    steps.done("cluster status");
     // Counted here, over every claim's `IPAddress`, and kept for the short passes' pool
     // statuses: they write no `IPAddress` that changes the count (a pool's network edit or an
     // `IPAddress` deleted brings a full pass), and a walk over thousands of objects once a
@@ -621,28 +610,158 @@ impl<'a> Writes<'a> {
     }
 }
 
-/// Step "jobs", per cluster: what each cluster's chain writes — its finalizer and namespace
-/// where missing, the objects of its decisions in `pending`, and its status where the plan
-/// covers it — in name order; holders gone from the cache get a chain for their releases.
-fn chains_of(view: &View, planned: &Planned, pending: &[(usize, bool)]) -> Vec<pipeline::Chain> {
-    let mut chains: BTreeMap<String, pipeline::Chain> = BTreeMap::new();
-    for c in &view.clusters {
-        let name = c.name_any();
-        let mut chain = pipeline::Chain::of(name.clone(), Some(c.clone()));
-        chain.finalize = lifecycle::needs_finalizer(c);
-        chain.namespace = lifecycle::needs_namespace(c, |ns| view.namespaces.contains(ns));
-        chain.status = planned.scope.covers_cluster(&name);
-        chains.insert(name, chain);
+/// The jobs that may be written now: those the fence covers only where their pool record was
+/// committed, and none whose object waits out a backoff.
+fn admit(
+    ctx: &Context,
+    state: &mut PassState,
+    plan: &planner::Plan,
+    pending: Vec<(usize, bool)>,
+    committed: &HashSet<RecordKey>,
+    outcome: &mut PassOutcome,
+) -> Vec<usize> {
+    let mut allowed = Vec::new();
+    for (i, fenced) in pending {
+        let d = &plan.decisions[i];
+        let record = (d.pool.clone(), d.datacenter.clone());
+        if fenced && !committed.contains(&record) {
+            outcome.again = true;
+            state.retry_pools.insert(d.pool.clone());
+            continue;
+        }
+        let name = format!("{}/{}", cluster_namespace(&d.cluster), d.pool);
+        if !due(ctx, "IPAMAllocation", &name) {
+            outcome.again = true;
+            state.retry_pools.insert(d.pool.clone());
+            continue;
+        }
+        allowed.push(i);
     }
-    for &(i, _) in pending {
-        let holder = &planned.plan.decisions[i].cluster;
-        chains
-            .entry(holder.clone())
-            .or_insert_with(|| pipeline::Chain::of(holder.clone(), None))
-            .jobs
-            .push(i);
+    allowed
+}
+
+/// What the allocation writes left to report: events by cluster, and the writes that failed.
+struct Written {
+    notes: BTreeMap<String, Vec<allocations::ClusterNote>>,
+    failures: HashMap<String, Vec<String>>,
+}
+
+/// Step "allocations": the writes, in parallel; each result goes into the ledger at once and
+/// is taken as it comes instead of being collected (a burst pass may write 100,000 objects).
+async fn write_allocations(
+    ctx: &Arc<Context>,
+    term: u64,
+    state: &mut PassState,
+    writes: &Writes<'_>,
+    plan: &planner::Plan,
+    allowed: Vec<usize>,
+    outcome: &mut PassOutcome,
+) -> Written {
+    let limit = state.write_concurrency;
+    let metrics = &*state.metrics.clone();
+    let decisions = &plan.decisions;
+    let mut results = futures::stream::iter(
+        allowed
+            .into_iter()
+            .filter_map(|i| writes.build(&decisions[i])),
+    )
+    .map(|job| write_one(ctx, metrics, term, job))
+    .buffer_unordered(limit);
+    let mut written = Written {
+        notes: BTreeMap::new(),
+        failures: HashMap::new(),
+    };
+    let mut stale: Vec<Key> = Vec::new();
+    while let Some((job, result)) = results.next().await {
+        match result {
+            Ok(done) => {
+                outcome.writes += done.writes;
+                write_succeeded(ctx, "IPAMAllocation", &job.name);
+                if job.release {
+                    // A release: the next pass trims the pool record once no object shows
+                    // the addresses any more.
+                    state.retry_pools.insert(job.pool.clone());
+                    outcome.again = true;
+                }
+                if let Some(note) = job.note {
+                    written
+                        .notes
+                        .entry(job.cluster.clone())
+                        .or_default()
+                        .push(note);
+                }
+            }
+            Err(e) if is_conflict(&e) || is_not_found(&e) => {
+                tracing::info!(cluster = %job.cluster, pool = %job.pool, datacenter = %job.datacenter, error = %crate::seed::preconditions::short(&e), "stale view of an allocation; re-reading");
+                ctx.metrics
+                    .write_failed("IPAMAllocation", preconditions::reason(&e));
+                stale.push(job.key);
+                state.retry_pools.insert(job.pool.clone());
+                outcome.again = true;
+            }
+            Err(e) => {
+                let message = write_failed(ctx, "IPAMAllocation", &job.name, job.verb, &e);
+                state.retry_pools.insert(job.pool.clone());
+                outcome.again = true;
+                let note = format!("IPAMAllocation {}: {message}", job.name);
+                written.notes.entry(job.cluster.clone()).or_default().push(
+                    allocations::ClusterNote {
+                        warning: true,
+                        reason: "WriteFailed".into(),
+                        note: note.clone(),
+                    },
+                );
+                written
+                    .failures
+                    .entry(job.cluster.clone())
+                    .or_default()
+                    .push(note);
+            }
+        }
     }
-    chains.into_values().filter(|c| c.has_work()).collect()
+    drop(results);
+    // Re-read once every write is over, as before any result was taken one by one.
+    for key in &stale {
+        allocations::refresh(ctx, key).await;
+    }
+    written
+}
+
+/// Step "cluster status": the statuses of the clusters the plan covered, and of those whose
+/// writes failed.
+#[allow(clippy::too_many_arguments)]
+async fn write_cluster_statuses(
+    ctx: &Arc<Context>,
+    state: &mut PassState,
+    view: &View,
+    finalized: &HashMap<String, String>,
+    planned: &Planned,
+    cluster_errors: &HashMap<String, Vec<crate::validation::FieldError>>,
+    write_failures: &HashMap<String, Vec<String>>,
+    outcome: &mut PassOutcome,
+) {
+    let checked: Vec<Arc<Cluster>> = view
+        .clusters
+        .iter()
+        .filter(|c| {
+            let name = c.name_any();
+            planned.scope.covers_cluster(&name) || write_failures.contains_key(&name)
+        })
+        .cloned()
+        .collect();
+    let unwritten = statuses::write_cluster_status(
+        ctx,
+        &checked,
+        finalized,
+        &planned.plan.decisions,
+        cluster_errors,
+        write_failures,
+        &view.now,
+        state.write_concurrency,
+        outcome,
+    )
+    .await;
+    state.retry_clusters.extend(unwritten);
 }
 
 /// The end of every pass: whether to run again soon, and when a held-back write is due.
