@@ -884,9 +884,19 @@ async fn drift_is_repaired_within_seconds_without_waiting_for_the_resync() {
     seed.apply(POOLS);
     register(&seed, "drift", "dc-1", &user.kubeconfig_yaml()).await;
     register(&seed, "nowatch", "dc-1", &nowatch.kubeconfig_yaml()).await;
-    seed.wait_for("both clusters in sync", WAIT, "ctl", |s| {
-        in_sync(s, "drift") && in_sync(s, "nowatch")
-    })
+    // In sync with its allocation: a first sync may run before the allocation exists (and be
+    // in sync with that), so wait for the allocation to be held too.
+    seed.wait_for(
+        "both clusters in sync with their allocations",
+        WAIT,
+        "ctl",
+        |s| {
+            in_sync(s, "drift")
+                && in_sync(s, "nowatch")
+                && !held_entries(s, "drift", "metallb").is_empty()
+                && pool_addresses(&user, "kipam-managed-pool").is_some()
+        },
+    )
     .await;
     let held = held_entries(&seed, "drift", "metallb");
     assert_eq!(
