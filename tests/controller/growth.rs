@@ -32,7 +32,11 @@ spec:
 ";
 
 async fn user_cluster() -> ApiServer {
-    let api = ApiServer::start().await.expect("user cluster starts");
+    prepare(ApiServer::start().await.expect("user cluster starts"))
+}
+
+/// A user cluster's namespaces and MetalLB's CRDs.
+fn prepare(api: ApiServer) -> ApiServer {
     for ns in ["metallb-system", "default"] {
         let _ = api.apply(&json!({"apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": ns}}));
@@ -349,14 +353,11 @@ async fn an_unreachable_user_cluster_is_said_and_grows_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_cluster_is_served_over_one_connection() {
     let seed = Seed::start("one-connection").await;
-    let user = ApiServer::start_tls()
-        .await
-        .expect("user cluster starts over TLS");
-    for ns in ["metallb-system", "default"] {
-        let _ = user.apply(&json!({"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": ns}}));
-    }
-    user.apply_yaml(METALLB_CRDS).expect("MetalLB CRDs");
+    let user = prepare(
+        ApiServer::start_tls()
+            .await
+            .expect("user cluster starts over TLS"),
+    );
     let connections = user
         .connections()
         .expect("a TLS stand-in counts connections");
