@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::resources::AdoptMode;
 use crate::resources::PoolGrowth;
 use crate::resources::PoolNetwork;
 use crate::resources::capi::IPAddress;
@@ -73,6 +74,10 @@ pub struct DatacenterBody {
     /// `range` pools: demand-driven growth (increment, max, shrinkAfter).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub growth: Option<Growth>,
+    /// Take over this datacenter's user clusters that already run MetalLB: `DryRun`,
+    /// `Adopt` or `Off` (a Cluster's own `spec.adopt` wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopt: Option<AdoptMode>,
 }
 
 /// Demand-driven growth of a range pool datacenter, as written and as answered; the rules
@@ -198,6 +203,9 @@ pub struct DatacenterView {
     /// Demand-driven growth; absent when the pool datacenter does not grow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub growth: Option<Growth>,
+    /// Takeover of user clusters that already run MetalLB; absent when not set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopt: Option<AdoptMode>,
 }
 
 /// Usage of a pool in one datacenter. Address counts are exact decimal strings (an IPv6
@@ -317,6 +325,7 @@ impl PoolView {
                     additional_cidrs: s.additional_cidrs.clone(),
                     reuse_after: s.reuse_after.clone(),
                     growth: s.growth.as_ref().map(Growth::of),
+                    adopt: s.adopt,
                 };
                 (dc.clone(), view)
             })
@@ -387,7 +396,7 @@ impl Serialize for DatacenterRef<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let s = self.settings;
-        let mut out = serializer.serialize_struct("DatacenterView", 10)?;
+        let mut out = serializer.serialize_struct("DatacenterView", 11)?;
         out.serialize_field("type", &s.type_)?;
         out.serialize_field("poolCidr", &s.pool_cidr)?;
         if let Some(r) = s.allocation_range {
@@ -419,6 +428,9 @@ impl Serialize for DatacenterRef<'_> {
         // `PoolGrowth` serialises exactly as the model's `Growth`.
         if let Some(g) = &s.growth {
             out.serialize_field("growth", g)?;
+        }
+        if let Some(a) = &s.adopt {
+            out.serialize_field("adopt", a)?;
         }
         out.end()
     }
@@ -472,6 +484,7 @@ impl PoolBody {
                         .then(|| s.additional_cidrs.clone()),
                     reuse_after: s.reuse_after.clone(),
                     growth: s.growth.as_ref().map(Growth::of),
+                    adopt: s.adopt,
                 };
                 (dc.clone(), body)
             })
@@ -504,6 +517,7 @@ impl PoolBody {
                         additional_cidrs: b.additional_cidrs.clone().unwrap_or_default(),
                         reuse_after: b.reuse_after.clone(),
                         growth: b.growth.as_ref().map(Growth::growth),
+                        adopt: b.adopt,
                     };
                     (dc.clone(), settings)
                 })

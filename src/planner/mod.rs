@@ -17,6 +17,7 @@
 //! own allocator.
 
 mod fast;
+pub mod adopt;
 pub mod growth;
 pub mod incremental;
 mod input;

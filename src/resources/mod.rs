@@ -25,6 +25,7 @@ pub use cluster::{
 };
 pub use condition::Condition;
 pub use pool::PoolCidrUsage;
+pub use pool::AdoptMode;
 pub use pool::PoolGrowth;
 pub use pool::PoolNetwork;
 pub use pool::{

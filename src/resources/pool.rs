@@ -137,6 +137,35 @@ pub struct IPAMPoolDatacenter {
     /// it allocations keep `allocationRange` addresses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub growth: Option<PoolGrowth>,
+    /// Take over user clusters of this datacenter that already run MetalLB with pools typed
+    /// in by hand (see `docs/adopt.md`): `DryRun` reads and reports what each serves,
+    /// `Adopt` also makes exactly that its allocation. A Cluster's own `spec.adopt` wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopt: Option<AdoptMode>,
+}
+
+/// How kipam takes over a user cluster that already serves addresses through MetalLB.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum AdoptMode {
+    /// Read the user cluster's hand-made MetalLB pools and Services and report; write
+    /// nothing for the cluster (no allocation, no addon) until it is `Adopt`.
+    DryRun,
+    /// Make what the user cluster serves inside the pool its allocation, then take over the
+    /// hand-made MetalLB pool in place.
+    Adopt,
+    /// Start from nothing, as for a new cluster: a Cluster's way to leave its datacenter's
+    /// `adopt` setting.
+    Off,
+}
+
+impl AdoptMode {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            AdoptMode::DryRun => "DryRun",
+            AdoptMode::Adopt => "Adopt",
+            AdoptMode::Off => "Off",
+        }
+    }
 }
 
 /// Demand-driven growth of a range pool datacenter's allocations.
