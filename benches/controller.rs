@@ -295,6 +295,7 @@ fn planner_alone(scale: Scale) {
         paused: false,
         invalid: None,
         only_pool: None,
+        hold: None,
     };
     let clusters: Vec<ClusterInput> = (0..scale.clusters)
         .map(|i| cluster_input(format!("c{i:05}")))

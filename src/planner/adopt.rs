@@ -43,7 +43,6 @@ pub struct ServedService {
     pub pool: Option<String>,
 }
 
-
 /// The adoption mode that applies to a cluster: its own `spec.adopt`, else the `adopt` of its
 /// datacenter in the pools that list it. Pools that disagree give the most careful of their
 /// values (`DryRun` before `Adopt` before `Off`). `None` and `Off` both mean: start from
@@ -70,4 +69,842 @@ pub fn effective_mode<'a>(
 /// Whether discovery reads this cluster's user cluster: `DryRun` or `Adopt` applies.
 pub fn reads(mode: Option<AdoptMode>) -> bool {
     matches!(mode, Some(AdoptMode::DryRun | AdoptMode::Adopt))
+}
+
+// ---------------------------------------------------------------------------------------
+// The adoption plan.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::input::{HeldElsewhere, PoolInput, StoredAllocation};
+use super::spaces::{merged, minus};
+use crate::address::AddrRange;
+
+/// How far discovery got with one user cluster.
+#[derive(Clone, Copy, Debug)]
+pub enum Reading<'a> {
+    /// Not read completely yet.
+    NotYet,
+    /// Cannot be read at the moment (why).
+    Unreadable(&'a str),
+    /// Read.
+    Read(&'a Discovered),
+}
+
+/// A cluster whose user cluster discovery reads (`DryRun` or `Adopt` applies).
+#[derive(Clone, Copy, Debug)]
+pub struct Candidate<'a> {
+    pub name: &'a str,
+    pub datacenter: &'a str,
+    pub mode: AdoptMode,
+    pub reading: Reading<'a>,
+}
+
+/// Where an address a user cluster serves stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "verdict", rename_all = "camelCase")]
+pub enum Verdict {
+    /// Becomes (or would become, in a dry run) the cluster's allocation from `pool`.
+    Adopt { pool: String },
+    /// Already the cluster's own, in its allocation from `pool`.
+    Held { pool: String },
+    /// Outside every pool of the cluster's datacenter: it stays as it is, kipam does not
+    /// manage it.
+    Outside,
+    /// Other user clusters serve it too (a latent outage): nobody adopts it.
+    Contested { pool: String, clusters: Vec<String> },
+    /// kipam already gave it to another holder (a cluster's allocation or a machine's claim).
+    Taken { pool: String, holder: String },
+    /// Inside an exclusion of `pool`: kipam never hands it out.
+    Excluded { pool: String },
+}
+
+/// One address a user cluster serves.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServedAddress {
+    pub address: String,
+    /// The Services holding it (`namespace/name`).
+    pub services: Vec<String>,
+    /// The pool datacenter covering it and what happens to it.
+    #[serde(flatten)]
+    pub verdict: Verdict,
+}
+
+/// A hand-made MetalLB pool and how kipam takes it over.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HandMadeView {
+    pub name: String,
+    pub addresses: Vec<String>,
+    /// The kipam pools of the cluster's datacenter it overlaps.
+    pub pools: Vec<String>,
+    /// Its pieces outside every kipam pool of the datacenter: kept in it as they are when
+    /// kipam takes it over.
+    pub outside: Vec<String>,
+    /// The kipam pool whose allocation takes this MetalLB pool over in place (same name, so
+    /// no Service ever loses its address and no two MetalLB pools overlap).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub taken_over_by: Option<String>,
+}
+
+/// A contested address set, named from one cluster's side.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Conflict {
+    /// The other user cluster (or holder, `claim/<ns>/<name>` for a machine's claim).
+    pub with: String,
+    pub addresses: Vec<String>,
+    pub kind: ConflictKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum ConflictKind {
+    /// Both user clusters serve the addresses.
+    BothServe,
+    /// kipam gave them to the other holder.
+    Held,
+    /// A hand-made MetalLB pool of the other user cluster covers addresses this one serves:
+    /// that cluster's MetalLB may hand them out again.
+    TheirPoolCovers,
+    /// The other user cluster serves addresses a hand-made MetalLB pool of this one covers.
+    CoversTheirs,
+}
+
+/// What the MetalLB pool rendering of one allocation takes over.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Takeover {
+    /// The hand-made `IPAddressPool` rendered in place.
+    pub metallb_pool: String,
+    /// Its pieces outside every kipam pool, written back unchanged.
+    pub kept: Vec<String>,
+}
+
+/// Where a cluster's adoption stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", content = "reason")]
+pub enum AdoptState {
+    /// Discovery has not read the user cluster (why).
+    Waiting(String),
+    /// Read; with `Adopt`, kipam takes it over; with `DryRun`, it would.
+    Ready,
+    /// Read, but kipam will not take it over until a person acts (why, each).
+    NeedsLook(Vec<String>),
+}
+
+/// One cluster's adoption.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterAdoption {
+    pub cluster: String,
+    pub datacenter: String,
+    pub mode: AdoptMode,
+    #[serde(flatten)]
+    pub state: AdoptState,
+    pub served: Vec<ServedAddress>,
+    pub hand_made: Vec<HandMadeView>,
+    /// kipam pool -> the pieces that become (would become) its allocation.
+    #[serde(serialize_with = "ranges_by_pool")]
+    pub adopt: BTreeMap<String, Vec<AddrRange>>,
+    /// kipam pool -> the hand-made MetalLB pool its rendering takes over.
+    pub takeover: BTreeMap<String, Takeover>,
+    pub conflicts: Vec<Conflict>,
+    /// Cluster overrides a person could set instead (`spec.ipam.<pool>.addresses`): the same
+    /// addresses as pins.
+    #[serde(serialize_with = "ranges_by_pool")]
+    pub overrides: BTreeMap<String, Vec<AddrRange>>,
+}
+
+fn ranges_by_pool<S: serde::Serializer>(
+    m: &BTreeMap<String, Vec<AddrRange>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut out = s.serialize_map(Some(m.len()))?;
+    for (k, v) in m {
+        let pieces: Vec<String> = v.iter().map(short).collect();
+        out.serialize_entry(k, &pieces)?;
+    }
+    out.end()
+}
+
+/// The whole fleet's adoption: every candidate, and what nobody else may be given meanwhile.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdoptionPlan {
+    pub clusters: Vec<ClusterAdoption>,
+    /// What read user clusters serve or may still hand out through a hand-made MetalLB pool,
+    /// inside kipam's pools, and is not theirs in kipam yet: set aside in every pool of the
+    /// datacenter, so kipam never gives it to another holder.
+    #[serde(skip)]
+    pub set_aside: Vec<HeldElsewhere>,
+}
+
+impl AdoptionPlan {
+    pub fn get(&self, cluster: &str) -> Option<&ClusterAdoption> {
+        self.clusters
+            .binary_search_by(|c| c.cluster.as_str().cmp(cluster))
+            .ok()
+            .map(|i| &self.clusters[i])
+    }
+}
+
+/// A piece as people write it: one address alone, else `first-last`.
+pub fn short(r: &AddrRange) -> String {
+    if r.first() == r.last() {
+        r.family().display(r.first()).to_string()
+    } else {
+        r.to_string()
+    }
+}
+
+/// The pieces of one pool datacenter, for classification.
+struct PoolDc<'a> {
+    name: &'a str,
+    cidrs: Vec<AddrRange>,
+    exclusions: &'a [AddrRange],
+}
+
+/// A served address, parsed: (range of one, services).
+type Served = BTreeMap<AddrRange, BTreeSet<String>>;
+
+/// Plans the adoption of every candidate. Pure: `stored` is every holder kipam knows (user
+/// clusters' allocations and machines' claims, as the planner is given them).
+pub fn plan(
+    pools: &[PoolInput],
+    stored: &[StoredAllocation],
+    candidates: &[Candidate<'_>],
+) -> AdoptionPlan {
+    // Who serves what, per datacenter, for the contested check.
+    let mut served_by: BTreeMap<&str, Vec<(&str, Served)>> = BTreeMap::new();
+    let mut covered_by: BTreeMap<&str, Vec<(&str, &str, Vec<AddrRange>)>> = BTreeMap::new();
+    let mut unreadable: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for c in candidates {
+        if let Reading::Read(d) = c.reading {
+            let (served, bad) = parse_served(d);
+            unreadable.insert(c.name, bad);
+            served_by
+                .entry(c.datacenter)
+                .or_default()
+                .push((c.name, served));
+            for h in &d.pools {
+                let pieces = h
+                    .addresses
+                    .iter()
+                    .filter_map(|t| AddrRange::parse_lenient(t.trim()).ok())
+                    .collect();
+                covered_by
+                    .entry(c.datacenter)
+                    .or_default()
+                    .push((c.name, &h.name, pieces));
+            }
+        }
+    }
+    let mut out = AdoptionPlan::default();
+    let mut sorted: Vec<&Candidate<'_>> = candidates.iter().collect();
+    sorted.sort_by_key(|c| c.name);
+    for c in sorted {
+        let pool_dcs: Vec<PoolDc<'_>> = pools
+            .iter()
+            .filter_map(|p| {
+                let dc = p.datacenters.get(c.datacenter)?;
+                Some(PoolDc {
+                    name: &p.name,
+                    cidrs: dc.config.cidrs().map(|c| c.range()).collect(),
+                    exclusions: &dc.exclusions,
+                })
+            })
+            .collect();
+        let mut adoption = ClusterAdoption {
+            cluster: c.name.to_string(),
+            datacenter: c.datacenter.to_string(),
+            mode: c.mode,
+            state: AdoptState::Ready,
+            served: Vec::new(),
+            hand_made: Vec::new(),
+            adopt: BTreeMap::new(),
+            takeover: BTreeMap::new(),
+            conflicts: Vec::new(),
+            overrides: BTreeMap::new(),
+        };
+        let d = match c.reading {
+            Reading::NotYet => {
+                adoption.state =
+                    AdoptState::Waiting("the user cluster has not been read yet".into());
+                out.clusters.push(adoption);
+                continue;
+            }
+            Reading::Unreadable(why) => {
+                adoption.state =
+                    AdoptState::Waiting(format!("the user cluster cannot be read: {why}"));
+                out.clusters.push(adoption);
+                continue;
+            }
+            Reading::Read(d) => d,
+        };
+        let mut needs: Vec<String> = unreadable.remove(c.name).unwrap_or_default();
+        let own_served = served_by
+            .get(c.datacenter)
+            .and_then(|v| v.iter().find(|(n, _)| *n == c.name))
+            .map(|(_, s)| s.clone())
+            .unwrap_or_default();
+        let mut contested: BTreeMap<String, Vec<AddrRange>> = BTreeMap::new();
+        let mut taken: BTreeMap<String, Vec<AddrRange>> = BTreeMap::new();
+        for (addr, services) in &own_served {
+            let verdict = match pool_dcs
+                .iter()
+                .find(|p| p.cidrs.iter().any(|r| r.overlaps(addr)))
+            {
+                None => Verdict::Outside,
+                Some(p) => classify(c, p, addr, stored, &served_by, &covered_by),
+            };
+            match &verdict {
+                Verdict::Adopt { pool } => {
+                    adoption.adopt.entry(pool.clone()).or_default().push(*addr)
+                }
+                Verdict::Contested { clusters, .. } => {
+                    for other in clusters {
+                        contested.entry(other.clone()).or_default().push(*addr);
+                    }
+                }
+                Verdict::Taken { holder, .. } => {
+                    taken.entry(holder.clone()).or_default().push(*addr)
+                }
+                _ => {}
+            }
+            adoption.served.push(ServedAddress {
+                address: short(addr),
+                services: services.iter().cloned().collect(),
+                verdict,
+            });
+        }
+        for (with, addrs) in contested {
+            let serves = served_by
+                .get(c.datacenter)
+                .into_iter()
+                .flatten()
+                .any(|(n, s)| *n == with && addrs.iter().any(|a| s.contains_key(a)));
+            let (kind, why) = if serves {
+                (ConflictKind::BothServe, "serves them too")
+            } else {
+                (
+                    ConflictKind::TheirPoolCovers,
+                    "has a hand-made MetalLB pool covering them, so it may hand them out",
+                )
+            };
+            needs.push(format!(
+                "user cluster {with} {why}: {}",
+                join(&merged(addrs.clone()))
+            ));
+            adoption.conflicts.push(Conflict {
+                with,
+                addresses: merged(addrs).iter().map(short).collect(),
+                kind,
+            });
+        }
+        // Told, not blocked: another user cluster serves what a pool of this one covers.
+        let mut covers: BTreeMap<String, Vec<AddrRange>> = BTreeMap::new();
+        for (other, served) in served_by.get(c.datacenter).into_iter().flatten() {
+            if *other == c.name {
+                continue;
+            }
+            for (n, _, pieces) in covered_by.get(c.datacenter).into_iter().flatten() {
+                if *n != c.name {
+                    continue;
+                }
+                for a in served.keys() {
+                    if pieces.iter().any(|p| p.overlaps(a)) {
+                        covers.entry(other.to_string()).or_default().push(*a);
+                    }
+                }
+            }
+        }
+        for (with, addrs) in covers {
+            let addrs = merged(addrs);
+            if adoption
+                .conflicts
+                .iter()
+                .any(|x| x.with == with && x.kind == ConflictKind::BothServe)
+            {
+                continue;
+            }
+            adoption.conflicts.push(Conflict {
+                with,
+                addresses: addrs.iter().map(short).collect(),
+                kind: ConflictKind::CoversTheirs,
+            });
+        }
+        for (with, addrs) in taken {
+            needs.push(format!(
+                "kipam already gave {} to {with}",
+                join(&merged(addrs.clone()))
+            ));
+            adoption.conflicts.push(Conflict {
+                with,
+                addresses: merged(addrs).iter().map(short).collect(),
+                kind: ConflictKind::Held,
+            });
+        }
+        for a in &adoption.served {
+            if let Verdict::Excluded { pool } = &a.verdict {
+                needs.push(format!("{} lies in an exclusion of pool {pool}", a.address));
+            }
+        }
+        // The hand-made pools: which kipam pool takes which over.
+        let mut by_pool: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut aside: BTreeMap<String, Vec<AddrRange>> = BTreeMap::new();
+        for h in &d.pools {
+            let mut pieces = Vec::new();
+            for text in &h.addresses {
+                match AddrRange::parse_lenient(text.trim()) {
+                    Ok(r) => pieces.push(r),
+                    Err(e) => needs.push(format!(
+                        "MetalLB pool {} holds an address kipam cannot read ({text}): {e}",
+                        h.name
+                    )),
+                }
+            }
+            let inside: Vec<&PoolDc<'_>> = pool_dcs
+                .iter()
+                .filter(|p| p.cidrs.iter().any(|r| pieces.iter().any(|x| x.overlaps(r))))
+                .collect();
+            let all_cidrs: Vec<AddrRange> = pool_dcs.iter().flat_map(|p| p.cidrs.clone()).collect();
+            let outside = minus(&pieces, &all_cidrs);
+            for p in &inside {
+                by_pool
+                    .entry(p.name.to_string())
+                    .or_default()
+                    .push(h.name.clone());
+                let within: Vec<AddrRange> = pieces
+                    .iter()
+                    .flat_map(|x| p.cidrs.iter().filter_map(move |r| intersect(x, r)))
+                    .collect();
+                aside.entry(p.name.to_string()).or_default().extend(within);
+            }
+            if inside.len() > 1 {
+                needs.push(format!(
+                    "MetalLB pool {} spans kipam pools {}: split it by hand so each lies in one",
+                    h.name,
+                    inside
+                        .iter()
+                        .map(|p| p.name)
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                ));
+            }
+            adoption.hand_made.push(HandMadeView {
+                name: h.name.clone(),
+                addresses: h.addresses.clone(),
+                pools: inside.iter().map(|p| p.name.to_string()).collect(),
+                outside: outside.iter().map(short).collect(),
+                taken_over_by: None,
+            });
+        }
+        for (pool, names) in &by_pool {
+            if names.len() > 1 {
+                needs.push(format!(
+                    "MetalLB pools {} all lie in kipam pool {pool}: merge them by hand into one",
+                    names.join(" and ")
+                ));
+                continue;
+            }
+            let Some(h) = adoption.hand_made.iter_mut().find(|h| h.name == names[0]) else {
+                continue;
+            };
+            if h.pools.len() == 1 {
+                h.taken_over_by = Some(pool.clone());
+                adoption.takeover.insert(
+                    pool.clone(),
+                    Takeover {
+                        metallb_pool: h.name.clone(),
+                        kept: h.outside.clone(),
+                    },
+                );
+            }
+        }
+        for (pool, pieces) in adoption.adopt.iter_mut() {
+            *pieces = merged(std::mem::take(pieces));
+            adoption.overrides.insert(pool.clone(), pieces.clone());
+        }
+        // Set aside for everybody else: what this cluster serves inside a pool and does not
+        // hold in kipam, and what its hand-made pools may still hand out.
+        for a in &own_served {
+            if let Some(p) = pool_dcs
+                .iter()
+                .find(|p| p.cidrs.iter().any(|r| r.overlaps(a.0)))
+            {
+                let own = stored.iter().any(|s| {
+                    s.cluster == c.name
+                        && s.pool == p.name
+                        && s.datacenter == c.datacenter
+                        && s.held
+                            .as_ref()
+                            .is_some_and(|h| h.ranges().any(|r| r.overlaps(a.0)))
+                });
+                if !own {
+                    aside.entry(p.name.to_string()).or_default().push(*a.0);
+                }
+            }
+        }
+        for (pool, pieces) in aside {
+            // What it adopts it pins itself; the rest is set aside.
+            let mine = adoption.adopt.get(&pool).cloned().unwrap_or_default();
+            let rest = minus(&pieces, &mine);
+            if !rest.is_empty() {
+                out.set_aside.push(HeldElsewhere {
+                    pool,
+                    datacenter: c.datacenter.to_string(),
+                    holder: format!("adopt/{}", c.name),
+                    addresses: rest,
+                });
+            }
+        }
+        needs.sort();
+        needs.dedup();
+        if !needs.is_empty() {
+            adoption.state = AdoptState::NeedsLook(needs);
+        }
+        out.clusters.push(adoption);
+    }
+    out.set_aside.sort();
+    out
+}
+
+fn join(r: &[AddrRange]) -> String {
+    r.iter().map(short).collect::<Vec<_>>().join(", ")
+}
+
+fn intersect(a: &AddrRange, b: &AddrRange) -> Option<AddrRange> {
+    if !a.overlaps(b) {
+        return None;
+    }
+    AddrRange::new(a.family(), a.first().max(b.first()), a.last().min(b.last()))
+}
+
+/// The served addresses of a reading, one range per address, and what cannot be read.
+fn parse_served(d: &Discovered) -> (Served, Vec<String>) {
+    let mut served = Served::new();
+    let mut bad = Vec::new();
+    for s in &d.services {
+        for text in &s.addresses {
+            match text.trim().parse::<AddrRange>() {
+                Ok(r) if r.first() == r.last() => {
+                    served.entry(r).or_default().insert(s.name.clone());
+                }
+                _ => bad.push(format!(
+                    "Service {} shows an address kipam cannot read ({text})",
+                    s.name
+                )),
+            }
+        }
+    }
+    (served, bad)
+}
+
+fn classify(
+    c: &Candidate<'_>,
+    p: &PoolDc<'_>,
+    addr: &AddrRange,
+    stored: &[StoredAllocation],
+    served_by: &BTreeMap<&str, Vec<(&str, Served)>>,
+    covered_by: &BTreeMap<&str, Vec<(&str, &str, Vec<AddrRange>)>>,
+) -> Verdict {
+    let pool = p.name.to_string();
+    let held_by = |s: &&StoredAllocation| {
+        s.datacenter == c.datacenter
+            && s.held
+                .as_ref()
+                .is_some_and(|h| h.ranges().any(|r| r.overlaps(addr)))
+    };
+    // Any holder of the datacenter counts, whatever its pool: pools of one address space
+    // share addresses, and an address two pools cover is one address.
+    if let Some(s) = stored.iter().filter(held_by).find(|s| s.cluster == c.name) {
+        return Verdict::Held {
+            pool: s.pool.clone(),
+        };
+    }
+    if let Some(s) = stored.iter().find(held_by) {
+        return Verdict::Taken {
+            pool,
+            holder: s.cluster.clone(),
+        };
+    }
+    let mut others: Vec<String> = served_by
+        .get(c.datacenter)
+        .into_iter()
+        .flatten()
+        .filter(|(n, s)| *n != c.name && s.contains_key(addr))
+        .map(|(n, _)| n.to_string())
+        .collect();
+    others.extend(
+        covered_by
+            .get(c.datacenter)
+            .into_iter()
+            .flatten()
+            .filter(|(n, _, pieces)| *n != c.name && pieces.iter().any(|p| p.overlaps(addr)))
+            .map(|(n, _, _)| n.to_string()),
+    );
+    others.sort();
+    others.dedup();
+    if !others.is_empty() {
+        return Verdict::Contested {
+            pool,
+            clusters: others,
+        };
+    }
+    if p.exclusions.iter().any(|e| e.overlaps(addr)) {
+        return Verdict::Excluded { pool };
+    }
+    Verdict::Adopt { pool }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::allocator::{Allocation, PoolConfig, PoolKind, Strategy};
+    use crate::planner::input::DatacenterInput;
+    use crate::resources::ReclaimPolicy;
+
+    fn pool(name: &str, cidr: &str, exclusions: &[&str]) -> PoolInput {
+        let config = PoolConfig::new(
+            cidr.parse().expect("cidr"),
+            PoolKind::Range {
+                allocation_range: 4,
+            },
+            Strategy::FirstFit,
+        );
+        PoolInput {
+            name: name.into(),
+            reclaim_policy: ReclaimPolicy::Delete,
+            datacenters: [(
+                "dc".to_string(),
+                DatacenterInput {
+                    config,
+                    exclusions: exclusions
+                        .iter()
+                        .map(|e| e.parse().expect("range"))
+                        .collect(),
+                    reuse_after: 0,
+                    machine_reserved: Vec::new(),
+                },
+            )]
+            .into(),
+            address_space: String::new(),
+        }
+    }
+
+    fn found(pools: &[(&str, &[&str])], services: &[(&str, &[&str])]) -> Discovered {
+        Discovered {
+            pools: pools
+                .iter()
+                .map(|(n, a)| HandMadePool {
+                    name: n.to_string(),
+                    addresses: a.iter().map(|s| s.to_string()).collect(),
+                })
+                .collect(),
+            services: services
+                .iter()
+                .map(|(n, a)| ServedService {
+                    name: n.to_string(),
+                    addresses: a.iter().map(|s| s.to_string()).collect(),
+                    pool: None,
+                })
+                .collect(),
+        }
+    }
+
+    fn candidate<'a>(name: &'a str, d: &'a Discovered) -> Candidate<'a> {
+        Candidate {
+            name,
+            datacenter: "dc",
+            mode: AdoptMode::Adopt,
+            reading: Reading::Read(d),
+        }
+    }
+
+    fn pieces(p: &[AddrRange]) -> Vec<String> {
+        p.iter().map(short).collect()
+    }
+
+    #[test]
+    fn a_cluster_adopts_exactly_what_it_serves_inside_the_pool_and_takes_its_pool_over() {
+        let pools = [pool("metallb", "10.0.0.0/24", &[])];
+        let a = found(
+            &[("legacy", &["10.0.0.10-10.0.0.20", "192.168.9.0/30"])],
+            &[
+                ("web/front", &["10.0.0.11"]),
+                ("web/api", &["10.0.0.12"]),
+                ("ops/out", &["192.168.9.1"]),
+            ],
+        );
+        let plan = plan(&pools, &[], &[candidate("a", &a)]);
+        let c = plan.get("a").expect("planned");
+        assert_eq!(c.state, AdoptState::Ready);
+        assert_eq!(pieces(&c.adopt["metallb"]), ["10.0.0.11-10.0.0.12"]);
+        assert_eq!(
+            c.takeover["metallb"],
+            Takeover {
+                metallb_pool: "legacy".into(),
+                kept: vec!["192.168.9.0-192.168.9.3".into()],
+            }
+        );
+        let out = c
+            .served
+            .iter()
+            .find(|s| s.address == "192.168.9.1")
+            .expect("served");
+        assert_eq!(out.verdict, Verdict::Outside);
+        assert_eq!(out.services, ["ops/out"]);
+        // What its hand-made pool may still hand out is set aside for everybody else; what it
+        // adopts it places itself.
+        assert_eq!(plan.set_aside.len(), 1);
+        assert_eq!(
+            pieces(&plan.set_aside[0].addresses),
+            ["10.0.0.10", "10.0.0.13-10.0.0.20"]
+        );
+    }
+
+    #[test]
+    fn two_clusters_serving_one_address_adopt_neither_and_each_names_the_other() {
+        let pools = [pool("metallb", "10.0.0.0/24", &[])];
+        let a = found(
+            &[("a-pool", &["10.0.0.1-10.0.0.5"])],
+            &[("x/s", &["10.0.0.3"])],
+        );
+        let b = found(
+            &[("b-pool", &["10.0.0.3-10.0.0.9"])],
+            &[("y/s", &["10.0.0.3", "10.0.0.8"])],
+        );
+        let plan = plan(&pools, &[], &[candidate("a", &a), candidate("b", &b)]);
+        for (me, other) in [("a", "b"), ("b", "a")] {
+            let c = plan.get(me).expect("planned");
+            let AdoptState::NeedsLook(why) = &c.state else {
+                panic!("{me} should need a look: {:?}", c.state);
+            };
+            assert!(
+                why.iter()
+                    .any(|w| w.contains(other) && w.contains("10.0.0.3")),
+                "{me}: {why:?}"
+            );
+            assert!(c.conflicts.iter().any(|x| x.with == other
+                && x.kind == ConflictKind::BothServe
+                && x.addresses == ["10.0.0.3"]));
+            assert!(
+                !c.adopt
+                    .values()
+                    .flatten()
+                    .any(|r| r.first() == r.last() && short(r) == "10.0.0.3")
+            );
+        }
+        // The contested address is set aside for everybody, so no third cluster gets it.
+        assert!(
+            plan.set_aside
+                .iter()
+                .any(|h| h.addresses.iter().any(|r| short(r).contains("10.0.0.3")))
+        );
+    }
+
+    #[test]
+    fn an_address_kipam_gave_another_holder_or_in_an_exclusion_is_not_adopted() {
+        let pools = [pool("metallb", "10.0.0.0/24", &["10.0.0.200-10.0.0.210"])];
+        let stored = [StoredAllocation {
+            cluster: "old".into(),
+            pool: "metallb".into(),
+            datacenter: "dc".into(),
+            held: Some(Allocation::Range(vec![
+                "10.0.0.50-10.0.0.53".parse().unwrap(),
+            ])),
+            reclaim_policy: None,
+            unreadable: None,
+        }];
+        let a = found(
+            &[("p", &["10.0.0.0/24"])],
+            &[
+                ("x/s", &["10.0.0.51"]),
+                ("x/t", &["10.0.0.201"]),
+                ("x/u", &["10.0.0.7"]),
+            ],
+        );
+        let plan = plan(&pools, &stored, &[candidate("a", &a)]);
+        let c = plan.get("a").expect("planned");
+        let verdict = |a: &str| {
+            c.served
+                .iter()
+                .find(|s| s.address == a)
+                .map(|s| s.verdict.clone())
+        };
+        assert_eq!(
+            verdict("10.0.0.51"),
+            Some(Verdict::Taken {
+                pool: "metallb".into(),
+                holder: "old".into()
+            })
+        );
+        assert_eq!(
+            verdict("10.0.0.201"),
+            Some(Verdict::Excluded {
+                pool: "metallb".into()
+            })
+        );
+        assert_eq!(pieces(&c.adopt["metallb"]), ["10.0.0.7"]);
+        assert!(matches!(c.state, AdoptState::NeedsLook(_)));
+        assert!(
+            c.conflicts
+                .iter()
+                .any(|x| x.with == "old" && x.kind == ConflictKind::Held)
+        );
+    }
+
+    #[test]
+    fn a_hand_made_pool_across_two_kipam_pools_or_two_in_one_needs_a_person() {
+        let pools = [
+            pool("p1", "10.0.0.0/25", &[]),
+            pool("p2", "10.0.0.128/25", &[]),
+        ];
+        let a = found(&[("wide", &["10.0.0.100-10.0.0.150"])], &[]);
+        let plan1 = plan(&pools, &[], &[candidate("a", &a)]);
+        let AdoptState::NeedsLook(why) = &plan1.get("a").expect("planned").state else {
+            panic!("wide pool must need a look");
+        };
+        assert!(why[0].contains("spans kipam pools p1 and p2"), "{why:?}");
+        let b = found(
+            &[("one", &["10.0.0.1-10.0.0.3"]), ("two", &["10.0.0.9"])],
+            &[],
+        );
+        let plan2 = plan(&pools, &[], &[candidate("b", &b)]);
+        let c = plan2.get("b").expect("planned");
+        assert!(matches!(&c.state, AdoptState::NeedsLook(w) if w[0].contains("one and two")));
+        assert!(c.takeover.is_empty());
+    }
+
+    #[test]
+    fn unreadable_input_is_named_not_dropped() {
+        let pools = [pool("metallb", "10.0.0.0/24", &[])];
+        let a = found(&[("p", &["10.0.0.1-nope"])], &[("x/s", &["not-an-ip"])]);
+        let plan = plan(&pools, &[], &[candidate("a", &a)]);
+        let AdoptState::NeedsLook(why) = &plan.get("a").expect("planned").state else {
+            panic!("must need a look");
+        };
+        assert!(
+            why.iter()
+                .any(|w| w.contains("10.0.0.1-nope") && w.contains("MetalLB pool p"))
+        );
+        assert!(
+            why.iter()
+                .any(|w| w.contains("not-an-ip") && w.contains("Service x/s"))
+        );
+        let waiting = plan_of_unread(&pools);
+        assert!(matches!(waiting, AdoptState::Waiting(w) if w.contains("connection refused")));
+    }
+
+    fn plan_of_unread(pools: &[PoolInput]) -> AdoptState {
+        let c = Candidate {
+            name: "z",
+            datacenter: "dc",
+            mode: AdoptMode::DryRun,
+            reading: Reading::Unreadable("connection refused"),
+        };
+        plan(pools, &[], &[c]).clusters[0].state.clone()
+    }
 }

@@ -126,7 +126,9 @@ pub fn serve_new(
             }
             match c.overrides.get(&pool.name) {
                 Some(PoolOverride::OptOut) => continue,
-                Some(PoolOverride::PinnedAddresses(_)) | Some(PoolOverride::PinnedCidr(_)) => {
+                Some(PoolOverride::PinnedAddresses(_))
+                | Some(PoolOverride::PinnedCidr(_))
+                | Some(PoolOverride::Adopt(_)) => {
                     return None;
                 }
                 _ => {}

@@ -55,6 +55,10 @@ pub struct ClusterInput {
     /// in `overrides`, and never grows. `None` for a user cluster, which asks every pool of its
     /// datacenter.
     pub only_pool: Option<String>,
+    /// Kept as it is for a reason of its own (why): adoption waits for its user cluster to be
+    /// read, runs dry, or needs a person. Like a pause: it keeps what it holds and gets nothing
+    /// new.
+    pub hold: Option<String>,
 }
 
 impl ClusterInput {
@@ -76,6 +80,7 @@ impl ClusterInput {
             paused: false,
             invalid: Some(why),
             only_pool: None,
+            hold: None,
         }
     }
 
@@ -93,7 +98,7 @@ impl ClusterInput {
 
     /// Keeps what it holds and gets nothing new (paused or invalid).
     pub fn frozen(&self) -> bool {
-        self.paused || self.invalid.is_some()
+        self.paused || self.invalid.is_some() || self.hold.is_some()
     }
 
     /// Oldest first: creation time, then name.
@@ -119,6 +124,11 @@ pub enum PoolOverride {
     PinnedCidr(Cidr),
     /// `optOut: true`.
     OptOut,
+    /// Adoption (`spec.adopt: Adopt`): while the cluster holds nothing from the pool, exactly
+    /// these pieces, which its user cluster already serves (placed like a pin); once it holds
+    /// something, it keeps that at its size (growth may add to it). Never written by a person:
+    /// the planning pass sets it from the adoption plan.
+    Adopt(Vec<AddrRange>),
 }
 
 /// An allocation read back from storage.

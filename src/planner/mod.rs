@@ -16,8 +16,8 @@
 //! One pool's failure never touches the cluster's other pools: each pool datacenter has its
 //! own allocator.
 
-mod fast;
 pub mod adopt;
+mod fast;
 pub mod growth;
 pub mod incremental;
 mod input;
@@ -287,6 +287,13 @@ impl<'a> Planner<'a> {
                 let wanted = match ov {
                     PoolOverride::PinnedAddresses(pieces) => Allocation::Range(pieces.clone()),
                     PoolOverride::PinnedCidr(cidr) => Allocation::Prefix(*cidr),
+                    // Adopted once, while nothing is held; then kept like any allocation.
+                    PoolOverride::Adopt(pieces)
+                        if !pieces.is_empty()
+                            && matches!(self.prior(cluster, pool_name), Some((None, None))) =>
+                    {
+                        Allocation::Range(pieces.clone())
+                    }
                     _ => continue,
                 };
                 if self.serves(pool_name, &cluster.datacenter) {
@@ -458,6 +465,17 @@ impl<'a> Planner<'a> {
                     | Some(PoolOverride::PinnedCidr(_)) => continue,
                     Some(PoolOverride::Addresses(n)) => Request::Addresses(*n),
                     Some(PoolOverride::Prefix(len)) => Request::Prefix(*len),
+                    Some(PoolOverride::Adopt(_)) => {
+                        // What it adopted (or holds already) is its size; the adoption placed
+                        // it or said why not.
+                        match self.prior(cluster, &pool.name) {
+                            Some((Some(held @ Allocation::Range(_)), _)) => {
+                                Request::Addresses(held.size().to_u128().unwrap_or(u128::MAX))
+                            }
+                            Some((Some(_), _)) => dc.config.kind.default_request(),
+                            _ => continue,
+                        }
+                    }
                     None => dc.config.kind.default_request(),
                 };
                 self.serve(cluster, &pool.name, request);
@@ -872,7 +890,8 @@ pub fn given_up_by_pin(s: &StoredAllocation, cluster: &ClusterInput) -> Vec<Addr
 fn frozen_message(cluster: &ClusterInput) -> String {
     match &cluster.invalid {
         Some(why) => format!("cluster spec is invalid, keeping what it holds: {why}"),
-        None => "cluster is paused".into(),
+        None if cluster.paused => "cluster is paused".into(),
+        None => cluster.hold.clone().unwrap_or_default(),
     }
 }
 

@@ -39,6 +39,7 @@ pub fn cluster_input(cluster: &Cluster) -> Result<ClusterInput, Vec<FieldError>>
         paused: cluster.spec.pause,
         invalid: None,
         only_pool: None,
+        hold: None,
     })
 }
 

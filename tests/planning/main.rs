@@ -35,6 +35,7 @@ pub fn cluster_in(name: &str, dc: &str, day: u32) -> ClusterInput {
         paused: false,
         invalid: None,
         only_pool: None,
+        hold: None,
     }
 }
 

@@ -93,6 +93,7 @@ pub fn claim_input(
         paused,
         invalid,
         only_pool: Some(pool_name.to_string()),
+        hold: None,
     };
     let no_overrides = std::collections::BTreeMap::new;
     // A claim that holds addresses keeps them where they are: its datacenter and request are
