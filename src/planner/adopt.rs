@@ -76,7 +76,7 @@ pub fn reads(mode: Option<AdoptMode>) -> bool {
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::input::{HeldElsewhere, PoolInput, StoredAllocation};
+use super::input::{ClusterInput, HeldElsewhere, PoolInput, PoolOverride, StoredAllocation};
 use super::spaces::{merged, minus};
 use crate::address::AddrRange;
 
@@ -264,6 +264,8 @@ struct PoolDc<'a> {
     name: &'a str,
     cidrs: Vec<AddrRange>,
     exclusions: &'a [AddrRange],
+    /// A `prefix` pool: it hands out subnets, not single addresses.
+    prefix: bool,
 }
 
 /// A served address, parsed: (range of one, services).
@@ -313,6 +315,7 @@ pub fn plan(
                     name: &p.name,
                     cidrs: dc.config.cidrs().map(|c| c.range()).collect(),
                     exclusions: &dc.exclusions,
+                    prefix: matches!(dc.config.kind, crate::allocator::PoolKind::Prefix { .. }),
                 })
             })
             .collect();
@@ -447,10 +450,22 @@ pub fn plan(
             });
         }
         for a in &adoption.served {
-            if let Verdict::Excluded { pool } = &a.verdict {
-                needs.push(format!("{} lies in an exclusion of pool {pool}", a.address));
+            match &a.verdict {
+                Verdict::Excluded { pool } => {
+                    needs.push(format!("{} lies in an exclusion of pool {pool}", a.address))
+                }
+                Verdict::Adopt { pool } if pool_dcs.iter().any(|p| p.name == pool && p.prefix) => {
+                    needs.push(format!(
+                        "{} lies in prefix pool {pool}, which hands out whole subnets: pin the cluster's subnet by hand (spec.ipam.{pool}.cidr)",
+                        a.address
+                    ))
+                }
+                _ => {}
             }
         }
+        adoption
+            .adopt
+            .retain(|pool, _| !pool_dcs.iter().any(|p| p.name == pool && p.prefix));
         // The hand-made pools: which kipam pool takes which over.
         let mut by_pool: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut aside: BTreeMap<String, Vec<AddrRange>> = BTreeMap::new();
@@ -527,6 +542,11 @@ pub fn plan(
             *pieces = merged(std::mem::take(pieces));
             adoption.overrides.insert(pool.clone(), pieces.clone());
         }
+        needs.sort();
+        needs.dedup();
+        if !needs.is_empty() {
+            adoption.state = AdoptState::NeedsLook(needs);
+        }
         // Set aside for everybody else: what this cluster serves inside a pool and does not
         // hold in kipam, and what its hand-made pools may still hand out.
         for a in &own_served {
@@ -548,27 +568,73 @@ pub fn plan(
             }
         }
         for (pool, pieces) in aside {
-            // What it adopts it pins itself; the rest is set aside.
-            let mine = adoption.adopt.get(&pool).cloned().unwrap_or_default();
+            // What it adopts it places itself (only when it does adopt); the rest is set
+            // aside.
+            let places = adoption.mode == AdoptMode::Adopt && adoption.state == AdoptState::Ready;
+            let mine = match adoption.adopt.get(&pool) {
+                Some(m) if places => m.clone(),
+                _ => Vec::new(),
+            };
             let rest = minus(&pieces, &mine);
             if !rest.is_empty() {
+                // Held through no pool of kipam's: set aside in every pool of the datacenter,
+                // its own included.
                 out.set_aside.push(HeldElsewhere {
-                    pool,
+                    pool: String::new(),
                     datacenter: c.datacenter.to_string(),
-                    holder: format!("adopt/{}", c.name),
+                    holder: format!("served/{}", c.name),
                     addresses: rest,
                 });
             }
-        }
-        needs.sort();
-        needs.dedup();
-        if !needs.is_empty() {
-            adoption.state = AdoptState::NeedsLook(needs);
         }
         out.clusters.push(adoption);
     }
     out.set_aside.sort();
     out
+}
+
+/// Applies the adoption plan to the planner's clusters: a cluster that adopts gets
+/// [`PoolOverride::Adopt`] in every pool it has no override of its own for; one that runs dry,
+/// waits for its user cluster or needs a person is held as it is (`hold`), keeping what it
+/// has and getting nothing new.
+pub fn apply(plan: &AdoptionPlan, clusters: &mut [ClusterInput], pools: &[PoolInput]) {
+    for c in clusters.iter_mut() {
+        if c.is_claim() {
+            continue;
+        }
+        let Some(a) = plan.get(&c.name) else {
+            continue;
+        };
+        let hold = match (&a.state, a.mode) {
+            (AdoptState::Waiting(why), _) => Some(format!("adoption waits: {why}")),
+            (AdoptState::NeedsLook(why), _) => Some(format!(
+                "adoption needs a look before kipam takes this cluster over: {}",
+                why.join("; ")
+            )),
+            (AdoptState::Ready, AdoptMode::DryRun) => Some(
+                "adopt is DryRun: kipam reads the user cluster and reports, and writes nothing for it until adopt is Adopt".to_string(),
+            ),
+            (AdoptState::Ready, AdoptMode::Adopt) => None,
+            (AdoptState::Ready, AdoptMode::Off) => continue,
+        };
+        if let Some(why) = hold {
+            if c.hold.is_none() {
+                c.hold = Some(why);
+            }
+            continue;
+        }
+        for p in pools.iter() {
+            let range = p.datacenters.get(&c.datacenter).is_some_and(|dc| {
+                matches!(dc.config.kind, crate::allocator::PoolKind::Range { .. })
+            });
+            if !range || c.overrides.contains_key(&p.name) {
+                continue;
+            }
+            let pieces = a.adopt.get(&p.name).cloned().unwrap_or_default();
+            c.overrides
+                .insert(p.name.clone(), PoolOverride::Adopt(pieces));
+        }
+    }
 }
 
 fn join(r: &[AddrRange]) -> String {

@@ -174,6 +174,8 @@ impl Quarantined {
 /// either, whatever its address space (the invalid pool's own may not be readable).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct HeldElsewhere {
+    /// The pool it is held through; empty for addresses held outside kipam (what a user
+    /// cluster being adopted serves), set aside in every pool of the datacenter.
     pub pool: String,
     pub datacenter: String,
     /// The cluster (or quarantine entry) holding them.

@@ -466,14 +466,18 @@ impl<'a> Planner<'a> {
                     Some(PoolOverride::Addresses(n)) => Request::Addresses(*n),
                     Some(PoolOverride::Prefix(len)) => Request::Prefix(*len),
                     Some(PoolOverride::Adopt(_)) => {
-                        // What it adopted (or holds already) is its size; the adoption placed
-                        // it or said why not.
-                        match self.prior(cluster, &pool.name) {
-                            Some((Some(held @ Allocation::Range(_)), _)) => {
-                                Request::Addresses(held.size().to_u128().unwrap_or(u128::MAX))
-                            }
-                            Some((Some(_), _)) => dc.config.kind.default_request(),
-                            _ => continue,
+                        // What it adopted (or holds already) is its size; a pool it serves
+                        // nothing from is served as for any cluster.
+                        let key = (cluster.name.clone(), pool.name.clone());
+                        match self.decisions.get(&key) {
+                            Some(d) if d.change == Change::Keep => match &d.held {
+                                Some(held @ Allocation::Range(_)) => {
+                                    Request::Addresses(held.size().to_u128().unwrap_or(u128::MAX))
+                                }
+                                _ => dc.config.kind.default_request(),
+                            },
+                            Some(d) if d.change != Change::Release => continue,
+                            _ => dc.config.kind.default_request(),
                         }
                     }
                     None => dc.config.kind.default_request(),

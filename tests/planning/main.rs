@@ -1,5 +1,6 @@
 //! Validation and planning over plain manifests (no files, no API server).
 
+mod adopt;
 mod claims;
 mod demand_growth;
 mod growth;
