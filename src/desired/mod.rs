@@ -10,9 +10,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::allocator::Allocation;
 use crate::planner::{Change, Decision};
 use crate::resources::{
-    ANNOTATION_ADDRESSES, ANNOTATION_RECLAIM_POLICY, AllocationPhase, AllocationType,
-    IPAMAllocation, IPAMAllocationSpec, IPAMAllocationStatus, LABEL_CLUSTER, LABEL_DATACENTER,
-    LABEL_PHASE, LABEL_POOL, ReclaimPolicy, address_summary, cluster_namespace,
+    ANNOTATION_ADDRESSES, ANNOTATION_METALLB_KEPT, ANNOTATION_METALLB_POOL,
+    ANNOTATION_RECLAIM_POLICY, AllocationPhase, AllocationType, IPAMAllocation, IPAMAllocationSpec,
+    IPAMAllocationStatus, LABEL_CLUSTER, LABEL_DATACENTER, LABEL_PHASE, LABEL_POOL, ReclaimPolicy,
+    address_summary, cluster_namespace,
 };
 
 /// The allocation object for a decision, or `None` when it is to be removed.
@@ -222,6 +223,27 @@ pub fn template_data<'a>(
                 AllocationData::range(&a.spec.dc, a.spec.addresses.iter().cloned())
             }
             _ => continue,
+        };
+        let annotations = a.metadata.annotations.as_ref();
+        let taken = annotations
+            .and_then(|m| m.get(ANNOTATION_METALLB_POOL))
+            .and_then(|v| v.split_once('/'))
+            .filter(|(ns, name)| !ns.is_empty() && !name.is_empty());
+        let entry = match taken {
+            Some((namespace, name)) => {
+                let kept = annotations
+                    .and_then(|m| m.get(ANNOTATION_METALLB_KEPT))
+                    .map(|k| {
+                        k.split(',')
+                            .map(str::trim)
+                            .filter(|p| !p.is_empty())
+                            .map(str::to_string)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                entry.taking_over(namespace, name, kept)
+            }
+            _ => entry,
         };
         data = data.with_allocation(pool, entry);
     }

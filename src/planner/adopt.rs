@@ -24,7 +24,9 @@ pub struct Discovered {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HandMadePool {
-    /// `metadata.name` (MetalLB's pools live in its own namespace).
+    /// `metadata.namespace`: MetalLB reads pools from its own namespace.
+    pub namespace: String,
+    /// `metadata.name`.
     pub name: String,
     /// `spec.addresses` as written: CIDRs or `first-last` ranges.
     pub addresses: Vec<String>,
@@ -135,6 +137,7 @@ pub struct ServedAddress {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HandMadeView {
+    pub namespace: String,
     pub name: String,
     pub addresses: Vec<String>,
     /// The kipam pools of the cluster's datacenter it overlaps.
@@ -175,7 +178,7 @@ pub enum ConflictKind {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Takeover {
-    /// The hand-made `IPAddressPool` rendered in place.
+    /// The hand-made `IPAddressPool` rendered in place, `namespace/name`.
     pub metallb_pool: String,
     /// Its pieces outside every kipam pool, written back unchanged.
     pub kept: Vec<String>,
@@ -509,6 +512,7 @@ pub fn plan(
                 ));
             }
             adoption.hand_made.push(HandMadeView {
+                namespace: h.namespace.clone(),
                 name: h.name.clone(),
                 addresses: h.addresses.clone(),
                 pools: inside.iter().map(|p| p.name.to_string()).collect(),
@@ -532,7 +536,7 @@ pub fn plan(
                 adoption.takeover.insert(
                     pool.clone(),
                     Takeover {
-                        metallb_pool: h.name.clone(),
+                        metallb_pool: format!("{}/{}", h.namespace, h.name),
                         kept: h.outside.clone(),
                     },
                 );
@@ -765,6 +769,7 @@ mod tests {
             pools: pools
                 .iter()
                 .map(|(n, a)| HandMadePool {
+                    namespace: "metallb-system".into(),
                     name: n.to_string(),
                     addresses: a.iter().map(|s| s.to_string()).collect(),
                 })
@@ -811,7 +816,7 @@ mod tests {
         assert_eq!(
             c.takeover["metallb"],
             Takeover {
-                metallb_pool: "legacy".into(),
+                metallb_pool: "metallb-system/legacy".into(),
                 kept: vec!["192.168.9.0-192.168.9.3".into()],
             }
         );

@@ -74,6 +74,18 @@ pub struct AllocationData {
     /// `Gateway`, `PrefixLength`, `VLAN`, `DNS`, `MTU`: the network of the pool datacenter.
     #[serde(flatten)]
     pub network: AllocationNetwork,
+    /// `MetalLBPool`: for an allocation made by adoption, the name of the hand-made MetalLB
+    /// `IPAddressPool` it takes over in place (render the pool under this name); `none`
+    /// otherwise.
+    #[serde(rename = "MetalLBPool", default)]
+    pub metallb_pool: Option<String>,
+    /// `MetalLBNamespace`: that pool's namespace; `none` otherwise.
+    #[serde(rename = "MetalLBNamespace", default)]
+    pub metallb_namespace: Option<String>,
+    /// `MetalLBKept`: that hand-made pool's pieces outside every kipam pool, to be written back
+    /// into it unchanged; empty otherwise.
+    #[serde(rename = "MetalLBKept", default)]
+    pub metallb_kept: Vec<String>,
 }
 
 /// The network of the pool datacenter an allocation comes from (its `network`). The keys are
@@ -113,6 +125,9 @@ impl AllocationData {
             addresses: addresses.into_iter().map(Into::into).collect(),
             dc: dc.into(),
             network: AllocationNetwork::default(),
+            metallb_pool: None,
+            metallb_namespace: None,
+            metallb_kept: Vec::new(),
         }
     }
 
@@ -124,11 +139,23 @@ impl AllocationData {
             addresses: Vec::new(),
             dc: dc.into(),
             network: AllocationNetwork::default(),
+            metallb_pool: None,
+            metallb_namespace: None,
+            metallb_kept: Vec::new(),
         }
     }
 }
 
 impl AllocationData {
+    /// The same allocation taking over hand-made MetalLB pool `namespace/name` (adoption),
+    /// keeping `kept` in it.
+    pub fn taking_over(mut self, namespace: &str, name: &str, kept: Vec<String>) -> Self {
+        self.metallb_namespace = Some(namespace.to_string());
+        self.metallb_pool = Some(name.to_string());
+        self.metallb_kept = kept;
+        self
+    }
+
     /// The same allocation with its pool datacenter's network.
     pub fn with_network(mut self, network: AllocationNetwork) -> Self {
         self.network = network;
@@ -209,9 +236,11 @@ mod tests {
                     "Namespace": "cluster-alpha",
                     "Network": {"IPAMAllocations": {
                         "metallb": {"Type": "range", "CIDR": "", "Addresses": ["10.0.0.0-10.0.0.7"], "DC": "dc-1",
-                                    "Gateway": null, "PrefixLength": null, "VLAN": null, "DNS": [], "MTU": null},
+                                    "Gateway": null, "PrefixLength": null, "VLAN": null, "DNS": [], "MTU": null,
+                                    "MetalLBPool": null, "MetalLBNamespace": null, "MetalLBKept": []},
                         "other": {"Type": "prefix", "CIDR": "10.1.0.0/30", "Addresses": [], "DC": "dc-1",
-                                  "Gateway": "10.1.0.1", "PrefixLength": 24, "VLAN": 7, "DNS": ["10.1.0.53"], "MTU": 9000},
+                                  "Gateway": "10.1.0.1", "PrefixLength": 24, "VLAN": 7, "DNS": ["10.1.0.53"], "MTU": 9000,
+                                  "MetalLBPool": null, "MetalLBNamespace": null, "MetalLBKept": []},
                     }},
                 },
                 "Variables": {"flag": true},

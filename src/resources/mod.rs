@@ -61,6 +61,13 @@ pub const ANNOTATION_ADDRESSES: &str = "ipam.kipam.dev/addresses";
 /// Annotation on an `IPAMAllocation`: the pool's `reclaimPolicy` when it was last planned, so a
 /// pool that disappears without a controller watching (offline mode) is still honoured.
 pub const ANNOTATION_RECLAIM_POLICY: &str = "ipam.kipam.dev/reclaim-policy";
+/// Annotation on an `IPAMAllocation` made by adoption: `namespace/name` of the hand-made
+/// MetalLB `IPAddressPool` in the user cluster that the allocation's MetalLB pool takes over in place
+/// (the addon renders its pool under that name). Set once, when the allocation is created.
+pub const ANNOTATION_METALLB_POOL: &str = "ipam.kipam.dev/metallb-pool";
+/// Annotation beside [`ANNOTATION_METALLB_POOL`]: the pieces of that hand-made pool outside
+/// every kipam pool, comma-separated, written back into it unchanged.
+pub const ANNOTATION_METALLB_KEPT: &str = "ipam.kipam.dev/metallb-kept";
 /// Finalizer on clusters: their allocations are released before they go.
 pub const CLUSTER_FINALIZER: &str = "ipam.kipam.dev/release-allocations";
 /// Finalizer on pools: their allocations are deleted or retained before they go.

@@ -22,6 +22,7 @@ spec:
 fn found(pool: (&str, &str), served: &[(&str, &str)]) -> Discovered {
     Discovered {
         pools: vec![HandMadePool {
+            namespace: "metallb-system".into(),
             name: pool.0.into(),
             addresses: vec![pool.1.into()],
         }],

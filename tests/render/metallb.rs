@@ -152,7 +152,7 @@ fn disable_flag_may_be_quoted_and_false_keeps_the_pools() {
     };
     assert_eq!(
         err,
-        "addon metallb: addons/metallb/10_ip-address-pools.yaml:16: as_bool: expects true or false, got \"no\""
+        "addon metallb: addons/metallb/10_ip-address-pools.yaml:18: as_bool: expects true or false, got \"no\""
     );
 }
 
@@ -280,4 +280,36 @@ fn written_yaml_reads_back_as_the_same_objects() {
         Err(err) => panic!("{err}"),
     };
     assert_eq!(back, rendered.objects);
+}
+
+/// An allocation made by adoption renders its pool under the hand-made pool's own name and
+/// namespace (so MetalLB sees one pool change in place: no Service loses its address, no two
+/// pools overlap), with the pieces outside every kipam pool kept in it.
+#[test]
+fn an_adopted_allocation_takes_the_hand_made_pool_over_in_place() {
+    let adopted = range("dc-1", &["10.0.0.11-10.0.0.12", "10.0.0.20-10.0.0.20"]).taking_over(
+        "metallb",
+        "legacy",
+        vec!["192.168.9.0-192.168.9.3".into()],
+    );
+    let data = TemplateData::new(cluster("brown", "dc-1").with_allocation("metallb", adopted));
+    let objects = metallb(&data).objects;
+    assert_eq!(
+        names(&objects),
+        [
+            "IPAddressPool/legacy",
+            "L2Advertisement/kipam-advertise-all"
+        ]
+    );
+    let pool = &objects[0];
+    assert_eq!(pool["metadata"]["namespace"], "metallb");
+    assert_eq!(
+        pool["spec"]["addresses"],
+        json!([
+            "10.0.0.11-10.0.0.12",
+            "10.0.0.20-10.0.0.20",
+            "192.168.9.0-192.168.9.3"
+        ])
+    );
+    assert!(pool["metadata"]["labels"][ADDON_LABEL].is_string());
 }

@@ -85,14 +85,18 @@ fn data() -> TemplateData {
 #[test]
 fn template_data_with_and_without_a_network() {
     let json = serde_json::to_value(data()).expect("serialises");
-    let none = json!({"Gateway": null, "PrefixLength": null, "VLAN": null, "DNS": [], "MTU": null});
+    let none = json!({
+        "Gateway": null, "PrefixLength": null, "VLAN": null, "DNS": [], "MTU": null,
+        "MetalLBPool": null, "MetalLBNamespace": null, "MetalLBKept": []
+    });
     let allocations = &json["Cluster"]["Network"]["IPAMAllocations"];
     assert_eq!(
         allocations["metallb"],
         json!({
             "Type": "range", "CIDR": "", "Addresses": ["192.168.1.0-192.168.1.7"], "DC": "dc-1",
             "Gateway": "192.168.1.1", "PrefixLength": 24, "VLAN": 100,
-            "DNS": ["192.168.1.53", "2001:db8::53"], "MTU": 1500
+            "DNS": ["192.168.1.53", "2001:db8::53"], "MTU": 1500,
+            "MetalLBPool": null, "MetalLBNamespace": null, "MetalLBKept": []
         })
     );
     for name in ["plain", "broken"] {

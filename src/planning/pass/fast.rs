@@ -197,6 +197,15 @@ impl Named {
         let records = ctx.records.lock().await;
         for name in dirty {
             let cluster = ctx.clusters.get(&ObjectRef::new(name))?;
+            // A cluster being adopted is planned from what its user cluster serves: the full
+            // pass reads that.
+            let pools = ctx.pools.state();
+            if crate::planner::adopt::reads(crate::planner::adopt::effective_mode(
+                &cluster,
+                pools.iter().map(AsRef::as_ref),
+            )) {
+                return None;
+            }
             let input = validation::cluster_input(&cluster).ok()?;
             match state.known_input(name) {
                 Some(before) if *before == input => {}
