@@ -43,7 +43,6 @@ pub struct ServedService {
     pub pool: Option<String>,
 }
 
-
 /// The adoption mode that applies to a cluster: its own `spec.adopt`, else the `adopt` of its
 /// datacenter in the pools that list it. Pools that disagree give the most careful of their
 /// values (`DryRun` before `Adopt` before `Off`). `None` and `Off` both mean: start from

@@ -16,8 +16,8 @@
 //! One pool's failure never touches the cluster's other pools: each pool datacenter has its
 //! own allocator.
 
-mod fast;
 pub mod adopt;
+mod fast;
 pub mod growth;
 pub mod incremental;
 mod input;

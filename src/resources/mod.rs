@@ -24,8 +24,8 @@ pub use cluster::{
     Cluster, ClusterPoolOverride, ClusterSpec, ClusterStatus, KubeconfigReference, SecretKeyRef,
 };
 pub use condition::Condition;
-pub use pool::PoolCidrUsage;
 pub use pool::AdoptMode;
+pub use pool::PoolCidrUsage;
 pub use pool::PoolGrowth;
 pub use pool::PoolNetwork;
 pub use pool::{
