@@ -125,14 +125,17 @@ struct State {
     /// Services left pending since their last `AllocationFailed` event.
     pending: BTreeSet<String>,
     events: u64,
-    /// Every change up to this resource version has been acted on.
-    caught_up: u64,
+    /// Every change of pools and Services up to this resource version has been acted on
+    /// (0 until the task has looked at what was there at the start).
+    acted_on: u64,
 }
 
 /// MetalLB's controller, modelled, on one stand-in instance. Stops when dropped.
 pub struct MetalLbModel {
     state: Arc<Mutex<State>>,
     server: ApiServer,
+    /// The two resource types it reads.
+    types: (crate::ResourceType, crate::ResourceType),
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -171,7 +174,6 @@ impl MetalLbModel {
         let state = Arc::new(Mutex::new(State::default()));
         {
             let mut s = lock(&state);
-            let rv = pools.start_rv;
             for p in &pools.initial {
                 s.stored
                     .insert(meta_str(p, "name").to_string(), pool_fields(p));
@@ -179,7 +181,7 @@ impl MetalLbModel {
             for svc in &services.initial {
                 s.services.insert(key(svc), (**svc).clone());
             }
-            s.caught_up = rv;
+            // `caught_up` stays 0 until the task has looked at what is there.
         }
         let task = tokio::spawn(run(
             server.clone(),
@@ -191,6 +193,7 @@ impl MetalLbModel {
         MetalLbModel {
             state,
             server: server.clone(),
+            types: (pools_rt, services_rt),
             task,
         }
     }
@@ -231,13 +234,19 @@ impl MetalLbModel {
             .collect()
     }
 
-    /// Waits until the model has acted on every change stored so far (at most `timeout`);
-    /// false if it has not by then.
+    /// Waits until the model has acted on every change of pools and Services stored so far,
+    /// its own writes included (at most `timeout`); false if it has not by then.
     pub async fn caught_up(&self, timeout: Duration) -> bool {
-        let target = self.server.resource_version();
         let deadline = Instant::now() + timeout;
         loop {
-            if lock(&self.state).caught_up >= target {
+            let target = {
+                let store = self.server.shared().lock_store();
+                store
+                    .last_change_of(&self.types.0, Some(METALLB_NAMESPACE))
+                    .max(store.last_change_of(&self.types.1, None))
+                    .max(1)
+            };
+            if lock(&self.state).acted_on >= target {
                 return true;
             }
             if Instant::now() >= deadline {
@@ -400,6 +409,7 @@ async fn run(
         apply_config(&mut s, now, start_rv);
     }
     reconcile_all(&server, &state);
+    lock(&state).acted_on = start_rv.max(1);
     loop {
         // Everything queued so far, in resource-version order across both channels.
         // (is a pool, the change)
@@ -471,12 +481,9 @@ async fn run(
                 reconcile(&server, &state, &k);
             }
         }
-        // Caught up when nothing new is queued: changes are queued under the store's lock.
-        let store = server.shared().lock_store();
-        if pools.is_empty() && services.is_empty() {
-            let rv = store.current_rv();
-            drop(store);
-            lock(&state).caught_up = rv;
+        if let Some((_, last)) = batch.last() {
+            let mut s = lock(&state);
+            s.acted_on = s.acted_on.max(last.rv);
         }
     }
 }
