@@ -22,6 +22,7 @@
 pub mod found;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -153,10 +154,12 @@ async fn read_cluster(ctx: Arc<Context>, target: Target) {
     let cluster = target.0.clone();
     let mut backoff = Duration::from_secs(1);
     let mut last_problem: Option<String> = None;
+    // Whether MetalLB's absence was said (once, not on every reconnection).
+    let missing_said = AtomicBool::new(false);
     loop {
         let started = std::time::Instant::now();
         let why = match client_for(&ctx, &target).await {
-            Ok(client) => watch(&ctx, &cluster, client).await,
+            Ok(client) => watch(&ctx, &cluster, client, &missing_said).await,
             Err(why) => why,
         };
         ctx.discovered.unreadable(&cluster, why.clone(), now());
@@ -253,12 +256,11 @@ fn not_installed(e: &watcher::Error) -> bool {
 
 /// Watches pools and Services until the Service watch, or the pool watch for a reason other
 /// than MetalLB missing, fails; returns why.
-async fn watch(ctx: &Context, cluster: &str, client: Client) -> String {
+async fn watch(ctx: &Context, cluster: &str, client: Client, missing_said: &AtomicBool) -> String {
     let seen = Mutex::new(Seen::default());
     let pools = async {
         let api = Api::<DynamicObject>::all_with(client.clone(), &ip_address_pools());
         let mut backoff = Duration::from_secs(1);
-        let mut missing_said = false;
         loop {
             let mut stream =
                 std::pin::pin!(watcher::watcher(api.clone(), watcher::Config::default()));
@@ -283,9 +285,8 @@ async fn watch(ctx: &Context, cluster: &str, client: Client) -> String {
                         s.pools_listed = true;
                         s.publish(ctx, cluster);
                         backoff = Duration::from_secs(1);
-                        if missing_said {
+                        if missing_said.swap(false, Ordering::Relaxed) {
                             tracing::info!(cluster = %cluster, "MetalLB's IPAddressPools are served in the user cluster now");
-                            missing_said = false;
                         }
                     }
                     watcher::Event::Apply(p) => {
@@ -306,12 +307,11 @@ async fn watch(ctx: &Context, cluster: &str, client: Client) -> String {
             if !not_installed(&error) {
                 return crate::seed::watches::failure(&error, "ipaddresspools.metallb.io");
             }
-            if !missing_said {
+            if !missing_said.swap(true, Ordering::Relaxed) {
                 tracing::info!(
                     cluster = %cluster,
                     "MetalLB is not installed in the user cluster (its IPAddressPools are not served): no hand-made pools; looked for again with backoff"
                 );
-                missing_said = true;
             }
             {
                 let mut s = lock(&seen);

@@ -47,10 +47,6 @@ async fn client(api: &ApiServer) -> kube::Client {
 
 impl Reader {
     async fn start(seed: &Seed) -> Reader {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
         let client = client(&seed.api).await;
         let metrics = Metrics::new();
         let wake = Arc::new(Notify::new());
