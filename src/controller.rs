@@ -2,8 +2,9 @@
 //!
 //! It builds the shared core ([`crate::seed`]: clients, watch caches, ledger, records, leader
 //! state, metrics), starts the watches and the Lease election, starts each adapter — the
-//! planning loop ([`crate::planning`]), the addon applier ([`crate::applier`]), the REST API
-//! ([`crate::api`]) and the admission webhook ([`crate::webhook`]) — and on SIGTERM stops them
+//! planning loop ([`crate::planning`]), the addon applier ([`crate::applier`]), the demand and
+//! discovery readers ([`crate::demand`], [`crate::discover`]), the REST API ([`crate::api`])
+//! and the admission webhook ([`crate::webhook`]) — and on SIGTERM stops them
 //! in order: no write starts, the pass in flight drains, then the Lease is handed over. It is
 //! the only module that knows every adapter; none of them knows another (`ARCHITECTURE.md`).
 
@@ -158,6 +159,8 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         .map(|addons| tokio::spawn(crate::applier::run(ctx.clone(), addons)));
     // Demand from the user clusters, for pools that grow.
     let demand = tokio::spawn(crate::demand::run(ctx.clone()));
+    // What the user clusters that adopt serve today (`spec.adopt`).
+    let discover = tokio::spawn(crate::discover::run(ctx.clone()));
 
     tokio::select! {
         r = metrics_task => {
@@ -196,6 +199,7 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
         applier.abort();
     }
     demand.abort();
+    discover.abort();
     election.abort();
     watches.abort();
     // Hand the lease over at once instead of letting it expire.

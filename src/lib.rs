@@ -17,6 +17,7 @@ pub mod applier;
 pub mod controller;
 pub mod demand;
 pub mod desired;
+pub mod discover;
 pub mod duration;
 pub mod offline;
 pub mod page;

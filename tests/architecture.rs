@@ -24,7 +24,9 @@ const LAYERS: &[&[&str]] = &[
     &["seed", "page"],
     // Adapters: each a room of its own over the pure core (and, when it runs in the
     // controller, over the seed's core).
-    &["planning", "applier", "api", "webhook", "offline", "demand"],
+    &[
+        "planning", "applier", "api", "webhook", "offline", "demand", "discover",
+    ],
     // The composition root of `kipam controller`.
     &["controller"],
 ];

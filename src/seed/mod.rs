@@ -8,6 +8,7 @@
 
 pub mod backoff;
 pub mod demand;
+pub mod discovered;
 pub mod kubeconfig;
 pub mod leader;
 pub mod ledger;
@@ -122,7 +123,9 @@ pub struct Context {
     pub leader: Arc<LeaderState>,
     /// What the demand reader saw in the user clusters (demand-driven growth).
     pub demand: Arc<demand::DemandCache>,
-    /// One client per user cluster, shared by the applier and the demand reader.
+    /// What the discovery reader saw in the user clusters that adopt (`spec.adopt`).
+    pub discovered: Arc<discovered::DiscoveryCache>,
+    /// One client per user cluster, shared by the applier and the demand and discovery readers.
     pub tenants: Arc<tenants::Tenants>,
 }
 
@@ -260,9 +263,11 @@ impl ContextBuilder {
                 .leader
                 .unwrap_or_else(|| LeaderState::new(Duration::from_secs(10))),
             demand: Default::default(),
+            discovered: Default::default(),
             tenants: Default::default(),
         });
-        ctx.demand.set_dirty(dirty);
+        ctx.demand.set_dirty(dirty.clone());
+        ctx.discovered.set_dirty(dirty);
         ctx
     }
 }

@@ -10,6 +10,7 @@ mod api;
 mod capi;
 mod chaos;
 mod crashes;
+mod discover;
 mod get_ipa;
 mod growth;
 mod history;

@@ -12,6 +12,7 @@ mod discovery;
 mod error;
 mod http;
 pub mod https;
+pub mod metallb;
 mod ownerrefs;
 mod patch;
 mod rbac;
@@ -25,6 +26,7 @@ mod util;
 mod watch;
 
 pub use error::ApiError;
+pub use metallb::MetalLbModel;
 pub use resources::ResourceType;
 pub use reviews::{AccessRequest, NonResourceAttributes, ResourceAttributes, UserInfo};
 pub use selectors::{FieldSelector, LabelSelector};

@@ -257,6 +257,17 @@ impl Store {
         }
     }
 
+    /// The resource version of the latest retained change of `rt` (in `ns`, when given), or
+    /// the oldest version watches may resume from when none is retained.
+    pub(crate) fn last_change_of(&self, rt: &ResourceType, ns: Option<&str>) -> u64 {
+        let key = rt.storage_key();
+        self.history
+            .iter()
+            .rev()
+            .find(|c| c.key == key && ns.is_none_or(|n| meta_str(&c.object, "namespace") == n))
+            .map_or(self.history_floor, |c| c.rv)
+    }
+
     /// Ends every watch stream (their channels close).
     pub(crate) fn drop_subscribers(&mut self) {
         self.subscribers.clear();
