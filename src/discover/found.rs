@@ -36,6 +36,7 @@ pub fn hand_made(pool: &DynamicObject) -> Option<HandMadePool> {
         })
         .unwrap_or_default();
     Some(HandMadePool {
+        namespace: pool.namespace().unwrap_or_default(),
         name: pool.name_any(),
         addresses,
     })
@@ -93,6 +94,7 @@ mod tests {
         assert_eq!(
             hand_made(&pool),
             Some(HandMadePool {
+                namespace: "metallb-system".into(),
                 name: "legacy".into(),
                 addresses: vec![
                     "10.0.0.0/28".into(),

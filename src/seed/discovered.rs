@@ -181,6 +181,7 @@ mod tests {
     fn found(pool: &str) -> Discovered {
         Discovered {
             pools: vec![HandMadePool {
+                namespace: "metallb-system".into(),
                 name: pool.into(),
                 addresses: vec!["10.0.0.0/28".into()],
             }],

@@ -211,6 +211,7 @@ async fn a_dry_run_cluster_shows_its_hand_made_pools_and_served_services_and_fol
 
     let expected = Discovered {
         pools: vec![HandMadePool {
+            namespace: "metallb-system".into(),
             name: "legacy".into(),
             addresses: vec!["10.0.0.0/28".into(), "10.0.1.5-10.0.1.9".into()],
         }],
@@ -264,6 +265,7 @@ async fn a_dry_run_cluster_shows_its_hand_made_pools_and_served_services_and_fol
         complete(&d).is_some_and(|f| {
             f.pools
                 == vec![HandMadePool {
+                    namespace: "metallb-system".into(),
                     name: "legacy".into(),
                     addresses: vec!["10.0.0.0/28".into()],
                 }]
