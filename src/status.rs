@@ -9,8 +9,12 @@ use std::collections::BTreeMap;
 
 use crate::address::AddrRange;
 use crate::allocator::CidrUsage;
+use crate::planner::adopt::ClusterAdoption;
 use crate::planner::{Change, DatacenterReport, Decision, PoolInput};
-use crate::resources::{Condition, DatacenterUsage, IPAMPoolStatus, PoolCidrUsage};
+use crate::resources::{
+    AdoptionAddress, AdoptionConflict, AdoptionHandMadePool, AdoptionStatus, Condition,
+    DatacenterUsage, IPAMPoolStatus, PoolCidrUsage,
+};
 use crate::validation::FieldError;
 
 /// `(condition type, utilisation threshold in percent)`, lowest first.
@@ -438,6 +442,130 @@ pub fn no_machine_room(dc: &crate::planner::DatacenterInput) -> bool {
         }
     }
     true
+}
+
+/// A Cluster's `status.adoption` from its adoption plan (lists cut to what the schema holds).
+pub fn adoption_status(a: &ClusterAdoption) -> AdoptionStatus {
+    use crate::planner::adopt::{AdoptState, Verdict, short};
+    use crate::resources::bounds::{MAX_ADOPTION_ADDRESSES, MAX_ADOPTION_LINES};
+    let lines = MAX_ADOPTION_LINES as usize;
+    let reasons = match &a.state {
+        AdoptState::Waiting(why) => vec![why.clone()],
+        AdoptState::NeedsLook(why) => why.iter().take(lines).cloned().collect(),
+        AdoptState::Ready => Vec::new(),
+    };
+    let served = a
+        .served
+        .iter()
+        .take(MAX_ADOPTION_ADDRESSES as usize)
+        .map(|s| {
+            let (verdict, pool, with) = match &s.verdict {
+                Verdict::Adopt { pool } => ("Adopt", Some(pool.clone()), Vec::new()),
+                Verdict::Held { pool } => ("Held", Some(pool.clone()), Vec::new()),
+                Verdict::Outside => ("Outside", None, Vec::new()),
+                Verdict::Contested { pool, clusters } => {
+                    ("Contested", Some(pool.clone()), clusters.clone())
+                }
+                Verdict::Taken { pool, holder } => {
+                    ("Taken", Some(pool.clone()), vec![holder.clone()])
+                }
+                Verdict::Excluded { pool } => ("Excluded", Some(pool.clone()), Vec::new()),
+            };
+            AdoptionAddress {
+                address: s.address.clone(),
+                services: s.services.iter().take(16).cloned().collect(),
+                verdict: verdict.into(),
+                pool,
+                with: with.into_iter().take(16).collect(),
+            }
+        })
+        .collect();
+    AdoptionStatus {
+        mode: a.mode.as_str().into(),
+        state: adoption_state(a).into(),
+        reasons,
+        served,
+        served_total: i64::try_from(a.served.len()).unwrap_or(i64::MAX),
+        hand_made_pools: a
+            .hand_made
+            .iter()
+            .take(lines)
+            .map(|h| AdoptionHandMadePool {
+                namespace: h.namespace.clone(),
+                name: h.name.clone(),
+                addresses: h.addresses.clone(),
+                pools: h.pools.clone(),
+                outside: h.outside.clone(),
+                taken_over_by: h.taken_over_by.clone(),
+            })
+            .collect(),
+        conflicts: a
+            .conflicts
+            .iter()
+            .take(lines)
+            .map(|c| AdoptionConflict {
+                with: c.with.clone(),
+                kind: format!("{:?}", c.kind),
+                addresses: c.addresses.clone(),
+            })
+            .collect(),
+        adopt: a
+            .adopt
+            .iter()
+            .map(|(pool, pieces)| crate::resources::AdoptionPool {
+                pool: pool.clone(),
+                addresses: pieces.iter().map(short).collect(),
+            })
+            .collect(),
+    }
+}
+
+/// `Waiting`, `NeedsLook`, `DryRun`, `Adopting` (its hand-made MetalLB pools inside kipam's
+/// pools not all taken over yet) or `Adopted`.
+pub fn adoption_state(a: &ClusterAdoption) -> &'static str {
+    use crate::planner::adopt::AdoptState;
+    use crate::resources::AdoptMode;
+    match (&a.state, a.mode) {
+        (AdoptState::Waiting(_), _) => "Waiting",
+        (AdoptState::NeedsLook(_), _) => "NeedsLook",
+        (AdoptState::Ready, AdoptMode::Adopt) if a.hand_made.iter().all(|h| h.pools.is_empty()) => {
+            "Adopted"
+        }
+        (AdoptState::Ready, AdoptMode::Adopt) => "Adopting",
+        (AdoptState::Ready, _) => "DryRun",
+    }
+}
+
+/// The `Adopted` condition: (true once adopted, reason, message).
+pub fn adoption_condition(a: &ClusterAdoption) -> (bool, &'static str, String) {
+    use crate::planner::adopt::{AdoptState, Verdict};
+    let state = adoption_state(a);
+    let count = |f: &dyn Fn(&Verdict) -> bool| a.served.iter().filter(|s| f(&s.verdict)).count();
+    let adopt = count(&|v| matches!(v, Verdict::Adopt { .. } | Verdict::Held { .. }));
+    let outside = count(&|v| matches!(v, Verdict::Outside));
+    let served = a.served.len();
+    let takeovers: Vec<String> = a
+        .takeover
+        .iter()
+        .map(|(pool, t)| format!("pool {pool} takes over MetalLB pool {}", t.metallb_pool))
+        .collect();
+    let summary = format!(
+        "the user cluster serves {served} address(es): {adopt} inside kipam's pools, {outside} outside every pool (left as they are){}",
+        if takeovers.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", takeovers.join(", "))
+        }
+    );
+    let message = match &a.state {
+        AdoptState::Waiting(why) => format!("adoption waits: {why}"),
+        AdoptState::NeedsLook(why) => format!("{summary}; needs a look: {}", why.join("; ")),
+        AdoptState::Ready if state == "DryRun" => {
+            format!("{summary}; dry run: set adopt to Adopt to take it over")
+        }
+        AdoptState::Ready => summary,
+    };
+    (state == "Adopted", state, message)
 }
 
 #[cfg(test)]

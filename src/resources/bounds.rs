@@ -48,6 +48,12 @@ pub const MAX_PREFIX_LENGTH: i32 = 128;
 
 /// Conditions in one status.
 pub const MAX_CONDITIONS: u32 = 32;
+/// Lines (reasons, hand-made pools, conflicts) in a Cluster's `status.adoption`.
+pub const MAX_ADOPTION_LINES: u32 = 64;
+/// One such line, or a `namespace/name`.
+pub const MAX_ADOPTION_LINE: u32 = 1024;
+/// Addresses listed in `status.adoption.served`.
+pub const MAX_ADOPTION_ADDRESSES: u32 = 512;
 /// A condition `type` (Kubernetes `metav1.Condition`: 316, a qualified name).
 pub const MAX_CONDITION_TYPE: u32 = 316;
 /// A condition `reason` (Kubernetes `metav1.Condition`: 1024).

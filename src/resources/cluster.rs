@@ -144,4 +144,130 @@ pub struct ClusterStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = MAX_CONDITIONS))]
     pub conditions: Vec<Condition>,
+    /// Present while `adopt` (the cluster's or its datacenter's) is `DryRun` or `Adopt`: what
+    /// the user cluster serves and what kipam does (or would do) with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adoption: Option<AdoptionStatus>,
+}
+
+/// Where taking over a user cluster that already runs MetalLB stands.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdoptionStatus {
+    /// `DryRun` or `Adopt`: the value that applies.
+    #[schemars(length(max = MAX_LABEL))]
+    pub mode: String,
+    /// `Waiting` (not read yet), `NeedsLook` (a person must act first, see `reasons`),
+    /// `DryRun` (read; what `Adopt` would do is below), `Adopting` (allocation committed,
+    /// the hand-made MetalLB pool not taken over yet) or `Adopted`.
+    #[schemars(length(max = MAX_LABEL))]
+    pub state: String,
+    /// Why it waits or needs a look, one line each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_ADOPTION_LINES), inner(length(max = MAX_ADOPTION_LINE)))]
+    pub reasons: Vec<String>,
+    /// Every address the user cluster's `LoadBalancer` Services hold, with what kipam does
+    /// with it (the first 512; `servedTotal` counts them all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_ADOPTION_ADDRESSES))]
+    pub served: Vec<AdoptionAddress>,
+    /// How many addresses the user cluster serves in all.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub served_total: i64,
+    /// The MetalLB `IPAddressPool`s kipam did not create.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_ADOPTION_LINES))]
+    pub hand_made_pools: Vec<AdoptionHandMadePool>,
+    /// Other user clusters (or holders) with a claim on the same addresses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_ADOPTION_LINES))]
+    pub conflicts: Vec<AdoptionConflict>,
+    /// Per pool, the pieces that become (in a dry run: would become) the cluster's
+    /// allocation: the same as `spec.ipam.<pool>.addresses` overrides a person could set
+    /// instead.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_OVERRIDES))]
+    pub adopt: Vec<AdoptionPool>,
+}
+
+/// What one pool's allocation adopts.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdoptionPool {
+    /// The kipam pool.
+    #[schemars(length(max = MAX_SUBDOMAIN))]
+    pub pool: String,
+    /// The pieces, `a.b.c.d` or `first-last`.
+    #[schemars(length(max = MAX_OVERRIDE_PIECES), inner(length(max = MAX_ADDRESS_RANGE)))]
+    pub addresses: Vec<String>,
+}
+
+/// One address a user cluster serves.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdoptionAddress {
+    /// The address.
+    #[schemars(length(max = MAX_ADDRESS))]
+    pub address: String,
+    /// The Services holding it, `namespace/name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(max = MAX_ADOPTION_LINE)))]
+    pub services: Vec<String>,
+    /// `Adopt`, `Held` (already its own), `Outside` (every pool), `Contested`, `Taken` (kipam
+    /// gave it to another holder) or `Excluded`.
+    #[schemars(length(max = MAX_LABEL))]
+    pub verdict: String,
+    /// The pool whose datacenter covers it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_SUBDOMAIN))]
+    pub pool: Option<String>,
+    /// `Contested`: the other user clusters; `Taken`: the holder.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(max = MAX_ADOPTION_LINE)))]
+    pub with: Vec<String>,
+}
+
+/// A MetalLB pool typed in by hand in the user cluster.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdoptionHandMadePool {
+    /// Its namespace.
+    #[schemars(length(max = MAX_LABEL))]
+    pub namespace: String,
+    /// Its name.
+    #[schemars(length(max = MAX_SUBDOMAIN))]
+    pub name: String,
+    /// Its `spec.addresses`, as written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_OVERRIDE_PIECES), inner(length(max = MAX_ADOPTION_LINE)))]
+    pub addresses: Vec<String>,
+    /// The kipam pools it overlaps.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(max = MAX_SUBDOMAIN)))]
+    pub pools: Vec<String>,
+    /// Its pieces outside every kipam pool: kept in it as they are.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_OVERRIDE_PIECES), inner(length(max = MAX_ADDRESS_RANGE)))]
+    pub outside: Vec<String>,
+    /// The kipam pool whose allocation takes it over in place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_SUBDOMAIN))]
+    pub taken_over_by: Option<String>,
+}
+
+/// Addresses another user cluster (or holder) also has a claim on.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdoptionConflict {
+    /// The other user cluster, or the holder (`claim/<namespace>/<name>` for a machine).
+    #[schemars(length(max = MAX_ADOPTION_LINE))]
+    pub with: String,
+    /// `BothServe`, `Held`, `TheirPoolCovers` or `CoversTheirs`.
+    #[schemars(length(max = MAX_LABEL))]
+    pub kind: String,
+    /// The addresses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_OVERRIDE_PIECES), inner(length(max = MAX_ADDRESS_RANGE)))]
+    pub addresses: Vec<String>,
 }

@@ -21,7 +21,8 @@ pub use allocation::{
 pub use allocation::{PieceKind, PieceStatus};
 pub use cluster::ClusterGrowth;
 pub use cluster::{
-    Cluster, ClusterPoolOverride, ClusterSpec, ClusterStatus, KubeconfigReference, SecretKeyRef,
+    AdoptionAddress, AdoptionConflict, AdoptionHandMadePool, AdoptionPool, AdoptionStatus, Cluster,
+    ClusterPoolOverride, ClusterSpec, ClusterStatus, KubeconfigReference, SecretKeyRef,
 };
 pub use condition::Condition;
 pub use pool::AdoptMode;

@@ -71,6 +71,8 @@ pub(super) async fn run(
         &added,
         &HashMap::new(),
         &written.failures,
+        // No cluster being adopted takes this path (`Named::read`).
+        &Default::default(),
         &now,
         limit,
         &mut outcome,

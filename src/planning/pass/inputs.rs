@@ -31,6 +31,8 @@ pub(super) struct Inputs {
     pub claims: super::claims::ClaimsRead,
     /// The record entries of hand-made `IPAddress`es that stay (`commit` keeps them).
     pub hand_made: HandMadeEntries,
+    /// The adoption of user clusters that already run MetalLB (`spec.adopt`).
+    pub adoption: crate::planner::adopt::AdoptionPlan,
 }
 
 /// Record entries of hand-made `IPAddress`es the webhook committed, by pool datacenter:
@@ -371,8 +373,13 @@ pub(super) async fn gather(
             }
         }
     }
+    // Adoption last: it sees every holder, and holds or overrides the clusters it concerns.
+    let adoption = adoption_plan(ctx, pools, clusters, &pool_inputs, &stored);
+    crate::planner::adopt::apply(&adoption, &mut cluster_inputs, &pool_inputs);
+    held_elsewhere.extend(adoption.set_aside.iter().cloned());
     held_elsewhere.sort();
     Ok(Inputs {
+        adoption,
         hand_made: hand_made_entries,
         claims,
         quarantined,
@@ -384,6 +391,50 @@ pub(super) async fn gather(
         cluster_errors,
         stored,
     })
+}
+
+/// The adoption plan of the clusters `spec.adopt` (theirs or their datacenter's) has discovery
+/// read, from what the discovery reader found in their user clusters.
+fn adoption_plan(
+    ctx: &Context,
+    pools: &[Arc<IPAMPool>],
+    clusters: &[Arc<Cluster>],
+    pool_inputs: &[PoolInput],
+    stored: &[StoredAllocation],
+) -> crate::planner::adopt::AdoptionPlan {
+    use crate::planner::adopt::{self, Candidate, Reading};
+    use crate::seed::discovered::Discovery;
+    let modes: Vec<(&Cluster, crate::resources::AdoptMode)> = clusters
+        .iter()
+        .filter(|c| c.metadata.deletion_timestamp.is_none())
+        .filter_map(|c| {
+            let mode = adopt::effective_mode(c, pools.iter().map(AsRef::as_ref));
+            adopt::reads(mode).then_some((c.as_ref(), mode?))
+        })
+        .collect();
+    if modes.is_empty() {
+        return Default::default();
+    }
+    let seen = ctx.discovered.snapshot();
+    let names: Vec<String> = modes.iter().map(|(c, _)| c.name_any()).collect();
+    let candidates: Vec<Candidate<'_>> = modes
+        .iter()
+        .zip(&names)
+        .map(|((c, mode), name)| Candidate {
+            name,
+            datacenter: &c.spec.datacenter,
+            mode: *mode,
+            reading: match seen.get(name) {
+                _ if c.spec.kubeconfig.is_none() => {
+                    Reading::Unreadable("the Cluster names no kubeconfig (spec.kubeconfig)")
+                }
+                None => Reading::NotYet,
+                Some(Discovery::Unreadable { reason, .. }) => Reading::Unreadable(reason),
+                Some(d) => d.complete().map_or(Reading::NotYet, Reading::Read),
+            },
+        })
+        .collect();
+    adopt::plan(pool_inputs, stored, &candidates)
 }
 
 /// What the objects this plan releases still show, in pool datacenters without a quarantine:

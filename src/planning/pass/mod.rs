@@ -220,6 +220,7 @@ async fn full(
         &view.now,
     );
     writes.pieces = Some(&grown.pieces);
+    writes.adoption = Some(&gathered.adoption);
     let mut jobs = writes.select(&planned);
     for (record, holders) in claims::to_create(&planned.plan, &gathered.claims) {
         jobs.to_write.entry(record).or_default().extend(holders);
@@ -293,6 +294,7 @@ async fn full(
         &planned,
         &gathered.cluster_errors,
         &written.failures,
+        &gathered.adoption,
         &mut outcome,
     )
     .await;
@@ -443,6 +445,7 @@ struct Gathered {
     cluster_errors: HashMap<String, Vec<crate::validation::FieldError>>,
     claims: claims::ClaimsRead,
     hand_made: inputs::HandMadeEntries,
+    adoption: crate::planner::adopt::AdoptionPlan,
 }
 
 async fn gather(
@@ -474,6 +477,7 @@ async fn gather(
             cluster_errors: i.cluster_errors,
             claims: i.claims,
             hand_made: i.hand_made,
+            adoption: i.adoption,
         }),
         Err(e) => {
             // The changes taken from the ledger are not planned: plan everything next time.
@@ -527,6 +531,9 @@ struct Writes<'a> {
     now: &'a str,
     /// What the growth step says `status.pieces` should be, by (cluster, pool).
     pieces: Option<&'a HashMap<(String, String), Vec<crate::resources::PieceStatus>>>,
+    /// The adoption plan: a new allocation of a cluster taking over a hand-made MetalLB pool
+    /// names that pool.
+    adoption: Option<&'a crate::planner::adopt::AdoptionPlan>,
 }
 
 /// Step "jobs": the decisions that need a write, by index, and which of them the fence
@@ -553,6 +560,7 @@ impl<'a> Writes<'a> {
             policies,
             now,
             pieces: None,
+            adoption: None,
         }
     }
 
@@ -578,6 +586,30 @@ impl<'a> Writes<'a> {
         ) && d.change != planner::Change::Conflict
         {
             obj.status.get_or_insert_with(Default::default).pieces = pieces.clone();
+        }
+        // Set once, on the object that adoption creates; kept with the rest of its metadata
+        // afterwards (the rendering keeps taking the same MetalLB pool over).
+        if existing.is_none()
+            && let Some(obj) = desired.as_mut()
+            && let Some(t) = self
+                .adoption
+                .and_then(|a| a.get(&d.cluster))
+                .and_then(|a| a.takeover.get(&d.pool))
+        {
+            let annotations = obj
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default);
+            annotations.insert(
+                crate::resources::ANNOTATION_METALLB_POOL.into(),
+                t.metallb_pool.clone(),
+            );
+            if !t.kept.is_empty() {
+                annotations.insert(
+                    crate::resources::ANNOTATION_METALLB_KEPT.into(),
+                    t.kept.join(","),
+                );
+            }
         }
         AllocationWrite::new(d, existing, desired)
     }
@@ -738,6 +770,7 @@ async fn write_cluster_statuses(
     planned: &Planned,
     cluster_errors: &HashMap<String, Vec<crate::validation::FieldError>>,
     write_failures: &HashMap<String, Vec<String>>,
+    adoption: &crate::planner::adopt::AdoptionPlan,
     outcome: &mut PassOutcome,
 ) {
     let checked: Vec<Arc<Cluster>> = view
@@ -756,6 +789,7 @@ async fn write_cluster_statuses(
         &planned.plan.decisions,
         cluster_errors,
         write_failures,
+        adoption,
         &view.now,
         state.write_concurrency,
         outcome,

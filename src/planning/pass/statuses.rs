@@ -20,6 +20,18 @@ use crate::validation::FieldError;
 /// finalizer) after reading them. Returns the clusters whose status is still to be written
 /// (failed, changed under the update, or held back).
 #[allow(clippy::too_many_arguments)]
+/// The merge patch of a Cluster's status: `adoption` is written as `null` when absent, so
+/// that it goes once the cluster no longer adopts (a merge patch keeps a field it leaves out).
+fn status_patch(next: &ClusterStatus) -> serde_json::Value {
+    let mut v = serde_json::to_value(next).unwrap_or_default();
+    if next.adoption.is_none()
+        && let Some(m) = v.as_object_mut()
+    {
+        m.insert("adoption".into(), serde_json::Value::Null);
+    }
+    v
+}
+
 pub(super) async fn write_cluster_status(
     ctx: &Context,
     clusters: &[Arc<Cluster>],
@@ -27,6 +39,7 @@ pub(super) async fn write_cluster_status(
     decisions: &[Decision],
     errors: &HashMap<String, Vec<FieldError>>,
     write_failures: &HashMap<String, Vec<String>>,
+    adoption: &crate::planner::adopt::AdoptionPlan,
     now: &str,
     limit: usize,
     outcome: &mut PassOutcome,
@@ -49,9 +62,11 @@ pub(super) async fn write_cluster_status(
         }
         let name = c.name_any();
         let previous = c.status.clone().unwrap_or_default();
+        let adopting = adoption.get(&name);
         let mut next = ClusterStatus {
             namespace: Some(cluster_namespace(&name)),
             conditions: previous.conditions.clone(),
+            adoption: adopting.map(status::adoption_status),
         };
         let (ok, reason, message) = match (errors.get(&name), write_failures.get(&name)) {
             (_, Some(failed)) => (false, "WriteFailed".to_string(), failed.join("; ")),
@@ -65,7 +80,14 @@ pub(super) async fn write_cluster_status(
             ),
             (None, None) => {
                 let mine = by_cluster.get(name.as_str()).cloned().unwrap_or_default();
-                if mine.is_empty() {
+                let held_back = adopting.filter(|a| {
+                    !matches!(a.state, crate::planner::adopt::AdoptState::Ready)
+                        || a.mode != crate::resources::AdoptMode::Adopt
+                });
+                if let Some(a) = held_back.filter(|_| mine.iter().all(|d| d.held.is_none())) {
+                    let (_, state, message) = status::adoption_condition(a);
+                    (false, format!("Adoption{state}"), message)
+                } else if mine.is_empty() {
                     (
                         true,
                         "NoPools".to_string(),
@@ -106,6 +128,21 @@ pub(super) async fn write_cluster_status(
                 .conditions
                 .retain(|c| c.type_ != "GrowthDemandReadable"),
         }
+        match adopting {
+            Some(a) => {
+                let (ok, reason, message) = status::adoption_condition(a);
+                status::set_condition(
+                    &mut next.conditions,
+                    "Adopted",
+                    ok,
+                    reason,
+                    message,
+                    c.metadata.generation,
+                    now,
+                );
+            }
+            None => next.conditions.retain(|c| c.type_ != "Adopted"),
+        }
         if next == previous {
             return None;
         }
@@ -127,7 +164,7 @@ pub(super) async fn write_cluster_status(
                     &PatchParams::default(),
                     &Patch::Merge(json!({
                         "metadata": { "resourceVersion": read_at },
-                        "status": next,
+                        "status": status_patch(&next),
                     })),
                 )
                 .await
