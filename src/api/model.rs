@@ -75,7 +75,7 @@ pub struct DatacenterBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub growth: Option<Growth>,
     /// Take over this datacenter's user clusters that already run MetalLB: `DryRun`,
-    /// `Adopt` or `Off` (a Cluster's own `spec.adopt` wins).
+    /// `Adopt` or `Disabled` (a Cluster's own `spec.adopt` wins).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adopt: Option<AdoptMode>,
 }

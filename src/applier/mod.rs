@@ -379,6 +379,7 @@ fn round(
         .map(|c| (c.name_any(), c))
         .collect();
     let mut next = options.resync;
+    let pools = caches.pools.state();
     // Clusters whose Addons are all gone: their tenant state goes too.
     tenants.retain(|name, t| {
         t.running || by_namespace.contains_key(&crate::resources::cluster_namespace(name))
@@ -392,6 +393,15 @@ fn round(
         };
         addons.sort_by_key(|a| a.name_any());
         let cluster = clusters.get(&cluster_name).cloned();
+        // A cluster being adopted is left alone until its adoption commits (the planning pass
+        // says `Adopting` or `Adopted`): a dry run, a wait or a conflict writes nothing into
+        // the user cluster.
+        if cluster
+            .as_deref()
+            .is_some_and(|c| held_by_adoption(c, &pools))
+        {
+            continue;
+        }
         let secret = cluster.as_ref().and_then(|c| {
             let (ns, name, _) = kubeconfig::secret_location(c)?;
             caches
@@ -469,6 +479,22 @@ fn round(
         next = next.min(due);
     }
     next.max(Duration::from_millis(50))
+}
+
+/// Whether adoption holds the cluster's user cluster back from the applier: `adopt` applies
+/// and the planning pass has not said `Adopting` or `Adopted`.
+fn held_by_adoption(cluster: &Cluster, pools: &[Arc<IPAMPool>]) -> bool {
+    use crate::planner::adopt;
+    let mode = adopt::effective_mode(cluster, pools.iter().map(AsRef::as_ref));
+    if !adopt::reads(mode) {
+        return false;
+    }
+    let state = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.adoption.as_ref())
+        .map(|a| a.state.as_str());
+    !matches!(state, Some("Adopting" | "Adopted"))
 }
 
 /// A digest of everything a sync of this user cluster depends on (statuses excluded, so that

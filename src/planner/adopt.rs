@@ -47,7 +47,7 @@ pub struct ServedService {
 
 /// The adoption mode that applies to a cluster: its own `spec.adopt`, else the `adopt` of its
 /// datacenter in the pools that list it. Pools that disagree give the most careful of their
-/// values (`DryRun` before `Adopt` before `Off`). `None` and `Off` both mean: start from
+/// values (`DryRun` before `Adopt` before `Disabled`). `None` and `Disabled` both mean: start from
 /// nothing, read nothing.
 pub fn effective_mode<'a>(
     cluster: &Cluster,
@@ -59,7 +59,7 @@ pub fn effective_mode<'a>(
     let care = |m: &AdoptMode| match m {
         AdoptMode::DryRun => 0,
         AdoptMode::Adopt => 1,
-        AdoptMode::Off => 2,
+        AdoptMode::Disabled => 2,
     };
     pools
         .into_iter()
@@ -357,6 +357,7 @@ pub fn plan(
             .unwrap_or_default();
         let mut contested: BTreeMap<String, Vec<AddrRange>> = BTreeMap::new();
         let mut taken: BTreeMap<String, Vec<AddrRange>> = BTreeMap::new();
+        let mut held_contested: BTreeMap<String, Vec<AddrRange>> = BTreeMap::new();
         for (addr, services) in &own_served {
             let verdict = match pool_dcs
                 .iter()
@@ -376,6 +377,17 @@ pub fn plan(
                 }
                 Verdict::Taken { holder, .. } => {
                     taken.entry(holder.clone()).or_default().push(*addr)
+                }
+                // Already its own: another user cluster serving it too is told, not blocked on.
+                Verdict::Held { .. } => {
+                    for (other, served) in served_by.get(c.datacenter).into_iter().flatten() {
+                        if *other != c.name && served.contains_key(addr) {
+                            held_contested
+                                .entry(other.to_string())
+                                .or_default()
+                                .push(*addr);
+                        }
+                    }
                 }
                 _ => {}
             }
@@ -439,6 +451,13 @@ pub fn plan(
                 with,
                 addresses: addrs.iter().map(short).collect(),
                 kind: ConflictKind::CoversTheirs,
+            });
+        }
+        for (with, addrs) in held_contested {
+            adoption.conflicts.push(Conflict {
+                with,
+                addresses: merged(addrs).iter().map(short).collect(),
+                kind: ConflictKind::BothServe,
             });
         }
         for (with, addrs) in taken {
@@ -593,6 +612,38 @@ pub fn plan(
         }
         out.clusters.push(adoption);
     }
+    // Nobody adopts in a datacenter before every user cluster there that discovery reads has
+    // been read: an address two of them serve must be seen from both sides first, or the
+    // first one read would take it.
+    let mut unread: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for c in candidates {
+        if !matches!(c.reading, Reading::Read(_)) {
+            unread.entry(c.datacenter).or_default().push(c.name);
+        }
+    }
+    for a in out.clusters.iter_mut() {
+        let Some(others) = unread.get(a.datacenter.as_str()) else {
+            continue;
+        };
+        if a.state == AdoptState::Ready && a.mode == AdoptMode::Adopt && !a.adopt.is_empty() {
+            let mut names: Vec<&str> = others.clone();
+            names.sort();
+            a.state = AdoptState::Waiting(format!(
+                "user cluster(s) {} of datacenter {} not read yet: nothing is adopted there until every user cluster that adopts has been read",
+                names.join(", "),
+                a.datacenter
+            ));
+            // What it would adopt stays set aside for everybody meanwhile.
+            for (_, pieces) in &a.adopt {
+                out.set_aside.push(HeldElsewhere {
+                    pool: String::new(),
+                    datacenter: a.datacenter.clone(),
+                    holder: format!("served/{}", a.cluster),
+                    addresses: pieces.clone(),
+                });
+            }
+        }
+    }
     out.set_aside.sort();
     out
 }
@@ -619,7 +670,7 @@ pub fn apply(plan: &AdoptionPlan, clusters: &mut [ClusterInput], pools: &[PoolIn
                 "adopt is DryRun: kipam reads the user cluster and reports, and writes nothing for it until adopt is Adopt".to_string(),
             ),
             (AdoptState::Ready, AdoptMode::Adopt) => None,
-            (AdoptState::Ready, AdoptMode::Off) => continue,
+            (AdoptState::Ready, AdoptMode::Disabled) => continue,
         };
         if let Some(why) = hold {
             if c.hold.is_none() {

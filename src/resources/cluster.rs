@@ -47,7 +47,7 @@ pub struct ClusterSpec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pause: bool,
     /// Take over a user cluster that already runs MetalLB (see `docs/adopt.md`): `DryRun`,
-    /// `Adopt` or `Off`. When left out, the `adopt` of its datacenter in the pools that serve
+    /// `Adopt` or `Disabled`. When left out, the `adopt` of its datacenter in the pools that serve
     /// it applies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adopt: Option<super::AdoptMode>,

@@ -154,8 +154,8 @@ pub enum AdoptMode {
     /// hand-made MetalLB pool in place.
     Adopt,
     /// Start from nothing, as for a new cluster: a Cluster's way to leave its datacenter's
-    /// `adopt` setting.
-    Off,
+    /// `adopt` setting (not `Off`: YAML 1.1, which kubectl speaks, reads that as `false`).
+    Disabled,
 }
 
 impl AdoptMode {
@@ -163,7 +163,7 @@ impl AdoptMode {
         match self {
             AdoptMode::DryRun => "DryRun",
             AdoptMode::Adopt => "Adopt",
-            AdoptMode::Off => "Off",
+            AdoptMode::Disabled => "Disabled",
         }
     }
 }

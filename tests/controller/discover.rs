@@ -288,7 +288,7 @@ async fn only_clusters_that_adopt_are_read_and_one_that_stops_is_dropped() {
     service(&plain, "web", "LoadBalancer", Some("10.0.0.3"), None);
     let reader = Reader::start(&seed).await;
     register(&seed, "plain", &plain, None);
-    register(&seed, "off", &plain, Some("Off"));
+    register(&seed, "off", &plain, Some("Disabled"));
     register(&seed, "adopting", &adopting, Some("DryRun"));
     wait_for(&reader, "the adopting cluster read", "adopting", |d| {
         complete(&d).is_some()
@@ -334,7 +334,7 @@ spec:
     assert_eq!(reader.ctx.discovered.get("off"), None);
 
     // A cluster that stops adopting is dropped from the cache.
-    register(&seed, "adopting", &adopting, Some("Off"));
+    register(&seed, "adopting", &adopting, Some("Disabled"));
     wait_for(
         &reader,
         "the cluster that stopped adopting dropped",

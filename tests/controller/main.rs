@@ -6,6 +6,7 @@ mod support;
 
 mod addons;
 mod addons_off;
+mod adopt;
 mod api;
 mod capi;
 mod chaos;

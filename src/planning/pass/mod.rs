@@ -281,6 +281,7 @@ async fn full(
 
     let mut notes = written.notes;
     growth::report_refusals(ctx, state, &grown, &mut notes);
+    adoption_notes(&view.clusters, &gathered.adoption, &mut notes);
     if let Some(due) = grown.next_due {
         outcome.status_after = Some(outcome.status_after.map_or(due, |s| s.min(due)));
     }
@@ -778,7 +779,11 @@ async fn write_cluster_statuses(
         .iter()
         .filter(|c| {
             let name = c.name_any();
-            planned.scope.covers_cluster(&name) || write_failures.contains_key(&name)
+            // A cluster being adopted is looked at on every pass: what its user cluster
+            // serves may change without anything to plan.
+            planned.scope.covers_cluster(&name)
+                || write_failures.contains_key(&name)
+                || adoption.get(&name).is_some()
         })
         .cloned()
         .collect();
@@ -796,6 +801,40 @@ async fn write_cluster_statuses(
     )
     .await;
     state.retry_clusters.extend(unwritten);
+}
+
+/// An event for every cluster whose adoption moved on (its `Adopted` condition is about to
+/// change): a warning when it needs a look, naming the other clusters and the addresses.
+fn adoption_notes(
+    clusters: &[Arc<Cluster>],
+    adoption: &crate::planner::adopt::AdoptionPlan,
+    notes: &mut BTreeMap<String, Vec<allocations::ClusterNote>>,
+) {
+    if adoption.clusters.is_empty() {
+        return;
+    }
+    for c in clusters {
+        let name = c.name_any();
+        let Some(a) = adoption.get(&name) else {
+            continue;
+        };
+        let (_, reason, message) = crate::status::adoption_condition(a);
+        let shown = c
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|x| x.type_ == "Adopted"));
+        if shown.is_some_and(|x| x.reason == reason && x.message == message) {
+            continue;
+        }
+        notes
+            .entry(name)
+            .or_default()
+            .push(allocations::ClusterNote {
+                warning: reason == "NeedsLook",
+                reason: format!("Adoption{reason}"),
+                note: message,
+            });
+    }
 }
 
 /// The end of every pass: whether to run again soon, and when a held-back write is due.
