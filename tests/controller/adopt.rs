@@ -270,3 +270,96 @@ async fn a_fleet_that_runs_metallb_is_taken_over_without_a_service_losing_its_ad
         }
     }
 }
+
+const GROWING_POOL: &str = "
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata:
+  name: metallb
+spec:
+  datacenters:
+    dc-1:
+      type: range
+      poolCidr: 10.0.0.0/24
+      allocationRange: 8
+      reuseAfter: 1h
+      growth: {increment: 2, max: 8, shrinkAfter: 1h}
+";
+
+/// An adopted allocation is like any other: it grows when MetalLB refuses a Service, a hand
+/// edit of the pool it took over is repaired, and once released its addresses are quarantined
+/// for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopted_allocation_grows_is_repaired_and_is_quarantined_like_any_other() {
+    let seed = Seed::start("adopt-growth").await;
+    let (user, model) = user_cluster(&["10.0.0.40-10.0.0.47"], &[("a", None), ("b", None)]).await;
+    let _ctl = seed.controller("ctl");
+    seed.apply(GROWING_POOL);
+    register(&seed, "u", &user, Some("Adopt"));
+    addon(&seed, "u");
+    seed.wait_for("u adopted", WAIT, "ctl", |s| {
+        s.condition("clusters", "u", "Adopted")
+            .is_some_and(|c| c["status"] == "True")
+    })
+    .await;
+    assert_eq!(seed.held("u", "metallb"), "10.0.0.40-10.0.0.41");
+
+    // Growth: the taken-over pool holds only what was served; a third Service is refused by
+    // MetalLB, the allocation grows, and the Service is served.
+    user.apply(&json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "c", "namespace": "apps"},
+        "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]}}))
+        .expect("service c");
+    seed.wait_for("c served after growth", WAIT, "ctl", |_| {
+        addresses(&user).contains_key("c")
+    })
+    .await;
+    let held = seed.held("u", "metallb");
+    assert_ne!(held, "10.0.0.40-10.0.0.41", "the allocation grew");
+    let c = addresses(&user)["c"].clone();
+    assert!(!c.is_empty());
+
+    // Up to here no Service lost its address, and MetalLB never saw two pools overlap.
+    assert!(model.caught_up(WAIT).await);
+    assert_eq!(model.lost_addresses(), vec![]);
+    assert_eq!(model.overlaps(), vec![]);
+
+    // Drift: a hand edit of the pool kipam took over is taken back (MetalLB moves the
+    // Services meanwhile, as it would: that is the hand edit's doing).
+    let mut edited = pool_in(&user);
+    edited["spec"]["addresses"] = json!(["10.0.0.200-10.0.0.210"]);
+    edited["metadata"]
+        .as_object_mut()
+        .map(|m| m.remove("resourceVersion"));
+    user.apply(&edited).expect("hand edit");
+    seed.wait_for("the hand edit repaired", WAIT, "ctl", |_| {
+        pool_in(&user)["spec"]["addresses"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x.as_str() == Some("10.0.0.40-10.0.0.41")))
+    })
+    .await;
+
+    // Quarantine: the cluster deleted, its addresses are kept from a newcomer for an hour.
+    let before = seed.held("u", "metallb");
+    seed.delete("clusters", None, "u");
+    seed.wait_for("u released", WAIT, "ctl", |s| {
+        s.allocation("u", "metallb").is_none()
+    })
+    .await;
+    seed.cluster("newcomer", "dc-1");
+    seed.wait_for("newcomer allocated", WAIT, "ctl", |s| {
+        !s.held("newcomer", "metallb").is_empty()
+    })
+    .await;
+    let newcomer = seed.held("newcomer", "metallb");
+    for piece in before.split(',') {
+        assert!(
+            !newcomer.split(',').any(|p| p == piece),
+            "newcomer got {piece} of the adopted allocation ({newcomer})"
+        );
+    }
+    assert!(
+        !newcomer.contains("10.0.0.40"),
+        "newcomer got an adopted address: {newcomer}"
+    );
+}
