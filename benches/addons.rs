@@ -25,6 +25,13 @@
 //! demand reader watches every user cluster's Services and Events too.
 //! `KIPAM_BENCH_BEFORE=<path to another kipam binary>` runs every size with that binary first,
 //! then with this build's, so both sets of figures come from one run.
+//!
+//! `KIPAM_BENCH_ADOPT=1` measures the **adoption dry run** instead (`docs/adopt.md`): the pool
+//! datacenter says `adopt: DryRun`, every user cluster has a hand-made MetalLB pool and two
+//! LoadBalancer Services holding addresses, and the figure is the time from creating the N
+//! Clusters to every one showing its complete report (`status.adoption.state: DryRun`), with
+//! the requests the user clusters served for it. Nothing may be written into a user cluster or
+//! allocated meanwhile.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -56,6 +63,100 @@ fn tls() -> bool {
 
 fn growth() -> bool {
     std::env::var_os("KIPAM_BENCH_GROWTH").is_some()
+}
+
+fn adopt() -> bool {
+    std::env::var_os("KIPAM_BENCH_ADOPT").is_some()
+}
+
+/// The first address of user cluster `i`'s hand-made pool, inside [`POOL`]'s CIDR.
+fn hand_made_base(i: usize) -> std::net::Ipv4Addr {
+    std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 0, 0, 0)) + (i as u32) * 16)
+}
+
+/// A hand-made MetalLB pool of 8 addresses and two Services holding the first two.
+fn brownfield(user: &ApiServer, i: usize) {
+    let base = u32::from(hand_made_base(i));
+    let at = |k: u32| std::net::Ipv4Addr::from(base + k).to_string();
+    user.apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "apps"}}))
+        .expect("namespace");
+    user.apply(
+        &json!({"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+        "metadata": {"name": "legacy", "namespace": "metallb-system"},
+        "spec": {"addresses": [format!("{}-{}", at(0), at(7))]}}),
+    )
+    .expect("hand-made pool");
+    for (k, svc) in ["a", "b"].iter().enumerate() {
+        user.apply(&json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": svc, "namespace": "apps"},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]}}))
+            .expect("service");
+        user.set_status(
+            "services",
+            Some("apps"),
+            svc,
+            json!({"loadBalancer": {"ingress": [{"ip": at(k as u32)}]}}),
+        )
+        .expect("service status");
+    }
+}
+
+/// The adoption dry run: every Cluster's complete report, and nothing written.
+fn dry_run(size: usize, seed: &ApiServer, users: &[ApiServer]) -> bool {
+    let start = Instant::now();
+    for i in 0..size {
+        seed.create(
+            &json!({"apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Cluster",
+            "metadata": {"name": name(i)},
+            "spec": {"datacenter": "dc-1",
+                     "kubeconfig": {"secretRef": {"name": "kubeconfig"}}}}),
+        )
+        .expect("cluster");
+    }
+    let report = |i: usize| {
+        seed.get("clusters", None, &name(i))
+            .and_then(|c| c.pointer("/status/adoption").cloned())
+    };
+    let mut pending: Vec<usize> = (0..size).collect();
+    while !pending.is_empty() && start.elapsed() < Duration::from_secs(600) {
+        pending.retain(|&i| {
+            !report(i).is_some_and(|a| a["state"] == "DryRun" && a["servedTotal"] == 2)
+        });
+        if !pending.is_empty() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let took = start.elapsed();
+    let mut ok = pending.is_empty();
+    println!(
+        "adoption dry run, {size} clusters created at once: every Cluster shows its complete \
+         report after {:.2} s{}",
+        took.as_secs_f64(),
+        if ok {
+            String::new()
+        } else {
+            format!(" — {} still without one (FAILED)", pending.len())
+        }
+    );
+    let stats: Vec<_> = users.iter().map(|u| u.stats()).collect();
+    let requests: u64 = stats.iter().map(|s| s.total).sum();
+    let writes: u64 = stats
+        .iter()
+        .map(|s| s.verb("create") + s.verb("update") + s.verb("patch") + s.verb("delete"))
+        .sum();
+    println!(
+        "  requests served by the user clusters: {requests} ({:.1} per cluster), of which \
+         writes: {writes}",
+        requests as f64 / size as f64
+    );
+    let allocations = seed.list("ipamallocations", None).len();
+    if writes > 0 || allocations > 0 {
+        println!(
+            "  a dry run wrote {writes} time(s) into user clusters and made {allocations} allocation(s) (FAILED)"
+        );
+        ok = false;
+    }
+    ok
 }
 
 /// A self-signed CA certificate (public part only, made for this benchmark), put into every
@@ -307,6 +408,11 @@ fn run(size: usize, binary: &str) -> bool {
     } else {
         POOL.to_string()
     };
+    let pool = if adopt() {
+        format!("{}      adopt: DryRun\n", pool.trim_end_matches(' '))
+    } else {
+        pool
+    };
     seed.apply_yaml(&pool).expect("pool");
     let setup = Instant::now();
     // Over TLS, one listener serves every user cluster, each under its own path (a process
@@ -333,6 +439,9 @@ fn run(size: usize, binary: &str) -> bool {
             "metadata": {"name": "metallb-system"}}))
             .expect("namespace");
         user.apply_yaml(METALLB_CRDS).expect("CRDs");
+        if adopt() {
+            brownfield(&user, i);
+        }
         let cluster = name(i);
         let ns = format!("cluster-{cluster}");
         seed.apply(&json!({"apiVersion": "v1", "kind": "Namespace",
@@ -398,6 +507,25 @@ fn run(size: usize, binary: &str) -> bool {
         u.reset_stats();
     }
     let before = (sockets(pid), status_kib(pid, "VmRSS:").unwrap_or(0));
+    if adopt() {
+        let ok = dry_run(size, &seed, &users);
+        match peak_rss_kib(pid) {
+            Some(kib) => println!(
+                "  controller peak resident memory: {:.1} MiB",
+                kib as f64 / 1024.0
+            ),
+            None => println!("  controller peak resident memory: unavailable"),
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+        for u in &users {
+            u.shutdown();
+        }
+        seed.shutdown();
+        println!();
+        return ok;
+    }
 
     // First apply: N clusters created at once.
     let start = Instant::now();

@@ -1,13 +1,25 @@
-//! Taking over a user cluster that already runs MetalLB (`spec.adopt`): what discovery read
-//! from a user cluster, as plain data.
+//! Taking over user clusters that already run MetalLB (`spec.adopt`, `docs/adopt.md`). Pure:
+//! what discovery read, the holders kipam knows and the pools in; the adoption plan out.
 //!
-//! The discovery adapter fills [`Discovered`] from the user cluster's MetalLB
-//! `IPAddressPool`s that kipam did not create and its `LoadBalancer` Services; everything is
-//! kept as written (strings), so that the plan can name what it cannot read instead of
-//! dropping it.
+//! - [`Discovered`]: a user cluster's hand-made MetalLB pools and served addresses, kept as
+//!   written (strings), so that the plan names what it cannot read instead of dropping it.
+//! - [`plan`]: every served address gets a [`Verdict`]; a cluster is ready, waits, or needs a
+//!   look; each kipam pool's rendering takes over at most one hand-made pool in place.
+//! - [`apply`]: the plan turned into planner input — [`PoolOverride::Adopt`] for a cluster that
+//!   adopts, `hold` for the others — and `set_aside`: what read user clusters serve or may
+//!   still hand out, kept from every other holder.
+//!
+//! Invariants: an address two read user clusters serve (or one serves and the other's pool
+//! covers) is adopted by neither; nobody adopts in a datacenter before every user cluster there
+//! that adopts has been read; nothing a read user cluster serves is given to another holder.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
+use super::input::{ClusterInput, HeldElsewhere, PoolInput, PoolOverride, StoredAllocation};
+use super::spaces::{merged, minus};
+use crate::address::AddrRange;
 use crate::resources::{AdoptMode, Cluster, IPAMPool};
 
 /// What one user cluster serves today, as read through its kubeconfig.
@@ -73,14 +85,7 @@ pub fn reads(mode: Option<AdoptMode>) -> bool {
     matches!(mode, Some(AdoptMode::DryRun | AdoptMode::Adopt))
 }
 
-// ---------------------------------------------------------------------------------------
 // The adoption plan.
-
-use std::collections::{BTreeMap, BTreeSet};
-
-use super::input::{ClusterInput, HeldElsewhere, PoolInput, PoolOverride, StoredAllocation};
-use super::spaces::{merged, minus};
-use crate::address::AddrRange;
 
 /// How far discovery got with one user cluster.
 #[derive(Clone, Copy, Debug)]
