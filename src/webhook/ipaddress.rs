@@ -305,18 +305,27 @@ pub fn check(
                 ));
             }
         }
-        // Its own pool, then every other pool of the address space serving this datacenter.
-        let others = held
-            .space
-            .iter()
-            .filter(|p| p.spec.datacenters.contains_key(*dc))
-            .filter_map(|p| p.metadata.name.as_deref());
-        for holder_pool in std::iter::once(pool_name.as_str()).chain(others) {
+        // Its own pool, then every other pool of the address space: those serving this
+        // datacenter, and those that no longer do but still keep a record of it. Such a record
+        // holds what the pool's allocations there held until the planner trims it, and the
+        // planner keeps those addresses until then (should the datacenter come back to the
+        // pool first, an entry of it is a holding again).
+        let others = held.space.iter().filter_map(|p| {
+            Some((
+                p.metadata.name.as_deref()?,
+                p.spec.datacenters.contains_key(*dc),
+            ))
+        });
+        for (holder_pool, serves) in std::iter::once((pool_name.as_str(), true)).chain(others) {
             let through = if holder_pool == pool_name {
                 format!("IPAMPool {pool_name}/{dc}")
-            } else {
+            } else if serves {
                 format!(
                     "IPAMPool {holder_pool}/{dc}, which shares IPAMPool {pool_name}'s addresses"
+                )
+            } else {
+                format!(
+                    "the record of IPAMPool {holder_pool}/{dc}, which shares IPAMPool {pool_name}'s addresses and no longer serves {dc} (the record goes once its entries are released)"
                 )
             };
             for record in held
@@ -340,7 +349,8 @@ pub fn check(
                     }
                 }
             }
-            for allocation in held.allocations {
+            // Allocations of a pool that no longer serves the datacenter: `retained` below.
+            for allocation in held.allocations.iter().filter(|_| serves) {
                 let Ok(stored) = validation::stored_allocation(allocation) else {
                     continue;
                 };
@@ -808,6 +818,62 @@ mod tests {
         );
         let dc1 = AddrRange::parse_lenient("10.0.0.101").unwrap();
         assert_eq!(alone, Ok(vec![("dc-1".to_string(), dc1)]));
+    }
+
+    /// An address a pool of the address space held in a datacenter removed from it stays held
+    /// while that record keeps it: the planner holds it until the entry is trimmed, and were
+    /// the datacenter added back first, the entry would be a holding again — the history test
+    /// saw a hand-made `IPAddress` admitted there and the entry's cluster then served the same
+    /// address. Before, only the records of pools still serving the datacenter were read.
+    #[test]
+    fn an_address_in_the_record_of_a_datacenter_removed_from_a_pool_of_the_space_is_refused() {
+        let lan = lan();
+        // `vip` shares lan's addresses, but no longer serves dc-1; its record of dc-1 is left.
+        let vip: IPAMPool = serde_json::from_value(json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1",
+            "kind": "IPAMPool",
+            "metadata": {"name": "vip"},
+            "spec": {"datacenters": {"dc-2": {"type": "range", "poolCidr": "10.1.0.0/24", "allocationRange": 1}}},
+        }))
+        .unwrap();
+        let mut records = records();
+        records.push(
+            serde_json::from_value(json!({
+                "apiVersion": "ipam.kipam.dev/v1alpha1",
+                "kind": "IPAMPoolRecord",
+                "metadata": {"name": "vip.dc-1.0a000000-24"},
+                "spec": {"pool": "vip", "datacenter": "dc-1",
+                         "reservations": {"c23": {"addresses": ["10.0.0.140"]}}},
+            }))
+            .unwrap(),
+        );
+        let held = |records: &[IPAMPoolRecord]| {
+            check(
+                &address("v1beta2", "web-4", json!("10.0.0.140")),
+                Some("machines"),
+                Held {
+                    pool: Some(&lan),
+                    allocations: &[],
+                    records,
+                    space: std::slice::from_ref(&vip),
+                    retained: &[],
+                    hand_made: &[],
+                },
+            )
+            .map(|_| ())
+        };
+        refused(
+            held(&records),
+            &[
+                "held by cluster c23",
+                "IPAMPool vip/dc-1",
+                "no longer serves dc-1",
+                "vip.dc-1.0a000000-24",
+            ],
+        );
+        // Once the planner trimmed it, the address is free.
+        records.pop();
+        assert_eq!(held(&records), Ok(()));
     }
 
     #[test]
