@@ -305,27 +305,18 @@ pub fn check(
                 ));
             }
         }
-        // Its own pool, then every other pool of the address space: those serving this
-        // datacenter, and those that no longer do but still keep a record of it. Such a record
-        // holds what the pool's allocations there held until the planner trims it, and the
-        // planner keeps those addresses until then (should the datacenter come back to the
-        // pool first, an entry of it is a holding again).
-        let others = held.space.iter().filter_map(|p| {
-            Some((
-                p.metadata.name.as_deref()?,
-                p.spec.datacenters.contains_key(*dc),
-            ))
-        });
-        for (holder_pool, serves) in std::iter::once((pool_name.as_str(), true)).chain(others) {
+        // Its own pool, then every other pool of the address space serving this datacenter.
+        let others = held
+            .space
+            .iter()
+            .filter(|p| p.spec.datacenters.contains_key(*dc))
+            .filter_map(|p| p.metadata.name.as_deref());
+        for holder_pool in std::iter::once(pool_name.as_str()).chain(others) {
             let through = if holder_pool == pool_name {
                 format!("IPAMPool {pool_name}/{dc}")
-            } else if serves {
-                format!(
-                    "IPAMPool {holder_pool}/{dc}, which shares IPAMPool {pool_name}'s addresses"
-                )
             } else {
                 format!(
-                    "the record of IPAMPool {holder_pool}/{dc}, which shares IPAMPool {pool_name}'s addresses and no longer serves {dc} (the record goes once its entries are released)"
+                    "IPAMPool {holder_pool}/{dc}, which shares IPAMPool {pool_name}'s addresses"
                 )
             };
             for record in held
@@ -349,8 +340,7 @@ pub fn check(
                     }
                 }
             }
-            // Allocations of a pool that no longer serves the datacenter: `retained` below.
-            for allocation in held.allocations.iter().filter(|_| serves) {
+            for allocation in held.allocations {
                 let Ok(stored) = validation::stored_allocation(allocation) else {
                     continue;
                 };
@@ -432,6 +422,35 @@ pub fn check(
                     allocation.metadata.namespace.as_deref().unwrap_or_default(),
                     allocation.metadata.name.as_deref().unwrap_or_default(),
                 ));
+            }
+        }
+        // The record a pool of the address space still keeps of this datacenter after the
+        // datacenter was removed from it: its entries are held until the planner trims them
+        // (once their objects, refused above, are gone), and should the datacenter come back to
+        // the pool first, each is a holding again.
+        let removed_from = held
+            .space
+            .iter()
+            .filter(|p| !p.spec.datacenters.contains_key(*dc))
+            .filter_map(|p| p.metadata.name.as_deref());
+        for holder_pool in removed_from {
+            for record in held
+                .records
+                .iter()
+                .filter(|r| r.spec.pool == holder_pool && r.spec.datacenter == *dc)
+            {
+                for (entry, reservation) in &record.spec.reservations {
+                    let Ok(recorded) = allocation_of(reservation) else {
+                        continue;
+                    };
+                    if let Some(piece) = piece_holding(&recorded, &shown) {
+                        return refuse(format!(
+                            "{} in the record IPAMPool {holder_pool} keeps of {dc}, which it no longer serves (IPAMPoolRecord {}: {piece}): held until kipam releases the entry",
+                            holding(entry),
+                            record.metadata.name.as_deref().unwrap_or_default()
+                        ));
+                    }
+                }
             }
         }
         placed.push((dc.to_string(), shown));
@@ -866,8 +885,8 @@ mod tests {
             held(&records),
             &[
                 "held by cluster c23",
-                "IPAMPool vip/dc-1",
-                "no longer serves dc-1",
+                "the record IPAMPool vip keeps of dc-1",
+                "no longer serves",
                 "vip.dc-1.0a000000-24",
             ],
         );
