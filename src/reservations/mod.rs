@@ -63,6 +63,27 @@ pub fn with_recorded(held: &Allocation, recorded: &Allocation) -> Allocation {
     Allocation::Range(pieces)
 }
 
+/// What a holder holds for the planner, given what its object shows (`held`) and what its
+/// pool record entry holds (`recorded`), and the addresses the entry holds beyond that which
+/// are only set aside (for one plan, from everyone) while the commit trims them.
+///
+/// A range holding takes the entry's extra addresses, appended ([`with_recorded`]): an entry
+/// ahead of its object is a commit whose object write did not land, and the object is written
+/// again with them. A subnet cannot take a second subnet: an entry holding more than the
+/// object's subnet is a pin changed whose record is behind (the object shows the new subnet,
+/// the entry both) or ahead (the write of the new subnet did not land); a holding of both
+/// would be neither a subnet nor loadable, and would stay `Conflict` with the record never
+/// trimmed. So the subnet shown is held and the rest set aside.
+pub fn merge_recorded(held: &Allocation, recorded: &Allocation) -> (Allocation, Vec<AddrRange>) {
+    match held {
+        Allocation::Prefix(_) => {
+            let beyond = subtract(recorded.ranges().collect(), held.ranges().collect());
+            (held.clone(), beyond)
+        }
+        Allocation::Range(_) => (with_recorded(held, recorded), Vec::new()),
+    }
+}
+
 /// The addresses of `from` that are not in `minus`, sorted and merged.
 pub fn subtract_ranges(from: Vec<AddrRange>, minus: Vec<AddrRange>) -> Vec<AddrRange> {
     subtract(from, minus)
@@ -172,6 +193,29 @@ mod tests {
         );
         let prefix = Allocation::Prefix("10.0.1.0/30".parse().unwrap());
         assert_eq!(with_recorded(&prefix, &prefix), prefix);
+    }
+
+    /// A range holding takes what its entry holds beyond it; a subnet keeps the subnet its
+    /// object shows, and what the entry holds beyond it is only set aside. Before, the two
+    /// subnets of a changed pin were joined into a range no prefix pool could load: the
+    /// allocation stayed `Conflict` and the old subnet in the record for good.
+    #[test]
+    fn a_subnet_never_takes_a_second_subnet_from_its_record_entry() {
+        let held = range("10.0.0.0-10.0.0.3");
+        let (merged, aside) = merge_recorded(&held, &range("10.0.0.0-10.0.0.7"));
+        assert_eq!(merged.to_string(), "10.0.0.0-10.0.0.3,10.0.0.4-10.0.0.7");
+        assert!(aside.is_empty());
+
+        let new = Allocation::Prefix("10.0.1.4/30".parse().unwrap());
+        let both = with_recorded(&new, &Allocation::Prefix("10.0.1.0/30".parse().unwrap()));
+        let (merged, aside) = merge_recorded(&new, &both);
+        assert_eq!(merged, new);
+        assert_eq!(
+            aside,
+            vec!["10.0.1.0-10.0.1.3".parse::<AddrRange>().unwrap()]
+        );
+        // The entry as the object: nothing set aside.
+        assert_eq!(merge_recorded(&new, &new), (new.clone(), Vec::new()));
     }
 
     #[test]

@@ -424,6 +424,35 @@ pub fn check(
                 ));
             }
         }
+        // The record a pool of the address space still keeps of this datacenter after the
+        // datacenter was removed from it: its entries are held until the planner trims them
+        // (once their objects, refused above, are gone), and should the datacenter come back to
+        // the pool first, each is a holding again.
+        let removed_from = held
+            .space
+            .iter()
+            .filter(|p| !p.spec.datacenters.contains_key(*dc))
+            .filter_map(|p| p.metadata.name.as_deref());
+        for holder_pool in removed_from {
+            for record in held
+                .records
+                .iter()
+                .filter(|r| r.spec.pool == holder_pool && r.spec.datacenter == *dc)
+            {
+                for (entry, reservation) in &record.spec.reservations {
+                    let Ok(recorded) = allocation_of(reservation) else {
+                        continue;
+                    };
+                    if let Some(piece) = piece_holding(&recorded, &shown) {
+                        return refuse(format!(
+                            "{} in the record IPAMPool {holder_pool} keeps of {dc}, which it no longer serves (IPAMPoolRecord {}: {piece}): held until kipam releases the entry",
+                            holding(entry),
+                            record.metadata.name.as_deref().unwrap_or_default()
+                        ));
+                    }
+                }
+            }
+        }
         placed.push((dc.to_string(), shown));
     }
     Ok(placed)
@@ -808,6 +837,62 @@ mod tests {
         );
         let dc1 = AddrRange::parse_lenient("10.0.0.101").unwrap();
         assert_eq!(alone, Ok(vec![("dc-1".to_string(), dc1)]));
+    }
+
+    /// An address a pool of the address space held in a datacenter removed from it stays held
+    /// while that record keeps it: the planner holds it until the entry is trimmed, and were
+    /// the datacenter added back first, the entry would be a holding again — the history test
+    /// saw a hand-made `IPAddress` admitted there and the entry's cluster then served the same
+    /// address. Before, only the records of pools still serving the datacenter were read.
+    #[test]
+    fn an_address_in_the_record_of_a_datacenter_removed_from_a_pool_of_the_space_is_refused() {
+        let lan = lan();
+        // `vip` shares lan's addresses, but no longer serves dc-1; its record of dc-1 is left.
+        let vip: IPAMPool = serde_json::from_value(json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1",
+            "kind": "IPAMPool",
+            "metadata": {"name": "vip"},
+            "spec": {"datacenters": {"dc-2": {"type": "range", "poolCidr": "10.1.0.0/24", "allocationRange": 1}}},
+        }))
+        .unwrap();
+        let mut records = records();
+        records.push(
+            serde_json::from_value(json!({
+                "apiVersion": "ipam.kipam.dev/v1alpha1",
+                "kind": "IPAMPoolRecord",
+                "metadata": {"name": "vip.dc-1.0a000000-24"},
+                "spec": {"pool": "vip", "datacenter": "dc-1",
+                         "reservations": {"c23": {"addresses": ["10.0.0.140"]}}},
+            }))
+            .unwrap(),
+        );
+        let held = |records: &[IPAMPoolRecord]| {
+            check(
+                &address("v1beta2", "web-4", json!("10.0.0.140")),
+                Some("machines"),
+                Held {
+                    pool: Some(&lan),
+                    allocations: &[],
+                    records,
+                    space: std::slice::from_ref(&vip),
+                    retained: &[],
+                    hand_made: &[],
+                },
+            )
+            .map(|_| ())
+        };
+        refused(
+            held(&records),
+            &[
+                "held by cluster c23",
+                "the record IPAMPool vip keeps of dc-1",
+                "no longer serves",
+                "vip.dc-1.0a000000-24",
+            ],
+        );
+        // Once the planner trimmed it, the address is free.
+        records.pop();
+        assert_eq!(held(&records), Ok(()));
     }
 
     #[test]

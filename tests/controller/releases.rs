@@ -3,14 +3,15 @@
 //! changed, each while another cluster waits for exactly those addresses. The old object's
 //! write is made to fail once, so it keeps showing the addresses for a retry's backoff; a
 //! watch of every `IPAMAllocation` version checks that the waiting cluster's object never
-//! shows them at the same time.
+//! shows them at the same time. And once the object let go, the pool record lets go too, with
+//! nothing else happening in the seed to ask for that pass.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::StreamExt;
 use kipam::address::{AddrRange, Cidr};
-use kipam::resources::IPAMAllocation;
+use kipam::resources::{IPAMAllocation, IPAMPoolRecord};
 use kube::api::{Api, WatchEvent, WatchParams};
 use serde_json::{Value, json};
 
@@ -332,4 +333,161 @@ async fn an_allocation_kept_by_retain_stays_a_holder_for_the_other_pools_of_its_
         seed.held("c", "other")
     );
     history.finish(&seed).await;
+}
+
+/// What the records of `pool` in `dc` hold, by holder: (first, last) pairs, every shard
+/// joined, sorted and merged.
+fn recorded(seed: &Seed, pool: &str, dc: &str) -> BTreeMap<String, Vec<(u128, u128)>> {
+    let mut out: BTreeMap<String, Vec<(u128, u128)>> = BTreeMap::new();
+    for v in seed.api.list("ipampoolrecords.ipam.kipam.dev", None) {
+        let r: IPAMPoolRecord = serde_json::from_value(v).expect("a pool record parses");
+        if r.spec.pool != pool || r.spec.datacenter != dc {
+            continue;
+        }
+        for (holder, entry) in r.spec.reservations {
+            let ranges = out.entry(holder).or_default();
+            for text in entry.addresses.iter().chain(entry.cidr.iter()) {
+                let piece = text
+                    .parse::<Cidr>()
+                    .map(|c| c.range())
+                    .or_else(|_| AddrRange::parse_lenient(text))
+                    .expect("a record piece parses");
+                ranges.push((piece.first(), piece.last()));
+            }
+        }
+    }
+    for ranges in out.values_mut() {
+        ranges.sort();
+        let mut joined: Vec<(u128, u128)> = Vec::new();
+        for (first, last) in ranges.drain(..) {
+            match joined.last_mut() {
+                Some(prev) if first <= prev.1 + 1 => prev.1 = prev.1.max(last),
+                _ => joined.push((first, last)),
+            }
+        }
+        *ranges = joined;
+    }
+    out
+}
+
+/// What `cluster`'s object of `pool` shows, as `recorded` gives it.
+fn shown_by(seed: &Seed, cluster: &str, pool: &str) -> Option<Vec<(u128, u128)>> {
+    let (_, mut ranges) = shown(&seed.allocation(cluster, pool)?);
+    ranges.sort();
+    Some(ranges)
+}
+
+/// Issue: a moved cluster's object is rewritten in place, so its old datacenter's record kept
+/// the entry (the commit keeps what objects show) and nothing asked for the pass that trims
+/// it once the object moved: the address was lost until some other change of the pool came
+/// by. Here nothing else happens after the move (Cluster API's CRDs are installed, so not even
+/// their watches' retries wake the planner).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_clusters_entry_leaves_its_old_datacenters_record_once_its_object_moved() {
+    let seed = super::capi::capi_seed("release-move-trim").await;
+    let _ctl = seed.controller("ctl");
+    seed.apply(SMALL);
+    seed.cluster("a", "dc-1");
+    seed.cluster("b", "dc-2");
+    // Each datacenter's record holds exactly what the objects there show.
+    let recorded_as_shown = |s: &Seed| {
+        ["dc-1", "dc-2"].iter().all(|dc| {
+            let objects: BTreeMap<String, Vec<(u128, u128)>> = ["a", "b"]
+                .iter()
+                .filter(|c| s.phase(c, "small") == "Allocated")
+                .filter(|c| s.allocation(c, "small").is_some_and(|o| o.spec.dc == *dc))
+                .filter_map(|c| Some((c.to_string(), shown_by(s, c, "small")?)))
+                .collect();
+            recorded(s, "small", dc) == objects
+        })
+    };
+    seed.wait_for("a served in dc-1, b in dc-2", WAIT, "ctl", |s| {
+        s.phase("a", "small") == "Allocated"
+            && s.phase("b", "small") == "Allocated"
+            && recorded_as_shown(s)
+    })
+    .await;
+    edit_cluster(&seed, "a", |spec| spec["datacenter"] = json!("dc-2"));
+    seed.wait_for("a's object moved to dc-2", WAIT, "ctl", |s| {
+        s.allocation("a", "small")
+            .is_some_and(|a| a.spec.dc == "dc-2")
+    })
+    .await;
+    seed.wait_for(
+        "each record holds what the objects show, nothing of the old datacenters",
+        Duration::from_secs(10),
+        "ctl",
+        recorded_as_shown,
+    )
+    .await;
+}
+
+const SUBNETS: &str = "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata: {name: sub}\nspec:\n  datacenters:\n    dc-1: {type: prefix, poolCidr: 10.7.0.0/28, allocationPrefix: 30}\n";
+
+/// Issue: a subnet pinned elsewhere left the record holding both subnets for a while (it
+/// covers the object until the object moves), and the next pass read the two as one holding —
+/// a range, which a prefix pool cannot load: the allocation went `Conflict` and the old subnet
+/// stayed in the record for good. Both ways round: the record behind the object (the re-pin's
+/// write landed), and ahead of it (the write failed once and is retried).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subnet_pinned_elsewhere_settles_with_the_record_holding_the_new_subnet_only() {
+    let seed = Seed::start("release-subnet-pin").await;
+    let _ctl = seed.controller("ctl");
+    seed.apply(SUBNETS);
+    seed.cluster_with("a", "dc-1", "ipam: {sub: {cidr: '10.7.0.0/30'}}");
+    let settled = |s: &Seed, cidr: &str| {
+        let object = shown_by(s, "a", "sub");
+        s.phase("a", "sub") == "Allocated"
+            && s.held("a", "sub") == cidr
+            && recorded(s, "sub", "dc-1").get("a") == object.as_ref()
+    };
+    seed.wait_for("a pinned to 10.7.0.0/30", WAIT, "ctl", |s| {
+        settled(s, "10.7.0.0/30")
+    })
+    .await;
+
+    // The record behind: the object moves to the new subnet, the record holds both until
+    // trimmed. Another cluster asking the pool makes sure a pass plans it again.
+    edit_cluster(&seed, "a", |spec| {
+        spec["ipam"] = json!({"sub": {"cidr": "10.7.0.4/30"}});
+    });
+    seed.wait_for("a's object shows 10.7.0.4/30", WAIT, "ctl", |s| {
+        s.held("a", "sub") == "10.7.0.4/30"
+    })
+    .await;
+    seed.cluster("b", "dc-1");
+    seed.wait_for(
+        "a settled on 10.7.0.4/30, b served",
+        Duration::from_secs(15),
+        "ctl",
+        |s| settled(s, "10.7.0.4/30") && s.phase("b", "sub") == "Allocated",
+    )
+    .await;
+
+    // The record ahead: the re-pin is committed but its object write fails once.
+    seed.api
+        .inject_failures("update", "ipamallocations", 1, 500);
+    edit_cluster(&seed, "a", |spec| {
+        spec["ipam"] = json!({"sub": {"cidr": "10.7.0.12/30"}});
+    });
+    seed.wait_for(
+        "a settled on 10.7.0.12/30",
+        Duration::from_secs(20),
+        "ctl",
+        |s| settled(s, "10.7.0.12/30"),
+    )
+    .await;
+    assert_eq!(
+        seed.api.pending_failures(),
+        0,
+        "the injected failure was used"
+    );
+    assert!(seed.overlaps().is_empty(), "{:?}", seed.overlaps());
+    let records = recorded(&seed, "sub", "dc-1");
+    assert_eq!(
+        records.get("b"),
+        shown_by(&seed, "b", "sub").as_ref(),
+        "b's entry is what its object shows"
+    );
+    assert_eq!(records.len(), 2, "only a and b are recorded: {records:?}");
 }

@@ -145,6 +145,39 @@ impl AllocationWrite {
         }
     }
 
+    /// The write deletes the object or takes off it something it showed: another
+    /// datacenter (a move), addresses (a pin changed, a piece given back), another subnet.
+    /// The pool record still covers what the object showed (the commit keeps whatever the
+    /// objects show), so once the write lands a pass must trim it; no watch event asks for that
+    /// pass, since the ledger takes the write as this replica's own.
+    pub(super) fn gives_up(&self) -> bool {
+        let Some(existing) = &self.existing else {
+            return false;
+        };
+        let Some(desired) = &self.desired else {
+            return true;
+        };
+        let shown = |spec: &crate::resources::IPAMAllocationSpec| {
+            crate::reservations::allocation_of(&crate::resources::Reservation {
+                cidr: spec.cidr.clone(),
+                addresses: spec.addresses.clone(),
+            })
+            .map(|a| a.ranges().collect::<Vec<_>>())
+        };
+        let (old, new) = (&existing.spec, &desired.spec);
+        match (shown(old), shown(new)) {
+            // It showed nothing: nothing of it is recorded.
+            (Err(_), _) if old.cidr.is_none() && old.addresses.is_empty() => false,
+            (Ok(old_ranges), _) if old.dc != new.dc => !old_ranges.is_empty(),
+            (Ok(old_ranges), Ok(new_ranges)) => {
+                !crate::reservations::subtract_ranges(old_ranges, new_ranges).is_empty()
+            }
+            (Ok(_), Err(_)) => true,
+            // Unreadable before: whatever the record kept for it is looked at again.
+            (Err(_), _) => true,
+        }
+    }
+
     /// Writes the object; watch events for it meanwhile are taken as its echo.
     pub(super) async fn execute(&self, ctx: &Context, term: u64) -> Result<WriteDone, kube::Error> {
         ctx.ledger.lock().await.begin_own(&self.key);
@@ -521,6 +554,46 @@ mod tests {
         let grown = stored_after(&job(&grow, Some(&older)).expect("a write"));
         assert_eq!(label(&grown), Some("Allocated"));
         assert_eq!(addresses(&grown), Some("10.0.0.0-.7"));
+    }
+
+    /// A write that takes addresses or a datacenter off an object asks for the pass that trims
+    /// the pool record (no watch event does); one that only adds or keeps does not. Before, only
+    /// a delete did: a cluster moved to another datacenter left its entry in the old
+    /// datacenter's record until some other change came by (a lost address).
+    #[test]
+    fn a_write_taking_addresses_or_a_datacenter_off_an_object_gives_them_up() {
+        let create = decision(Change::Create, Some("10.0.0.0-10.0.0.3"), "");
+        let first = job(&create, None).expect("a create");
+        assert!(!first.gives_up(), "a create gives up nothing");
+        let created = stored_after(&first);
+
+        let grow = decision(Change::Grow, Some("10.0.0.0-10.0.0.7"), "");
+        assert!(!job(&grow, Some(&created)).expect("a write").gives_up());
+
+        let mut moved = decision(Change::Create, Some("10.1.0.0-10.1.0.3"), "moved");
+        moved.datacenter = "dc-2".into();
+        let to_dc2 = job(&moved, Some(&created)).expect("a write");
+        assert_eq!(to_dc2.verb(), "update");
+        assert!(
+            to_dc2.gives_up(),
+            "a move leaves the old datacenter's entry"
+        );
+        // Even to the same addresses in the other datacenter.
+        let mut same = decision(Change::Create, Some("10.0.0.0-10.0.0.3"), "moved");
+        same.datacenter = "dc-2".into();
+        assert!(job(&same, Some(&created)).expect("a write").gives_up());
+
+        let repin = decision(Change::Replace, Some("10.0.0.2-10.0.0.5"), "pin changed");
+        assert!(job(&repin, Some(&created)).expect("a write").gives_up());
+
+        let fail = decision(Change::Fail, Some("10.0.0.0-10.0.0.3"), "growth refused");
+        let status_only = job(&fail, Some(&created)).expect("a status write");
+        assert!(!status_only.gives_up(), "a status write gives up nothing");
+
+        let release = decision(Change::Release, None, "opted out");
+        let delete = job(&release, Some(&created)).expect("a delete");
+        assert_eq!(delete.verb(), "delete");
+        assert!(delete.gives_up());
     }
 
     #[test]

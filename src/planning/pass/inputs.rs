@@ -316,7 +316,7 @@ pub(super) async fn gather(
             .into_iter()
             .filter(|s| !frozen_pools.contains(&s.pool)),
     );
-    merge_records(&mut stored, records, &frozen_pools, cache);
+    held_elsewhere.extend(merge_records(&mut stored, records, &frozen_pools, cache));
     let (claim_inputs, claims, hand_made) = super::claims::inputs(
         ctx,
         &pool_inputs,
@@ -503,12 +503,15 @@ fn being_released(
 /// written (a crash between the record and the object) is held like a stored allocation, and
 /// an entry holding more than its object (a crash before the object grew) keeps the extra
 /// addresses. Entries of another datacenter than the object's are stale and left to trimming.
+/// A subnet's entry holding more than its object's subnet keeps the object's, and the rest is
+/// returned to be set aside while the commit trims it ([`reservations::merge_recorded`]).
 pub(super) fn merge_records(
     stored: &mut Vec<StoredAllocation>,
     records: &BTreeMap<RecordKey, String>,
     frozen_pools: &HashSet<String>,
     cache: &ReadCache,
-) {
+) -> Vec<HeldElsewhere> {
+    let mut aside = Vec::new();
     // The stored allocations are found by binary search (by cluster, then pool: the order
     // the ledger gives them in already), without a second index of every allocation; the
     // few that records add are indexed on their own.
@@ -546,7 +549,19 @@ pub(super) fn merge_records(
                     let s = &mut stored[i];
                     s.held = Some(match &s.held {
                         Some(h) if *h == recorded => recorded,
-                        Some(h) => reservations::with_recorded(h, &recorded),
+                        Some(h) => {
+                            let (held, beyond) = reservations::merge_recorded(h, &recorded);
+                            if !beyond.is_empty() {
+                                aside.push(HeldElsewhere {
+                                    // Not a pool name: set aside in its own pool too.
+                                    pool: format!("{pool} (recorded for {cluster})"),
+                                    datacenter: dc.clone(),
+                                    holder: cluster.clone(),
+                                    addresses: beyond,
+                                });
+                            }
+                            held
+                        }
                         None => recorded,
                     });
                 }
@@ -565,6 +580,7 @@ pub(super) fn merge_records(
             }
         }
     }
+    aside
 }
 
 /// The quarantine entries of the pool records (`reservations::QUARANTINE_PREFIX`). An entry

@@ -91,8 +91,9 @@ struct Finished {
     cluster: String,
     pool: String,
     datacenter: String,
-    /// The write deleted the object.
-    release: bool,
+    /// The write deleted the object, or took addresses (or a datacenter) off it: the record
+    /// holds what it showed until a later pass trims it.
+    gives_up: bool,
     note: Option<allocations::ClusterNote>,
 }
 
@@ -105,7 +106,7 @@ impl Finished {
             cluster: job.decision.cluster.clone(),
             pool: job.decision.pool.clone(),
             datacenter: job.decision.datacenter.clone(),
-            release: job.desired.is_none(),
+            gives_up: job.gives_up(),
             note,
         }
     }
@@ -710,9 +711,11 @@ async fn write_allocations(
             Ok(done) => {
                 outcome.writes += done.writes;
                 write_succeeded(ctx, "IPAMAllocation", &job.name);
-                if job.release {
-                    // A release: the next pass trims the pool record once no object shows
-                    // the addresses any more.
+                if job.gives_up {
+                    // A release, a move to another datacenter, a pin changed or a piece given
+                    // back: the record still holds what the object showed (it covers the
+                    // objects), so the next pass trims it now that no object shows it. Nothing
+                    // else asks for that pass: the watch takes this write as our own echo.
                     state.retry_pools.insert(job.pool.clone());
                     outcome.again = true;
                 }
