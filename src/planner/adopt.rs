@@ -276,6 +276,9 @@ struct PoolDc<'a> {
     prefix: bool,
 }
 
+/// Per datacenter, the hand-made pools of read user clusters: (cluster, pool, its pieces).
+type Covered<'a> = BTreeMap<&'a str, Vec<(&'a str, &'a str, Vec<AddrRange>)>>;
+
 /// A served address, parsed: (range of one, services).
 type Served = BTreeMap<AddrRange, BTreeSet<String>>;
 
@@ -288,7 +291,7 @@ pub fn plan(
 ) -> AdoptionPlan {
     // Who serves what, per datacenter, for the contested check.
     let mut served_by: BTreeMap<&str, Vec<(&str, Served)>> = BTreeMap::new();
-    let mut covered_by: BTreeMap<&str, Vec<(&str, &str, Vec<AddrRange>)>> = BTreeMap::new();
+    let mut covered_by: Covered<'_> = BTreeMap::new();
     let mut unreadable: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for c in candidates {
         if let Reading::Read(d) = c.reading {
@@ -639,7 +642,7 @@ pub fn plan(
                 a.datacenter
             ));
             // What it would adopt stays set aside for everybody meanwhile.
-            for (_, pieces) in &a.adopt {
+            for pieces in a.adopt.values() {
                 out.set_aside.push(HeldElsewhere {
                     pool: String::new(),
                     datacenter: a.datacenter.clone(),
@@ -734,7 +737,7 @@ fn classify(
     addr: &AddrRange,
     stored: &[StoredAllocation],
     served_by: &BTreeMap<&str, Vec<(&str, Served)>>,
-    covered_by: &BTreeMap<&str, Vec<(&str, &str, Vec<AddrRange>)>>,
+    covered_by: &Covered<'_>,
 ) -> Verdict {
     let pool = p.name.to_string();
     let held_by = |s: &&StoredAllocation| {

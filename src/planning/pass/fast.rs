@@ -67,12 +67,14 @@ pub(super) async fn run(
         ctx,
         &named.new_clusters,
         &finalized,
-        // The newcomers' decisions are all among those just added.
-        &added,
-        &HashMap::new(),
-        &written.failures,
-        // No cluster being adopted takes this path (`Named::read`).
-        &Default::default(),
+        statuses::ClusterFacts {
+            // The newcomers' decisions are all among those just added.
+            decisions: &added,
+            errors: &HashMap::new(),
+            write_failures: &written.failures,
+            // No cluster being adopted takes this path (`Named::read`).
+            adoption: &Default::default(),
+        },
         &now,
         limit,
         &mut outcome,

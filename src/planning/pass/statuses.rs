@@ -32,18 +32,29 @@ fn status_patch(next: &ClusterStatus) -> serde_json::Value {
     v
 }
 
+/// What a pass knows of its clusters, for their statuses.
+pub(super) struct ClusterFacts<'a> {
+    pub decisions: &'a [Decision],
+    pub errors: &'a HashMap<String, Vec<FieldError>>,
+    pub write_failures: &'a HashMap<String, Vec<String>>,
+    pub adoption: &'a crate::planner::adopt::AdoptionPlan,
+}
+
 pub(super) async fn write_cluster_status(
     ctx: &Context,
     clusters: &[Arc<Cluster>],
     since: &HashMap<String, String>,
-    decisions: &[Decision],
-    errors: &HashMap<String, Vec<FieldError>>,
-    write_failures: &HashMap<String, Vec<String>>,
-    adoption: &crate::planner::adopt::AdoptionPlan,
+    facts: ClusterFacts<'_>,
     now: &str,
     limit: usize,
     outcome: &mut PassOutcome,
 ) -> Vec<String> {
+    let ClusterFacts {
+        decisions,
+        errors,
+        write_failures,
+        adoption,
+    } = facts;
     let mut unwritten = Vec::new();
     let names: HashSet<String> = clusters.iter().map(|c| c.name_any()).collect();
     let mut by_cluster: HashMap<&str, Vec<&Decision>> = HashMap::new();
