@@ -21,8 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Event, Secret, Service};
-use kube::api::ListParams;
+use k8s_openapi::api::core::v1::{Event, Service};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tokio::task::JoinHandle;
@@ -30,7 +29,7 @@ use tokio::task::JoinHandle;
 use crate::resources::{AllocationType, Cluster};
 use crate::seed::Context;
 use crate::seed::demand::ServiceDemand;
-use crate::seed::{kubeconfig, tenants};
+use crate::seed::kubeconfig;
 
 /// How often the set of user clusters to read is worked out again (also on every ledger
 /// change).
@@ -178,43 +177,11 @@ async fn read_cluster(ctx: Arc<Context>, target: Target) {
     }
 }
 
-/// A watch client for the user cluster: its kubeconfig Secret read (list of one name, the
-/// permission the applier already has), checked, no read timeout (watches are long).
+/// A watch client for the user cluster, shared with the applier (see
+/// [`Context::tenant_client`]).
 async fn client_for(ctx: &Context, target: &Target) -> Result<Client, String> {
-    let (_, namespace, name, key) = target;
-    // RBAC: src/rbac.rs (secrets list).
-    let api: Api<Secret> = Api::namespaced(ctx.writer.clone(), namespace);
-    let list = api
-        .list(&ListParams::default().fields(&format!("metadata.name={name}")))
-        .await
-        .map_err(|e| {
-            format!(
-                "cannot read the kubeconfig Secret {namespace}/{name}: {}",
-                crate::seed::preconditions::short(&e)
-            )
-        })?;
-    let secret = list
-        .items
-        .into_iter()
-        .find(|s| s.name_any() == *name)
-        .ok_or_else(|| format!("the kubeconfig Secret {namespace}/{name} does not exist"))?;
-    // The client the applier shares for this user cluster, when it has one for this version
-    // of the Secret: the watches below are then streams on the connection it already holds.
-    let source = tenants::source(
-        &secret.uid().unwrap_or_default(),
-        &secret.resource_version().unwrap_or_default(),
-        key,
-    );
-    let cluster = &target.0;
-    if let Some(client) = ctx.tenants.cached(cluster, &source) {
-        return Ok(client);
-    }
-    let where_ = format!("Secret {namespace}/{name} key {key:?}");
-    let text = kubeconfig::kubeconfig_text(&secret, key)?;
-    let parsed = kubeconfig::parse(&text, &where_)?;
-    let config = kubeconfig::config(parsed, &where_, TIMEOUT).await?;
-    ctx.tenants
-        .client(cluster, &source, || tenants::client(&config, TIMEOUT))
+    let (cluster, namespace, name, key) = target;
+    ctx.tenant_client(cluster, namespace, name, key, TIMEOUT)
         .await
 }
 

@@ -27,8 +27,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::TryStreamExt;
-use k8s_openapi::api::core::v1::{Secret, Service};
-use kube::api::{ApiResource, DynamicObject, ListParams};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tokio::task::JoinHandle;
@@ -36,7 +36,7 @@ use tokio::task::JoinHandle;
 use crate::planner::adopt::{self, Discovered, HandMadePool, ServedService};
 use crate::resources::Cluster;
 use crate::seed::Context;
-use crate::seed::{kubeconfig, tenants};
+use crate::seed::kubeconfig;
 
 /// How often the set of user clusters to read is worked out again (also when leadership
 /// changes).
@@ -175,40 +175,11 @@ async fn read_cluster(ctx: Arc<Context>, target: Target) {
     }
 }
 
-/// A watch client for the user cluster: the one shared for its kubeconfig Secret's current
-/// version, or a new one built from it and shared.
+/// A watch client for the user cluster, shared with the applier (see
+/// [`Context::tenant_client`]).
 async fn client_for(ctx: &Context, target: &Target) -> Result<Client, String> {
     let (cluster, namespace, name, key) = target;
-    // RBAC: src/rbac.rs (secrets list).
-    let api: Api<Secret> = Api::namespaced(ctx.writer.clone(), namespace);
-    let list = api
-        .list(&ListParams::default().fields(&format!("metadata.name={name}")))
-        .await
-        .map_err(|e| {
-            format!(
-                "cannot read the kubeconfig Secret {namespace}/{name}: {}",
-                crate::seed::preconditions::short(&e)
-            )
-        })?;
-    let secret = list
-        .items
-        .into_iter()
-        .find(|s| s.name_any() == *name)
-        .ok_or_else(|| format!("the kubeconfig Secret {namespace}/{name} does not exist"))?;
-    let source = tenants::source(
-        &secret.uid().unwrap_or_default(),
-        &secret.resource_version().unwrap_or_default(),
-        key,
-    );
-    if let Some(client) = ctx.tenants.cached(cluster, &source) {
-        return Ok(client);
-    }
-    let where_ = format!("Secret {namespace}/{name} key {key:?}");
-    let text = kubeconfig::kubeconfig_text(&secret, key)?;
-    let parsed = kubeconfig::parse(&text, &where_)?;
-    let config = kubeconfig::config(parsed, &where_, TIMEOUT).await?;
-    ctx.tenants
-        .client(cluster, &source, || tenants::client(&config, TIMEOUT))
+    ctx.tenant_client(cluster, namespace, name, key, TIMEOUT)
         .await
 }
 

@@ -130,6 +130,55 @@ pub struct Context {
 }
 
 impl Context {
+    /// The client shared for user cluster `cluster`, for the current version of its
+    /// kubeconfig Secret `namespace/name` (key `key`): the one [`tenants::Tenants`] holds, or
+    /// one built from the Secret (read as a list of one name, the permission the applier has)
+    /// and shared. `timeout` bounds connecting and writes, not reads (watches are long). The
+    /// error is one line naming what failed.
+    pub async fn tenant_client(
+        &self,
+        cluster: &str,
+        namespace: &str,
+        name: &str,
+        key: &str,
+        timeout: Duration,
+    ) -> Result<Client, String> {
+        use k8s_openapi::api::core::v1::Secret;
+        use kube::ResourceExt;
+        use kube::api::{Api, ListParams};
+        // RBAC: src/rbac.rs (secrets list).
+        let api: Api<Secret> = Api::namespaced(self.writer.clone(), namespace);
+        let list = api
+            .list(&ListParams::default().fields(&format!("metadata.name={name}")))
+            .await
+            .map_err(|e| {
+                format!(
+                    "cannot read the kubeconfig Secret {namespace}/{name}: {}",
+                    preconditions::short(&e)
+                )
+            })?;
+        let secret = list
+            .items
+            .into_iter()
+            .find(|s| s.name_any() == name)
+            .ok_or_else(|| format!("the kubeconfig Secret {namespace}/{name} does not exist"))?;
+        let source = tenants::source(
+            &secret.uid().unwrap_or_default(),
+            &secret.resource_version().unwrap_or_default(),
+            key,
+        );
+        if let Some(client) = self.tenants.cached(cluster, &source) {
+            return Ok(client);
+        }
+        let where_ = format!("Secret {namespace}/{name} key {key:?}");
+        let text = kubeconfig::kubeconfig_text(&secret, key)?;
+        let parsed = kubeconfig::parse(&text, &where_)?;
+        let config = kubeconfig::config(parsed, &where_, timeout).await?;
+        self.tenants
+            .client(cluster, &source, || tenants::client(&config, timeout))
+            .await
+    }
+
     /// Starts a context over `client` (used for watches and, unless
     /// [`ContextBuilder::writer`] says otherwise, for requests too). Everything else starts
     /// empty: caches nothing fills, an empty ledger not yet complete, no records, a fresh
