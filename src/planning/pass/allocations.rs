@@ -145,6 +145,25 @@ impl AllocationWrite {
         }
     }
 
+    /// Once written, the object shows addresses it showed before no more: it is deleted, moved
+    /// to another datacenter, pinned elsewhere, or gives grown pieces back. (Growth only
+    /// appends pieces, so a piece missing from the new object was given up.) The pool record
+    /// still lists them until a later commit trims it, and that commit is what frees them.
+    pub(super) fn gives_up(&self) -> bool {
+        match (&self.existing, &self.desired) {
+            (Some(_), None) => true,
+            (Some(e), Some(d)) => {
+                e.spec.dc != d.spec.dc
+                    || (e.spec.cidr.is_some() && e.spec.cidr != d.spec.cidr)
+                    || e.spec
+                        .addresses
+                        .iter()
+                        .any(|piece| !d.spec.addresses.contains(piece))
+            }
+            (None, _) => false,
+        }
+    }
+
     /// Writes the object; watch events for it meanwhile are taken as its echo.
     pub(super) async fn execute(&self, ctx: &Context, term: u64) -> Result<WriteDone, kube::Error> {
         ctx.ledger.lock().await.begin_own(&self.key);

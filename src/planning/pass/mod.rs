@@ -91,8 +91,8 @@ struct Finished {
     cluster: String,
     pool: String,
     datacenter: String,
-    /// The write deleted the object.
-    release: bool,
+    /// The write left the object showing fewer addresses ([`AllocationWrite::gives_up`]).
+    gives_up: bool,
     note: Option<allocations::ClusterNote>,
 }
 
@@ -105,7 +105,7 @@ impl Finished {
             cluster: job.decision.cluster.clone(),
             pool: job.decision.pool.clone(),
             datacenter: job.decision.datacenter.clone(),
-            release: job.desired.is_none(),
+            gives_up: job.gives_up(),
             note,
         }
     }
@@ -677,11 +677,14 @@ async fn write_allocations(
             Ok(done) => {
                 outcome.writes += done.writes;
                 write_succeeded(ctx, "IPAMAllocation", &job.name);
-                if job.release {
-                    // A release: the next pass trims the pool record once no object shows
-                    // the addresses any more.
+                if job.gives_up {
+                    // The object shows what it gave up no more (or, kept by somebody else's
+                    // finalizer, is being deleted: the next pass finds it still a holder, and
+                    // its deletion's watch event wakes the planner). The next pass trims the
+                    // pool record, which frees it (see `commit`): at once, a holder may wait.
                     state.retry_pools.insert(job.pool.clone());
                     outcome.again = true;
+                    ctx.dirty.wake();
                 }
                 if let Some(note) = job.note {
                     written
