@@ -87,6 +87,11 @@ impl AllocationWrite {
         mut desired: Option<IPAMAllocation>,
     ) -> Option<Self> {
         let existing = stored.as_ref();
+        if desired.is_none() && existing.is_some_and(|e| e.metadata.deletion_timestamp.is_some()) {
+            // Deleted already, kept by somebody else's finalizer: nothing to write; its
+            // watch event wakes the planner once it is gone.
+            return None;
+        }
         if let Some(d) = desired.as_mut() {
             d.status = status_to_store(existing, d.status.take());
         }
@@ -202,15 +207,20 @@ impl AllocationWrite {
                     ..Default::default()
                 };
                 ctx.metrics.wrote("delete", "ipamallocations");
-                match api.delete(&self.key.1, &dp).await {
-                    Ok(_) => {}
-                    Err(e) if is_not_found(&e) => {}
+                let still_there = match api.delete(&self.key.1, &dp).await {
+                    Ok(answer) => answer.left(),
+                    Err(e) if is_not_found(&e) => None,
                     Err(e) => return Err(e),
-                }
-                // The delete response may still carry the object (finalizers); the version
-                // it had is enough for the tombstone.
-                ctx.ledger.lock().await.remove_own(existing);
+                };
                 writes += 1;
+                let mut ledger = ctx.ledger.lock().await;
+                match still_there {
+                    // Somebody else's finalizer keeps it: it shows its addresses until it is
+                    // gone, so the ledger keeps it (being deleted) until the watch says so.
+                    Some(obj) => ledger.apply_own(obj),
+                    // Gone; the version it had is enough for the tombstone.
+                    None => ledger.remove_own(existing),
+                }
             }
             (None, Some(desired)) => {
                 let mut create = desired.clone();
