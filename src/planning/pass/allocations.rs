@@ -417,6 +417,50 @@ mod tests {
         o
     }
 
+    /// Issue 39, item 5: the writes after which the pool record can be trimmed (and the pass
+    /// that does it is asked for at once).
+    #[test]
+    fn a_write_gives_up_addresses_only_where_its_object_stops_showing_some() {
+        let write =
+            |existing: Option<IPAMAllocation>, desired: Option<IPAMAllocation>| AllocationWrite {
+                key: ("cluster-a".into(), "metallb".into()),
+                decision: Decision {
+                    cluster: "a".into(),
+                    pool: "metallb".into(),
+                    datacenter: "dc-1".into(),
+                    type_: Default::default(),
+                    change: Change::Keep,
+                    previous: None,
+                    held: None,
+                    message: String::new(),
+                },
+                existing,
+                desired,
+                previous_message: None,
+            };
+        let with = |dc: &str, pieces: &[&str]| {
+            let mut o = stored(None);
+            o.spec.dc = dc.into();
+            o.spec.addresses = pieces.iter().map(|p| p.to_string()).collect();
+            o
+        };
+        let held = with("dc-1", &["10.0.0.0-10.0.0.3"]);
+        // Created, or rewritten showing the same or more (a status, growth): nothing given up.
+        assert!(!write(None, Some(held.clone())).gives_up());
+        let mut failed = held.clone();
+        failed.status = Some(status(AllocationPhase::Failed, Some("full")));
+        assert!(!write(Some(held.clone()), Some(failed)).gives_up());
+        let grown = with("dc-1", &["10.0.0.0-10.0.0.3", "10.0.0.8-10.0.0.9"]);
+        assert!(!write(Some(held.clone()), Some(grown.clone())).gives_up());
+        // Deleted, moved to another datacenter, pinned elsewhere, shrunk: given up.
+        assert!(write(Some(held.clone()), None).gives_up());
+        let moved = with("dc-2", &["10.0.0.0-10.0.0.3"]);
+        assert!(write(Some(held.clone()), Some(moved)).gives_up());
+        let repinned = with("dc-1", &["10.0.0.0-10.0.0.1"]);
+        assert!(write(Some(held.clone()), Some(repinned)).gives_up());
+        assert!(write(Some(grown), Some(held)).gives_up());
+    }
+
     #[test]
     fn a_healthy_allocation_stores_no_status_but_replaces_a_stale_one() {
         let healthy = status(AllocationPhase::Allocated, None);
