@@ -189,6 +189,11 @@ impl WatchReporter {
         })
     }
 
+    /// The watch of an optional kind failed because the kind is not installed.
+    fn not_installed(&self, e: &watcher::Error) -> bool {
+        self.optional && is_not_installed(e)
+    }
+
     /// For a kind kipam serves only when it is installed (Cluster API's): a watch failing
     /// because the kind is not there says so once, at info level, and leaves `/readyz` alone.
     pub fn optional(resource: &'static str, metrics: Arc<Metrics>) -> Arc<Self> {
@@ -353,6 +358,10 @@ where
                 true
             }
             (Ok(Event::Init), _) => false,
+            // A kind that is not installed (Cluster API's, on a cluster without it): its
+            // cache stays as it was, and a pass of the whole seed on every retry (200 ms,
+            // doubling, then every 30 s, for good) made new clusters wait for it now and then.
+            (Err(e), _) if reporter.not_installed(e) => false,
             (Ok(Event::InitDone), _) | (Err(_), _) => true,
         };
         if wakes_now {
@@ -704,6 +713,72 @@ mod tests {
             .collect();
         out.sort();
         out
+    }
+
+    /// What `waking` does with `events` of a watch reported by `reporter`: the dirty marks
+    /// (clusters, anything else) and whether the planning loop was woken.
+    async fn woken_by(
+        events: Vec<Result<Event<IPAddressClaim>, watcher::Error>>,
+        reporter: Arc<WatchReporter>,
+    ) -> ((std::collections::BTreeSet<String>, bool), bool) {
+        let wake = Arc::new(Notify::new());
+        let dirty = Arc::new(Dirty::default());
+        waking(
+            futures::stream::iter(events),
+            wake.clone(),
+            reporter,
+            Wakes::Content(claim_content),
+            dirty.clone(),
+            None,
+            None,
+        )
+        .collect::<Vec<()>>()
+        .await;
+        let woken = tokio::time::timeout(Duration::from_millis(20), wake.notified())
+            .await
+            .is_ok();
+        (dirty.take(), woken)
+    }
+
+    fn not_found() -> watcher::Error {
+        watcher::Error::InitialListFailed(kube::Error::Api(
+            kube::core::Status::failure(
+                "the server could not find the requested resource",
+                "NotFound",
+            )
+            .with_code(404)
+            .boxed(),
+        ))
+    }
+
+    #[tokio::test]
+    async fn a_kind_not_installed_wakes_no_pass_on_its_retries() {
+        let resource = "ipaddressclaims.ipam.cluster.x-k8s.io";
+        // Cluster API not installed: every retry of the list fails with 404. Nothing the
+        // planner reads changed, so no pass (it would plan the whole seed) is asked for.
+        let optional = WatchReporter::optional(resource, Metrics::new());
+        let retries = vec![
+            Ok(Event::Init),
+            Err(not_found()),
+            Ok(Event::Init),
+            Err(not_found()),
+        ];
+        assert_eq!(
+            woken_by(retries, optional).await,
+            ((Default::default(), false), false)
+        );
+        // A watch kipam needs still wakes the planner when it fails, as before.
+        let needed = WatchReporter::new(resource, Metrics::new());
+        assert_eq!(
+            woken_by(vec![Err(not_found())], needed).await,
+            ((Default::default(), true), true)
+        );
+        // And an optional kind that lists (it was installed) asks for a look at everything.
+        let optional = WatchReporter::optional(resource, Metrics::new());
+        assert_eq!(
+            woken_by(vec![Ok(Event::Init), Ok(Event::InitDone)], optional).await,
+            ((Default::default(), true), true)
+        );
     }
 
     #[test]

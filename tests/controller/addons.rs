@@ -162,12 +162,16 @@ async fn addons_reach_user_clusters_and_stay_there() {
     // Each reachable user cluster holds exactly its allocations. A cluster's allocations of
     // two pools are written as their own records' commits land, so the applier may first sync
     // "dual" with one of them (in sync with what exists then): wait for both to be held too.
+    // The applier may likewise sync "single" before its allocation exists (in sync with
+    // nothing): wait for its pool to reach the user cluster.
     seed.wait_for(
         "single and dual in sync with all they hold",
         WAIT,
         "ctl",
         |s| {
             in_sync(s, "single")
+                && !held_entries(s, "single", "metallb").is_empty()
+                && pool_addresses(&single, "kipam-managed-pool").is_some()
                 && in_sync(s, "dual")
                 && !held_entries(s, "dual", "metallb-ipv4").is_empty()
                 && !held_entries(s, "dual", "metallb-ipv6").is_empty()

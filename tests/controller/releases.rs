@@ -491,3 +491,73 @@ async fn a_subnet_pinned_elsewhere_settles_with_the_record_holding_the_new_subne
     );
     assert_eq!(records.len(), 2, "only a and b are recorded: {records:?}");
 }
+
+/// Somebody else's finalizer keeps a released allocation after kipam deleted it: it shows its
+/// range until it is gone, so the waiting cluster gets nothing meanwhile, and kipam sends its
+/// delete once (no pass deletes it again). Once the finalizer goes, the watch's deletion wakes
+/// the planner and the waiting cluster is served without any other change. Before, the delete's
+/// answer took the object out of the ledger though it was still there, and nothing woke the
+/// planner once it was gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_held_by_another_finalizer_frees_its_range_only_once_its_object_is_gone() {
+    let seed = Seed::start("release-finalizer").await;
+    let _ctl = seed.controller("ctl");
+    full_pool(&seed, SMALL, &[("a", ""), ("b", "")], ("c", "")).await;
+    let a_held = seed.held("a", "small");
+    let allocations: Api<IPAMAllocation> = Api::namespaced(client(&seed).await, "cluster-a");
+    let finalizer =
+        |list: Value| kube::api::Patch::Merge(json!({"metadata": {"finalizers": list}}));
+    allocations
+        .patch(
+            "small",
+            &kube::api::PatchParams::default(),
+            &finalizer(json!(["backup.example.com/hold"])),
+        )
+        .await
+        .expect("a finalizer of somebody else's on a's allocation");
+    let history = History::start(&seed).await;
+    seed.api.reset_stats();
+    edit_cluster(&seed, "a", |spec| {
+        spec["ipam"] = json!({"small": {"optOut": true}});
+    });
+    seed.wait_for(
+        "a's allocation deleted, kept by the finalizer",
+        WAIT,
+        "ctl",
+        |s| {
+            s.allocation("a", "small")
+                .is_some_and(|a| a.metadata.deletion_timestamp.is_some())
+        },
+    )
+    .await;
+    // Passes run on every change; give the controller time to (wrongly) serve c or delete
+    // a's allocation again.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_ne!(
+        seed.phase("c", "small"),
+        "Allocated",
+        "c served while a's allocation still shows {a_held}"
+    );
+    assert_eq!(
+        seed.api.stats().count("delete", "ipamallocations"),
+        1,
+        "a's allocation is deleted once"
+    );
+    allocations
+        .patch(
+            "small",
+            &kube::api::PatchParams::default(),
+            &finalizer(Value::Null),
+        )
+        .await
+        .expect("the finalizer removed");
+    seed.wait_for(
+        "c served with a's old range, a's object gone",
+        WAIT,
+        "ctl",
+        |s| s.phase("c", "small") == "Allocated" && s.allocation("a", "small").is_none(),
+    )
+    .await;
+    history.finish(&seed).await;
+    assert_eq!(seed.held("c", "small"), a_held);
+}

@@ -87,6 +87,11 @@ impl AllocationWrite {
         mut desired: Option<IPAMAllocation>,
     ) -> Option<Self> {
         let existing = stored.as_ref();
+        if desired.is_none() && existing.is_some_and(|e| e.metadata.deletion_timestamp.is_some()) {
+            // Deleted already, kept by somebody else's finalizer: nothing to write; its
+            // watch event wakes the planner once it is gone.
+            return None;
+        }
         if let Some(d) = desired.as_mut() {
             d.status = status_to_store(existing, d.status.take());
         }
@@ -216,15 +221,20 @@ impl AllocationWrite {
                     ..Default::default()
                 };
                 ctx.metrics.wrote("delete", "ipamallocations");
-                match api.delete(&self.key.1, &dp).await {
-                    Ok(_) => {}
-                    Err(e) if is_not_found(&e) => {}
+                let still_there = match api.delete(&self.key.1, &dp).await {
+                    Ok(answer) => answer.left(),
+                    Err(e) if is_not_found(&e) => None,
                     Err(e) => return Err(e),
-                }
-                // The delete response may still carry the object (finalizers); the version
-                // it had is enough for the tombstone.
-                ctx.ledger.lock().await.remove_own(existing);
+                };
                 writes += 1;
+                let mut ledger = ctx.ledger.lock().await;
+                match still_there {
+                    // Somebody else's finalizer keeps it: it shows its addresses until it is
+                    // gone, so the ledger keeps it (being deleted) until the watch says so.
+                    Some(obj) => ledger.apply_own(obj),
+                    // Gone; the version it had is enough for the tombstone.
+                    None => ledger.remove_own(existing),
+                }
             }
             (None, Some(desired)) => {
                 let mut create = desired.clone();
@@ -419,6 +429,50 @@ mod tests {
         o.spec.addresses = vec!["10.0.0.0-10.0.0.3".into()];
         o.status = status;
         o
+    }
+
+    /// Issue 39, item 5: the writes after which the pool record can be trimmed (and the pass
+    /// that does it is asked for at once).
+    #[test]
+    fn a_write_gives_up_addresses_only_where_its_object_stops_showing_some() {
+        let write =
+            |existing: Option<IPAMAllocation>, desired: Option<IPAMAllocation>| AllocationWrite {
+                key: ("cluster-a".into(), "metallb".into()),
+                decision: Decision {
+                    cluster: "a".into(),
+                    pool: "metallb".into(),
+                    datacenter: "dc-1".into(),
+                    type_: Default::default(),
+                    change: Change::Keep,
+                    previous: None,
+                    held: None,
+                    message: String::new(),
+                },
+                existing,
+                desired,
+                previous_message: None,
+            };
+        let with = |dc: &str, pieces: &[&str]| {
+            let mut o = stored(None);
+            o.spec.dc = dc.into();
+            o.spec.addresses = pieces.iter().map(|p| p.to_string()).collect();
+            o
+        };
+        let held = with("dc-1", &["10.0.0.0-10.0.0.3"]);
+        // Created, or rewritten showing the same or more (a status, growth): nothing given up.
+        assert!(!write(None, Some(held.clone())).gives_up());
+        let mut failed = held.clone();
+        failed.status = Some(status(AllocationPhase::Failed, Some("full")));
+        assert!(!write(Some(held.clone()), Some(failed)).gives_up());
+        let grown = with("dc-1", &["10.0.0.0-10.0.0.3", "10.0.0.8-10.0.0.9"]);
+        assert!(!write(Some(held.clone()), Some(grown.clone())).gives_up());
+        // Deleted, moved to another datacenter, pinned elsewhere, shrunk: given up.
+        assert!(write(Some(held.clone()), None).gives_up());
+        let moved = with("dc-2", &["10.0.0.0-10.0.0.3"]);
+        assert!(write(Some(held.clone()), Some(moved)).gives_up());
+        let repinned = with("dc-1", &["10.0.0.0-10.0.0.1"]);
+        assert!(write(Some(held.clone()), Some(repinned)).gives_up());
+        assert!(write(Some(grown), Some(held)).gives_up());
     }
 
     #[test]

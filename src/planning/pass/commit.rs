@@ -7,10 +7,11 @@ use futures::StreamExt;
 use kube::ResourceExt;
 
 use super::*;
+use crate::address::AddrRange;
 use crate::planner::{self, PoolInput};
 use crate::planning::records::{self, RecordKey};
 use crate::reservations;
-use crate::resources::{IPAMPool, record_name};
+use crate::resources::{IPAMPool, Reservation, record_name};
 use crate::seed::Context;
 use crate::seed::ledger::Entry;
 use crate::seed::preconditions;
@@ -93,7 +94,7 @@ pub(super) async fn commit_records(
             let fences = fence_targets(&key, &siblings, &pool_objects, &frozen);
             commits.push(async move {
                 if !ctx.leader.holds() {
-                    return (key, Err(None));
+                    return (key, Err(None), false);
                 }
                 // Built when the commit starts, not before: only the commits in flight hold
                 // their desired record (a whole pool's, in a burst).
@@ -117,9 +118,10 @@ pub(super) async fn commit_records(
                         desired.insert(entry.clone(), held.clone());
                     }
                 }
+                let frees = frees(ctx.records.lock().await.joined(&key), &desired);
                 let r = records::commit_shared(ctx, &pool, &key, desired, check, &fences, planned)
                     .await;
-                (key, r.map_err(Some))
+                (key, r.map_err(Some), frees)
             });
         }
     }
@@ -156,22 +158,30 @@ pub(super) async fn commit_records(
                     outcome.again = true;
                     retry.insert(key.0.clone());
                 }
-                Ok(n) => outcome.writes += n,
+                Ok(n) => {
+                    outcome.writes += n;
+                    if n > 0 {
+                        freed(ctx);
+                    }
+                }
             }
         }
     }
-    let results: Vec<(RecordKey, Result<u64, Option<records::CommitError>>)> =
+    let results: Vec<(RecordKey, Result<u64, Option<records::CommitError>>, bool)> =
         futures::stream::iter(commits)
             .buffer_unordered(limit.clamp(1, RECORDS_AT_ONCE))
             .collect()
             .await;
-    for (key, result) in results {
+    for (key, result, frees) in results {
         let name = record_name(&key.0, &key.1);
         match result {
             Ok(n) => {
                 outcome.writes += n;
                 if n > 0 {
                     write_succeeded(ctx, "IPAMPoolRecord", &name);
+                    if frees {
+                        freed(ctx);
+                    }
                 }
                 current.insert(key);
             }
@@ -209,6 +219,43 @@ pub(super) async fn commit_records(
         }
     }
     current
+}
+
+/// Whether a commit of `desired` over `held` (the record as this replica holds it) frees
+/// addresses: an entry it drops or shrinks lists some that no entry of `desired` lists (a
+/// released holder's entry trimmed once no object shows it, a quarantine that ended). An
+/// entry that does not read, dropped, counts as freeing.
+fn frees(
+    held: impl IntoIterator<Item = (String, Reservation)>,
+    desired: &BTreeMap<String, Reservation>,
+) -> bool {
+    let mut dropped: Vec<AddrRange> = Vec::new();
+    for (entry, was) in held {
+        if desired.get(&entry) == Some(&was) {
+            continue;
+        }
+        match reservations::allocation_of(&was) {
+            Ok(a) => dropped.extend(a.ranges()),
+            Err(_) => return true,
+        }
+    }
+    if dropped.is_empty() {
+        return false;
+    }
+    let kept: Vec<AddrRange> = desired
+        .values()
+        .filter_map(|r| reservations::allocation_of(r).ok())
+        .flat_map(|a| a.ranges().collect::<Vec<_>>())
+        .collect();
+    !reservations::subtract_ranges(dropped, kept).is_empty()
+}
+
+/// A commit freed addresses: a holder may be waiting for them, and nothing else would bring
+/// the pass that hands them out (no object changes, the record's own watch wakes nobody).
+/// The next pass looks at everything changed, at once.
+fn freed(ctx: &Context) {
+    ctx.dirty.other();
+    ctx.dirty.wake();
 }
 
 /// The pools whose fences a commit of `key` that adds addresses raises (with their record
@@ -268,6 +315,66 @@ mod tests {
             }))
             .unwrap(),
         )
+    }
+
+    fn range(addresses: &[&str]) -> Reservation {
+        Reservation {
+            cidr: None,
+            addresses: addresses.iter().map(|a| a.to_string()).collect(),
+        }
+    }
+
+    /// Issue 39, item 5: a commit that trims a released holder's entry frees its addresses,
+    /// and the loop must plan again for whoever waits for them; one that only adds, keeps, or
+    /// moves addresses to another entry (a quarantine, a new holder) frees nothing.
+    #[test]
+    fn a_commit_frees_addresses_only_where_no_entry_lists_them_any_more() {
+        let held = |entries: &[(&str, Reservation)]| -> Vec<(String, Reservation)> {
+            entries
+                .iter()
+                .map(|(k, r)| (k.to_string(), r.clone()))
+                .collect()
+        };
+        let desired = |entries: &[(&str, Reservation)]| -> BTreeMap<String, Reservation> {
+            entries
+                .iter()
+                .map(|(k, r)| (k.to_string(), r.clone()))
+                .collect()
+        };
+        let a = range(&["10.9.0.0-10.9.0.3"]);
+        let b = range(&["10.9.0.4-10.9.0.7"]);
+        // a's entry trimmed: freed.
+        assert!(frees(
+            held(&[("a", a.clone()), ("b", b.clone())]),
+            &desired(&[("b", b.clone())])
+        ));
+        // Nothing dropped: a new holder added, the rest unchanged.
+        assert!(!frees(
+            held(&[("b", b.clone())]),
+            &desired(&[("a", a.clone()), ("b", b.clone())])
+        ));
+        // a's addresses handed to c in the same commit, or kept in quarantine for a.
+        assert!(!frees(
+            held(&[("a", a.clone())]),
+            &desired(&[("c", a.clone())])
+        ));
+        assert!(!frees(
+            held(&[("a", a.clone())]),
+            &desired(&[("quarantined/a@1", a.clone())])
+        ));
+        // Growth appends a piece: nothing freed; a pin moved within the pool: the rest freed.
+        let grown = range(&["10.9.0.0-10.9.0.3", "10.9.0.8-10.9.0.9"]);
+        assert!(!frees(held(&[("a", a.clone())]), &desired(&[("a", grown)])));
+        let repinned = range(&["10.9.0.0-10.9.0.1"]);
+        assert!(frees(
+            held(&[("a", a.clone())]),
+            &desired(&[("a", repinned)])
+        ));
+        // An entry that does not read, dropped: counted as freeing.
+        assert!(frees(
+            held(&[("a", range(&["not an address"]))]),
+            &desired(&[])
+        ));
     }
 
     /// Issue 35, item 4: an invalid pool is left out of the plan, and what it holds is set

@@ -714,10 +714,14 @@ async fn write_allocations(
                 if job.gives_up {
                     // A release, a move to another datacenter, a pin changed or a piece given
                     // back: the record still holds what the object showed (it covers the
-                    // objects), so the next pass trims it now that no object shows it. Nothing
-                    // else asks for that pass: the watch takes this write as our own echo.
+                    // objects), so the next pass trims it now that no object shows it, which
+                    // frees it (see `commit`): at once, a holder may wait. Nothing else asks for
+                    // that pass: the watch takes this write as our own echo. (An object kept by
+                    // somebody else's finalizer is still a holder then; its deletion's watch
+                    // event wakes the planner.)
                     state.retry_pools.insert(job.pool.clone());
                     outcome.again = true;
+                    ctx.dirty.wake();
                 }
                 if let Some(note) = job.note {
                     written
