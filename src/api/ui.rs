@@ -260,17 +260,23 @@ async fn summary(
             view::pool_summary(pool, &dcs, &holdings)
         })
         .collect();
+    // Adoption, from the Clusters' statuses in this replica's cache; those needing a look
+    // count among what needs a look.
+    let clusters = state.ctx.clusters.state();
+    let adoption = crate::page::adoption::page(clusters.iter().map(|c| &**c));
+    let adoption_attention = adoption.as_ref().map_or(0, |a| a.summary.needs_look.len());
     let body = view::Summary {
         seed: state.seed_name.clone(),
         totals: view::Totals {
             pools: pools.len(),
             datacenters,
             allocations,
-            attention: attention_count + attention_pools.len(),
+            attention: attention_count + attention_pools.len() + adoption_attention,
         },
         attention,
         attention_pools,
         pools: summaries,
+        adoption,
         matched: matched.len(),
         offset: params.offset,
         limit,

@@ -45,6 +45,134 @@ pub struct ServedService {
     pub pool: Option<String>,
 }
 
+/// The annotations a Service names its MetalLB pool with, the current one first.
+pub const POOL_ANNOTATIONS: [&str; 2] = [
+    "metallb.io/address-pool",
+    "metallb.universe.tf/address-pool",
+];
+
+/// `metadata.<key>` of an object as JSON, or "".
+fn meta_str<'a>(obj: &'a serde_json::Value, key: &str) -> &'a str {
+    obj.get("metadata")
+        .and_then(|m| m.get(key))
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+}
+
+/// A MetalLB `IPAddressPool` (as JSON), unless kipam rendered it (it carries kipam's addon
+/// label). `spec.addresses` is kept as written; an entry that is not a string (a schema-less
+/// server let it in) is shown as its JSON text.
+pub fn hand_made_pool(pool: &serde_json::Value) -> Option<HandMadePool> {
+    let ours = pool
+        .get("metadata")
+        .and_then(|m| m.get("labels"))
+        .and_then(|l| l.get(crate::render::ADDON_LABEL))
+        .is_some();
+    if ours {
+        return None;
+    }
+    let addresses = pool
+        .get("spec")
+        .and_then(|s| s.get("addresses"))
+        .and_then(|a| a.as_array())
+        .map(|a| {
+            a.iter()
+                .map(|v| match v.as_str() {
+                    Some(text) => text.to_string(),
+                    None => v.to_string(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(HandMadePool {
+        namespace: meta_str(pool, "namespace").to_string(),
+        name: meta_str(pool, "name").to_string(),
+        addresses,
+    })
+}
+
+/// `namespace/name` of an object (as JSON).
+pub fn service_name(svc: &serde_json::Value) -> String {
+    format!("{}/{}", meta_str(svc, "namespace"), meta_str(svc, "name"))
+}
+
+/// A Service (as JSON), when it is of type `LoadBalancer` and holds at least one address
+/// (`status.loadBalancer.ingress[].ip`; entries with a hostname only are not addresses).
+pub fn served_service(svc: &serde_json::Value) -> Option<ServedService> {
+    if svc.get("spec")?.get("type")?.as_str()? != "LoadBalancer" {
+        return None;
+    }
+    let addresses: Vec<String> = svc
+        .get("status")
+        .and_then(|s| s.get("loadBalancer"))
+        .and_then(|lb| lb.get("ingress"))
+        .and_then(|i| i.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i.get("ip").and_then(|ip| ip.as_str()))
+        .filter(|ip| !ip.is_empty())
+        .map(str::to_string)
+        .collect();
+    if addresses.is_empty() {
+        return None;
+    }
+    let annotations = svc.get("metadata").and_then(|m| m.get("annotations"));
+    let pool = POOL_ANNOTATIONS.iter().find_map(|k| {
+        annotations
+            .and_then(|a| a.get(*k))
+            .and_then(|v| v.as_str())
+            .filter(|v| !v.is_empty())
+            .map(str::to_string)
+    });
+    Some(ServedService {
+        name: service_name(svc),
+        addresses,
+        pool,
+    })
+}
+
+/// What a set of exported objects says a user cluster serves (`kubectl get
+/// ipaddresspools.metallb.io,services -A -o yaml`, as JSON): `List`s are opened, MetalLB
+/// `IPAddressPool`s (any `metallb.io` version) and core `Service`s are read as discovery reads
+/// them, everything else is left out. The same object twice (`namespace/name`) counts once.
+pub fn from_objects(objects: &[serde_json::Value]) -> Discovered {
+    let mut pools: BTreeMap<(String, String), HandMadePool> = BTreeMap::new();
+    let mut services: BTreeMap<String, ServedService> = BTreeMap::new();
+    let mut stack: Vec<&serde_json::Value> = objects.iter().rev().collect();
+    while let Some(obj) = stack.pop() {
+        let kind = obj.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
+        let api_version = obj
+            .get("apiVersion")
+            .and_then(|k| k.as_str())
+            .unwrap_or_default();
+        if kind.ends_with("List") {
+            if let Some(items) = obj.get("items").and_then(|i| i.as_array()) {
+                stack.extend(items.iter().rev());
+            }
+            continue;
+        }
+        match (kind, api_version.split('/').next().unwrap_or_default()) {
+            ("IPAddressPool", "metallb.io") => {
+                if let Some(p) = hand_made_pool(obj) {
+                    pools.insert((p.namespace.clone(), p.name.clone()), p);
+                }
+            }
+            ("Service", "v1") if !api_version.contains('/') => {
+                if let Some(s) = served_service(obj) {
+                    services.insert(s.name.clone(), s);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut pools: Vec<HandMadePool> = pools.into_values().collect();
+    pools.sort_by(|a, b| (&a.name, &a.namespace).cmp(&(&b.name, &b.namespace)));
+    Discovered {
+        pools,
+        services: services.into_values().collect(),
+    }
+}
+
 /// The adoption mode that applies to a cluster: its own `spec.adopt`, else the `adopt` of its
 /// datacenter in the pools that list it. Pools that disagree give the most careful of their
 /// values (`DryRun` before `Adopt` before `Disabled`). `None` and `Disabled` both mean: start from
@@ -1018,6 +1146,58 @@ mod tests {
         );
         let waiting = plan_of_unread(&pools);
         assert!(matches!(waiting, AdoptState::Waiting(w) if w.contains("connection refused")));
+    }
+
+    #[test]
+    fn exported_lists_read_like_discovery_reads_them() {
+        let objects = vec![
+            serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+                {"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+                 "metadata": {"name": "legacy", "namespace": "metallb-system"},
+                 "spec": {"addresses": ["10.0.0.0/28", 7]}},
+                {"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+                 "metadata": {"name": "kipam-lb", "namespace": "metallb-system",
+                              "labels": {"ipam.kipam.dev/addon": "metallb"}},
+                 "spec": {"addresses": ["10.0.0.16/28"]}},
+                {"apiVersion": "v1", "kind": "Service",
+                 "metadata": {"name": "web", "namespace": "shop",
+                              "annotations": {"metallb.universe.tf/address-pool": "legacy"}},
+                 "spec": {"type": "LoadBalancer"},
+                 "status": {"loadBalancer": {"ingress": [{"ip": "10.0.0.3"}, {"hostname": "x"}]}}},
+                {"apiVersion": "v1", "kind": "Service",
+                 "metadata": {"name": "pending", "namespace": "shop"},
+                 "spec": {"type": "LoadBalancer"}, "status": {"loadBalancer": {}}},
+                {"apiVersion": "v1", "kind": "Service",
+                 "metadata": {"name": "inner", "namespace": "shop"},
+                 "spec": {"type": "ClusterIP"}},
+            ]}),
+            // A second export of the same Service counts once; other kinds are left out.
+            serde_json::json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "web", "namespace": "shop",
+                             "annotations": {"metallb.io/address-pool": "current",
+                                             "metallb.universe.tf/address-pool": "legacy"}},
+                "spec": {"type": "LoadBalancer"},
+                "status": {"loadBalancer": {"ingress": [{"ip": "10.0.0.3"}]}}}),
+            serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "web", "namespace": "shop"}}),
+        ];
+        let d = from_objects(&objects);
+        assert_eq!(
+            d.pools,
+            [HandMadePool {
+                namespace: "metallb-system".into(),
+                name: "legacy".into(),
+                addresses: vec!["10.0.0.0/28".into(), "7".into()],
+            }]
+        );
+        assert_eq!(
+            d.services,
+            [ServedService {
+                name: "shop/web".into(),
+                addresses: vec!["10.0.0.3".into()],
+                pool: Some("current".into()),
+            }]
+        );
     }
 
     fn plan_of_unread(pools: &[PoolInput]) -> AdoptState {
