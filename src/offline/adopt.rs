@@ -447,7 +447,7 @@ pub fn report_text(report: &AdoptReport) -> String {
             let _ = writeln!(out, "  hand-made MetalLB pools:");
             for h in &a.hand_made {
                 let fate = match (&h.taken_over_by, h.pools.is_empty()) {
-                    (Some(pool), _) => format!("taken over by pool {pool}"),
+                    (Some(pool), _) => format!("to be taken over by pool {pool}"),
                     (None, true) => "outside every pool, left as it is".to_string(),
                     (None, false) => format!("in pool(s) {}, not taken over", h.pools.join(", ")),
                 };
