@@ -63,7 +63,7 @@ const OFFLINE_EXIT_STATUS: &str = "Exit status:
      twice), an output that would replace an input, or a release refused by the guard
      (nothing written)";
 
-/// The end of `kipam adopt --help` (docs/adopt.md says the same).
+/// The end of `kipam adopt --help` (docs/offline-adopt.md says the same).
 const ADOPT_EXIT_STATUS: &str = "Exit status:
   0  every cluster read is Ready: kipam can take each over as reported
   1  some cluster needs a look (a conflict, an address in an exclusion or given to another

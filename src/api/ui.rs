@@ -365,6 +365,19 @@ async fn version(State(state): State<Shared>, headers: HeaderMap) -> Result<Resp
         sum = sum.wrapping_add(h.rotate_left(1));
         count += 1;
     }
+    // And the Clusters whose adoption the page shows: their status moves their version.
+    for cluster in state.ctx.clusters.state() {
+        if cluster.status.as_ref().is_none_or(|s| s.adoption.is_none()) {
+            continue;
+        }
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        cluster.metadata.name.hash(&mut hasher);
+        cluster.metadata.resource_version.hash(&mut hasher);
+        let h = hasher.finish();
+        mix ^= h.rotate_left(2);
+        sum = sum.wrapping_add(h.rotate_left(2));
+        count += 1;
+    }
     let version = format!("{ticks}-{count}-{mix:016x}{sum:016x}");
     Ok(axum::Json(serde_json::json!({ "version": version })).into_response())
 }

@@ -195,3 +195,29 @@ async fn the_page_lists_adoption_and_its_clusters_needing_a_look() {
     // They count among what needs a look.
     assert_eq!(body["totals"]["attention"], 2);
 }
+
+async fn version(h: &Harness) -> Value {
+    h.get("/ui/api/version", "reader").await.1["version"].clone()
+}
+
+#[tokio::test]
+async fn the_page_version_moves_when_an_adoption_status_changes() {
+    let h = fleet().await;
+    let before = version(&h).await;
+    assert_eq!(before, version(&h).await);
+    h.api
+        .set_status(
+            "clusters",
+            None,
+            "charlie",
+            json!({"adoption": {"mode": "Adopt", "state": "Adopted", "servedTotal": 3}}),
+        )
+        .unwrap();
+    for _ in 0..300 {
+        if version(&h).await != before {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the version never moved");
+}
