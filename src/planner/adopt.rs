@@ -402,6 +402,9 @@ struct PoolDc<'a> {
 /// A served address, parsed: (range of one, services).
 type Served = BTreeMap<AddrRange, BTreeSet<String>>;
 
+/// Per datacenter, the hand-made MetalLB pools of read user clusters: (cluster, pool, pieces).
+type CoveredBy<'a> = BTreeMap<&'a str, Vec<(&'a str, &'a str, Vec<AddrRange>)>>;
+
 /// Plans the adoption of every candidate. Pure: `stored` is every holder kipam knows (user
 /// clusters' allocations and machines' claims, as the planner is given them).
 pub fn plan(
@@ -411,7 +414,7 @@ pub fn plan(
 ) -> AdoptionPlan {
     // Who serves what, per datacenter, for the contested check.
     let mut served_by: BTreeMap<&str, Vec<(&str, Served)>> = BTreeMap::new();
-    let mut covered_by: BTreeMap<&str, Vec<(&str, &str, Vec<AddrRange>)>> = BTreeMap::new();
+    let mut covered_by: CoveredBy<'_> = BTreeMap::new();
     let mut unreadable: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for c in candidates {
         if let Reading::Read(d) = c.reading {
@@ -762,7 +765,7 @@ pub fn plan(
                 a.datacenter
             ));
             // What it would adopt stays set aside for everybody meanwhile.
-            for (_, pieces) in &a.adopt {
+            for pieces in a.adopt.values() {
                 out.set_aside.push(HeldElsewhere {
                     pool: String::new(),
                     datacenter: a.datacenter.clone(),
@@ -857,7 +860,7 @@ fn classify(
     addr: &AddrRange,
     stored: &[StoredAllocation],
     served_by: &BTreeMap<&str, Vec<(&str, Served)>>,
-    covered_by: &BTreeMap<&str, Vec<(&str, &str, Vec<AddrRange>)>>,
+    covered_by: &CoveredBy<'_>,
 ) -> Verdict {
     let pool = p.name.to_string();
     let held_by = |s: &&StoredAllocation| {
