@@ -402,6 +402,9 @@ struct PoolDc<'a> {
 /// A served address, parsed: (range of one, services).
 type Served = BTreeMap<AddrRange, BTreeSet<String>>;
 
+/// Per datacenter, the read user clusters serving each address.
+type Servers<'a> = BTreeMap<&'a str, BTreeMap<AddrRange, Vec<&'a str>>>;
+
 /// Per datacenter, the hand-made MetalLB pools of read user clusters: (cluster, pool, pieces).
 type CoveredBy<'a> = BTreeMap<&'a str, Vec<(&'a str, &'a str, Vec<AddrRange>)>>;
 
@@ -434,6 +437,17 @@ pub fn plan(
                     .entry(c.datacenter)
                     .or_default()
                     .push((c.name, &h.name, pieces));
+            }
+        }
+    }
+    // Per datacenter, who serves each address: looked up per address below, so that the
+    // checks cost one search each instead of a pass over every cluster of the datacenter.
+    let mut servers: Servers<'_> = BTreeMap::new();
+    for (dc, list) in &served_by {
+        let index = servers.entry(dc).or_default();
+        for (name, served) in list {
+            for a in served.keys() {
+                index.entry(*a).or_default().push(name);
             }
         }
     }
@@ -495,7 +509,7 @@ pub fn plan(
                 .find(|p| p.cidrs.iter().any(|r| r.overlaps(addr)))
             {
                 None => Verdict::Outside,
-                Some(p) => classify(c, p, addr, stored, &served_by, &covered_by),
+                Some(p) => classify(c, p, addr, stored, &servers, &covered_by),
             };
             match &verdict {
                 Verdict::Adopt { pool } => {
@@ -511,8 +525,9 @@ pub fn plan(
                 }
                 // Already its own: another user cluster serving it too is told, not blocked on.
                 Verdict::Held { .. } => {
-                    for (other, served) in served_by.get(c.datacenter).into_iter().flatten() {
-                        if *other != c.name && served.contains_key(addr) {
+                    let serving = servers.get(c.datacenter).and_then(|i| i.get(addr));
+                    for other in serving.into_iter().flatten() {
+                        if *other != c.name {
                             held_contested
                                 .entry(other.to_string())
                                 .or_default()
@@ -554,17 +569,25 @@ pub fn plan(
         }
         // Told, not blocked: another user cluster serves what a pool of this one covers.
         let mut covers: BTreeMap<String, Vec<AddrRange>> = BTreeMap::new();
-        for (other, served) in served_by.get(c.datacenter).into_iter().flatten() {
-            if *other == c.name {
-                continue;
-            }
-            for (n, _, pieces) in covered_by.get(c.datacenter).into_iter().flatten() {
-                if *n != c.name {
+        // This cluster's own pools, picked once: scanning every pool of the datacenter for
+        // each other cluster made this loop cubic in the clusters of a datacenter.
+        let own_pools: Vec<&Vec<AddrRange>> = covered_by
+            .get(c.datacenter)
+            .into_iter()
+            .flatten()
+            .filter(|(n, _, _)| *n == c.name)
+            .map(|(_, _, pieces)| pieces)
+            .collect();
+        if !own_pools.is_empty() {
+            for (other, served) in served_by.get(c.datacenter).into_iter().flatten() {
+                if *other == c.name {
                     continue;
                 }
-                for a in served.keys() {
-                    if pieces.iter().any(|p| p.overlaps(a)) {
-                        covers.entry(other.to_string()).or_default().push(*a);
+                for pieces in &own_pools {
+                    for a in served.keys() {
+                        if pieces.iter().any(|p| p.overlaps(a)) {
+                            covers.entry(other.to_string()).or_default().push(*a);
+                        }
                     }
                 }
             }
@@ -859,7 +882,7 @@ fn classify(
     p: &PoolDc<'_>,
     addr: &AddrRange,
     stored: &[StoredAllocation],
-    served_by: &BTreeMap<&str, Vec<(&str, Served)>>,
+    servers: &Servers<'_>,
     covered_by: &CoveredBy<'_>,
 ) -> Verdict {
     let pool = p.name.to_string();
@@ -882,12 +905,13 @@ fn classify(
             holder: s.cluster.clone(),
         };
     }
-    let mut others: Vec<String> = served_by
+    let mut others: Vec<String> = servers
         .get(c.datacenter)
+        .and_then(|i| i.get(addr))
         .into_iter()
         .flatten()
-        .filter(|(n, s)| *n != c.name && s.contains_key(addr))
-        .map(|(n, _)| n.to_string())
+        .filter(|n| **n != c.name)
+        .map(|n| n.to_string())
         .collect();
     others.extend(
         covered_by
