@@ -63,6 +63,47 @@ const OFFLINE_EXIT_STATUS: &str = "Exit status:
      twice), an output that would replace an input, or a release refused by the guard
      (nothing written)";
 
+/// The end of `kipam adopt --help` (docs/offline-adopt.md says the same).
+const ADOPT_EXIT_STATUS: &str = "Exit status:
+  0  every cluster read is Ready: kipam can take each over as reported
+  1  some cluster needs a look (a conflict, an address in an exclusion or given to another
+     holder, a hand-made pool kipam cannot take over as it is) or could not be read
+  2  invalid input (manifests, state file, arguments); nothing was read";
+
+#[derive(clap::Args)]
+struct AdoptArgs {
+    /// IPAMPool and Cluster manifests (files or directories), as for `kipam offline`;
+    /// IPAMAllocations among them count as what kipam already gave.
+    #[arg(long = "pools", required = true, num_args = 1..)]
+    pools: Vec<PathBuf>,
+    /// The state file of `kipam offline`, if kipam already runs offline: what it gave counts.
+    #[arg(long)]
+    state: Option<PathBuf>,
+    /// Read a user cluster through this kubeconfig (its current context; list only). Give
+    /// one --cluster NAME for each, in the same order.
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Vec<PathBuf>,
+    /// The Cluster each --kubeconfig belongs to.
+    #[arg(long, value_name = "NAME")]
+    cluster: Vec<String>,
+    /// A directory with one sub-directory per user cluster, named as its Cluster, holding
+    /// what `kubectl get ipaddresspools.metallb.io,services -A -o yaml` exported.
+    #[arg(long, value_name = "DIR")]
+    from: Option<PathBuf>,
+    /// Report only (the default, and the only mode of `kipam adopt`).
+    #[arg(long, default_value_t = true)]
+    dry_run: bool,
+    /// Output format: a report for people (text), or the plan as json.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = AdoptFormat::Text)]
+    output: AdoptFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum AdoptFormat {
+    Text,
+    Json,
+}
+
 // Parsed once at start: the size of the controller's arguments does not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
@@ -72,6 +113,10 @@ enum Command {
     /// Plan allocations over manifests on disk and keep them in a state file.
     #[command(after_help = OFFLINE_EXIT_STATUS)]
     Offline(OfflineArgs),
+    /// Report how kipam would take over user clusters that already run MetalLB (a dry run:
+    /// nothing is written, here or in any user cluster).
+    #[command(after_help = ADOPT_EXIT_STATUS)]
+    Adopt(AdoptArgs),
     /// Print one addon rendered for one cluster.
     Render(RenderArgs),
     /// Check IPAMPool and Cluster manifests with the admission rules.
@@ -380,6 +425,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Controller(args) => run_controller(args),
         Command::Offline(args) => run_offline(args),
+        Command::Adopt(args) => run_adopt(args),
         Command::Validate(args) => run_validate(args),
         Command::Render(args) => run_render(args),
         Command::Crds(args) => run_crds(args),
@@ -599,6 +645,54 @@ fn read_state(path: &std::path::Path) -> Result<Vec<resources::IPAMAllocation>, 
             offline::state_file::read(path).map_err(|e| e.to_string())
         }
     }
+}
+
+fn run_adopt(args: AdoptArgs) -> ExitCode {
+    let json = args.output == AdoptFormat::Json;
+    let refuse = |message: String| {
+        eprintln!("error: {message}");
+        if json {
+            println!("{}", serde_json::json!({"error": message, "exitCode": 2}));
+        }
+        ExitCode::from(2)
+    };
+    if args.kubeconfig.len() != args.cluster.len() {
+        return refuse(format!(
+            "--kubeconfig and --cluster go in pairs: {} --kubeconfig, {} --cluster",
+            args.kubeconfig.len(),
+            args.cluster.len()
+        ));
+    }
+    if args.kubeconfig.is_empty() && args.from.is_none() {
+        return refuse(
+            "nothing to read: give --from DIR, or --kubeconfig FILE --cluster NAME".to_string(),
+        );
+    }
+    let _ = args.dry_run;
+    let options = offline::adopt::AdoptOptions {
+        pools: args.pools,
+        state: args.state,
+        kubeconfigs: args.cluster.into_iter().zip(args.kubeconfig).collect(),
+        from: args.from,
+    };
+    let report = match offline::adopt::run(&options) {
+        Ok(r) => r,
+        Err(e) => return refuse(e.to_string()),
+    };
+    for note in &report.notes {
+        eprintln!("note: {note}");
+    }
+    let code = offline::adopt::exit_code(&report.plan);
+    if json {
+        let value = offline::adopt::report_json(&report, code);
+        match serde_json::to_string_pretty(&value) {
+            Ok(text) => println!("{text}"),
+            Err(e) => return refuse(e.to_string()),
+        }
+    } else {
+        print!("{}", offline::adopt::report_text(&report));
+    }
+    ExitCode::from(code)
 }
 
 fn run_offline(args: OfflineArgs) -> ExitCode {

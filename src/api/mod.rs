@@ -10,6 +10,7 @@
 //! [`router`] builds the routes; [`serve`] runs them on a plain TCP listener and [`serve_tls`]
 //! over TLS, both with the server of [`crate::tls`].
 
+pub mod adoption;
 pub mod auth;
 pub mod error;
 pub mod lookup;
@@ -105,6 +106,7 @@ pub const ALLOCATIONS: &str = "/api/v2/seeds/{seed_name}/ipampools/{ipampool_nam
 pub const OPENAPI: &str = "/api/v2/openapi.json";
 pub const ADDRESS: &str = "/api/v2/seeds/{seed_name}/addresses/{address}";
 pub const ADDRESS_CIDR: &str = "/api/v2/seeds/{seed_name}/addresses/{address}/{prefix_length}";
+pub const ADOPTION: &str = "/api/v2/seeds/{seed_name}/adoption";
 
 type Shared = Arc<ApiState>;
 
@@ -120,6 +122,7 @@ pub fn routes() -> Vec<(Method, &'static str, MethodRouter<Shared>)> {
         (Method::GET, OPENAPI, get(openapi_document)),
         (Method::GET, ADDRESS, get(lookup::by_address)),
         (Method::GET, ADDRESS_CIDR, get(lookup::by_cidr)),
+        (Method::GET, ADOPTION, get(adoption::fleet)),
     ]
 }
 

@@ -63,6 +63,9 @@ fn build() -> Value {
     let lookup = generator
         .subschema_for::<crate::page::view::LookupView>()
         .to_value();
+    let adoption = generator
+        .subschema_for::<crate::page::adoption::AdoptionFleet>()
+        .to_value();
     generator.subschema_for::<ErrorBody>();
     let schemas = generator.take_definitions(true);
 
@@ -176,6 +179,19 @@ fn build() -> Value {
                     "responses": lookup_responses(),
                 },
             },
+            super::ADOPTION: {
+                "parameters": [seed],
+                "get": {
+                    "operationId": "getAdoption",
+                    "summary": "The whole fleet's adoption plan (spec.adopt): per cluster what its user cluster serves, each address's verdict, hand-made MetalLB pools, conflicts and what it adopts, with figures (from the Clusters' status.adoption in the controller's cache)",
+                    "parameters": [{"name": "datacenter", "in": "query", "required": false,
+                        "description": "only the clusters of this datacenter (the summary counts only them)",
+                        "schema": {"type": "string"}}],
+                    "responses": responses(json!({
+                        "200": ok("the clusters that adopt (adopt DryRun or Adopt), by name; none: an empty list", &adoption),
+                    })),
+                },
+            },
             super::OPENAPI: {
                 "get": {
                     "operationId": "getOpenAPIDocument",
@@ -193,7 +209,7 @@ fn build() -> Value {
                 "bearer": {
                     "type": "http",
                     "scheme": "bearer",
-                    "description": "A Kubernetes token of the seed, checked with a TokenReview; access by RBAC on ipampools.ipam.kipam.dev (and list ipamallocations for the allocations and address routes)."
+                    "description": "A Kubernetes token of the seed, checked with a TokenReview; access by RBAC on ipampools.ipam.kipam.dev (and list ipamallocations for the allocations and address routes, list clusters for the adoption route)."
                 }
             }
         }

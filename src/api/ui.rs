@@ -260,17 +260,23 @@ async fn summary(
             view::pool_summary(pool, &dcs, &holdings)
         })
         .collect();
+    // Adoption, from the Clusters' statuses in this replica's cache; those needing a look
+    // count among what needs a look.
+    let clusters = state.ctx.clusters.state();
+    let adoption = crate::page::adoption::page(clusters.iter().map(|c| &**c));
+    let adoption_attention = adoption.as_ref().map_or(0, |a| a.summary.needs_look.len());
     let body = view::Summary {
         seed: state.seed_name.clone(),
         totals: view::Totals {
             pools: pools.len(),
             datacenters,
             allocations,
-            attention: attention_count + attention_pools.len(),
+            attention: attention_count + attention_pools.len() + adoption_attention,
         },
         attention,
         attention_pools,
         pools: summaries,
+        adoption,
         matched: matched.len(),
         offset: params.offset,
         limit,
@@ -357,6 +363,19 @@ async fn version(State(state): State<Shared>, headers: HeaderMap) -> Result<Resp
         let h = hasher.finish();
         mix ^= h.rotate_left(1);
         sum = sum.wrapping_add(h.rotate_left(1));
+        count += 1;
+    }
+    // And the Clusters whose adoption the page shows: their status moves their version.
+    for cluster in state.ctx.clusters.state() {
+        if cluster.status.as_ref().is_none_or(|s| s.adoption.is_none()) {
+            continue;
+        }
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        cluster.metadata.name.hash(&mut hasher);
+        cluster.metadata.resource_version.hash(&mut hasher);
+        let h = hasher.finish();
+        mix ^= h.rotate_left(2);
+        sum = sum.wrapping_add(h.rotate_left(2));
         count += 1;
     }
     let version = format!("{ticks}-{count}-{mix:016x}{sum:016x}");

@@ -3,84 +3,34 @@
 //! is kept as written; the planner reads and judges it.
 
 use k8s_openapi::api::core::v1::Service;
-use kube::ResourceExt;
 use kube::api::DynamicObject;
 
-use crate::planner::adopt::{HandMadePool, ServedService};
-use crate::render::ADDON_LABEL;
+use crate::planner::adopt::{self, HandMadePool, ServedService};
 
-/// The annotations a Service names its MetalLB pool with, the current one first.
-pub const POOL_ANNOTATIONS: [&str; 2] = [
-    "metallb.io/address-pool",
-    "metallb.universe.tf/address-pool",
-];
-
-/// The pool, unless kipam rendered it (it carries kipam's addon label).
+/// The pool, unless kipam rendered it (it carries kipam's addon label). Read as
+/// `kipam adopt` reads an exported pool ([`adopt::hand_made_pool`]), so both say the same.
 pub fn hand_made(pool: &DynamicObject) -> Option<HandMadePool> {
-    if pool.labels().contains_key(ADDON_LABEL) {
-        return None;
-    }
-    let addresses = pool
-        .data
-        .get("spec")
-        .and_then(|s| s.get("addresses"))
-        .and_then(|a| a.as_array())
-        .map(|a| {
-            a.iter()
-                .map(|v| match v.as_str() {
-                    Some(text) => text.to_string(),
-                    // Not a string (a schema-less server let it in): shown as written.
-                    None => v.to_string(),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    Some(HandMadePool {
-        namespace: pool.namespace().unwrap_or_default(),
-        name: pool.name_any(),
-        addresses,
-    })
+    adopt::hand_made_pool(&serde_json::to_value(pool).ok()?)
 }
 
 /// `namespace/name` of a Service.
 pub fn service_name(svc: &Service) -> String {
+    use kube::ResourceExt;
     format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())
 }
 
 /// The Service, when it is of type `LoadBalancer` and holds at least one address
 /// (`status.loadBalancer.ingress[].ip`; entries with a hostname only are not addresses).
+/// Read as `kipam adopt` reads an exported Service ([`adopt::served_service`]).
 pub fn served(svc: &Service) -> Option<ServedService> {
-    if svc.spec.as_ref()?.type_.as_deref() != Some("LoadBalancer") {
-        return None;
-    }
-    let addresses: Vec<String> = svc
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|i| i.ip.clone())
-        .filter(|ip| !ip.is_empty())
-        .collect();
-    if addresses.is_empty() {
-        return None;
-    }
-    let pool = svc.metadata.annotations.as_ref().and_then(|a| {
-        POOL_ANNOTATIONS
-            .iter()
-            .find_map(|k| a.get(*k).filter(|v| !v.is_empty()).cloned())
-    });
-    Some(ServedService {
-        name: service_name(svc),
-        addresses,
-        pool,
-    })
+    adopt::served_service(&serde_json::to_value(svc).ok()?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::render::ADDON_LABEL;
+    use kube::ResourceExt;
     use serde_json::json;
 
     #[test]

@@ -6,6 +6,7 @@
 //! changes nothing.
 
 pub mod addons;
+pub mod adopt;
 pub mod files;
 pub mod guard;
 pub mod holders;

@@ -17,6 +17,7 @@
 //!
 //! All address arithmetic is exact (`u128` and [`AddressCount`]): no floats.
 
+pub mod adoption;
 pub mod html;
 pub mod lookup;
 pub mod map;

@@ -713,6 +713,8 @@ pub fn report(
             attention,
             attention_pools,
             pools: summaries,
+            // `kipam offline` reads no user cluster; `kipam adopt` reports adoption.
+            adoption: None,
             matched,
             offset: 0,
             limit: matched,

@@ -480,3 +480,114 @@ fn quarantine_is_read_from_the_records_with_holder_and_end() {
     // Past its end nothing is quarantined any more.
     assert!(quarantine::of_records(&p, &records, released + 3_600).is_empty());
 }
+
+fn adopting(name: &str, dc: &str, adoption: serde_json::Value) -> crate::resources::Cluster {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Cluster",
+        "metadata": {"name": name}, "spec": {"datacenter": dc},
+        "status": {"adoption": adoption},
+    }))
+    .expect("cluster")
+}
+
+fn adoption_fleet() -> Vec<crate::resources::Cluster> {
+    use serde_json::json;
+    vec![
+        adopting(
+            "zeta",
+            "dc1",
+            json!({"mode": "Adopt", "state": "Adopted", "servedTotal": 2, "served": [
+                {"address": "10.0.0.1", "verdict": "Held", "pool": "lb"},
+                {"address": "192.168.0.1", "verdict": "Outside"}]}),
+        ),
+        adopting(
+            "alpha",
+            "dc1",
+            json!({"mode": "DryRun", "state": "NeedsLook", "servedTotal": 1,
+                "reasons": ["user cluster bravo serves them too: 10.0.0.20"],
+                "served": [{"address": "10.0.0.20", "verdict": "Contested", "pool": "lb", "with": ["bravo"]}],
+                "conflicts": [{"with": "bravo", "kind": "BothServe", "addresses": ["10.0.0.20"]}],
+                "handMadePools": [{"namespace": "metallb-system", "name": "a", "addresses": ["10.0.0.16/28"], "pools": ["lb"]}]}),
+        ),
+        adopting(
+            "mid",
+            "dc2",
+            json!({"mode": "Adopt", "state": "Waiting", "servedTotal": 0,
+                "reasons": ["the user cluster has not been read yet"]}),
+        ),
+        // Not adopting: no status.adoption.
+        serde_json::from_value(
+            json!({"apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Cluster",
+            "metadata": {"name": "plain"}, "spec": {"datacenter": "dc1"}}),
+        )
+        .expect("cluster"),
+    ]
+}
+
+#[test]
+fn the_adoption_fleet_counts_states_and_verdicts_and_filters_by_datacenter() {
+    let clusters = adoption_fleet();
+    let f = adoption::fleet(clusters.iter(), None);
+    let names: Vec<&str> = f.clusters.iter().map(|c| c.cluster.as_str()).collect();
+    assert_eq!(names, ["alpha", "mid", "zeta"]);
+    assert_eq!(f.summary.clusters, 3);
+    assert_eq!(f.summary.served, 3);
+    assert_eq!(
+        f.summary.states,
+        [
+            ("Adopted".to_string(), 1),
+            ("NeedsLook".into(), 1),
+            ("Waiting".into(), 1)
+        ]
+        .into()
+    );
+    assert_eq!(
+        f.summary.verdicts,
+        [
+            ("Contested".to_string(), 1),
+            ("Held".into(), 1),
+            ("Outside".into(), 1)
+        ]
+        .into()
+    );
+    assert_eq!(f.summary.conflicts, 1);
+    assert_eq!(f.summary.needs_look, ["alpha"]);
+    let dc2 = adoption::fleet(clusters.iter(), Some("dc2"));
+    assert_eq!(dc2.clusters.len(), 1);
+    assert_eq!(dc2.summary.needs_look, Vec::<String>::new());
+    assert!(
+        adoption::fleet(clusters.iter(), Some("nowhere"))
+            .clusters
+            .is_empty()
+    );
+}
+
+#[test]
+fn the_page_section_shows_clusters_needing_a_look_first_and_only_when_some_adopt() {
+    let clusters = adoption_fleet();
+    let page = adoption::page(clusters.iter()).expect("some adopt");
+    let order: Vec<&str> = page.rows.iter().map(|r| r.cluster.as_str()).collect();
+    assert_eq!(order, ["alpha", "mid", "zeta"]);
+    let alpha = &page.rows[0];
+    assert_eq!(alpha.conflicts[0].with, "bravo");
+    assert_eq!(alpha.conflicts[0].addresses, ["10.0.0.20"]);
+    assert_eq!(alpha.hand_made, ["metallb-system/a"]);
+    assert_eq!(alpha.verdicts, [("Contested".to_string(), 1)].into());
+    // No cluster adopting: no section at all.
+    assert!(adoption::page(clusters.iter().filter(|c| c.status.is_none())).is_none());
+    // The section survives the report's packing, as the page's script reads it back.
+    let p = v4_pool();
+    let mut r = report::report("seed", "2026-11-27T00:00:00Z", &[p], &[], &[]);
+    r.summary.adoption = Some(page);
+    let packed: serde_json::Value =
+        serde_json::from_str(&r.packed().expect("packs")).expect("json");
+    let read = report::read(&packed).expect("reads");
+    assert_eq!(
+        read["summary"]["adoption"]["rows"][0]["conflicts"][0]["with"],
+        "bravo"
+    );
+    assert_eq!(
+        read["summary"]["adoption"]["summary"]["needsLook"][0],
+        "alpha"
+    );
+}

@@ -262,7 +262,8 @@ pub struct Totals {
     /// Allocations stored.
     pub allocations: usize,
     /// Allocations that are `Failed` or `Conflict` (the served summary; the offline report
-    /// also counts overlapping and unreadable ones), and pools with a notable condition.
+    /// also counts overlapping and unreadable ones), pools with a notable condition, and
+    /// clusters whose adoption needs a look.
     pub attention: usize,
 }
 
@@ -278,6 +279,9 @@ pub struct Summary {
     pub attention_pools: Vec<PoolAttention>,
     /// Pools on this page, by name.
     pub pools: Vec<PoolSummary>,
+    /// The adoption section: present when any cluster adopts (`spec.adopt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adoption: Option<super::adoption::AdoptionPage>,
     /// Pools matching the filter (all pages).
     pub matched: usize,
     pub offset: usize,

@@ -57,6 +57,134 @@ pub struct ServedService {
     pub pool: Option<String>,
 }
 
+/// The annotations a Service names its MetalLB pool with, the current one first.
+pub const POOL_ANNOTATIONS: [&str; 2] = [
+    "metallb.io/address-pool",
+    "metallb.universe.tf/address-pool",
+];
+
+/// `metadata.<key>` of an object as JSON, or "".
+fn meta_str<'a>(obj: &'a serde_json::Value, key: &str) -> &'a str {
+    obj.get("metadata")
+        .and_then(|m| m.get(key))
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+}
+
+/// A MetalLB `IPAddressPool` (as JSON), unless kipam rendered it (it carries kipam's addon
+/// label). `spec.addresses` is kept as written; an entry that is not a string (a schema-less
+/// server let it in) is shown as its JSON text.
+pub fn hand_made_pool(pool: &serde_json::Value) -> Option<HandMadePool> {
+    let ours = pool
+        .get("metadata")
+        .and_then(|m| m.get("labels"))
+        .and_then(|l| l.get(crate::render::ADDON_LABEL))
+        .is_some();
+    if ours {
+        return None;
+    }
+    let addresses = pool
+        .get("spec")
+        .and_then(|s| s.get("addresses"))
+        .and_then(|a| a.as_array())
+        .map(|a| {
+            a.iter()
+                .map(|v| match v.as_str() {
+                    Some(text) => text.to_string(),
+                    None => v.to_string(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(HandMadePool {
+        namespace: meta_str(pool, "namespace").to_string(),
+        name: meta_str(pool, "name").to_string(),
+        addresses,
+    })
+}
+
+/// `namespace/name` of an object (as JSON).
+pub fn service_name(svc: &serde_json::Value) -> String {
+    format!("{}/{}", meta_str(svc, "namespace"), meta_str(svc, "name"))
+}
+
+/// A Service (as JSON), when it is of type `LoadBalancer` and holds at least one address
+/// (`status.loadBalancer.ingress[].ip`; entries with a hostname only are not addresses).
+pub fn served_service(svc: &serde_json::Value) -> Option<ServedService> {
+    if svc.get("spec")?.get("type")?.as_str()? != "LoadBalancer" {
+        return None;
+    }
+    let addresses: Vec<String> = svc
+        .get("status")
+        .and_then(|s| s.get("loadBalancer"))
+        .and_then(|lb| lb.get("ingress"))
+        .and_then(|i| i.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i.get("ip").and_then(|ip| ip.as_str()))
+        .filter(|ip| !ip.is_empty())
+        .map(str::to_string)
+        .collect();
+    if addresses.is_empty() {
+        return None;
+    }
+    let annotations = svc.get("metadata").and_then(|m| m.get("annotations"));
+    let pool = POOL_ANNOTATIONS.iter().find_map(|k| {
+        annotations
+            .and_then(|a| a.get(*k))
+            .and_then(|v| v.as_str())
+            .filter(|v| !v.is_empty())
+            .map(str::to_string)
+    });
+    Some(ServedService {
+        name: service_name(svc),
+        addresses,
+        pool,
+    })
+}
+
+/// What a set of exported objects says a user cluster serves (`kubectl get
+/// ipaddresspools.metallb.io,services -A -o yaml`, as JSON): `List`s are opened, MetalLB
+/// `IPAddressPool`s (any `metallb.io` version) and core `Service`s are read as discovery reads
+/// them, everything else is left out. The same object twice (`namespace/name`) counts once.
+pub fn from_objects(objects: &[serde_json::Value]) -> Discovered {
+    let mut pools: BTreeMap<(String, String), HandMadePool> = BTreeMap::new();
+    let mut services: BTreeMap<String, ServedService> = BTreeMap::new();
+    let mut stack: Vec<&serde_json::Value> = objects.iter().rev().collect();
+    while let Some(obj) = stack.pop() {
+        let kind = obj.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
+        let api_version = obj
+            .get("apiVersion")
+            .and_then(|k| k.as_str())
+            .unwrap_or_default();
+        if kind.ends_with("List") {
+            if let Some(items) = obj.get("items").and_then(|i| i.as_array()) {
+                stack.extend(items.iter().rev());
+            }
+            continue;
+        }
+        match (kind, api_version.split('/').next().unwrap_or_default()) {
+            ("IPAddressPool", "metallb.io") => {
+                if let Some(p) = hand_made_pool(obj) {
+                    pools.insert((p.namespace.clone(), p.name.clone()), p);
+                }
+            }
+            ("Service", "v1") if !api_version.contains('/') => {
+                if let Some(s) = served_service(obj) {
+                    services.insert(s.name.clone(), s);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut pools: Vec<HandMadePool> = pools.into_values().collect();
+    pools.sort_by(|a, b| (&a.name, &a.namespace).cmp(&(&b.name, &b.namespace)));
+    Discovered {
+        pools,
+        services: services.into_values().collect(),
+    }
+}
+
 /// The adoption mode that applies to a cluster: its own `spec.adopt`, else the `adopt` of its
 /// datacenter in the pools that list it. Pools that disagree give the most careful of their
 /// values (`DryRun` before `Adopt` before `Disabled`). `None` and `Disabled` both mean: start from
@@ -276,11 +404,14 @@ struct PoolDc<'a> {
     prefix: bool,
 }
 
-/// Per datacenter, the hand-made pools of read user clusters: (cluster, pool, its pieces).
-type Covered<'a> = BTreeMap<&'a str, Vec<(&'a str, &'a str, Vec<AddrRange>)>>;
-
 /// A served address, parsed: (range of one, services).
 type Served = BTreeMap<AddrRange, BTreeSet<String>>;
+
+/// Per datacenter, the read user clusters serving each address.
+type Servers<'a> = BTreeMap<&'a str, BTreeMap<AddrRange, Vec<&'a str>>>;
+
+/// Per datacenter, the hand-made MetalLB pools of read user clusters: (cluster, pool, pieces).
+type CoveredBy<'a> = BTreeMap<&'a str, Vec<(&'a str, &'a str, Vec<AddrRange>)>>;
 
 /// Plans the adoption of every candidate. Pure: `stored` is every holder kipam knows (user
 /// clusters' allocations and machines' claims, as the planner is given them).
@@ -291,7 +422,7 @@ pub fn plan(
 ) -> AdoptionPlan {
     // Who serves what, per datacenter, for the contested check.
     let mut served_by: BTreeMap<&str, Vec<(&str, Served)>> = BTreeMap::new();
-    let mut covered_by: Covered<'_> = BTreeMap::new();
+    let mut covered_by: CoveredBy<'_> = BTreeMap::new();
     let mut unreadable: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for c in candidates {
         if let Reading::Read(d) = c.reading {
@@ -311,6 +442,17 @@ pub fn plan(
                     .entry(c.datacenter)
                     .or_default()
                     .push((c.name, &h.name, pieces));
+            }
+        }
+    }
+    // Per datacenter, who serves each address: looked up per address below, so that the
+    // checks cost one search each instead of a pass over every cluster of the datacenter.
+    let mut servers: Servers<'_> = BTreeMap::new();
+    for (dc, list) in &served_by {
+        let index = servers.entry(dc).or_default();
+        for (name, served) in list {
+            for a in served.keys() {
+                index.entry(*a).or_default().push(name);
             }
         }
     }
@@ -372,7 +514,7 @@ pub fn plan(
                 .find(|p| p.cidrs.iter().any(|r| r.overlaps(addr)))
             {
                 None => Verdict::Outside,
-                Some(p) => classify(c, p, addr, stored, &served_by, &covered_by),
+                Some(p) => classify(c, p, addr, stored, &servers, &covered_by),
             };
             match &verdict {
                 Verdict::Adopt { pool } => {
@@ -388,8 +530,9 @@ pub fn plan(
                 }
                 // Already its own: another user cluster serving it too is told, not blocked on.
                 Verdict::Held { .. } => {
-                    for (other, served) in served_by.get(c.datacenter).into_iter().flatten() {
-                        if *other != c.name && served.contains_key(addr) {
+                    let serving = servers.get(c.datacenter).and_then(|i| i.get(addr));
+                    for other in serving.into_iter().flatten() {
+                        if *other != c.name {
                             held_contested
                                 .entry(other.to_string())
                                 .or_default()
@@ -431,17 +574,25 @@ pub fn plan(
         }
         // Told, not blocked: another user cluster serves what a pool of this one covers.
         let mut covers: BTreeMap<String, Vec<AddrRange>> = BTreeMap::new();
-        for (other, served) in served_by.get(c.datacenter).into_iter().flatten() {
-            if *other == c.name {
-                continue;
-            }
-            for (n, _, pieces) in covered_by.get(c.datacenter).into_iter().flatten() {
-                if *n != c.name {
+        // This cluster's own pools, picked once: scanning every pool of the datacenter for
+        // each other cluster made this loop cubic in the clusters of a datacenter.
+        let own_pools: Vec<&Vec<AddrRange>> = covered_by
+            .get(c.datacenter)
+            .into_iter()
+            .flatten()
+            .filter(|(n, _, _)| *n == c.name)
+            .map(|(_, _, pieces)| pieces)
+            .collect();
+        if !own_pools.is_empty() {
+            for (other, served) in served_by.get(c.datacenter).into_iter().flatten() {
+                if *other == c.name {
                     continue;
                 }
-                for a in served.keys() {
-                    if pieces.iter().any(|p| p.overlaps(a)) {
-                        covers.entry(other.to_string()).or_default().push(*a);
+                for pieces in &own_pools {
+                    for a in served.keys() {
+                        if pieces.iter().any(|p| p.overlaps(a)) {
+                            covers.entry(other.to_string()).or_default().push(*a);
+                        }
                     }
                 }
             }
@@ -736,8 +887,8 @@ fn classify(
     p: &PoolDc<'_>,
     addr: &AddrRange,
     stored: &[StoredAllocation],
-    served_by: &BTreeMap<&str, Vec<(&str, Served)>>,
-    covered_by: &Covered<'_>,
+    servers: &Servers<'_>,
+    covered_by: &CoveredBy<'_>,
 ) -> Verdict {
     let pool = p.name.to_string();
     let held_by = |s: &&StoredAllocation| {
@@ -759,12 +910,13 @@ fn classify(
             holder: s.cluster.clone(),
         };
     }
-    let mut others: Vec<String> = served_by
+    let mut others: Vec<String> = servers
         .get(c.datacenter)
+        .and_then(|i| i.get(addr))
         .into_iter()
         .flatten()
-        .filter(|(n, s)| *n != c.name && s.contains_key(addr))
-        .map(|(n, _)| n.to_string())
+        .filter(|n| **n != c.name)
+        .map(|n| n.to_string())
         .collect();
     others.extend(
         covered_by
@@ -1026,6 +1178,58 @@ mod tests {
         );
         let waiting = plan_of_unread(&pools);
         assert!(matches!(waiting, AdoptState::Waiting(w) if w.contains("connection refused")));
+    }
+
+    #[test]
+    fn exported_lists_read_like_discovery_reads_them() {
+        let objects = vec![
+            serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+                {"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+                 "metadata": {"name": "legacy", "namespace": "metallb-system"},
+                 "spec": {"addresses": ["10.0.0.0/28", 7]}},
+                {"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+                 "metadata": {"name": "kipam-lb", "namespace": "metallb-system",
+                              "labels": {"ipam.kipam.dev/addon": "metallb"}},
+                 "spec": {"addresses": ["10.0.0.16/28"]}},
+                {"apiVersion": "v1", "kind": "Service",
+                 "metadata": {"name": "web", "namespace": "shop",
+                              "annotations": {"metallb.universe.tf/address-pool": "legacy"}},
+                 "spec": {"type": "LoadBalancer"},
+                 "status": {"loadBalancer": {"ingress": [{"ip": "10.0.0.3"}, {"hostname": "x"}]}}},
+                {"apiVersion": "v1", "kind": "Service",
+                 "metadata": {"name": "pending", "namespace": "shop"},
+                 "spec": {"type": "LoadBalancer"}, "status": {"loadBalancer": {}}},
+                {"apiVersion": "v1", "kind": "Service",
+                 "metadata": {"name": "inner", "namespace": "shop"},
+                 "spec": {"type": "ClusterIP"}},
+            ]}),
+            // A second export of the same Service counts once; other kinds are left out.
+            serde_json::json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "web", "namespace": "shop",
+                             "annotations": {"metallb.io/address-pool": "current",
+                                             "metallb.universe.tf/address-pool": "legacy"}},
+                "spec": {"type": "LoadBalancer"},
+                "status": {"loadBalancer": {"ingress": [{"ip": "10.0.0.3"}]}}}),
+            serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "web", "namespace": "shop"}}),
+        ];
+        let d = from_objects(&objects);
+        assert_eq!(
+            d.pools,
+            [HandMadePool {
+                namespace: "metallb-system".into(),
+                name: "legacy".into(),
+                addresses: vec!["10.0.0.0/28".into(), "7".into()],
+            }]
+        );
+        assert_eq!(
+            d.services,
+            [ServedService {
+                name: "shop/web".into(),
+                addresses: vec!["10.0.0.3".into()],
+                pool: Some("current".into()),
+            }]
+        );
     }
 
     fn plan_of_unread(pools: &[PoolInput]) -> AdoptState {

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 
 use kipam::api::{ApiOptions, ApiState};
-use kipam::resources::{IPAMAllocation, IPAMPool};
+use kipam::resources::{Cluster, IPAMAllocation, IPAMPool};
 use kipam::seed::{Context, ledger};
 
 pub const SEED: &str = "seed-1";
@@ -83,15 +83,33 @@ pub async fn context(api: &ApiServer) -> (Arc<Context>, tokio::task::JoinHandle<
             watcher::Config::default(),
         ),
     );
+    // The Cluster cache too (the adoption route reads it), fed like the pools.
+    let (clusters, cluster_writer) = reflector::store();
+    let cluster_stream = reflector::reflector(
+        cluster_writer,
+        watcher::watcher(
+            Api::<Cluster>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+    );
     let task = tokio::spawn(async move {
-        stream.for_each(|_| async {}).await;
+        tokio::join!(
+            stream.for_each(|_| async {}),
+            cluster_stream.for_each(|_| async {})
+        );
     });
     let ctx = Context::builder(client)
-        .pools(pools)
+        .caches(
+            pools,
+            clusters,
+            reflector::store().0,
+            kipam::seed::watches::CapiCaches::default(),
+        )
         // Filled by the test as the allocation watch would, complete from the start.
         .complete_ledger(ledger::Ledger::default())
         .build();
     ctx.pools.wait_until_ready().await.unwrap();
+    ctx.clusters.wait_until_ready().await.unwrap();
     // What the planning loop does once its caches are ready.
     ctx.metrics
         .ready

@@ -4,6 +4,7 @@
 
 mod harness;
 
+mod adoption;
 mod auth;
 mod limits;
 mod network;

@@ -24,7 +24,7 @@ fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
 
 /// A small validator for what schemars writes: `$ref`, `type`, `properties`, `required`,
 /// `additionalProperties`, `items`, `enum`, `oneOf`/`anyOf`, `nullable`.
-fn check(doc: &Value, schema: &Value, value: &Value, at: &str) -> Result<(), String> {
+pub(super) fn check(doc: &Value, schema: &Value, value: &Value, at: &str) -> Result<(), String> {
     let schema = resolve(doc, schema);
     if value.is_null() && schema.get("nullable") == Some(&json!(true)) {
         return Ok(());
@@ -96,7 +96,12 @@ fn check(doc: &Value, schema: &Value, value: &Value, at: &str) -> Result<(), Str
     Ok(())
 }
 
-fn response_schema<'a>(doc: &'a Value, path: &str, method: &str, code: u16) -> &'a Value {
+pub(super) fn response_schema<'a>(
+    doc: &'a Value,
+    path: &str,
+    method: &str,
+    code: u16,
+) -> &'a Value {
     let op = &doc["paths"][path][method];
     let schema = &op["responses"][code.to_string()]["content"]["application/json"]["schema"];
     assert!(

@@ -1,6 +1,7 @@
 //! `kipam offline`, `kipam validate` and `kipam crds` run as a user runs them: the real
 //! binary over files in a temporary directory.
 
+mod adopt;
 mod adversarial;
 mod docs;
 mod files;

@@ -343,7 +343,8 @@
   function renderAttention(s) {
     var box = $('attention');
     clear(box);
-    if (s.attention.length === 0 && s.attentionPools.length === 0) { box.hidden = true; return; }
+    var adoptLook = s.adoption ? s.adoption.rows.filter(function (r) { return r.state === 'NeedsLook'; }) : [];
+    if (s.attention.length === 0 && s.attentionPools.length === 0 && adoptLook.length === 0) { box.hidden = true; return; }
     box.hidden = false;
     box.appendChild(el('div', 'panel-head', el('h2', null, 'Needs a look')));
     var table = el('table', 'grid');
@@ -357,8 +358,62 @@
     s.attention.forEach(function (h) {
       body.appendChild(el('tr', null, el('td', null, chip(h.attention, 'bad')), el('td', null, h.cluster), el('td', null, h.pool), el('td', null, h.datacenter), el('td', 'mono', h.addresses || '—'), el('td', 'msg', h.message || '')));
     });
+    adoptLook.forEach(function (r) {
+      var addrs = [];
+      r.conflicts.forEach(function (c) { addrs = addrs.concat(c.addresses || []); });
+      body.appendChild(el('tr', null, el('td', null, chip('Adoption', 'bad')), el('td', null, r.cluster), el('td', 'muted', '—'), el('td', null, r.datacenter), el('td', 'mono', addrs.length ? addrs.join(', ') : '—'), el('td', 'msg', r.reasons.join('; '))));
+    });
     table.appendChild(body);
     box.appendChild(table);
+  }
+
+  // Adoption (spec.adopt): per cluster what its user cluster serves and what stands in the way.
+  var VERDICTS = [['Adopt', 'adopt', 'ok'], ['Held', 'held', 'held'], ['Outside', 'outside', ''],
+    ['Contested', 'contested', 'bad'], ['Taken', 'taken', 'bad'], ['Excluded', 'excluded', 'bad']];
+  var CONFLICT_WORDS = { BothServe: 'also serves', Held: 'holds in kipam', TheirPoolCovers: 'has a MetalLB pool covering',
+    CoversTheirs: 'serves, inside a MetalLB pool of this one,' };
+
+  function renderAdoption(s) {
+    var box = $('adoption');
+    clear(box);
+    var a = s.adoption;
+    if (!a) { box.hidden = true; return; }
+    box.hidden = false;
+    var head = el('div', 'panel-head', el('h2', null, 'Adoption'));
+    var figures = el('div', 'adopt-figures');
+    Object.keys(a.summary.states).forEach(function (k) {
+      figures.appendChild(chip(a.summary.states[k] + ' ' + k, k === 'NeedsLook' ? 'bad' : (k === 'Adopted' ? 'ok' : '')));
+    });
+    figures.appendChild(el('span', 'muted', count(a.summary.served) + ' served address' + (a.summary.served === 1 ? '' : 'es')));
+    head.appendChild(figures);
+    box.appendChild(head);
+    var table = el('table', 'grid');
+    table.appendChild(el('thead', null, el('tr', null, el('th', null, 'Cluster'), el('th', null, 'Datacenter'), el('th', null, 'State'),
+      el('th', 'num', 'Served'), el('th', null, 'Addresses'), el('th', null, 'Hand-made pools'), el('th', null, 'Conflicts'))));
+    var body = el('tbody');
+    a.rows.forEach(function (r) {
+      var counts = el('td');
+      VERDICTS.forEach(function (v) {
+        var n = r.verdicts[v[0]];
+        if (n) counts.appendChild(chip(n + ' ' + v[1], v[2]));
+      });
+      if (!counts.firstChild) counts.appendChild(el('span', 'muted', '—'));
+      var conflicts = el('td', 'msg');
+      r.conflicts.forEach(function (c) {
+        conflicts.appendChild(el('div', null, el('strong', null, c.with), ' ' + (CONFLICT_WORDS[c.kind] || c.kind) + ' ',
+          el('span', 'mono', (c.addresses || []).join(', '))));
+      });
+      if (!r.conflicts.length) conflicts.appendChild(el('span', 'muted', '—'));
+      var stateCell = el('td', null, chip(r.state, r.state === 'NeedsLook' ? 'bad' : (r.state === 'Adopted' ? 'ok' : '')));
+      if (r.reasons.length) stateCell.title = r.reasons.join('\n');
+      body.appendChild(el('tr', null, el('td', 'pool-name', r.cluster), el('td', null, r.datacenter), stateCell,
+        el('td', 'num', count(r.served)), counts, el('td', 'mono', r.handMade.length ? r.handMade.join(', ') : '—'), conflicts));
+    });
+    table.appendChild(body);
+    box.appendChild(table);
+    if (a.rows.length < a.summary.clusters) {
+      box.appendChild(el('p', 'muted', 'The first ' + a.rows.length + ' of ' + a.summary.clusters + ' clusters, those needing a look first; the REST API (/api/v2/seeds/…/adoption) lists them all.'));
+    }
   }
 
   function unitCount(s, type, request, cidr) {
@@ -603,6 +658,7 @@
       else $('seed').append('seed ', el('strong', null, s.seed));
       renderTotals(s);
       renderAttention(s);
+      renderAdoption(s);
       renderPools(s);
       clearError();
     });
