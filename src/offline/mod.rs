@@ -84,6 +84,7 @@ pub struct OfflineReport {
     pub ignored: Vec<String>,
     /// Things that are allowed but likely wrong: pools overlapping in one datacenter, and the
     /// addresses held through both.
+    /// Also: clusters held because they adopt (offline mode reads no user cluster).
     pub warnings: Vec<String>,
     /// Temporary files of the state that runs stopped mid-write had left (named after a
     /// process that no longer exists), removed by this run.
@@ -199,7 +200,19 @@ pub fn run_with_out(
     let mut cluster_errors = Vec::new();
     for cluster in &manifests.clusters {
         match validation::cluster_input(cluster) {
-            Ok(c) => clusters.push(c),
+            Ok(mut c) => {
+                // Offline mode reads no user cluster: one that adopts is held, not given a
+                // fresh range that may hold what it serves (`kipam adopt` reports what it
+                // serves and the overrides to pin instead).
+                let mode = crate::planner::adopt::effective_mode(cluster, &manifests.pools);
+                if crate::planner::adopt::reads(mode) {
+                    c.hold = Some(format!(
+                        "adopt is {}: offline mode reads no user cluster; run `kipam adopt` and pin what it reports (spec.ipam.<pool>.addresses), or remove adopt",
+                        mode.map(|m| m.as_str()).unwrap_or_default()
+                    ));
+                }
+                clusters.push(c)
+            }
             Err(e) => cluster_errors.extend(e),
         }
     }
@@ -265,7 +278,12 @@ pub fn run_with_out(
             return Err(OfflineError::Release(concerns));
         }
     }
-    let warnings = overlaps::overlap_warnings(&pools, &plan.decisions);
+    let mut warnings = overlaps::overlap_warnings(&pools, &plan.decisions);
+    warnings.extend(
+        clusters
+            .iter()
+            .filter_map(|c| Some(format!("cluster {} is held: {}", c.name, c.hold.as_ref()?))),
+    );
 
     let existing: HashMap<(String, String), &IPAMAllocation> = stored_objects
         .iter()

@@ -596,3 +596,36 @@ fn a_full_pool_grows_in_place_in_the_state_file() {
     assert!(err.contains("c (10.5.0.0-10.5.0.3)"), "{err}");
     assert_eq!(w.read("state.yaml"), after);
 }
+
+/// Offline mode reads no user cluster: a Cluster that adopts is held with the reason, never
+/// given a fresh range that may hold what its user cluster serves; the others are served.
+#[test]
+fn a_cluster_that_adopts_is_held_offline_and_told_to_use_kipam_adopt() {
+    let w = Workdir::new("adopt-held");
+    let adopting = clusters(&["a"]).replace(
+        "  datacenter: dc-1\n",
+        "  datacenter: dc-1\n  adopt: Adopt\n",
+    );
+    let files = w.write(
+        "in.yaml",
+        &format!(
+            "{POOL}{adopting}{}",
+            clusters(&["b"]).replace("name: a", "name: b")
+        ),
+    );
+    let state = w.path("state.yaml");
+    let run = kipam(&[
+        "offline",
+        "-f",
+        files.to_str().unwrap(),
+        "--state",
+        state.to_str().unwrap(),
+        "-o",
+        "json",
+    ]);
+    let out = text(&run.stdout);
+    let saved = w.read("state.yaml");
+    assert!(!saved.contains("cluster-a"), "a got an allocation: {saved}");
+    assert!(saved.contains("cluster-b"), "b is served: {saved}");
+    assert!(out.contains("kipam adopt"), "{out}\n{}", text(&run.stderr));
+}
