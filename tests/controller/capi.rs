@@ -1318,7 +1318,18 @@ async fn a_new_claim_in_a_quiet_seed_takes_the_short_pass() {
     let _ctl = seed.controller("ctl");
     claim(&seed, "first", "machines");
     wait_served(&seed, "ctl", NS, "first").await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Quiet: no pass for a while (under load the passes that follow the first claim, its
+    // status and the pool's, can take longer than any fixed sleep).
+    let passes = |seed: &Seed| seed.full_log("ctl").matches("pass done").count();
+    let mut seen = passes(&seed);
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = passes(&seed);
+        if now == seen {
+            break;
+        }
+        seen = now;
+    }
     let before = seed
         .full_log("ctl")
         .matches("short pass steps for claims")
