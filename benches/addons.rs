@@ -509,21 +509,7 @@ fn run(size: usize, binary: &str) -> bool {
     let before = (sockets(pid), status_kib(pid, "VmRSS:").unwrap_or(0));
     if adopt() {
         let ok = dry_run(size, &seed, &users);
-        match peak_rss_kib(pid) {
-            Some(kib) => println!(
-                "  controller peak resident memory: {:.1} MiB",
-                kib as f64 / 1024.0
-            ),
-            None => println!("  controller peak resident memory: unavailable"),
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        let _ = std::fs::remove_dir_all(&dir);
-        for u in &users {
-            u.shutdown();
-        }
-        seed.shutdown();
-        println!();
+        finish(&mut child, &dir, &users, &seed);
         return ok;
     }
 
@@ -629,7 +615,18 @@ fn run(size: usize, binary: &str) -> bool {
         ok = drift(size, pid, &users, before);
     }
 
-    match peak_rss_kib(pid) {
+    finish(&mut child, &dir, &users, &seed);
+    ok
+}
+
+/// Prints the controller's peak memory, stops it and every stand-in, and removes `dir`.
+fn finish(
+    child: &mut std::process::Child,
+    dir: &std::path::Path,
+    users: &[ApiServer],
+    seed: &ApiServer,
+) {
+    match peak_rss_kib(child.id()) {
         Some(kib) => println!(
             "  controller peak resident memory: {:.1} MiB",
             kib as f64 / 1024.0
@@ -638,13 +635,12 @@ fn run(size: usize, binary: &str) -> bool {
     }
     let _ = child.kill();
     let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&dir);
-    for u in &users {
+    let _ = std::fs::remove_dir_all(dir);
+    for u in users {
         u.shutdown();
     }
     seed.shutdown();
     println!();
-    ok
 }
 
 fn main() {
