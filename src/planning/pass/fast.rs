@@ -199,11 +199,11 @@ impl Named {
         };
         let ledger = ctx.ledger.lock().await;
         let records = ctx.records.lock().await;
+        let pools = ctx.pools.state();
         for name in dirty {
             let cluster = ctx.clusters.get(&ObjectRef::new(name))?;
             // A cluster being adopted is planned from what its user cluster serves: the full
             // pass reads that.
-            let pools = ctx.pools.state();
             if crate::planner::adopt::reads(crate::planner::adopt::effective_mode(
                 &cluster,
                 pools.iter().map(AsRef::as_ref),
