@@ -119,6 +119,7 @@ async fn planning_loop(
         }
         state.metrics.passes.inc();
         let guard = ctx.pass_lock.lock().await;
+        forget_deleted_shards(&ctx, &mut state).await;
         let result = pass::run(&ctx, term, &mut state).await;
         drop(guard);
         if started.elapsed() >= TRIM_AFTER {
@@ -155,6 +156,31 @@ async fn planning_loop(
             _ = tokio::time::sleep(wait) => {}
             _ = leadership.changed() => {}
         }
+    }
+}
+
+/// Takes the shards the record watch saw deleted out of the leader's copy (those it holds
+/// under the same uid: a shard this replica created again since stays), and has their pools
+/// planned and committed again. The copy is otherwise kept from this replica's own writes, so
+/// without this a shard the garbage collector took (its pool deleted, and created again by
+/// the same name) would stay in the copy for the whole term: the commit would find its
+/// entries already there and write nothing, and the holders would show addresses that no
+/// record holds.
+async fn forget_deleted_shards(ctx: &Context, state: &mut pass::PassState) {
+    let deleted = ctx.record_view.take_deleted();
+    if deleted.is_empty() {
+        return;
+    }
+    let mut records = ctx.records.lock().await;
+    for (name, uid) in deleted {
+        let Some(key) = records.key_holding(&name, &uid) else {
+            continue;
+        };
+        tracing::info!(record = %name, pool = %key.0, datacenter = %key.1, "pool record shard deleted by somebody else; committing its pool again");
+        records.forget(&key, &name);
+        // A commit planned on the copy before this is refused.
+        records.reread(&key);
+        state.recheck_pool(key.0);
     }
 }
 

@@ -202,6 +202,22 @@ impl Records {
             .insert(name, Held::new(r));
     }
 
+    /// The pool datacenter whose shard (or layout record) `name` this copy holds, with the
+    /// uid `uid`.
+    pub(crate) fn key_holding(&self, name: &str, uid: &str) -> Option<RecordKey> {
+        let same = |r: &IPAMPoolRecord| r.metadata.uid.as_deref().unwrap_or_default() == uid;
+        self.map
+            .iter()
+            .find(|(_, shards)| shards.get(name).is_some_and(|h| same(&h.record)))
+            .map(|(key, _)| key.clone())
+            .or_else(|| {
+                self.layouts
+                    .iter()
+                    .find(|(_, l)| l.metadata.name.as_deref() == Some(name) && same(l))
+                    .map(|(key, _)| key.clone())
+            })
+    }
+
     pub(crate) fn forget(&mut self, key: &RecordKey, name: &str) {
         if self.layouts.get(key).is_some_and(|l| l.name_any() == name) {
             self.layouts.remove(key);

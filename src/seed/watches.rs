@@ -4,6 +4,7 @@
 //! the echo of kipam's own status or finalizer write wakes nobody. This replica watches
 //! allocations once: the applier and the webhook read the ledger.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -11,11 +12,11 @@ use std::time::{Duration, Instant};
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Namespace;
-use kube::Resource;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
+use kube::{Resource, ResourceExt};
 use tokio::sync::Notify;
 
 use super::metrics::Metrics;
@@ -487,7 +488,7 @@ pub fn caches(
         None,
         Some(clusters_listed.clone()),
     );
-    let (records, record_events) = record_view(client, metrics);
+    let (records, record_events) = record_view(client, metrics, dirty.clone());
     Caches {
         pools,
         clusters,
@@ -523,6 +524,11 @@ pub fn caches(
 pub struct RecordView {
     pub store: Store<IPAMPoolRecord>,
     listed: Arc<AtomicBool>,
+    /// Shards the watch saw go, as (name, uid), until the planning loop takes them: the
+    /// leader's copy keeps a shard until it hears of its deletion, and a shard deleted by
+    /// somebody else (the garbage collector, after its pool went) must leave that copy, or
+    /// the leader finds nothing to commit for the holders it listed.
+    deleted: Arc<std::sync::Mutex<Vec<(String, String)>>>,
 }
 
 impl Default for RecordView {
@@ -531,6 +537,7 @@ impl Default for RecordView {
         RecordView {
             store: reflector::store().0,
             listed: Default::default(),
+            deleted: Default::default(),
         }
     }
 }
@@ -541,6 +548,7 @@ impl RecordView {
         RecordView {
             store,
             listed: Arc::new(AtomicBool::new(listed)),
+            deleted: Default::default(),
         }
     }
 
@@ -549,13 +557,31 @@ impl RecordView {
     pub fn listed(&self) -> bool {
         self.listed.load(Ordering::Acquire)
     }
+
+    /// The shards seen deleted since the last call, as (name, uid), oldest first.
+    pub fn take_deleted(&self) -> Vec<(String, String)> {
+        std::mem::take(&mut *self.deleted.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn note_deleted(&self, r: &IPAMPoolRecord) {
+        let name = r.metadata.name.clone().unwrap_or_default();
+        let uid = r.metadata.uid.clone().unwrap_or_default();
+        self.deleted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((name, uid));
+    }
 }
 
-/// The watch of pool records: it wakes nobody (kipam alone writes them, and the planner
-/// reads the leader's copy); a failure makes the replica unready like any watch's.
+/// The watch of pool records. It wakes the planning loop only when a shard goes (kipam alone
+/// writes them, and the planner reads the leader's copy; but the garbage collector deletes
+/// the shards of a deleted pool, and a person may delete one): the deletion is noted for the
+/// loop ([`RecordView::take_deleted`]). A re-list after the watch fell behind notes the
+/// shards it no longer shows. A failure makes the replica unready like any watch's.
 fn record_view(
     client: &Client,
     metrics: &Arc<Metrics>,
+    dirty: Arc<Dirty>,
 ) -> (RecordView, impl Stream<Item = ()> + use<>) {
     let (store, events) = reflected(
         Api::<IPAMPoolRecord>::all(client.clone()),
@@ -564,11 +590,47 @@ fn record_view(
     let view = RecordView::new(store, false);
     let listed = view.listed.clone();
     let reporter = WatchReporter::new("ipampoolrecords.ipam.kipam.dev", metrics.clone());
+    let noted = view.clone();
+    // A re-list: the shards the view held when it began, and those (name, uid) it has shown
+    // since.
+    type Relist = (Vec<Arc<IPAMPoolRecord>>, HashSet<(String, String)>);
+    let mut relist: Option<Relist> = None;
     let stream = events.map(move |ev| match &ev {
         Err(e) => reporter.failed(e),
-        Ok(Event::Init) => {}
+        Ok(Event::Init) => {
+            // The view still shows what it held before (it is replaced at `InitDone`).
+            relist = noted
+                .listed()
+                .then(|| (noted.store.state(), HashSet::new()));
+        }
+        Ok(Event::InitApply(r)) => {
+            if let Some((_, shown)) = relist.as_mut() {
+                shown.insert((r.name_any(), r.metadata.uid.clone().unwrap_or_default()));
+            }
+            reporter.ok()
+        }
         Ok(Event::InitDone) => {
+            if let Some((before, shown)) = relist.take() {
+                let mut gone = false;
+                for r in before {
+                    let id = (r.name_any(), r.metadata.uid.clone().unwrap_or_default());
+                    if !shown.contains(&id) {
+                        noted.note_deleted(&r);
+                        gone = true;
+                    }
+                }
+                if gone {
+                    dirty.other();
+                    dirty.wake();
+                }
+            }
             listed.store(true, Ordering::Release);
+            reporter.ok()
+        }
+        Ok(Event::Delete(r)) => {
+            noted.note_deleted(r);
+            dirty.other();
+            dirty.wake();
             reporter.ok()
         }
         Ok(_) => reporter.ok(),

@@ -219,3 +219,82 @@ spec:
         "the retained allocation changed"
     );
 }
+
+/// Who holds what, by the records the server stores for `pool`: cluster -> its entry's
+/// addresses and subnet, joined over shards.
+fn recorded(seed: &Seed, pool: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut out: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for r in seed.api.list("ipampoolrecords", None) {
+        let Ok(r) = serde_json::from_value::<kipam::resources::IPAMPoolRecord>(r) else {
+            continue;
+        };
+        if r.spec.pool != pool {
+            continue;
+        }
+        for (holder, entry) in r.spec.reservations {
+            let held = out.entry(holder).or_default();
+            held.extend(entry.addresses);
+            held.extend(entry.cidr);
+        }
+    }
+    out
+}
+
+/// A pool deleted with `Retain` and created again (by the same name, so with a new uid):
+/// its records went with the old pool (garbage collection), while the allocations it kept
+/// stay and are taken up by the new pool as they are. The new pool's records must hold
+/// them again, or its allocator would hand their addresses to the next cluster. This used to
+/// stay unrecorded until the periodic resync: the leader kept its own copy of the collected
+/// records and found nothing to commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_deleted_with_retain_and_created_again_records_what_it_kept() {
+    let seed = Seed::start("lifecycle-retain-again").await;
+    let _ctl = seed.controller("ctl");
+    let pool = "apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: lb}
+spec:
+  reclaimPolicy: Retain
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.0.0.0/28, allocationRange: 2}
+";
+    seed.apply(pool);
+    seed.cluster("a", "dc-1");
+    seed.cluster("b", "dc-1");
+    seed.wait_for("a and b allocated and recorded", WAIT, "ctl", |s| {
+        s.phase("a", "lb") == "Allocated"
+            && s.phase("b", "lb") == "Allocated"
+            && recorded(s, "lb").len() == 2
+    })
+    .await;
+    let kept = (seed.held("a", "lb"), seed.held("b", "lb"));
+    for round in 0..2 {
+        seed.delete("ipampools", None, "lb");
+        seed.wait_for("the pool and its records are gone", WAIT, "ctl", |s| {
+            s.get("ipampools", None, "lb").is_none() && recorded(s, "lb").is_empty()
+        })
+        .await;
+        if round == 1 {
+            // Let the leader see the pool gone before it comes back.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        seed.apply(pool);
+        seed.wait_for("the kept allocations recorded again", WAIT, "ctl", |s| {
+            let r = recorded(s, "lb");
+            r.len() == 2 && s.phase("a", "lb") == "Allocated" && s.phase("b", "lb") == "Allocated"
+        })
+        .await;
+        assert_eq!(
+            (seed.held("a", "lb"), seed.held("b", "lb")),
+            kept,
+            "round {round}: the kept allocations changed"
+        );
+    }
+    // And a new cluster gets other addresses.
+    seed.cluster("c", "dc-1");
+    seed.wait_for("c allocated", WAIT, "ctl", |s| {
+        s.phase("c", "lb") == "Allocated"
+    })
+    .await;
+    seed.assert_no_overlap_no_leak();
+}

@@ -89,6 +89,12 @@ impl PassState {
         self.full = true;
     }
 
+    /// Plans `pool` again and checks all of its records and objects on the next pass (a
+    /// shard of its record went under this replica's copy).
+    pub fn recheck_pool(&mut self, pool: String) {
+        self.retry_pools.insert(pool);
+    }
+
     /// The last plan is at hand and nothing waits to be retried: a pass may look at the
     /// changed clusters alone.
     pub(super) fn can_skip_planning(&self) -> bool {
