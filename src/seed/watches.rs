@@ -573,6 +573,54 @@ impl RecordView {
     }
 }
 
+/// What the record watch notes of shards that go: each deletion, and after a re-list (the
+/// watch fell behind, its history was compacted) the shards the view held before and the new
+/// list no longer shows, since no deletion event comes for them.
+#[derive(Default)]
+struct Deletions {
+    /// During a re-list: the shards the view held when it began, and the (name, uid) of
+    /// those it has shown since.
+    relist: Option<(Vec<Arc<IPAMPoolRecord>>, HashSet<(String, String)>)>,
+}
+
+impl Deletions {
+    /// Looks at one event, after the view's store took it (as the reflector does); true when
+    /// it noted a deletion in `view`.
+    fn observe(&mut self, view: &RecordView, ev: &Event<IPAMPoolRecord>) -> bool {
+        let id = |r: &IPAMPoolRecord| (r.name_any(), r.metadata.uid.clone().unwrap_or_default());
+        match ev {
+            Event::Init => {
+                // The store still shows what it held before (it is replaced at `InitDone`);
+                // the first list has nothing before it.
+                self.relist = view.listed().then(|| (view.store.state(), HashSet::new()));
+                false
+            }
+            Event::InitApply(r) => {
+                if let Some((_, shown)) = self.relist.as_mut() {
+                    shown.insert(id(r));
+                }
+                false
+            }
+            Event::InitDone => {
+                let Some((before, shown)) = self.relist.take() else {
+                    return false;
+                };
+                let mut noted = false;
+                for r in before.iter().filter(|r| !shown.contains(&id(r))) {
+                    view.note_deleted(r);
+                    noted = true;
+                }
+                noted
+            }
+            Event::Delete(r) => {
+                view.note_deleted(r);
+                true
+            }
+            Event::Apply(_) => false,
+        }
+    }
+}
+
 /// The watch of pool records. It wakes the planning loop only when a shard goes (kipam alone
 /// writes them, and the planner reads the leader's copy; but the garbage collector deletes
 /// the shards of a deleted pool, and a person may delete one): the deletion is noted for the
@@ -591,49 +639,21 @@ fn record_view(
     let listed = view.listed.clone();
     let reporter = WatchReporter::new("ipampoolrecords.ipam.kipam.dev", metrics.clone());
     let noted = view.clone();
-    // A re-list: the shards the view held when it began, and those (name, uid) it has shown
-    // since.
-    type Relist = (Vec<Arc<IPAMPoolRecord>>, HashSet<(String, String)>);
-    let mut relist: Option<Relist> = None;
+    let mut deletions = Deletions::default();
     let stream = events.map(move |ev| match &ev {
         Err(e) => reporter.failed(e),
-        Ok(Event::Init) => {
-            // The view still shows what it held before (it is replaced at `InitDone`).
-            relist = noted
-                .listed()
-                .then(|| (noted.store.state(), HashSet::new()));
-        }
-        Ok(Event::InitApply(r)) => {
-            if let Some((_, shown)) = relist.as_mut() {
-                shown.insert((r.name_any(), r.metadata.uid.clone().unwrap_or_default()));
+        Ok(ev) => {
+            if deletions.observe(&noted, ev) {
+                dirty.other();
+                dirty.wake();
             }
-            reporter.ok()
-        }
-        Ok(Event::InitDone) => {
-            if let Some((before, shown)) = relist.take() {
-                let mut gone = false;
-                for r in before {
-                    let id = (r.name_any(), r.metadata.uid.clone().unwrap_or_default());
-                    if !shown.contains(&id) {
-                        noted.note_deleted(&r);
-                        gone = true;
-                    }
-                }
-                if gone {
-                    dirty.other();
-                    dirty.wake();
-                }
+            if matches!(ev, Event::InitDone) {
+                listed.store(true, Ordering::Release);
             }
-            listed.store(true, Ordering::Release);
-            reporter.ok()
+            if !matches!(ev, Event::Init) {
+                reporter.ok()
+            }
         }
-        Ok(Event::Delete(r)) => {
-            noted.note_deleted(r);
-            dirty.other();
-            dirty.wake();
-            reporter.ok()
-        }
-        Ok(_) => reporter.ok(),
     });
     (view, stream)
 }
@@ -757,6 +777,64 @@ pub async fn drive(streams: Vec<BoxStream<'static, ()>>) {
 mod tests {
     use super::*;
     use crate::resources::capi::{IPAddressSpec, MANAGED_BY};
+
+    fn shard(name: &str, uid: &str) -> IPAMPoolRecord {
+        let mut r = IPAMPoolRecord::new(name, Default::default());
+        r.metadata.uid = Some(uid.into());
+        r
+    }
+
+    /// The record watch notes every shard that goes: by its deletion event, and after a
+    /// re-list by its absence from the new list (a shard deleted while the watch was down, or
+    /// deleted and created again under a new uid). The first list notes nothing.
+    #[test]
+    fn the_record_watch_notes_deleted_shards_and_those_a_relist_no_longer_shows() {
+        let (store, mut writer) = reflector::store::<IPAMPoolRecord>();
+        let view = RecordView::new(store, false);
+        let mut deletions = Deletions::default();
+        let mut feed = |ev: Event<IPAMPoolRecord>| {
+            // As the reflector does: the store first, then the stream's reader.
+            writer.apply_watcher_event(&ev);
+            let noted = deletions.observe(&view, &ev);
+            if matches!(ev, Event::InitDone) {
+                view.listed.store(true, Ordering::Release);
+            }
+            noted
+        };
+        let (a, b, c) = (shard("a", "1"), shard("b", "2"), shard("c", "3"));
+        // The first list.
+        assert!(!feed(Event::Init));
+        for r in [&a, &b, &c] {
+            assert!(!feed(Event::InitApply(r.clone())));
+        }
+        assert!(!feed(Event::InitDone));
+        assert!(view.take_deleted().is_empty());
+        // A deletion event.
+        assert!(feed(Event::Delete(c.clone())));
+        assert_eq!(
+            view.take_deleted(),
+            vec![("c".to_string(), "3".to_string())]
+        );
+        assert!(view.take_deleted().is_empty(), "taken once");
+        // A re-list: `a` is gone, `b` came back under another uid.
+        assert!(!feed(Event::Init));
+        assert!(!feed(Event::InitApply(shard("b", "4"))));
+        assert!(feed(Event::InitDone));
+        let mut gone = view.take_deleted();
+        gone.sort();
+        assert_eq!(
+            gone,
+            vec![
+                ("a".to_string(), "1".to_string()),
+                ("b".to_string(), "2".to_string())
+            ]
+        );
+        // A re-list that shows everything the view held notes nothing.
+        assert!(!feed(Event::Init));
+        assert!(!feed(Event::InitApply(shard("b", "4"))));
+        assert!(!feed(Event::InitDone));
+        assert!(view.take_deleted().is_empty());
+    }
 
     fn address(name: &str, kipams: bool) -> IPAddress {
         let mut a = IPAddress::new(name, IPAddressSpec::default());
