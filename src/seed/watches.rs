@@ -578,10 +578,12 @@ impl RecordView {
 /// list no longer shows, since no deletion event comes for them.
 #[derive(Default)]
 struct Deletions {
-    /// During a re-list: the shards the view held when it began, and the (name, uid) of
-    /// those it has shown since.
-    relist: Option<(Vec<Arc<IPAMPoolRecord>>, HashSet<(String, String)>)>,
+    relist: Option<Relist>,
 }
+
+/// During a re-list: the shards the view held when it began, and the (name, uid) of those it
+/// has shown since.
+type Relist = (Vec<Arc<IPAMPoolRecord>>, HashSet<(String, String)>);
 
 impl Deletions {
     /// Looks at one event, after the view's store took it (as the reflector does); true when
