@@ -14,6 +14,18 @@
 //!    the controller (`utime + stime` from `/proc/PID/stat`), planning passes run, and the API
 //!    requests it sent.
 //!
+//! Before those, a **start**: a seed of its own where every cluster exists before the
+//! controller starts (as after an upgrade or a fail-over): the time from the controller taking
+//! the lease to its first allocation, to its first 100 clusters fully allocated, and to all,
+//! the writes it sent, their rate, and that rate against the write model's ceiling.
+//!
+//! The stand-in charges what a real API server's writes cost (`kube_standin::WriteModel`,
+//! calibrated on a kube-apiserver with etcd on 2 cores: about 5 ms per write alone, at most
+//! 847 writes/s); `KIPAM_BENCH_FREE=1` runs on the free stand-in instead.
+//! `KIPAM_BENCH_BEFORE=<path to another kipam binary>` runs every scale with that binary too and
+//! prints the figures of both side by side; `KIPAM_BENCH_ARGS` adds controller flags to both
+//! (for example `--write-concurrency=32`).
+//!
 //! Exits non-zero when an allocation is missing or two allocations of a pool overlap.
 
 use std::collections::BTreeSet;
@@ -21,8 +33,11 @@ use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
 use kipam::resources::IPAMAllocation;
-use kube_standin::{ApiServer, Stats};
+use kube_standin::{ApiServer, Stats, WriteModel};
 use serde_json::{Value, json};
 
 /// New clusters created one by one at steady state (`KIPAM_BENCH_NEW`, default 100).
@@ -228,7 +243,7 @@ impl Drop for Controller {
     }
 }
 
-fn start_controller(api: &ApiServer, tag: &str) -> Controller {
+fn start_controller(api: &ApiServer, tag: &str, binary: &Path) -> Controller {
     let dir = std::env::temp_dir().join(format!("kipam-bench-{}-{tag}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let kubeconfig = dir.join("kubeconfig");
@@ -240,16 +255,18 @@ fn start_controller(api: &ApiServer, tag: &str) -> Controller {
     let mut command = match wrap.next() {
         Some(program) => {
             let mut c = Command::new(program);
-            c.args(wrap).arg(env!("CARGO_BIN_EXE_kipam"));
+            c.args(wrap).arg(binary);
             c
         }
-        None => Command::new(env!("CARGO_BIN_EXE_kipam")),
+        None => Command::new(binary),
     };
+    let extra = std::env::var("KIPAM_BENCH_ARGS").unwrap_or_default();
     let child = command
         .args(["controller", "--kubeconfig"])
         .arg(&kubeconfig)
         .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
         .args(["--api-addr", "127.0.0.1:0", "--identity", "bench"])
+        .args(extra.split_whitespace())
         .env(
             "RUST_LOG",
             std::env::var("KIPAM_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
@@ -347,11 +364,16 @@ fn planner_alone(scale: Scale) {
     );
 }
 
-/// Runs one scale; false when something measured was wrong.
-fn run(scale: Scale) -> bool {
-    let Scale { clusters, pools } = scale;
-    let want = clusters * pools;
-    println!("== {clusters} clusters × {pools} pools ({want} allocations) ==");
+/// The write model the stand-in charges, unless `KIPAM_BENCH_FREE` is set.
+fn write_model() -> Option<WriteModel> {
+    match std::env::var("KIPAM_BENCH_FREE") {
+        Ok(v) if !v.is_empty() && v != "0" => None,
+        _ => Some(WriteModel::kube_apiserver_2_cores()),
+    }
+}
+
+/// A stand-in with kipam's CRDs, its namespace, `pools` pools and the model on.
+fn seed(pools: usize) -> ApiServer {
     let api = ApiServer::start_detached().expect("stand-in starts");
     for crd in kipam::resources::crds() {
         api.apply(&serde_json::to_value(&crd).expect("CRD JSON"))
@@ -364,7 +386,279 @@ fn run(scale: Scale) -> bool {
     for i in 0..pools {
         api.apply(&pool(i)).expect("pool");
     }
-    let ctl = start_controller(&api, &format!("{clusters}x{pools}"));
+    api.set_write_model(write_model());
+    api
+}
+
+/// When each allocation was first seen `Allocated`, by a watch of this process on the
+/// stand-in (its own thread and runtime): `(when, namespace)` in the order seen.
+struct AllocationWatch {
+    seen: Arc<Mutex<Vec<(Instant, String)>>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl AllocationWatch {
+    /// Starts watching; returns once the watch's initial list is in.
+    fn start(api: &ApiServer) -> AllocationWatch {
+        use futures::StreamExt;
+        use kube::runtime::watcher;
+        let seen: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let yaml = api.kubeconfig_yaml();
+        let record = seen.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let kc = kube::config::Kubeconfig::from_yaml(&yaml).expect("kubeconfig");
+                let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                    .await
+                    .expect("config");
+                let client = kube::Client::try_from(cfg).expect("client");
+                let api: kube::Api<IPAMAllocation> = kube::Api::all(client);
+                let mut known = std::collections::HashSet::new();
+                let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
+                let mut ready = Some(ready_tx);
+                loop {
+                    let event = tokio::select! {
+                        _ = &mut stopped => break,
+                        e = events.next() => e,
+                    };
+                    match event {
+                        Some(Ok(watcher::Event::Apply(a) | watcher::Event::InitApply(a))) => {
+                            let key = (a.metadata.namespace.clone(), a.metadata.name.clone());
+                            if a.phase() == kipam::resources::AllocationPhase::Allocated
+                                && known.insert(key)
+                            {
+                                let ns = a.metadata.namespace.clone().unwrap_or_default();
+                                record
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .push((Instant::now(), ns));
+                            }
+                        }
+                        Some(Ok(watcher::Event::InitDone)) => {
+                            if let Some(tx) = ready.take() {
+                                let _ = tx.send(());
+                            }
+                        }
+                        Some(_) => {}
+                        None => break,
+                    }
+                }
+            });
+        });
+        let _ = ready_rx.recv_timeout(Duration::from_secs(30));
+        AllocationWatch {
+            seen,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    fn seen(&self) -> Vec<(Instant, String)> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// After `since`: the first allocation, the moment `clusters` clusters had all `pools`
+    /// allocations, and the moment every one of `want` was seen.
+    fn times(
+        &self,
+        since: Instant,
+        clusters: usize,
+        pools: usize,
+        want: usize,
+    ) -> (Option<Duration>, Option<Duration>, Option<Duration>) {
+        let seen = self.seen();
+        let first = seen
+            .first()
+            .map(|(t, _)| t.saturating_duration_since(since));
+        let mut per: std::collections::HashMap<&str, usize> = Default::default();
+        let mut complete = 0;
+        let mut first_n = None;
+        for (t, ns) in &seen {
+            let n = per.entry(ns.as_str()).or_default();
+            *n += 1;
+            if *n == pools {
+                complete += 1;
+                if complete == clusters && first_n.is_none() {
+                    first_n = Some(t.saturating_duration_since(since));
+                }
+            }
+        }
+        let all = (seen.len() >= want)
+            .then(|| {
+                seen.get(want - 1)
+                    .map(|(t, _)| t.saturating_duration_since(since))
+            })
+            .flatten();
+        (first, first_n, all)
+    }
+}
+
+impl Drop for AllocationWatch {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What a run measured, for the table at the end.
+#[derive(Default, Clone)]
+struct Figures {
+    /// Start: lease taken -> first allocation, -> 100 clusters allocated, -> all.
+    start_first: Option<Duration>,
+    start_100: Option<Duration>,
+    start_all: Option<Duration>,
+    start_writes: u64,
+    /// Start: until the controller was quiet (every status written too), and the writes.
+    start_quiet: Option<Duration>,
+    start_total_writes: u64,
+    /// Burst (clusters created after the lease was taken): all allocated, writes.
+    burst_all: Option<Duration>,
+    burst_writes: u64,
+    /// Burst: until the controller was quiet.
+    burst_quiet: Option<Duration>,
+    steady_p50: Option<Duration>,
+    steady_p99: Option<Duration>,
+    steady_max: Option<Duration>,
+    peak_mib: Option<f64>,
+}
+
+/// Start: every cluster exists before the controller starts. Returns whether everything was
+/// allocated, without overlap.
+fn start_phase(scale: Scale, binary: &Path, figures: &mut Figures) -> bool {
+    let Scale { clusters, pools } = scale;
+    let want = clusters * pools;
+    let api = seed(pools);
+    for i in 0..clusters {
+        api.create(&cluster(&format!("c{i:05}")))
+            .expect("cluster created");
+    }
+    let watch = AllocationWatch::start(&api);
+    api.reset_stats();
+    let ctl = start_controller(&api, &format!("start-{clusters}x{pools}"), binary);
+    let begin = Instant::now();
+    let mut leading = None;
+    while begin.elapsed() < Duration::from_secs(30) {
+        if api
+            .get("leases", Some("kipam-system"), "kipam-seed")
+            .is_some()
+        {
+            leading = Some(Instant::now());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let Some(leading) = leading else {
+        println!("start: FAILED: no lease within 30 s");
+        return false;
+    };
+    let mut writes_at_all = None;
+    while leading.elapsed() < Duration::from_secs(900) {
+        if watch.seen.lock().map(|s| s.len()).unwrap_or(0) >= want {
+            writes_at_all = Some(api.stats().writes());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (first, first_100, all) = watch.times(leading, clusters.min(100), pools, want);
+    drop(watch);
+    // Every write of the start (statuses too): until the controller is quiet.
+    let before_settle = leading.elapsed();
+    let settled = settle(
+        &api,
+        ctl.metrics_port,
+        Duration::from_secs(2),
+        Duration::from_secs(300),
+    );
+    let quiet = before_settle + settled;
+    figures.start_quiet = Some(quiet);
+    figures.start_total_writes = api.stats().writes();
+    figures.start_first = first;
+    figures.start_100 = first_100;
+    figures.start_all = all;
+    figures.start_writes = writes_at_all.unwrap_or_else(|| api.stats().writes());
+    let (n, d) = distinct(&allocations(&api));
+    let ok = n == want && d == want && all.is_some();
+    let show = |d: Option<Duration>| {
+        d.map_or("never".to_string(), |d| format!("{:.2} s", d.as_secs_f64()))
+    };
+    println!(
+        "start ({clusters} clusters existing before the controller): from the lease to the first allocation {}, to {} clusters fully allocated {}, to all {want} {}",
+        show(first),
+        clusters.min(100),
+        show(first_100),
+        show(all)
+    );
+    if let Some(all) = all {
+        let rate = figures.start_writes as f64 / all.as_secs_f64();
+        println!(
+            "  {} writes until all allocated: {:.0} writes/s{}",
+            figures.start_writes,
+            rate,
+            model_ratio(rate, figures.start_writes, all)
+        );
+    }
+    let rate = figures.start_total_writes as f64 / quiet.as_secs_f64();
+    println!(
+        "  {} writes in all, the last after {:.2} s: {:.0} writes/s{}",
+        figures.start_total_writes,
+        quiet.as_secs_f64(),
+        rate,
+        model_ratio(rate, figures.start_total_writes, quiet)
+    );
+    if !ok {
+        println!("  FAILED: {n} of {want} allocations ({d} distinct)");
+    }
+    drop(ctl);
+    api.shutdown();
+    ok
+}
+
+/// The rate against the write model's ceiling, and the time against the shortest the model
+/// allows for those writes.
+fn model_ratio(rate: f64, writes: u64, took: Duration) -> String {
+    match write_model() {
+        Some(m) => format!(
+            " = {:.2} of the model's ceiling ({:.0} writes/s); {:.2} × the {:.2} s the model needs for them",
+            rate / m.ceiling(),
+            m.ceiling(),
+            took.as_secs_f64() / (writes as f64 / m.ceiling()),
+            writes as f64 / m.ceiling()
+        ),
+        None => " (free stand-in)".to_string(),
+    }
+}
+
+/// Runs one scale; false when something measured was wrong.
+fn run(scale: Scale, binary: &Path, label: &str, figures: &mut Figures) -> bool {
+    let Scale { clusters, pools } = scale;
+    let want = clusters * pools;
+    println!(
+        "== {clusters} clusters × {pools} pools ({want} allocations), {label}: {} ==",
+        binary.display()
+    );
+    match write_model() {
+        Some(m) => println!(
+            "stand-in: writes cost what the model says (about {:.1} ms alone, {} at once, ceiling {:.0} writes/s)",
+            m.service_time(1).as_secs_f64() * 1000.0,
+            m.slots(),
+            m.ceiling()
+        ),
+        None => println!("stand-in: free writes (KIPAM_BENCH_FREE)"),
+    }
+    let mut ok = start_phase(scale, binary, figures);
+    let api = seed(pools);
+    let ctl = start_controller(&api, &format!("{clusters}x{pools}"), binary);
     let pid = ctl.child.id();
 
     // Leader, and settled on the seed without clusters.
@@ -403,26 +697,37 @@ fn run(scale: Scale) -> bool {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let settled = settle(
-        &api,
-        ctl.metrics_port,
-        Duration::from_secs(2),
-        Duration::from_secs(300),
-    );
+    let before_settle = start.elapsed();
+    let settled = before_settle
+        + settle(
+            &api,
+            ctl.metrics_port,
+            Duration::from_secs(2),
+            Duration::from_secs(300),
+        );
     let burst = api.stats();
+    figures.burst_quiet = Some(settled);
     let burst_peak = proc_status_kib(pid, "VmHWM:");
     let (n, d) = distinct(&allocations(&api));
-    let mut ok = true;
     println!(
         "burst: {clusters} clusters created in the store in {:.2} s",
         created_in.as_secs_f64()
     );
+    figures.burst_all = all_allocated;
+    figures.burst_writes = burst.writes();
     match all_allocated {
         Some(t) => println!(
-            "  all {want} allocations Allocated after {:.2} s ({:.0} allocations/s); quiet after {:.2} s",
+            "  all {want} allocations Allocated after {:.2} s ({:.0} allocations/s); the last write after {:.2} s; {} writes: {:.0} writes/s{}",
             t.as_secs_f64(),
             want as f64 / t.as_secs_f64(),
-            settled.as_secs_f64().max(t.as_secs_f64())
+            settled.as_secs_f64(),
+            burst.writes(),
+            burst.writes() as f64 / settled.as_secs_f64(),
+            model_ratio(
+                burst.writes() as f64 / settled.as_secs_f64(),
+                burst.writes(),
+                settled
+            )
         ),
         None => {
             println!("  FAILED: {n} of {want} allocations ({d} distinct) after 900 s");
@@ -504,6 +809,9 @@ fn run(scale: Scale) -> bool {
     );
     let steady = api.stats();
     latencies.sort();
+    figures.steady_p50 = Some(percentile(&latencies, 50.0));
+    figures.steady_p99 = Some(percentile(&latencies, 99.0));
+    figures.steady_max = Some(percentile(&latencies, 100.0));
     println!(
         "steady state: {new} new clusters one by one, create -> all {pools} allocations: median {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         ms(percentile(&latencies, 50.0)),
@@ -559,6 +867,7 @@ fn run(scale: Scale) -> bool {
     print_requests(&quiet, "    ");
     let peak = proc_status_kib(pid, "VmHWM:");
     let rss = proc_status_kib(pid, "VmRSS:");
+    figures.peak_mib = peak.map(|k| k as f64 / 1024.0);
     if let (Some(peak), Some(rss)) = (peak, rss) {
         println!(
             "controller memory: peak {:.1} MiB, now {:.1} MiB",
@@ -581,16 +890,162 @@ fn run(scale: Scale) -> bool {
     ok
 }
 
+/// The figures of every binary run at one scale, side by side.
+fn table(scale: Scale, runs: &[(String, Figures)]) {
+    let secs =
+        |d: Option<Duration>| d.map_or("-".to_string(), |d| format!("{:.2} s", d.as_secs_f64()));
+    let millis = |d: Option<Duration>| d.map_or("-".to_string(), |d| format!("{:.1} ms", ms(d)));
+    let rate = |w: u64, d: Option<Duration>| {
+        d.map_or("-".to_string(), |d| {
+            format!("{:.0}", w as f64 / d.as_secs_f64())
+        })
+    };
+    let ratio = |w: u64, d: Option<Duration>| match (write_model(), d) {
+        (Some(m), Some(d)) => format!("{:.2}", w as f64 / d.as_secs_f64() / m.ceiling()),
+        _ => "-".to_string(),
+    };
+    let over = |w: u64, d: Option<Duration>| match (write_model(), d) {
+        (Some(m), Some(d)) => format!("{:.2}", d.as_secs_f64() / (w as f64 / m.ceiling())),
+        _ => "-".to_string(),
+    };
+    type Row<'a> = (&'a str, Box<dyn Fn(&Figures) -> String + 'a>);
+    let rows: Vec<Row> = vec![
+        (
+            "start: lease -> first allocation",
+            Box::new(|f: &Figures| secs(f.start_first)),
+        ),
+        (
+            "start: lease -> 100 clusters allocated",
+            Box::new(|f: &Figures| secs(f.start_100)),
+        ),
+        (
+            "start: lease -> all allocated",
+            Box::new(|f: &Figures| secs(f.start_all)),
+        ),
+        (
+            "start: writes until all allocated",
+            Box::new(|f: &Figures| f.start_writes.to_string()),
+        ),
+        (
+            "start: lease -> last write (quiet)",
+            Box::new(|f: &Figures| secs(f.start_quiet)),
+        ),
+        (
+            "start: writes in all",
+            Box::new(|f: &Figures| f.start_total_writes.to_string()),
+        ),
+        (
+            "start: writes/s (all writes ÷ time to the last)",
+            Box::new(|f: &Figures| rate(f.start_total_writes, f.start_quiet)),
+        ),
+        (
+            "start: ratio to the model's ceiling",
+            Box::new(|f: &Figures| ratio(f.start_total_writes, f.start_quiet)),
+        ),
+        (
+            "start: time to the last write ÷ (writes ÷ ceiling)",
+            Box::new(|f: &Figures| over(f.start_total_writes, f.start_quiet)),
+        ),
+        (
+            "burst: all allocated",
+            Box::new(|f: &Figures| secs(f.burst_all)),
+        ),
+        (
+            "burst: last write (quiet)",
+            Box::new(|f: &Figures| secs(f.burst_quiet)),
+        ),
+        (
+            "burst: writes in all",
+            Box::new(|f: &Figures| f.burst_writes.to_string()),
+        ),
+        (
+            "burst: writes/s (all writes ÷ time to the last)",
+            Box::new(|f: &Figures| rate(f.burst_writes, f.burst_quiet)),
+        ),
+        (
+            "burst: ratio to the model's ceiling",
+            Box::new(|f: &Figures| ratio(f.burst_writes, f.burst_quiet)),
+        ),
+        (
+            "burst: time to the last write ÷ (writes ÷ ceiling)",
+            Box::new(|f: &Figures| over(f.burst_writes, f.burst_quiet)),
+        ),
+        (
+            "new cluster: median",
+            Box::new(|f: &Figures| millis(f.steady_p50)),
+        ),
+        (
+            "new cluster: p99",
+            Box::new(|f: &Figures| millis(f.steady_p99)),
+        ),
+        (
+            "new cluster: worst",
+            Box::new(|f: &Figures| millis(f.steady_max)),
+        ),
+        (
+            "peak resident memory",
+            Box::new(|f: &Figures| f.peak_mib.map_or("-".into(), |m| format!("{m:.1} MiB"))),
+        ),
+    ];
+    println!(
+        "== {} clusters × {} pools, {} ==",
+        scale.clusters,
+        scale.pools,
+        match write_model() {
+            Some(m) => format!("write model on (ceiling {:.0} writes/s)", m.ceiling()),
+            None => "free stand-in".to_string(),
+        }
+    );
+    print!("| figure |");
+    for (label, _) in runs {
+        print!(" {label} |");
+    }
+    println!();
+    print!("|---|");
+    for _ in runs {
+        print!("---|");
+    }
+    println!();
+    for (name, value) in &rows {
+        print!("| {name} |");
+        for (_, f) in runs {
+            print!(" {} |", value(f));
+        }
+        println!();
+    }
+    println!();
+}
+
 fn main() {
     let scales = scales();
     println!(
         "kipam controller scale benchmark ({} cores)\n",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
+    let mut binaries: Vec<(String, PathBuf)> = Vec::new();
+    if let Some(before) = std::env::var_os("KIPAM_BENCH_BEFORE").filter(|v| !v.is_empty()) {
+        let before = PathBuf::from(before);
+        if !before.is_file() {
+            eprintln!("KIPAM_BENCH_BEFORE: {} is not a file", before.display());
+            std::process::exit(2);
+        }
+        binaries.push(("before".into(), before));
+    }
+    binaries.push(("now".into(), PathBuf::from(env!("CARGO_BIN_EXE_kipam"))));
     let mut ok = true;
+    let mut tables = Vec::new();
     for s in scales {
         planner_alone(s);
-        ok &= run(s);
+        let mut runs = Vec::new();
+        for (label, binary) in &binaries {
+            let mut figures = Figures::default();
+            ok &= run(s, binary, label, &mut figures);
+            runs.push((label.clone(), figures));
+        }
+        tables.push((s, runs));
+    }
+    for (s, runs) in &tables {
+        table(*s, runs);
     }
     if !ok {
         std::process::exit(1);

@@ -15,6 +15,13 @@
 //! sockets and resident memory over what it held before any Cluster existed, and its CPU time
 //! over 60 idle seconds.
 //!
+//! **At scale.** `KIPAM_BENCH_SEED=CLUSTERSxPOOLS` (for example `10000x10`) fills the seed of
+//! the latency phase first: POOLS more pools (IPv6 prefix pools of `dc-1`, without growth) and
+//! CLUSTERS more Clusters without a user cluster, all allocated before the user clusters come.
+//! The latency phase then runs beside them, demand read in every user cluster, and ends with
+//! `KIPAM_BENCH_NEW` (default 20) new Clusters created one after the other: the time from
+//! each create to all its allocations (median, p99, worst).
+//!
 //! `KIPAM_BENCH_NO_GROWTH=1` runs the cost phase on a pool without `growth`: the difference
 //! between the two runs is the demand reader's share (the addon applier holds drift watches
 //! in every user cluster either way).
@@ -118,6 +125,36 @@ fn name(i: usize) -> String {
     format!("c{i:04}")
 }
 
+/// `KIPAM_BENCH_SEED`: (clusters, pools) filling the seed besides the user clusters.
+fn seed_scale() -> Result<(usize, usize), String> {
+    let Ok(text) = std::env::var("KIPAM_BENCH_SEED") else {
+        return Ok((0, 0));
+    };
+    text.split_once('x')
+        .and_then(|(c, p)| Some((c.trim().parse().ok()?, p.trim().parse().ok()?)))
+        .filter(|&(_, p): &(usize, usize)| p <= 200)
+        .ok_or_else(|| {
+            format!("KIPAM_BENCH_SEED: {text:?} is not CLUSTERSxPOOLS (pools up to 200)")
+        })
+}
+
+/// Seed pool `i`: an IPv6 prefix pool of `dc-1` handing out /64s, apart from every other.
+fn seed_pool(i: usize) -> serde_json::Value {
+    json!({"apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMPool",
+        "metadata": {"name": format!("seed-{i:03}")},
+        "spec": {"datacenters": {"dc-1": {"type": "prefix",
+            "poolCidr": format!("2001:db8:{i:x}::/48"), "allocationPrefix": 64}}}})
+}
+
+/// Whether every pool serving `dc-1` (the growing one and `pools` seed pools) has an
+/// allocation for `cluster`.
+fn allocated_for(seed: &ApiServer, cluster: &str, pools: usize) -> bool {
+    let ns = format!("cluster-{cluster}");
+    std::iter::once("metallb".to_string())
+        .chain((0..pools).map(|i| format!("seed-{i:03}")))
+        .all(|p| seed.get("ipamallocations", Some(&ns), &p).is_some())
+}
+
 struct Setup {
     rt: tokio::runtime::Runtime,
     seed: ApiServer,
@@ -162,6 +199,17 @@ fn setup(size: usize) -> Result<Setup, String> {
         POOL.to_string()
     };
     seed.apply_yaml(&pool).expect("pool");
+    let (fill, fill_pools) = seed_scale()?;
+    for i in 0..fill_pools {
+        seed.apply(&seed_pool(i)).expect("seed pool");
+    }
+    for i in 0..fill {
+        seed.create(
+            &json!({"apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Cluster",
+            "metadata": {"name": format!("s{i:05}")}, "spec": {"datacenter": "dc-1"}}),
+        )
+        .expect("seed cluster");
+    }
     let mut users = Vec::with_capacity(size);
     for i in 0..size {
         let user = rt.block_on(ApiServer::start()).expect("user cluster");
@@ -190,10 +238,14 @@ fn setup(size: usize) -> Result<Setup, String> {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let kubeconfig = dir.join("kubeconfig");
     seed.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-    let child = Command::new(env!("CARGO_BIN_EXE_kipam"))
+    // `KIPAM_BENCH_BINARY=<path>`: another kipam binary (an older release, to compare).
+    let binary = std::env::var_os("KIPAM_BENCH_BINARY")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_kipam").into());
+    let child = Command::new(binary)
         .args(["controller", "--kubeconfig"])
         .arg(&kubeconfig)
         .args(["--metrics-addr", "127.0.0.1:0", "--identity", "bench"])
+        .args(["--api-addr", "127.0.0.1:0"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -220,6 +272,29 @@ fn setup(size: usize) -> Result<Setup, String> {
             return Err("the controller took no Lease within 20 s".into());
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+    if fill > 0 {
+        let want = (fill * (fill_pools + 1)) as u64;
+        let start = Instant::now();
+        while s.seed.stats().count("create", "ipamallocations") < want
+            || !allocated_for(&s.seed, &format!("s{:05}", fill - 1), fill_pools)
+        {
+            alive(
+                &mut s.child,
+                "while the seed's clusters got their allocations",
+            )?;
+            if start.elapsed() > Duration::from_secs(900) {
+                return Err(format!(
+                    "the seed's {fill} clusters are not allocated after 900 s"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        println!(
+            "seed: {fill} clusters × {} pools allocated {:.1} s after the Lease",
+            fill_pools + 1,
+            start.elapsed().as_secs_f64()
+        );
     }
     std::thread::sleep(Duration::from_secs(1));
     alive(&mut s.child, "before the clusters were created")?;
@@ -344,9 +419,55 @@ fn latency(size: usize) -> Result<bool, String> {
             String::new()
         }
     );
+    let (fill, fill_pools) = seed_scale()?;
+    let mut ok = missing == 0;
+    if fill > 0 {
+        ok &= new_clusters(&mut s, fill_pools)?;
+    }
     drop(lbs);
     let _ = (&s.rt, &s.seed);
-    Ok(missing == 0)
+    Ok(ok)
+}
+
+/// New Clusters one after the other while demand is read: create -> all their allocations.
+fn new_clusters(s: &mut Setup, fill_pools: usize) -> Result<bool, String> {
+    let new: usize = std::env::var("KIPAM_BENCH_NEW")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let mut times = Vec::with_capacity(new);
+    for k in 0..new {
+        let name = format!("n{k:03}");
+        let t = Instant::now();
+        s.seed
+            .create(
+                &json!({"apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "Cluster",
+                "metadata": {"name": name}, "spec": {"datacenter": "dc-1"}}),
+            )
+            .expect("new cluster");
+        while !allocated_for(&s.seed, &name, fill_pools) {
+            if t.elapsed() > Duration::from_secs(60) {
+                println!("new cluster {name}: not allocated within 60 s (FAILED)");
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        times.push(t.elapsed());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    alive(&mut s.child, "while new clusters came")?;
+    times.sort();
+    if let Some(worst) = times.last() {
+        println!(
+            "new clusters while demand is read, create -> all {} allocations, {} clusters: median {:.0} ms, p99 {:.0} ms, worst {:.0} ms",
+            fill_pools + 1,
+            times.len(),
+            percentile_ms(&times, 50),
+            percentile_ms(&times, 99),
+            worst.as_secs_f64() * 1e3
+        );
+    }
+    Ok(true)
 }
 
 fn cost(size: usize) -> Result<(), String> {

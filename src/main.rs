@@ -170,7 +170,7 @@ struct ControllerArgs {
     #[arg(long, default_value_t = 300)]
     resync: u64,
     /// Writes to the API server the planning pass sends at once (1 to 256).
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
+    #[arg(long, default_value_t = kipam::planning::pass::DEFAULT_WRITE_CONCURRENCY as u16, value_parser = clap::value_parser!(u16).range(1..=256))]
     write_concurrency: u16,
     /// This replica's identity in the Lease (default: host name and process id).
     #[arg(long)]

@@ -749,8 +749,11 @@ async fn a_user_cluster_without_metallb_is_named_once_and_retried_ever_less_ofte
     let _ctl = seed.controller("ctl");
     seed.apply(POOLS);
     register(&seed, "nocrd", "dc-1", &no_crds.kubeconfig_yaml()).await;
+    // Rendered before the cluster's allocation exists, the addon has its L2Advertisement
+    // alone, and that CRD is named first: wait for the rendering with the address pool.
     seed.wait_for("nocrd MissingCRD", WAIT, "ctl", |s| {
-        addon_condition(s, "nocrd", "Applied").1 == "MissingCRD"
+        let (_, reason, message) = addon_condition(s, "nocrd", "Applied");
+        reason == "MissingCRD" && message.contains("ipaddresspools.metallb.io")
     })
     .await;
     let message = addon_condition(&seed, "nocrd", "Applied").2;

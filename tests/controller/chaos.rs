@@ -68,11 +68,15 @@ pub struct Config {
     pub resume_watches: bool,
     /// Only these kinds of operation (all when `None`), e.g. to replay a failure narrowly.
     pub only: Option<BTreeSet<String>>,
+    /// The stand-in charges what a real API server's writes cost (`WriteModel`): the
+    /// controllers' writes overlap as they would on a real server.
+    pub write_model: bool,
 }
 
 impl Config {
     /// `KIPAM_HISTORY_SEED` (else a fresh seed), `KIPAM_HISTORY_SECONDS`,
-    /// `KIPAM_HISTORY_REPLICAS`, `KIPAM_HISTORY_OPS` (comma-separated kinds), over the given
+    /// `KIPAM_HISTORY_REPLICAS`, `KIPAM_HISTORY_OPS` (comma-separated kinds),
+    /// `KIPAM_HISTORY_WRITE_MODEL=1` (writes cost what a real server's cost), over the given
     /// defaults.
     pub fn from_env(seconds: u64, replicas: usize) -> Config {
         let replicas = std::env::var("KIPAM_HISTORY_REPLICAS")
@@ -100,6 +104,7 @@ impl Config {
             settle: Duration::from_secs(75),
             resume_watches: false,
             only,
+            write_model: std::env::var("KIPAM_HISTORY_WRITE_MODEL").is_ok_and(|v| v == "1"),
         }
     }
 }
@@ -800,6 +805,10 @@ pub async fn run(name: &str, config: &Config) -> Report {
         .apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": MACHINES}}))
         .expect("namespace");
     seed.api.set_bookmark_interval(Duration::from_millis(500));
+    if config.write_model {
+        seed.api
+            .set_write_model(Some(kube_standin::WriteModel::kube_apiserver_2_cores()));
+    }
 
     // The watches come first: nothing that shows an address exists yet.
     let kube = client(&seed).await;

@@ -4,7 +4,8 @@
 //! `KIPAM_HISTORY_SEED=<seed>` replays the same sequence of operations (the timing, and so
 //! the interleaving with the controllers, differs from run to run), `KIPAM_HISTORY_SECONDS`
 //! changes the length, `KIPAM_HISTORY_OPS=delete-cluster,create-cluster` narrows the kinds,
-//! `KIPAM_HISTORY_LOG=1` prints every operation with its revision.
+//! `KIPAM_HISTORY_LOG=1` prints every operation with its revision, `KIPAM_HISTORY_WRITE_MODEL=1`
+//! makes every write cost what it costs on a real API server (the stand-in's `WriteModel`).
 
 use super::chaos::{Config, OPS, run};
 

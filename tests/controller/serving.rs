@@ -224,3 +224,71 @@ async fn exhausted_pool_serves_the_waiting_cluster_when_space_frees() {
     .await;
     seed.assert_no_overlap_no_leak();
 }
+
+/// Issue 39, item 2: a cluster's writes are a chain of its own — its finalizer and namespace,
+/// then its allocations once its pool's record commit landed — not one phase of the whole seed
+/// after another. Before, a pass created every cluster's namespace before any allocation, so
+/// with many clusters waiting when a replica took the lease the first allocation waited for
+/// all of them. Judged by the order of the writes (the store's revisions), not by time: with
+/// `--write-concurrency 4`, at most 8 chains run at once and a cluster's chain starts only
+/// when an earlier one is over, allocations included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clusters_allocation_is_written_before_every_other_clusters_namespace() {
+    let seed = Seed::start("chains").await;
+    seed.apply(
+        "
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata:
+  name: wide
+spec:
+  datacenters:
+    dc-1:
+      type: range
+      poolCidr: 10.8.0.0/24
+      allocationRange: 1
+",
+    );
+    const CLUSTERS: usize = 40;
+    let names: Vec<String> = (0..CLUSTERS).map(|i| format!("w{i:03}")).collect();
+    for name in &names {
+        seed.cluster(name, "dc-1");
+    }
+    let _ctl = seed.controller_with("ctl", &["--write-concurrency=4"]);
+    seed.wait_for("every cluster allocated", WAIT, "ctl", |s| {
+        names.iter().all(|n| ready(s, n))
+    })
+    .await;
+
+    let version = |o: &Value| -> u64 {
+        o["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default()
+    };
+    let allocations = seed.api.list("ipamallocations", None);
+    assert_eq!(allocations.len(), CLUSTERS);
+    let first_allocation = allocations.iter().map(version).min().unwrap_or_default();
+    let namespaces: Vec<Value> = seed
+        .api
+        .list("namespaces", None)
+        .into_iter()
+        .filter(|n| {
+            n["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("cluster-w"))
+        })
+        .collect();
+    assert_eq!(namespaces.len(), CLUSTERS);
+    let later: Vec<&str> = namespaces
+        .iter()
+        .filter(|n| version(n) > first_allocation)
+        .filter_map(|n| n["metadata"]["name"].as_str())
+        .collect();
+    // Every chain but the first 8 starts after one of those wrote its allocation.
+    assert!(
+        later.len() >= CLUSTERS - 8,
+        "the first allocation (revision {first_allocation}) waited for the namespaces of {} of {CLUSTERS} clusters; made after it: {later:?}",
+        CLUSTERS - later.len()
+    );
+}

@@ -23,8 +23,9 @@ const RECORDS_AT_ONCE: usize = 4;
 
 /// Writes every pool record shard the plan changes, and a no-op compare-and-swap on the
 /// shards of the clusters in `to_write`, whose objects are about to be written; returns the
-/// records that are current. The
-/// pools of records that could not be written go into `retry` (checked again next pass).
+/// records that are current, and tells `landing` of each as it is found current or refused
+/// (the clusters' chains wait on it). The pools of records that could not be written go into
+/// `retry` (checked again next pass).
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn commit_records(
     ctx: &Arc<Context>,
@@ -39,6 +40,7 @@ pub(super) async fn commit_records(
     limit: usize,
     retry: &mut BTreeSet<String>,
     outcome: &mut PassOutcome,
+    landing: &pipeline::Landing,
 ) -> HashSet<RecordKey> {
     let pool_objects: HashMap<String, &Arc<IPAMPool>> =
         pools.iter().map(|p| (p.name_any(), p)).collect();
@@ -79,6 +81,7 @@ pub(super) async fn commit_records(
             // Nothing of it changed since its record was last committed or found current.
             for dc in input.datacenters.keys() {
                 current.insert((input.name.clone(), dc.clone()));
+                landing.landed((input.name.clone(), dc.clone()));
             }
             continue;
         }
@@ -167,13 +170,16 @@ pub(super) async fn commit_records(
             }
         }
     }
-    let results: Vec<(RecordKey, Result<u64, Option<records::CommitError>>, bool)> =
-        futures::stream::iter(commits)
-            .buffer_unordered(limit.clamp(1, RECORDS_AT_ONCE))
-            .collect()
-            .await;
-    for (key, result, frees) in results {
+    // Taken as each lands: the allocations it fences go out at once.
+    let mut results =
+        futures::stream::iter(commits).buffer_unordered(limit.clamp(1, RECORDS_AT_ONCE));
+    while let Some((key, result, frees)) = results.next().await {
         let name = record_name(&key.0, &key.1);
+        if result.is_ok() {
+            landing.landed(key.clone());
+        } else {
+            landing.refused(key.clone());
+        }
         match result {
             Ok(n) => {
                 outcome.writes += n;

@@ -37,51 +37,27 @@ pub(super) async fn run(
     let mut steps = Steps::start();
     let limit = state.write_concurrency;
 
-    let named = Named::read(ctx, state, dirty).await?;
-    let added = serve(state, named.new)?;
+    let mut named = Named::read(ctx, state, dirty).await?;
+    let added = serve(state, std::mem::take(&mut named.new))?;
     steps.done("serve");
 
     let mut outcome = PassOutcome::default();
     let now = crate::resources::now_rfc3339();
-    let (committed, finalized) = commit_newcomers(
-        ctx,
-        state,
-        &named.clusters,
-        &named.new_clusters,
-        &added,
-        &mut outcome,
-    )
-    .await;
-    steps.done("records");
-
-    let written = write_newcomers(ctx, term, state, &added, &committed, &now, &mut outcome).await;
-    steps.done("allocations");
+    let done = write_newcomers(ctx, term, state, &named, &added, &now, &mut outcome).await;
+    steps.done("clusters");
 
     let uids: HashMap<String, &Cluster> = named
         .clusters
         .iter()
         .map(|c| (c.name_any(), c.as_ref()))
         .collect();
-    allocations::publish_cluster_events(ctx, written.notes, &uids, limit).await;
-    let unwritten = statuses::write_cluster_status(
-        ctx,
-        &named.new_clusters,
-        &finalized,
-        statuses::ClusterFacts {
-            // The newcomers' decisions are all among those just added.
-            decisions: &added,
-            errors: &HashMap::new(),
-            write_failures: &written.failures,
-            // No cluster being adopted takes this path (`Named::read`).
-            adoption: &Default::default(),
-        },
-        &now,
-        limit,
-        &mut outcome,
-    )
-    .await;
-    state.retry_clusters.extend(unwritten);
-    steps.done("cluster status");
+    allocations::publish_cluster_events(ctx, done.notes, &uids, limit).await;
+    state.retry_pools.extend(done.retry_pools);
+    state.retry_clusters.extend(done.retry_clusters);
+    for key in &done.stale {
+        allocations::refresh(ctx, key).await;
+    }
+    steps.done("events");
 
     note_usage(state, &added);
     steps.done("metrics");
@@ -238,47 +214,106 @@ fn serve(state: &mut PassState, new: Vec<ClusterInput>) -> Option<Vec<planner::D
     Some(added)
 }
 
-/// Step "records": the newcomers' finalizers, their namespaces and — the fence — their entries
-/// in the pool records, all at once (none needs another; the allocations wait for all three).
-/// Returns the pool datacenters whose commit landed, and the `resourceVersion` of each cluster
-/// whose finalizer was added.
-async fn commit_newcomers(
+/// Steps "records" and "clusters": the newcomers' entries committed to the pool records (the
+/// fence), and beside those commits each named cluster's chain of writes (`pipeline`): its
+/// finalizer and, for a newcomer, its namespace; then its objects, once the commits covering
+/// them landed; then its status. Objects whose commit did not land are left to the full pass.
+async fn write_newcomers(
     ctx: &Arc<Context>,
+    term: u64,
     state: &mut PassState,
-    clusters: &[Arc<Cluster>],
-    new_clusters: &[Arc<Cluster>],
+    named: &Named,
     added: &[planner::Decision],
+    now: &str,
     outcome: &mut PassOutcome,
-) -> (HashSet<RecordKey>, HashMap<String, String>) {
+) -> pipeline::Done {
     let limit = state.write_concurrency;
     // Only the newcomers' namespaces matter: looked up, not a set of the whole seed's.
-    let namespaces: HashSet<String> = new_clusters
+    let new: HashSet<String> = named.new_clusters.iter().map(|c| c.name_any()).collect();
+    let existing = |name: &str| {
+        ctx.namespaces
+            .get(&ObjectRef::new(name))
+            .is_some_and(|n| n.metadata.deletion_timestamp.is_none())
+    };
+    let of_holder = pipeline::by_holder(added);
+    let chains: Vec<pipeline::Chain> = named
+        .clusters
         .iter()
-        .map(|c| cluster_namespace(&c.name_any()))
-        .filter(|name| {
-            ctx.namespaces
-                .get(&ObjectRef::new(name))
-                .is_some_and(|n| n.metadata.deletion_timestamp.is_none())
+        .map(|c| {
+            let name = c.name_any();
+            let mut chain = pipeline::Chain::of(name.clone(), Some(c.clone()));
+            chain.finalize = lifecycle::needs_finalizer(c);
+            if new.contains(&name) {
+                chain.namespace = lifecycle::needs_namespace(c, existing);
+                chain.status = true;
+                chain.jobs = of_holder.get(name.as_str()).cloned().unwrap_or_default();
+            }
+            chain
         })
+        .filter(|c| c.has_work())
         .collect();
+
+    let policies: HashMap<String, crate::resources::ReclaimPolicy> = state
+        .previous
+        .as_ref()
+        .map(|(inputs, _)| {
+            inputs
+                .pools
+                .iter()
+                .map(|p| (p.name.clone(), p.reclaim_policy))
+                .collect()
+        })
+        .unwrap_or_default();
+    let build = |d: &planner::Decision| -> Option<AllocationWrite> {
+        let desired = allocation_object(d, None, policies.get(d.pool.as_str()).copied(), now);
+        AllocationWrite::new(d, None, desired)
+    };
+    let slots = pipeline::Slots::new(limit);
+    let landing = pipeline::Landing::new();
+    let demand = ctx.demand.states();
+    let no_errors = HashMap::new();
+    let no_adoption = Default::default();
+    let metrics = state.metrics.clone();
+    let env = pipeline::Env {
+        ctx,
+        term,
+        metrics: &metrics,
+        slots: &slots,
+        landing: &landing,
+        decisions: added,
+        of_holder: &of_holder,
+        build: &build,
+        errors: &no_errors,
+        demand: &demand,
+        // No cluster being adopted takes this path (`Named::read`).
+        adoption: &no_adoption,
+        now,
+    };
     let planned = state.planned_on.clone();
     let commits = entries_of(added)
         .into_iter()
         .map(|(key, entries)| commit_one(ctx, key, entries, &planned));
-    let (mut finalized, mut spaces) = (PassOutcome::default(), PassOutcome::default());
-    let (finalized_versions, _, committed) = tokio::join!(
-        lifecycle::add_finalizers(ctx, &[], clusters, limit, &mut finalized),
-        lifecycle::ensure_namespaces(ctx, new_clusters, &namespaces, limit, &mut spaces),
-        futures::stream::iter(commits)
-            .buffer_unordered(limit)
-            .collect::<Vec<(RecordKey, Option<u64>)>>(),
+    let (committed, done) = tokio::join!(
+        async {
+            let mut out = Vec::new();
+            let mut results = futures::stream::iter(commits).buffer_unordered(limit);
+            while let Some((key, sent)) = results.next().await {
+                if sent.is_some() {
+                    landing.landed(key.clone());
+                } else {
+                    landing.refused(key.clone());
+                }
+                out.push((key, sent));
+            }
+            landing.over();
+            out
+        },
+        pipeline::run(&env, chains, 2 * limit),
     );
-    for o in [finalized, spaces] {
-        outcome.writes += o.writes;
-        outcome.again |= o.again;
-    }
-    let current = landed(state, committed, outcome);
-    (current, finalized_versions)
+    landed(state, committed, outcome);
+    outcome.writes += done.outcome.writes;
+    outcome.again |= done.outcome.again;
+    done
 }
 
 /// The record entries the newcomers' decisions add, by pool datacenter.
@@ -362,77 +397,6 @@ async fn commit_one(
         }
     };
     (key, sent)
-}
-
-/// Step "allocations": the newcomers' objects, each built when its write starts and each
-/// result taken as it comes (a burst may bring 10,000 new clusters to one short pass). Only
-/// where the record commit landed: the rest is replanned by the full pass.
-async fn write_newcomers(
-    ctx: &Arc<Context>,
-    term: u64,
-    state: &mut PassState,
-    added: &[planner::Decision],
-    committed: &HashSet<RecordKey>,
-    now: &str,
-    outcome: &mut PassOutcome,
-) -> Written {
-    let limit = state.write_concurrency;
-    let policies: HashMap<String, crate::resources::ReclaimPolicy> = state
-        .previous
-        .as_ref()
-        .map(|(inputs, _)| {
-            inputs
-                .pools
-                .iter()
-                .map(|p| (p.name.clone(), p.reclaim_policy))
-                .collect()
-        })
-        .unwrap_or_default();
-    let build = |d: &planner::Decision| -> Option<AllocationWrite> {
-        let desired = allocation_object(d, None, policies.get(d.pool.as_str()).copied(), now);
-        let job = AllocationWrite::new(d, None, desired)?;
-        let fenced = job.desired.is_some() && !job.is_status_only();
-        if fenced && !committed.contains(&(d.pool.clone(), d.datacenter.clone())) {
-            return None;
-        }
-        Some(job)
-    };
-    let metrics = &*state.metrics.clone();
-    let mut results = futures::stream::iter(added.iter().filter_map(build))
-        .map(|job| write_one(ctx, metrics, term, job))
-        .buffer_unordered(limit);
-    let mut written = Written {
-        notes: BTreeMap::new(),
-        failures: HashMap::new(),
-    };
-    while let Some((job, result)) = results.next().await {
-        match result {
-            Ok(done) => {
-                outcome.writes += done.writes;
-                write_succeeded(ctx, "IPAMAllocation", &job.name);
-                if let Some(note) = job.note {
-                    written
-                        .notes
-                        .entry(job.cluster.clone())
-                        .or_default()
-                        .push(note);
-                }
-            }
-            Err(e) => {
-                let message = write_failed(ctx, "IPAMAllocation", &job.name, job.verb, &e);
-                state.retry_pools.insert(job.pool.clone());
-                outcome.again = true;
-                if !(is_conflict(&e) || is_not_found(&e)) {
-                    written
-                        .failures
-                        .entry(job.cluster.clone())
-                        .or_default()
-                        .push(format!("IPAMAllocation {}: {message}", job.name));
-                }
-            }
-        }
-    }
-    written
 }
 
 /// Step "metrics": usage changed in the pools that served the newcomers; their statuses are

@@ -1,6 +1,6 @@
 //! Finalizers on clusters and pools, and the clusters' namespaces.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -175,72 +175,54 @@ pub(super) async fn release_finalizers(
     }
 }
 
-/// Creates `cluster-<name>` (owned by the Cluster) where it is missing.
-pub(super) async fn ensure_namespaces(
-    ctx: &Context,
-    clusters: &[Arc<Cluster>],
-    existing: &HashSet<String>,
-    limit: usize,
-    outcome: &mut PassOutcome,
-) {
+/// Creates `cluster-<name>`, owned by the Cluster; one that exists without kipam's label
+/// (made by hand) is labelled instead, so the namespace cache sees it and later passes stop
+/// trying to create it. Returns whether a write was sent that landed.
+pub(super) async fn create_namespace(ctx: &Context, c: &Cluster) -> Result<bool, kube::Error> {
     // RBAC: src/rbac.rs (namespaces: create, patch; clusters/finalizers: update, for the
     // owner reference with blockOwnerDeletion).
     let api: Api<Namespace> = Api::all(ctx.writer.clone());
-    let mut jobs = Vec::new();
-    for c in clusters {
-        let name = cluster_namespace(&c.name_any());
-        if existing.contains(&name)
-            || c.metadata.deletion_timestamp.is_some()
-            || validation::cluster_input(c).is_err()
-        {
-            continue;
-        }
-        let ns = Namespace {
-            metadata: ObjectMeta {
-                name: Some(name),
-                labels: Some(BTreeMap::from([(LABEL_CLUSTER.to_string(), c.name_any())])),
-                owner_references: Some(vec![OwnerReference {
-                    api_version: Cluster::api_version(&()).into_owned(),
-                    kind: Cluster::kind(&()).into_owned(),
-                    name: c.name_any(),
-                    uid: c.uid().unwrap_or_default(),
-                    controller: Some(true),
-                    block_owner_deletion: Some(true),
-                }]),
-                ..Default::default()
-            },
+    let name = cluster_namespace(&c.name_any());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            labels: Some(BTreeMap::from([(LABEL_CLUSTER.to_string(), c.name_any())])),
+            owner_references: Some(vec![OwnerReference {
+                api_version: Cluster::api_version(&()).into_owned(),
+                kind: Cluster::kind(&()).into_owned(),
+                name: c.name_any(),
+                uid: c.uid().unwrap_or_default(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }]),
             ..Default::default()
-        };
-        let api = api.clone();
-        jobs.push(async move {
-            ctx.metrics.wrote("create", "namespaces");
-            match api.create(&PostParams::default(), &ns).await {
-                Ok(_) => Ok(true),
-                Err(e) if is_conflict(&e) => {
-                    // It exists without our label (made by hand): label it so the namespace
-                    // cache sees it and later passes stop trying to create it.
-                    let name = ns.metadata.name.clone().unwrap_or_default();
-                    let labels = json!({"metadata": {"labels": ns.metadata.labels}});
-                    ctx.metrics.wrote("patch", "namespaces");
-                    api.patch(&name, &PatchParams::default(), &Patch::Merge(&labels))
-                        .await
-                        .map(|_| true)
-                }
-                Err(e) => Err(e),
-            }
-        });
-    }
-    let results: Vec<Result<bool, kube::Error>> = futures::stream::iter(jobs)
-        .buffer_unordered(limit)
-        .collect()
-        .await;
-    for r in results {
-        match r {
-            Ok(created) => outcome.writes += created as u64,
-            Err(e) => {
-                write_failed(ctx, "Namespace", "", "create", &e);
-                outcome.again = true;
-            }
+        },
+        ..Default::default()
+    };
+    ctx.metrics.wrote("create", "namespaces");
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => Ok(true),
+        Err(e) if is_conflict(&e) => {
+            let labels = json!({"metadata": {"labels": ns.metadata.labels}});
+            ctx.metrics.wrote("patch", "namespaces");
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&labels))
+                .await
+                .map(|_| true)
         }
+        Err(e) => Err(e),
     }
+}
+
+/// Whether `c` needs its namespace created: it is missing from `existing`, and the cluster
+/// is valid and not being deleted.
+pub(super) fn needs_namespace(c: &Cluster, existing: impl Fn(&str) -> bool) -> bool {
+    c.metadata.deletion_timestamp.is_none()
+        && !existing(&cluster_namespace(&c.name_any()))
+        && validation::cluster_input(c).is_ok()
+}
+
+/// Whether `c` needs kipam's finalizer added.
+pub(super) fn needs_finalizer(c: &Cluster) -> bool {
+    c.metadata.deletion_timestamp.is_none()
+        && !c.finalizers().iter().any(|f| f == CLUSTER_FINALIZER)
 }

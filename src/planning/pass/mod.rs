@@ -21,6 +21,7 @@ mod fast;
 mod growth;
 mod inputs;
 mod lifecycle;
+mod pipeline;
 mod report;
 mod scope;
 mod statuses;
@@ -50,7 +51,7 @@ use report::{cluster_reference, due, is_conflict, is_not_found, publish, write_s
 pub use crate::resources::{CLUSTER_FINALIZER, POOL_FINALIZER};
 
 /// Writes a pass sends at once unless `--write-concurrency` says otherwise.
-pub const DEFAULT_WRITE_CONCURRENCY: usize = 16;
+pub const DEFAULT_WRITE_CONCURRENCY: usize = 64;
 
 /// What a pass asks of the loop.
 #[derive(Debug, Default)]
@@ -189,9 +190,6 @@ async fn full(
 
     let mut view = View::read(ctx, state).await;
     steps.done("snapshot");
-    let finalized =
-        lifecycle::add_finalizers(ctx, &view.pools, &view.clusters, limit, &mut outcome).await;
-    steps.done("finalizers");
 
     let gathered = gather(ctx, state, &mut view).await?;
     let ledger_changed = std::mem::take(&mut view.ledger_changed);
@@ -212,8 +210,6 @@ async fn full(
     state.metrics.observe_plan(&planned.plan);
     steps.done("plan");
 
-    // Namespaces first: allocations live in them.
-    lifecycle::ensure_namespaces(ctx, &view.clusters, &view.namespaces, limit, &mut outcome).await;
     let mut writes = Writes::new(
         &view.stored_objects,
         &planned.inputs.pools,
@@ -226,45 +222,72 @@ async fn full(
     for (record, holders) in claims::to_create(&planned.plan, &gathered.claims) {
         jobs.to_write.entry(record).or_default().extend(holders);
     }
+    let chains = chains_of(&view, &planned, &jobs.pending, &gathered.adoption);
     steps.done("jobs");
 
-    // The fence: one compare-and-swap per pool datacenter that is to get objects written.
-    let committed = commit::commit_records(
-        ctx,
-        &view.pools,
-        &planned.inputs.pools,
-        &planned.scope,
-        &planned.plan,
-        &view.stored_objects,
-        &view.records,
-        &jobs.to_write,
-        &gathered.hand_made,
-        limit,
-        &mut state.retry_pools,
-        &mut outcome,
-    )
-    .await;
-    steps.done("records");
-
-    let allowed = admit(
-        ctx,
-        state,
-        &planned.plan,
-        jobs.pending,
-        &committed,
-        &mut outcome,
-    );
-    let written = write_allocations(
+    // The record commits (the fence: one compare-and-swap per pool datacenter that is to get
+    // objects written) run beside every cluster's chain of writes — finalizer and namespace,
+    // then allocations once their commit landed, then status — all sharing the pass's write
+    // slots (`pipeline`).
+    let slots = pipeline::Slots::new(limit);
+    let landing = pipeline::Landing::new();
+    let of_holder = pipeline::by_holder(&planned.plan.decisions);
+    let demand = ctx.demand.states();
+    let build = |d: &planner::Decision| writes.build(d);
+    let metrics = state.metrics.clone();
+    let env = pipeline::Env {
         ctx,
         term,
-        state,
-        &writes,
-        &planned.plan,
-        allowed,
-        &mut outcome,
-    )
-    .await;
-    steps.done("allocations");
+        metrics: &metrics,
+        slots: &slots,
+        landing: &landing,
+        decisions: &planned.plan.decisions,
+        of_holder: &of_holder,
+        build: &build,
+        errors: &gathered.cluster_errors,
+        demand: &demand,
+        adoption: &gathered.adoption,
+        now: &view.now,
+    };
+    let mut retry_pools = BTreeSet::new();
+    let (mut commit_outcome, mut pool_outcome) = (PassOutcome::default(), PassOutcome::default());
+    let (committed, done, _) = tokio::join!(
+        async {
+            let committed = commit::commit_records(
+                ctx,
+                &view.pools,
+                &planned.inputs.pools,
+                &planned.scope,
+                &planned.plan,
+                &view.stored_objects,
+                &view.records,
+                &jobs.to_write,
+                &gathered.hand_made,
+                limit,
+                &mut retry_pools,
+                &mut commit_outcome,
+                &landing,
+            )
+            .await;
+            landing.over();
+            committed
+        },
+        pipeline::run(&env, chains, 2 * limit),
+        lifecycle::add_finalizers(ctx, &view.pools, &[], limit, &mut pool_outcome),
+    );
+    for o in [commit_outcome, pool_outcome, done.outcome] {
+        outcome.writes += o.writes;
+        outcome.again |= o.again;
+    }
+    state.retry_pools.extend(retry_pools);
+    state.retry_pools.extend(done.retry_pools);
+    state.retry_clusters.extend(done.retry_clusters);
+    // Re-read once every write is over.
+    for key in &done.stale {
+        allocations::refresh(ctx, key).await;
+    }
+    steps.done("clusters");
+
     claims::write(
         ctx,
         term,
@@ -280,7 +303,7 @@ async fn full(
     .await;
     steps.done("claims");
 
-    let mut notes = written.notes;
+    let mut notes = done.notes;
     growth::report_refusals(ctx, state, &grown, &mut notes);
     adoption_notes(&view.clusters, &gathered.adoption, &mut notes);
     if let Some(due) = grown.next_due {
@@ -288,19 +311,7 @@ async fn full(
     }
     allocations::publish_cluster_events(ctx, notes, &view.uids(), limit).await;
     lifecycle::release_finalizers(ctx, &view.pools, &view.clusters, &mut outcome).await;
-    write_cluster_statuses(
-        ctx,
-        state,
-        &view,
-        &finalized,
-        &planned,
-        &gathered.cluster_errors,
-        &written.failures,
-        &gathered.adoption,
-        &mut outcome,
-    )
-    .await;
-    steps.done("cluster status");
+    steps.done("events");
     // Counted here, over every claim's `IPAddress`, and kept for the short passes' pool
     // statuses: they write no `IPAddress` that changes the count (a pool's network edit or an
     // `IPAddress` deleted brings a full pass), and a walk over thousands of objects once a
@@ -644,172 +655,35 @@ impl<'a> Writes<'a> {
     }
 }
 
-/// The jobs that may be written now: those the fence covers only where their pool record was
-/// committed, and none whose object waits out a backoff.
-fn admit(
-    ctx: &Context,
-    state: &mut PassState,
-    plan: &planner::Plan,
-    pending: Vec<(usize, bool)>,
-    committed: &HashSet<RecordKey>,
-    outcome: &mut PassOutcome,
-) -> Vec<usize> {
-    let mut allowed = Vec::new();
-    for (i, fenced) in pending {
-        let d = &plan.decisions[i];
-        let record = (d.pool.clone(), d.datacenter.clone());
-        if fenced && !committed.contains(&record) {
-            outcome.again = true;
-            state.retry_pools.insert(d.pool.clone());
-            continue;
-        }
-        let name = format!("{}/{}", cluster_namespace(&d.cluster), d.pool);
-        if !due(ctx, "IPAMAllocation", &name) {
-            outcome.again = true;
-            state.retry_pools.insert(d.pool.clone());
-            continue;
-        }
-        allowed.push(i);
-    }
-    allowed
-}
-
-/// What the allocation writes left to report: events by cluster, and the writes that failed.
-struct Written {
-    notes: BTreeMap<String, Vec<allocations::ClusterNote>>,
-    failures: HashMap<String, Vec<String>>,
-}
-
-/// Step "allocations": the writes, in parallel; each result goes into the ledger at once and
-/// is taken as it comes instead of being collected (a burst pass may write 100,000 objects).
-async fn write_allocations(
-    ctx: &Arc<Context>,
-    term: u64,
-    state: &mut PassState,
-    writes: &Writes<'_>,
-    plan: &planner::Plan,
-    allowed: Vec<usize>,
-    outcome: &mut PassOutcome,
-) -> Written {
-    let limit = state.write_concurrency;
-    let metrics = &*state.metrics.clone();
-    let decisions = &plan.decisions;
-    let mut results = futures::stream::iter(
-        allowed
-            .into_iter()
-            .filter_map(|i| writes.build(&decisions[i])),
-    )
-    .map(|job| write_one(ctx, metrics, term, job))
-    .buffer_unordered(limit);
-    let mut written = Written {
-        notes: BTreeMap::new(),
-        failures: HashMap::new(),
-    };
-    let mut stale: Vec<Key> = Vec::new();
-    while let Some((job, result)) = results.next().await {
-        match result {
-            Ok(done) => {
-                outcome.writes += done.writes;
-                write_succeeded(ctx, "IPAMAllocation", &job.name);
-                if job.gives_up {
-                    // A release, a move to another datacenter, a pin changed or a piece given
-                    // back: the record still holds what the object showed (it covers the
-                    // objects), so the next pass trims it now that no object shows it, which
-                    // frees it (see `commit`): at once, a holder may wait. Nothing else asks for
-                    // that pass: the watch takes this write as our own echo. (An object kept by
-                    // somebody else's finalizer is still a holder then; its deletion's watch
-                    // event wakes the planner.)
-                    state.retry_pools.insert(job.pool.clone());
-                    outcome.again = true;
-                    ctx.dirty.wake();
-                }
-                if let Some(note) = job.note {
-                    written
-                        .notes
-                        .entry(job.cluster.clone())
-                        .or_default()
-                        .push(note);
-                }
-            }
-            Err(e) if is_conflict(&e) || is_not_found(&e) => {
-                tracing::info!(cluster = %job.cluster, pool = %job.pool, datacenter = %job.datacenter, error = %crate::seed::preconditions::short(&e), "stale view of an allocation; re-reading");
-                ctx.metrics
-                    .write_failed("IPAMAllocation", preconditions::reason(&e));
-                stale.push(job.key);
-                state.retry_pools.insert(job.pool.clone());
-                outcome.again = true;
-            }
-            Err(e) => {
-                let message = write_failed(ctx, "IPAMAllocation", &job.name, job.verb, &e);
-                state.retry_pools.insert(job.pool.clone());
-                outcome.again = true;
-                let note = format!("IPAMAllocation {}: {message}", job.name);
-                written.notes.entry(job.cluster.clone()).or_default().push(
-                    allocations::ClusterNote {
-                        warning: true,
-                        reason: "WriteFailed".into(),
-                        note: note.clone(),
-                    },
-                );
-                written
-                    .failures
-                    .entry(job.cluster.clone())
-                    .or_default()
-                    .push(note);
-            }
-        }
-    }
-    drop(results);
-    // Re-read once every write is over, as before any result was taken one by one.
-    for key in &stale {
-        allocations::refresh(ctx, key).await;
-    }
-    written
-}
-
-/// Step "cluster status": the statuses of the clusters the plan covered, and of those whose
-/// writes failed.
-#[allow(clippy::too_many_arguments)]
-async fn write_cluster_statuses(
-    ctx: &Arc<Context>,
-    state: &mut PassState,
+/// Step "jobs", per cluster: what each cluster's chain writes — its finalizer and namespace
+/// where missing, the objects of its decisions in `pending`, and its status where the plan
+/// covers it — in name order; holders gone from the cache get a chain for their releases.
+fn chains_of(
     view: &View,
-    finalized: &HashMap<String, String>,
     planned: &Planned,
-    cluster_errors: &HashMap<String, Vec<crate::validation::FieldError>>,
-    write_failures: &HashMap<String, Vec<String>>,
+    pending: &[(usize, bool)],
     adoption: &crate::planner::adopt::AdoptionPlan,
-    outcome: &mut PassOutcome,
-) {
-    let checked: Vec<Arc<Cluster>> = view
-        .clusters
-        .iter()
-        .filter(|c| {
-            let name = c.name_any();
-            // A cluster being adopted is looked at on every pass: what its user cluster
-            // serves may change without anything to plan.
-            planned.scope.covers_cluster(&name)
-                || write_failures.contains_key(&name)
-                || adoption.get(&name).is_some()
-        })
-        .cloned()
-        .collect();
-    let unwritten = statuses::write_cluster_status(
-        ctx,
-        &checked,
-        finalized,
-        statuses::ClusterFacts {
-            decisions: &planned.plan.decisions,
-            errors: cluster_errors,
-            write_failures,
-            adoption,
-        },
-        &view.now,
-        state.write_concurrency,
-        outcome,
-    )
-    .await;
-    state.retry_clusters.extend(unwritten);
+) -> Vec<pipeline::Chain> {
+    let mut chains: BTreeMap<String, pipeline::Chain> = BTreeMap::new();
+    for c in &view.clusters {
+        let name = c.name_any();
+        let mut chain = pipeline::Chain::of(name.clone(), Some(c.clone()));
+        chain.finalize = lifecycle::needs_finalizer(c);
+        chain.namespace = lifecycle::needs_namespace(c, |ns| view.namespaces.contains(ns));
+        // A cluster being adopted is looked at on every pass: what its user cluster serves
+        // may change without anything to plan.
+        chain.status = planned.scope.covers_cluster(&name) || adoption.get(&name).is_some();
+        chains.insert(name, chain);
+    }
+    for &(i, _) in pending {
+        let holder = &planned.plan.decisions[i].cluster;
+        chains
+            .entry(holder.clone())
+            .or_insert_with(|| pipeline::Chain::of(holder.clone(), None))
+            .jobs
+            .push(i);
+    }
+    chains.into_values().filter(|c| c.has_work()).collect()
 }
 
 /// An event for every cluster whose adoption moved on (its `Adopted` condition is about to

@@ -1,6 +1,6 @@
 //! Cluster and pool status: conditions, usage, capacity events.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -15,11 +15,6 @@ use crate::seed::Context;
 use crate::status::{self, Overlap};
 use crate::validation::FieldError;
 
-/// `status.namespace` and the `IPAMReady` condition of the `clusters` given, written when
-/// changed. `since` holds the `resourceVersion` of clusters this pass changed itself (their
-/// finalizer) after reading them. Returns the clusters whose status is still to be written
-/// (failed, changed under the update, or held back).
-#[allow(clippy::too_many_arguments)]
 /// The merge patch of a Cluster's status: `adoption` is written as `null` when absent, so
 /// that it goes once the cluster no longer adopts (a merge patch keeps a field it leaves out).
 fn status_patch(next: &ClusterStatus) -> serde_json::Value {
@@ -32,184 +27,132 @@ fn status_patch(next: &ClusterStatus) -> serde_json::Value {
     v
 }
 
-/// What a pass knows of its clusters, for their statuses.
-pub(super) struct ClusterFacts<'a> {
-    pub decisions: &'a [Decision],
-    pub errors: &'a HashMap<String, Vec<FieldError>>,
-    pub write_failures: &'a HashMap<String, Vec<String>>,
-    pub adoption: &'a crate::planner::adopt::AdoptionPlan,
-}
-
-pub(super) async fn write_cluster_status(
-    ctx: &Context,
-    clusters: &[Arc<Cluster>],
-    since: &HashMap<String, String>,
-    facts: ClusterFacts<'_>,
+/// The status `c` should have — `status.namespace`, the `IPAMReady` condition from `mine`
+/// (its decisions), `errors` (its spec's) or `failed` (its writes that failed), the
+/// `GrowthDemandReadable` condition from `demand`, and `status.adoption` with the `Adopted`
+/// condition from `adopting` (its adoption plan, if it adopts) — or `None` when it has it
+/// already, or is being deleted.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn next_cluster_status(
+    c: &Cluster,
+    mine: &[&Decision],
+    errors: Option<&Vec<FieldError>>,
+    failed: Option<&Vec<String>>,
+    demand: &BTreeMap<String, Option<String>>,
+    adopting: Option<&crate::planner::adopt::ClusterAdoption>,
     now: &str,
-    limit: usize,
-    outcome: &mut PassOutcome,
-) -> Vec<String> {
-    let ClusterFacts {
-        decisions,
-        errors,
-        write_failures,
-        adoption,
-    } = facts;
-    let mut unwritten = Vec::new();
-    let names: HashSet<String> = clusters.iter().map(|c| c.name_any()).collect();
-    let mut by_cluster: HashMap<&str, Vec<&Decision>> = HashMap::new();
-    for d in decisions.iter().filter(|d| names.contains(&d.cluster)) {
-        by_cluster.entry(d.cluster.as_str()).or_default().push(d);
+) -> Option<ClusterStatus> {
+    if c.metadata.deletion_timestamp.is_some() {
+        return None;
     }
-    // RBAC: src/rbac.rs (clusters/status patch; ipampools/status update below).
-    let api: Api<Cluster> = Api::all(ctx.writer.clone());
-    // Statuses are built as writes start, not all before: a burst writes the status of every
-    // cluster, and building them all at once held every one at the pass's memory peak.
-    let not_due: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-    let demand = ctx.demand.states();
-    let jobs = clusters.iter().cloned().filter_map(|c: Arc<Cluster>| {
-        if c.metadata.deletion_timestamp.is_some() {
-            return None;
-        }
-        let name = c.name_any();
-        let previous = c.status.clone().unwrap_or_default();
-        let adopting = adoption.get(&name);
-        let mut next = ClusterStatus {
-            namespace: Some(cluster_namespace(&name)),
-            conditions: previous.conditions.clone(),
-            adoption: adopting.map(status::adoption_status),
-        };
-        let (ok, reason, message) = match (errors.get(&name), write_failures.get(&name)) {
-            (_, Some(failed)) => (false, "WriteFailed".to_string(), failed.join("; ")),
-            (Some(errs), None) => (
-                false,
-                "InvalidSpec".to_string(),
-                errs.iter()
-                    .map(|e| e.to_string())
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            ),
-            (None, None) => {
-                let mine = by_cluster.get(name.as_str()).cloned().unwrap_or_default();
-                let held_back = adopting.filter(|a| {
-                    !matches!(a.state, crate::planner::adopt::AdoptState::Ready)
-                        || a.mode != crate::resources::AdoptMode::Adopt
-                });
-                if let Some(a) = held_back.filter(|_| mine.iter().all(|d| d.held.is_none())) {
-                    let (_, state, message) = status::adoption_condition(a);
-                    (false, format!("Adoption{state}"), message)
-                } else if mine.is_empty() {
-                    (
-                        true,
-                        "NoPools".to_string(),
-                        format!("no pool serves datacenter {}", c.spec.datacenter),
-                    )
-                } else {
-                    status::cluster_ipam_condition(&mine)
-                }
+    let name = c.name_any();
+    let previous = c.status.clone().unwrap_or_default();
+    let mut next = ClusterStatus {
+        namespace: Some(cluster_namespace(&name)),
+        conditions: previous.conditions.clone(),
+        adoption: adopting.map(status::adoption_status),
+    };
+    let (ok, reason, message) = match (errors, failed) {
+        (_, Some(failed)) => (false, "WriteFailed".to_string(), failed.join("; ")),
+        (Some(errs), None) => (
+            false,
+            "InvalidSpec".to_string(),
+            errs.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; "),
+        ),
+        (None, None) => {
+            let held_back = adopting.filter(|a| {
+                !matches!(a.state, crate::planner::adopt::AdoptState::Ready)
+                    || a.mode != crate::resources::AdoptMode::Adopt
+            });
+            if let Some(a) = held_back.filter(|_| mine.iter().all(|d| d.held.is_none())) {
+                let (_, state, message) = status::adoption_condition(a);
+                (false, format!("Adoption{state}"), message)
+            } else if mine.is_empty() {
+                (
+                    true,
+                    "NoPools".to_string(),
+                    format!("no pool serves datacenter {}", c.spec.datacenter),
+                )
+            } else {
+                status::cluster_ipam_condition(mine)
             }
-        };
-        status::set_condition(
+        }
+    };
+    status::set_condition(
+        &mut next.conditions,
+        "IPAMReady",
+        ok,
+        &reason,
+        message,
+        c.metadata.generation,
+        now,
+    );
+    // Demand-driven growth: whether the demand reader can read the user cluster.
+    match demand.get(&name) {
+        Some(problem) => status::set_condition(
             &mut next.conditions,
-            "IPAMReady",
-            ok,
-            &reason,
-            message,
+            "GrowthDemandReadable",
+            problem.is_none(),
+            if problem.is_none() {
+                "Watching"
+            } else {
+                "Unreadable"
+            },
+            problem
+                .clone()
+                .unwrap_or_else(|| "LoadBalancer Services are watched".into()),
             c.metadata.generation,
             now,
-        );
-        // Demand-driven growth: whether the demand reader can read the user cluster.
-        match demand.get(&name) {
-            Some(problem) => status::set_condition(
+        ),
+        None => next
+            .conditions
+            .retain(|c| c.type_ != "GrowthDemandReadable"),
+    }
+    match adopting {
+        Some(a) => {
+            let (ok, reason, message) = status::adoption_condition(a);
+            status::set_condition(
                 &mut next.conditions,
-                "GrowthDemandReadable",
-                problem.is_none(),
-                if problem.is_none() {
-                    "Watching"
-                } else {
-                    "Unreadable"
-                },
-                problem
-                    .clone()
-                    .unwrap_or_else(|| "LoadBalancer Services are watched".into()),
+                "Adopted",
+                ok,
+                reason,
+                message,
                 c.metadata.generation,
                 now,
-            ),
-            None => next
-                .conditions
-                .retain(|c| c.type_ != "GrowthDemandReadable"),
+            );
         }
-        match adopting {
-            Some(a) => {
-                let (ok, reason, message) = status::adoption_condition(a);
-                status::set_condition(
-                    &mut next.conditions,
-                    "Adopted",
-                    ok,
-                    reason,
-                    message,
-                    c.metadata.generation,
-                    now,
-                );
-            }
-            None => next.conditions.retain(|c| c.type_ != "Adopted"),
-        }
-        if next == previous {
-            return None;
-        }
-        if !due(ctx, "Cluster", &name) {
-            not_due.lock().unwrap_or_else(|p| p.into_inner()).push(name);
-            return None;
-        }
-        let api = api.clone();
-        // The conditions were read at this version: the addon applier writes `AddonsReady`
-        // in the same list, and a patch from an older copy would put its old value back. A
-        // conflict is planned again from the fresher copy the watch brings.
-        let read_at = since.get(&name).cloned().or_else(|| c.resource_version());
-        Some(async move {
-            ctx.metrics.wrote("patch", "clusters/status");
-            // The answer (the whole Cluster) is not needed: the watch brings it.
-            let r = api
-                .patch_status(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({
-                        "metadata": { "resourceVersion": read_at },
-                        "status": status_patch(&next),
-                    })),
-                )
-                .await
-                .map(drop);
-            (name, r)
-        })
-    });
-    // Taken as they come: a burst writes the status of every cluster.
-    let mut results = futures::stream::iter(jobs).buffer_unordered(limit);
-    while let Some((name, r)) = results.next().await {
-        match r {
-            Ok(_) => {
-                outcome.writes += 1;
-                write_succeeded(ctx, "Cluster", &name);
-            }
-            Err(e) if is_conflict(&e) => {
-                tracing::debug!(cluster = %name, "cluster changed under its status update; planning again");
-                outcome.again = true;
-                unwritten.push(name);
-            }
-            Err(e) => {
-                write_failed(ctx, "Cluster", &name, "patch status of", &e);
-                outcome.again = true;
-                unwritten.push(name);
-            }
-        }
+        None => next.conditions.retain(|c| c.type_ != "Adopted"),
     }
-    drop(results);
-    let not_due = not_due.into_inner().unwrap_or_else(|p| p.into_inner());
-    if !not_due.is_empty() {
-        outcome.again = true;
-        unwritten.extend(not_due);
-    }
-    unwritten
+    (next != previous).then_some(next)
+}
+
+/// Writes a cluster's status. `read_at`: the `resourceVersion` its conditions were read at
+/// (or the one its finalizer patch left, made by this pass): the addon applier writes
+/// `AddonsReady` in the same list, and a patch from an older copy would put its old value
+/// back. A conflict is planned again from the fresher copy the watch brings.
+pub(super) async fn patch_cluster_status(
+    ctx: &Context,
+    name: &str,
+    read_at: Option<String>,
+    next: ClusterStatus,
+) -> Result<(), kube::Error> {
+    // RBAC: src/rbac.rs (clusters/status patch).
+    let api: Api<Cluster> = Api::all(ctx.writer.clone());
+    ctx.metrics.wrote("patch", "clusters/status");
+    // The answer (the whole Cluster) is not needed: the watch brings it.
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({
+            "metadata": { "resourceVersion": read_at },
+            "status": status_patch(&next),
+        })),
+    )
+    .await
+    .map(drop)
 }
 
 /// Pool status (usage, capacity conditions, overlap) written when changed, with an event for

@@ -249,7 +249,7 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> R
     let route = parse_path(&path);
     let (verb, resource) = classify(&parts.method, &route, &query, &path);
 
-    let (latency, injected, require_auth) = {
+    let (latency, injected, require_auth, write_gate) = {
         let mut c = match shared.control.lock() {
             Ok(c) => c,
             Err(p) => p.into_inner(),
@@ -260,7 +260,7 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> R
             .entry((verb.clone(), resource.clone()))
             .or_default() += 1;
         let injected = c.take_failure(&verb, &resource);
-        (c.latency, injected, c.require_auth)
+        (c.latency, injected, c.require_auth, c.writes.clone())
     };
     if latency > Duration::ZERO {
         tokio::time::sleep(latency).await;
@@ -323,6 +323,13 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> R
             Ok(doc.map_or_else(page_not_found, |d| json_response(200, &d)))
         }
         Route::Resource(rp) => {
+            // A write that reaches the store costs what the write model says (if one is on):
+            // it waits for a slot and its service time, and is applied before the slot is
+            // given back.
+            let _in_service = match write_gate {
+                Some(gate) if is_stored_write(&verb, &resource) => Some(gate.enter().await),
+                _ => None,
+            };
             let req = ResourceRequest {
                 method: &parts.method,
                 rp,
@@ -344,6 +351,15 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> R
         run_get_hook(&shared, rp);
     }
     result.unwrap_or_else(|e| error_response(&e))
+}
+
+/// A write the API server commits to storage: reviews (`tokenreviews`,
+/// `subjectaccessreviews`…) are answered without storing anything.
+fn is_stored_write(verb: &str, resource: &str) -> bool {
+    matches!(
+        verb,
+        "create" | "update" | "patch" | "delete" | "deletecollection"
+    ) && !resource.ends_with("reviews")
 }
 
 /// Answers a refusal for want of credentials or permission, and keeps its message for

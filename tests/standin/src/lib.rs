@@ -24,6 +24,7 @@ mod serve_tls;
 mod store;
 mod util;
 mod watch;
+mod writes;
 
 pub use error::ApiError;
 pub use metallb::MetalLbModel;
@@ -31,6 +32,7 @@ pub use resources::ResourceType;
 pub use reviews::{AccessRequest, NonResourceAttributes, ResourceAttributes, UserInfo};
 pub use selectors::{FieldSelector, LabelSelector};
 pub use serve_tls::Connections;
+pub use writes::WriteModel;
 
 use reviews::{AccessReviewFn, TokenReviewFn};
 use serde_json::Value;
@@ -121,6 +123,8 @@ pub(crate) struct Control {
     /// Every request refused by authentication, authorisation or the owner-reference plugin.
     pub refusals: Vec<String>,
     pub latency: Duration,
+    /// What writes cost, when a model is on (`ApiServer::set_write_model`).
+    pub writes: Option<Arc<writes::WriteGate>>,
     pub bookmark_interval: Duration,
     pub watch_delay: Duration,
     injections: Vec<Injection>,
@@ -221,6 +225,7 @@ fn new_shared(addr: SocketAddr) -> (Arc<Shared>, String, tokio::sync::watch::Rec
         tokens: BTreeMap::new(),
         refusals: Vec::new(),
         latency: Duration::ZERO,
+        writes: None,
         bookmark_interval: Duration::from_secs(5),
         watch_delay: Duration::ZERO,
         injections: Vec::new(),
@@ -630,6 +635,23 @@ impl ApiServer {
     /// Delays every request by `latency` before it is served.
     pub fn set_latency(&self, latency: Duration) {
         self.shared().control_lock().latency = latency;
+    }
+
+    /// Gives every write (create, update, patch, delete, deletecollection of a stored
+    /// resource) the cost `model` says a real server's has — a service time, and a bounded
+    /// number served at once — or none again (`None`, the default). Reads and watches stay
+    /// free. See `WriteModel::kube_apiserver_2_cores` and the crate's README.
+    pub fn set_write_model(&self, model: Option<WriteModel>) {
+        self.shared().control_lock().writes = model.map(|m| Arc::new(writes::WriteGate::new(m)));
+    }
+
+    /// The write model in force, if any.
+    pub fn write_model(&self) -> Option<WriteModel> {
+        self.shared()
+            .control_lock()
+            .writes
+            .as_ref()
+            .map(|g| g.model().clone())
     }
 
     /// How often watches with `allowWatchBookmarks` get a BOOKMARK (default 5 s). Applies to
