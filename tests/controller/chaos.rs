@@ -1007,30 +1007,38 @@ pub async fn run(name: &str, config: &Config) -> Report {
                 + Duration::from_secs(rng.between(config.fault_every.0, config.fault_every.1));
         }
         // Now and then a kind not done yet, so that a short run covers every kind; in its last
-        // quarter more often (a slow machine does fewer operations in the minute, and a kind
-        // that needs another first, such as `delete-retained`, may have had no chance yet).
-        let undone: Vec<usize> = enabled
+        // quarter more often (a slow machine does fewer operations in the minute). Every kind
+        // not done yet is tried then, in a random order, until one can be done now: a kind
+        // that needs another first (`delete-retained` needs a pool deleted with `Retain` that
+        // still keeps allocations) may be possible only for a few seconds.
+        let mut undone: Vec<usize> = enabled
             .iter()
             .copied()
             .filter(|&i| !report.ops.contains_key(OPS[i]))
             .collect();
         let late = started.elapsed() * 4 >= config.duration * 3;
-        let chosen = if !undone.is_empty() && rng.chance(if late { 50 } else { 15 }) {
-            rng.pick(&undone).copied()
+        let candidates: Vec<usize> = if !undone.is_empty() && rng.chance(if late { 50 } else { 15 })
+        {
+            let mut order = Vec::new();
+            while !undone.is_empty() {
+                let at = rng.below(undone.len());
+                order.push(undone.swap_remove(at));
+            }
+            order
         } else {
             let total: u64 = enabled.iter().map(|&i| WEIGHTS[i]).sum();
             let mut roll = rng.next() % total.max(1);
-            let mut chosen = None;
+            let mut chosen = Vec::new();
             for &i in &enabled {
                 if roll < WEIGHTS[i] {
-                    chosen = Some(i);
+                    chosen.push(i);
                     break;
                 }
                 roll -= WEIGHTS[i];
             }
             chosen
         };
-        if let Some(i) = chosen {
+        for i in candidates {
             match operate(&seed, &human, &mut world, &mut rng, OPS[i]).await {
                 Ok(Some(what)) => {
                     *report.ops.entry(OPS[i]).or_default() += 1;
@@ -1039,9 +1047,13 @@ pub async fn run(name: &str, config: &Config) -> Report {
                         at: started.elapsed(),
                         what,
                     });
+                    break;
                 }
                 Ok(None) => {}
-                Err(e) => op_errors.push(format!("{}: {e}", OPS[i])),
+                Err(e) => {
+                    op_errors.push(format!("{}: {e}", OPS[i]));
+                    break;
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(rng.between(60, 300))).await;
