@@ -464,6 +464,26 @@ pub const OPS: &[&str] = &[
     "demand-down",
 ];
 
+/// What a kind needs done first, when nothing in the world allows it now: tried in its place
+/// while the kind is not done yet, so that a short run covers it.
+fn prerequisite(kind: &str) -> Option<&'static str> {
+    Some(match kind {
+        "opt-in" => "opt-out",
+        "unpin" => "pin",
+        "recreate-cluster" | "delete-cluster" | "move-cluster" | "opt-out" | "pin" => {
+            "create-cluster"
+        }
+        "recreate-claim" | "delete-claim" => "create-claim",
+        "create-pool" => "delete-pool",
+        "add-datacenter" => "remove-datacenter",
+        "fix-pool" => "break-pool",
+        "delete-retained" => "retain-delete-pool",
+        "delete-hand-made" => "hand-made",
+        "demand-down" => "demand-up",
+        _ => return None,
+    })
+}
+
 /// Weights of [`OPS`]: mostly holders coming and going.
 const WEIGHTS: &[u64] = &[
     14, 3, 10, 8, 5, 4, 4, 3, 10, 2, 8, 1, 1, 2, 1, 2, 1, 2, 1, 2, 2, 6, 4, 3, 4, 3,
@@ -1038,6 +1058,20 @@ pub async fn run(name: &str, config: &Config) -> Report {
             }
             chosen
         };
+        let trying_undone = candidates.len() > 1
+            || candidates
+                .first()
+                .is_some_and(|&i| !report.ops.contains_key(OPS[i]));
+        let mut candidates = candidates;
+        if trying_undone {
+            // When none of them can be done now, what one of them needs first.
+            let first_needs: Vec<usize> = candidates
+                .iter()
+                .filter_map(|&i| prerequisite(OPS[i]))
+                .filter_map(|k| enabled.iter().copied().find(|&j| OPS[j] == k))
+                .collect();
+            candidates.extend(first_needs);
+        }
         for i in candidates {
             match operate(&seed, &human, &mut world, &mut rng, OPS[i]).await {
                 Ok(Some(what)) => {
