@@ -270,41 +270,44 @@ async fn run_one(env: &Env<'_>, chain: Chain) -> Done {
 
     // 2. The allocations, once the record commits covering them are over: those handing out
     // addresses only where their commit landed in this term (the fence).
-    let jobs: Vec<AllocationWrite> = chain
-        .jobs
-        .iter()
-        .filter_map(|&i| (env.build)(&env.decisions[i]))
-        .collect();
-    if !jobs.is_empty() {
-        let keys: BTreeSet<RecordKey> = jobs
+    if !chain.jobs.is_empty() {
+        let keys: BTreeSet<RecordKey> = chain
+            .jobs
             .iter()
-            .map(|j| (j.decision.pool.clone(), j.decision.datacenter.clone()))
+            .map(|&i| {
+                let d = &env.decisions[i];
+                (d.pool.clone(), d.datacenter.clone())
+            })
             .collect();
-        let landed = env.landing.wait(&keys).await;
-        let mut admitted = Vec::with_capacity(jobs.len());
-        for job in jobs {
-            let d = &job.decision;
-            let fenced = job.desired.is_some() && !job.is_status_only();
-            if fenced && !landed.contains(&(d.pool.clone(), d.datacenter.clone())) {
-                done.outcome.again = true;
-                done.retry_pools.insert(d.pool.clone());
-                continue;
-            }
-            if !due(ctx, "IPAMAllocation", &job.name()) {
-                done.outcome.again = true;
-                done.retry_pools.insert(d.pool.clone());
-                continue;
-            }
-            admitted.push(job);
-        }
-        let results = futures::future::join_all(
-            admitted
-                .into_iter()
-                .map(|job| env.slots.run(write_one(ctx, env.metrics, env.term, job))),
-        )
+        let landed = &env.landing.wait(&keys).await;
+        // Each object is built in its write slot, not before: every chain of a burst waits
+        // above at once, and building their objects first held all of them together.
+        let results = futures::future::join_all(chain.jobs.iter().map(|&i| {
+            env.slots.run(async move {
+                let job = (env.build)(&env.decisions[i])?;
+                let d = &job.decision;
+                let fenced = job.desired.is_some() && !job.is_status_only();
+                if fenced && !landed.contains(&(d.pool.clone(), d.datacenter.clone())) {
+                    return Some(Err(d.pool.clone()));
+                }
+                if !due(ctx, "IPAMAllocation", &job.name()) {
+                    return Some(Err(d.pool.clone()));
+                }
+                // Boxed: the request's state (a few KiB) exists only once its slot is taken,
+                // not in each of a burst's waiting futures.
+                Some(Ok(Box::pin(write_one(ctx, env.metrics, env.term, job)).await))
+            })
+        }))
         .await;
-        for (job, result) in results {
-            allocation_result(ctx, job, result, &mut done);
+        for result in results.into_iter().flatten() {
+            match result {
+                Ok((job, result)) => allocation_result(ctx, job, result, &mut done),
+                // Held back (its commit did not land in this term, or a backoff): next pass.
+                Err(pool) => {
+                    done.outcome.again = true;
+                    done.retry_pools.insert(pool);
+                }
+            }
         }
     }
 
