@@ -295,7 +295,9 @@ async fn run_one(env: &Env<'_>, chain: Chain) -> Done {
                 }
                 // Boxed: the request's state (a few KiB) exists only once its slot is taken,
                 // not in each of a burst's waiting futures.
-                Some(Ok(Box::pin(write_one(ctx, env.metrics, env.term, job)).await))
+                Some(Ok(
+                    Box::pin(write_one(ctx, env.metrics, env.term, job)).await
+                ))
             })
         }))
         .await;
