@@ -22,6 +22,9 @@
 //! `KIPAM_BENCH_NEW` (default 20) new Clusters created one after the other: the time from
 //! each create to all its allocations (median, p99, worst).
 //!
+//! `KIPAM_BENCH_BEFORE=PATH` runs the latency phase with the controller binary at PATH first,
+//! then with this build (or `KIPAM_BENCH_BINARY=PATH`), for figures side by side in one run.
+//!
 //! `KIPAM_BENCH_NO_GROWTH=1` runs the cost phase on a pool without `growth`: the difference
 //! between the two runs is the demand reader's share (the addon applier holds drift watches
 //! in every user cluster either way).
@@ -238,10 +241,7 @@ fn setup(size: usize) -> Result<Setup, String> {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let kubeconfig = dir.join("kubeconfig");
     seed.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-    // `KIPAM_BENCH_BINARY=<path>`: another kipam binary (an older release, to compare).
-    let binary = std::env::var_os("KIPAM_BENCH_BINARY")
-        .unwrap_or_else(|| env!("CARGO_BIN_EXE_kipam").into());
-    let child = Command::new(binary)
+    let child = Command::new(binary())
         .args(["controller", "--kubeconfig"])
         .arg(&kubeconfig)
         .args(["--metrics-addr", "127.0.0.1:0", "--identity", "bench"])
@@ -509,6 +509,24 @@ fn cost(size: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// The controller binary the latency phase runs (`KIPAM_BENCH_BEFORE` runs it first with an
+/// older build, for figures side by side); the cost phase runs this build.
+static BINARY: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
+/// This build's controller, or `KIPAM_BENCH_BINARY=<path>` (another kipam binary, to compare).
+fn this_build() -> String {
+    std::env::var("KIPAM_BENCH_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_kipam").to_string())
+}
+
+fn binary() -> String {
+    let chosen = BINARY.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    if chosen.is_empty() {
+        this_build()
+    } else {
+        chosen
+    }
+}
+
 fn main() {
     let sizes: Vec<usize> = std::env::args()
         .skip(1)
@@ -516,11 +534,25 @@ fn main() {
         .collect();
     let latency_size = sizes.first().copied().unwrap_or(100);
     let cost_size = sizes.get(1).copied().unwrap_or(1000);
-    let latency_ok = if latency_size == 0 {
-        Ok(true)
-    } else {
-        latency(latency_size)
-    };
+    let mut binaries = Vec::new();
+    if let Ok(before) = std::env::var("KIPAM_BENCH_BEFORE") {
+        binaries.push(("before", before));
+    }
+    binaries.push(("this build", this_build()));
+    let mut latency_ok = Ok(true);
+    if latency_size > 0 {
+        for (label, path) in &binaries {
+            if binaries.len() > 1 {
+                println!("== {label}: {path}");
+            }
+            *BINARY.lock().unwrap_or_else(|p| p.into_inner()) = path.clone();
+            latency_ok = match (latency_ok, latency(latency_size)) {
+                (Ok(a), Ok(b)) => Ok(a && b),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            };
+        }
+        BINARY.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
     let cost_ok = if cost_size == 0 {
         Ok(())
     } else {
