@@ -55,7 +55,8 @@ pub struct PhaseLabels {
 pub struct PassKindLabels {
     /// What a pass did: `whole` (planned the whole seed), `partial` (planned the pools a
     /// change concerns), `new` (served new clusters or claims from the kept allocators),
-    /// `growth` (decided growth on the kept plan) or `statuses` (wrote pool statuses only).
+    /// `growth` (decided growth on the kept plan), `statuses` (wrote pool statuses only) or
+    /// `idle` (woken with nothing to do).
     pub kind: String,
 }
 
@@ -314,7 +315,7 @@ impl Metrics {
             registry.register("reconcile_passes", "Planning passes run", m.passes.clone());
             registry.register(
                 "reconcile_passes_by_kind",
-                "Planning passes by what they did: whole, partial, new, growth or statuses",
+                "Planning passes by what they did: whole, partial, new, growth, statuses or idle",
                 m.pass_kinds.clone(),
             );
             registry.register(

@@ -187,6 +187,18 @@ pub async fn run(
             return result;
         }
     }
+    if changed.nothing()
+        && state.can_skip_planning()
+        && !growth_due
+        && state.status_due.is_empty()
+        && !timers_due(state)
+    {
+        // A wake that finds nothing to do (one wake noted while a pass ran, taken after
+        // it): every change marks what it concerns, a release that frees addresses marks
+        // everything, a retry leaves the state unsettled. Nothing is read or planned.
+        state.metrics.pass_kind("idle");
+        return Ok(settle(ctx, state, PassOutcome::default()).await);
+    }
     tracing::debug!(
         other = changed.other,
         foreign = changed.foreign,
@@ -196,6 +208,18 @@ pub async fn run(
         "full pass"
     );
     full(ctx, term, state).await
+}
+
+/// A timer of the last plan came due: a quarantine ended, or the grace of a hand-made
+/// `IPAddress`'s entry. The full pass looks again (`settle` set the wake-up for it).
+fn timers_due(state: &PassState) -> bool {
+    let now = inputs::unix_now();
+    let quarantine = state
+        .previous
+        .as_ref()
+        .and_then(|(inputs, plan)| quarantine_end(inputs, plan))
+        .is_some_and(|end| end <= now);
+    quarantine || state.reads.hand_made_due().is_some_and(|due| due <= now)
 }
 
 /// The full pass: the whole seed read, the part a change concerns planned again (everything
@@ -809,13 +833,19 @@ fn next_quarantine_end(
     plan: &planner::Plan,
     now: i64,
 ) -> Option<Duration> {
+    let end = quarantine_end(inputs, plan)?;
+    let seconds = u64::try_from(end.saturating_sub(now)).unwrap_or(0).max(1);
+    Some(Duration::from_secs(seconds))
+}
+
+/// When the first quarantine of `plan` ends (seconds since the epoch), if it keeps any.
+fn quarantine_end(inputs: &planner::PlanInputs, plan: &planner::Plan) -> Option<i64> {
     if plan.quarantined.is_empty() {
         return None;
     }
     let pools: HashMap<&str, &planner::PoolInput> =
         inputs.pools.iter().map(|p| (p.name.as_str(), p)).collect();
-    let end = plan
-        .quarantined
+    plan.quarantined
         .iter()
         .filter_map(|q| {
             let reuse = pools
@@ -825,7 +855,5 @@ fn next_quarantine_end(
                 .reuse_after;
             Some(q.until(reuse))
         })
-        .min()?;
-    let seconds = u64::try_from(end.saturating_sub(now)).unwrap_or(0).max(1);
-    Some(Duration::from_secs(seconds))
+        .min()
 }
