@@ -25,6 +25,9 @@
 //! `KIPAM_BENCH_BEFORE=PATH` runs the latency phase with the controller binary at PATH first,
 //! then with this build (or `KIPAM_BENCH_BINARY=PATH`), for figures side by side in one run.
 //!
+//! `KIPAM_BENCH_LOG` sets the controller's `RUST_LOG` (default `warn`; its log goes to the
+//! bench's standard error), e.g. `kipam::planning=debug` for every pass's steps.
+//!
 //! `KIPAM_BENCH_NO_GROWTH=1` runs the cost phase on a pool without `growth`: the difference
 //! between the two runs is the demand reader's share (the addon applier holds drift watches
 //! in every user cluster either way).
@@ -246,7 +249,10 @@ fn setup(size: usize) -> Result<Setup, String> {
         .arg(&kubeconfig)
         .args(["--metrics-addr", "127.0.0.1:0", "--identity", "bench"])
         .args(["--api-addr", "127.0.0.1:0"])
-        .env("RUST_LOG", "warn")
+        .env(
+            "RUST_LOG",
+            std::env::var("KIPAM_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()

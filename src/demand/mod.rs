@@ -34,6 +34,8 @@ use crate::seed::kubeconfig;
 /// How often the set of user clusters to read is worked out again (also on every ledger
 /// change).
 const RECHECK: Duration = Duration::from_secs(5);
+/// The set of user clusters to read is worked out at most this often.
+const COALESCE: Duration = Duration::from_millis(500);
 /// Longest wait before reading an unreachable user cluster again.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// Connect, write (and list) timeout towards a user cluster.
@@ -102,6 +104,7 @@ pub async fn run(ctx: Arc<Context>) {
         }
         metrics.clusters.set(tasks.len() as i64);
         metrics.unreachable.set(ctx.demand.problems().len() as i64);
+        let worked_out = tokio::time::Instant::now();
         tokio::select! {
             _ = tokio::time::sleep(RECHECK) => {}
             r = updates.changed() => {
@@ -110,6 +113,10 @@ pub async fn run(ctx: Arc<Context>) {
                 }
             }
         }
+        // Worked out at most once per `COALESCE`: a burst of allocation writes changes the
+        // ledger on every event, and working the set out on each read the growing pools'
+        // entries once per event (100,000 events, each over 10,000 entries, at scale).
+        tokio::time::sleep_until(worked_out + COALESCE).await;
     }
 }
 
@@ -132,12 +139,20 @@ async fn targets(ctx: &Context) -> BTreeMap<String, Target> {
     if growing.is_empty() {
         return BTreeMap::new();
     }
+    // Only the growing pools' entries are read, not every allocation of the seed.
     let holders: std::collections::HashSet<String> = {
+        let mut pools: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
+        for (pool, dc) in &growing {
+            pools.entry(pool.as_str()).or_default().insert(dc.as_str());
+        }
         let ledger = ctx.ledger.lock().await;
-        ledger
-            .snapshot()
+        pools
             .iter()
-            .filter(|e| growing.contains(&(e.name().to_string(), e.spec().dc.clone())))
+            .flat_map(|(pool, dcs)| {
+                ledger
+                    .of_pool(pool)
+                    .filter(|e| dcs.contains(e.spec().dc.as_str()))
+            })
             .filter_map(|e| e.cluster().map(str::to_string))
             .collect()
     };

@@ -80,6 +80,15 @@ impl PoolStates {
             .and_then(|s| s.allocator.as_mut().ok())
     }
 
+    /// Whether a growth may be taken from the allocator kept for (`pool`, `dc`) without
+    /// planning again: it is usable, takes new addresses, and shares them with no other pool
+    /// (whose records a commit would have to fence too).
+    pub fn growable(&self, pool: &str, dc: &str) -> bool {
+        self.map
+            .get(&(pool.to_string(), dc.to_string()))
+            .is_some_and(|s| s.allocator.is_ok() && !s.blocked && !s.shared)
+    }
+
     /// Pool datacenters kept.
     pub fn len(&self) -> usize {
         self.map.len()

@@ -515,13 +515,14 @@ pub fn apply(
         .iter()
         .filter(|o| o.grow == 0 && !o.release.is_empty());
     for outcome in growths.chain(shrinks) {
-        let Some(d) = plan
-            .decisions
-            .iter_mut()
-            .find(|d| d.cluster == outcome.cluster && d.pool == outcome.pool)
-        else {
+        // The plan is sorted by (cluster, pool).
+        let Ok(at) = plan.decisions.binary_search_by(|d| {
+            (d.cluster.as_str(), d.pool.as_str())
+                .cmp(&(outcome.cluster.as_str(), outcome.pool.as_str()))
+        }) else {
             continue;
         };
+        let d = &mut plan.decisions[at];
         if d.change != Change::Keep || d.datacenter != outcome.datacenter {
             continue;
         }

@@ -106,6 +106,24 @@ impl Plan {
         self.decisions.iter().filter(|d| !d.is_ok())
     }
 
+    /// The plan as it stands once its writes landed, to be kept for the next pass: every
+    /// allocation created, grown, shrunk or replaced is then simply held (`Keep`), as a plan
+    /// made afresh would say. (A write that did not land has its pool planned again.) Growth
+    /// decides on kept holdings only, so without this an allocation served by a short pass
+    /// would never grow until its pool was planned again.
+    pub fn settle(&mut self) {
+        for d in &mut self.decisions {
+            if matches!(
+                d.change,
+                Change::Create | Change::Grow | Change::Shrink | Change::Replace
+            ) && d.held.is_some()
+            {
+                d.change = Change::Keep;
+                d.previous = None;
+            }
+        }
+    }
+
     /// The decision for one (cluster, pool).
     pub fn decision(&self, cluster: &str, pool: &str) -> Option<&Decision> {
         self.decisions

@@ -51,10 +51,21 @@ pub struct PhaseLabels {
     pub phase: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PassKindLabels {
+    /// What a pass did: `whole` (planned the whole seed), `partial` (planned the pools a
+    /// change concerns), `new` (served new clusters or claims from the kept allocators),
+    /// `growth` (decided growth on the kept plan), `statuses` (wrote pool statuses only) or
+    /// `idle` (woken with nothing to do).
+    pub kind: String,
+}
+
 /// What the planning loop reports.
 pub struct Metrics {
     seed: Arc<SeedMetrics>,
     pub passes: Counter,
+    /// Passes by what they did.
+    pub pass_kinds: Family<PassKindLabels, Counter>,
     pub pass_failures: Counter,
     /// Duration of every planning pass.
     pub pass_duration: Histogram,
@@ -264,6 +275,7 @@ impl Metrics {
         let m = Metrics {
             seed: seed.clone(),
             passes: Counter::default(),
+            pass_kinds: Family::default(),
             pass_failures: Counter::default(),
             pass_duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             allocations_created: Counter::default(),
@@ -301,6 +313,11 @@ impl Metrics {
         });
         seed.register(|registry| {
             registry.register("reconcile_passes", "Planning passes run", m.passes.clone());
+            registry.register(
+                "reconcile_passes_by_kind",
+                "Planning passes by what they did: whole, partial, new, growth, statuses or idle",
+                m.pass_kinds.clone(),
+            );
             registry.register(
                 "reconcile_pass_failures",
                 "Planning passes that ended with an error",
@@ -513,6 +530,15 @@ impl Metrics {
     }
 
     /// Records the end of one planning pass.
+    /// One pass of `kind` ran (see [`PassKindLabels`]).
+    pub fn pass_kind(&self, kind: &str) {
+        self.pass_kinds
+            .get_or_create(&PassKindLabels {
+                kind: kind.to_string(),
+            })
+            .inc();
+    }
+
     pub fn pass_finished(&self, took: Duration) {
         self.pass_duration.observe(took.as_secs_f64());
     }

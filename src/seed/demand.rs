@@ -3,10 +3,12 @@
 //! Per user cluster: whether its Services could be read, the LoadBalancer Services that wait
 //! for an address from kipam's pool (since when, refused by MetalLB or not), the addresses
 //! Services hold, and the addresses some Service let go of since the last pass took them.
-//! Every change that matters to growth marks the seed dirty and wakes the planning loop.
-//! Only what the growth decision needs is kept: a few numbers per Service.
+//! Every change that matters to growth moves the cache's [`generation`](DemandCache::generation)
+//! and wakes the planning loop, which decides growth again (without planning the rest of the
+//! seed). Only what the growth decision needs is kept: a few numbers per Service.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::planner::growth::{Demand, Waiting};
@@ -41,17 +43,20 @@ struct ClusterState {
 pub struct DemandCache {
     inner: Mutex<BTreeMap<String, ClusterState>>,
     dirty: std::sync::OnceLock<Arc<Dirty>>,
+    /// Counts the changes that matter to growth: a decision made at one count need not be
+    /// made again until it moves (or a timer that decision set comes due).
+    generation: AtomicU64,
 }
 
 impl DemandCache {
-    /// Changes mark `dirty` (and wake the planning loop).
+    /// Changes wake the planning loop through `dirty`.
     pub fn set_dirty(&self, dirty: Arc<Dirty>) {
         let _ = self.dirty.set(dirty);
     }
 
     fn changed(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
         if let Some(d) = self.dirty.get() {
-            d.other();
             d.wake();
         }
     }
@@ -172,7 +177,16 @@ impl DemandCache {
 
     /// Stops keeping `cluster` (no longer read).
     pub fn forget(&self, cluster: &str) {
-        self.lock().remove(cluster);
+        let removed = self.lock().remove(cluster).is_some();
+        if removed {
+            self.changed();
+        }
+    }
+
+    /// How many changes that matter to growth the cache has seen. Read before
+    /// [`DemandCache::take`], it tells whether anything changed since a decision.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
     }
 
     /// Every user cluster kept: `None` when its Services are read, else why they cannot be.

@@ -417,3 +417,84 @@ async fn a_user_cluster_is_served_over_one_connection() {
         "connections opened in all for two syncs and {watches} watches"
     );
 }
+
+/// Passes of one kind this controller ran (`kipam_reconcile_passes_by_kind_total`).
+async fn passes_of(port: u16, kind: &str) -> u64 {
+    Seed::metric(
+        port,
+        &format!("kipam_reconcile_passes_by_kind_total{{kind=\"{kind}\"}}"),
+    )
+    .await
+    .map_or(0, |v| v as u64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn growth_is_decided_on_the_kept_plan_and_new_clusters_keep_the_short_pass() {
+    let seed = Seed::start("growth-kept").await;
+    let user = user_cluster().await;
+    let _metallb = MetalLb::start(user.clone());
+    let ctl = seed.controller("ctl");
+    seed.apply(POOLS);
+    register(&seed, "g1", "dc-1", &user).await;
+    seed.wait_for("the initial pool in the user cluster", WAIT, "ctl", |_| {
+        pool_entries(&user) == vec!["10.0.0.0-10.0.0.1".to_string()]
+    })
+    .await;
+    for s in ["s1", "s2"] {
+        service(&user, s);
+    }
+    seed.wait_for("s1 and s2 served", WAIT, "ctl", |_| {
+        address_of(&user, "s1").is_some() && address_of(&user, "s2").is_some()
+    })
+    .await;
+    // Settled: the demand of g1 is read, and nothing waits.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let port = ctl.metrics_port;
+    // The whole seed is planned by the first pass of the term, and not again before the
+    // resync (300 s): not for demand, nor for a new cluster while demand is read.
+    let planned_before = passes_of(port, "whole").await;
+    let growth_before = passes_of(port, "growth").await;
+
+    // A refused Service: the allocation grows, decided by a growth pass.
+    service(&user, "s3");
+    seed.wait_for("s3 served", WAIT, "ctl", |_| {
+        address_of(&user, "s3").is_some()
+    })
+    .await;
+    assert_eq!(
+        seed.held("g1", "metallb"),
+        "10.0.0.0-10.0.0.1,10.0.0.2-10.0.0.3"
+    );
+    let growth_after = passes_of(port, "growth").await;
+    assert!(
+        growth_after > growth_before,
+        "the growth was decided by a growth pass ({growth_before} before, {growth_after} after)"
+    );
+    assert_eq!(
+        passes_of(port, "whole").await,
+        planned_before,
+        "a refused Service planned the whole seed again\n{}",
+        seed.log("ctl")
+    );
+
+    // While g1's demand is read, a new cluster still takes the short pass, from the
+    // allocators the growth left: it gets the next free addresses, none of g1's.
+    let new_before = passes_of(port, "new").await;
+    seed.cluster("n1", "dc-1");
+    seed.wait_for("n1 allocated", WAIT, "ctl", |s| {
+        !s.held("n1", "metallb").is_empty()
+    })
+    .await;
+    assert_eq!(seed.held("n1", "metallb"), "10.0.0.4-10.0.0.5");
+    assert!(
+        passes_of(port, "new").await > new_before,
+        "n1 was served by a short pass"
+    );
+    assert_eq!(
+        passes_of(port, "whole").await,
+        planned_before,
+        "a new cluster planned the whole seed again while demand is read\n{}",
+        seed.log("ctl")
+    );
+    seed.assert_no_overlap_no_leak();
+}

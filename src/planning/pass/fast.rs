@@ -333,7 +333,7 @@ fn entries_of(
 }
 
 /// The pool datacenters whose commit landed; the others are retried by the full pass.
-fn landed(
+pub(super) fn landed(
     state: &mut PassState,
     committed: Vec<(RecordKey, Option<u64>)>,
     outcome: &mut PassOutcome,
@@ -356,7 +356,7 @@ fn landed(
 ///
 /// `planned`: the pools the plan the newcomers are served from was made on (the last full
 /// pass's).
-async fn commit_one(
+pub(super) async fn commit_one(
     ctx: &Arc<Context>,
     key: RecordKey,
     entries: BTreeMap<String, Option<Reservation>>,
@@ -415,7 +415,11 @@ fn note_usage(state: &mut PassState, added: &[planner::Decision]) {
 /// less than `POOL_STATUS_EVERY` ago; returns when they are due otherwise. The writes run on a
 /// task of their own, so a cluster arriving meanwhile does not wait for them; a status that
 /// does not land asks for a full pass, which writes every pool's status.
-fn start_statuses(ctx: &Arc<Context>, state: &mut PassState, now: &str) -> Option<Duration> {
+pub(super) fn start_statuses(
+    ctx: &Arc<Context>,
+    state: &mut PassState,
+    now: &str,
+) -> Option<Duration> {
     if state.status_due.is_empty() {
         return None;
     }
@@ -461,8 +465,12 @@ fn start_statuses(ctx: &Arc<Context>, state: &mut PassState, now: &str) -> Optio
 /// once they are due (otherwise says when they will be).
 pub(super) async fn flush_statuses(ctx: &Arc<Context>, state: &mut PassState) -> PassOutcome {
     let now = crate::resources::now_rfc3339();
+    let mut status_after = start_statuses(ctx, state, &now);
+    if let Some(wait) = super::growth::wake_in(ctx, state) {
+        status_after = Some(status_after.map_or(wait, |s| s.min(wait)));
+    }
     PassOutcome {
-        status_after: start_statuses(ctx, state, &now),
+        status_after,
         ..Default::default()
     }
 }

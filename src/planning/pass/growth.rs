@@ -7,8 +7,11 @@
 //! changed decisions then go through the same record commit and object writes as every
 //! other: nothing here writes.
 //!
-//! While any user cluster's demand is read, every pass plans the whole seed: a growth must be
-//! taken from allocators that hold everything (see [`needs_full_plan`]).
+//! A growth is taken from allocators that hold everything: the ones the last plan left, which
+//! short passes keep up to date (`PassState::states`). So growth never needs the whole seed
+//! planned again: every full pass decides it on its plan, whole or patched, and when only the
+//! demand changed (or a timer came due, see [`due`]) the growth pass (`regrow`) decides it on
+//! the kept plan alone.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -41,9 +44,84 @@ pub(super) struct GrowthDone {
     pub unmet: BTreeMap<(String, String), usize>,
 }
 
-/// Growth needs a plan of everything in this pass.
-pub(super) fn needs_full_plan(ctx: &Context) -> bool {
+/// Growth is to be decided in this pass: demand is read, and it changed since the last
+/// decision or a timer that decision set came due. Every full pass decides anyway; a short
+/// pass for new clusters runs only when this is false (the growth pass goes first).
+pub(super) fn due(ctx: &Context, state: &super::PassState) -> bool {
     !ctx.demand.is_empty()
+        && (state.growth_generation != Some(ctx.demand.generation())
+            || state
+                .growth_due
+                .is_some_and(|due| std::time::Instant::now() >= due))
+}
+
+/// Keeps what the decision made at demand generation `generation` asks of later passes.
+pub(super) fn decided(state: &mut super::PassState, generation: u64, done: &GrowthDone) {
+    state.growth_generation = Some(generation);
+    state.growth_due = done.next_due.map(|d| std::time::Instant::now() + d);
+}
+
+/// How long until the growth timer of the last decision comes due, if it set one (at least
+/// 10 ms: a timer already due is served by the next pass, not by a loop).
+pub(super) fn wake_in(ctx: &Context, state: &super::PassState) -> Option<Duration> {
+    let due = state.growth_due?;
+    if ctx.demand.is_empty() {
+        return None;
+    }
+    Some(
+        due.saturating_duration_since(std::time::Instant::now())
+            .max(Duration::from_millis(10)),
+    )
+}
+
+/// The growth settings of every pool datacenter that has them: (pool, datacenter) ->
+/// (policy, the pool's `allocationRange`).
+pub(super) fn policies(pools: &[Arc<IPAMPool>]) -> HashMap<(String, String), (GrowthPolicy, u128)> {
+    let mut policies = HashMap::new();
+    for pool in pools {
+        if pool.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        for (dc, settings) in &pool.spec.datacenters {
+            if let Ok(Some(policy)) = crate::validation::datacenter_growth(dc, settings) {
+                let initial = settings.allocation_range.unwrap_or(1).max(1) as u128;
+                policies.insert((pool.name_any(), dc.clone()), (policy, initial));
+            }
+        }
+    }
+    policies
+}
+
+/// The decisions of `cluster` that growth looks at: range allocations it keeps in a pool
+/// datacenter with growth. The plan is sorted by (cluster, pool): found by binary search,
+/// never by a walk over the whole seed's decisions.
+pub(super) fn holdings_of<'p>(
+    plan: &'p Plan,
+    policies: &HashMap<(String, String), (GrowthPolicy, u128)>,
+    cluster: &str,
+) -> impl Iterator<Item = &'p crate::planner::Decision> {
+    let first = plan
+        .decisions
+        .partition_point(|d| d.cluster.as_str() < cluster);
+    plan.decisions[first..]
+        .iter()
+        .take_while(move |d| d.cluster == cluster)
+        .filter(move |d| {
+            d.change == Change::Keep
+                && matches!(d.held, Some(Allocation::Range(_)))
+                && policies.contains_key(&(d.pool.clone(), d.datacenter.clone()))
+        })
+}
+
+/// What a growth decision reads besides the plan and its allocators.
+pub(super) struct Reads<'a> {
+    pub pools: &'a [Arc<IPAMPool>],
+    /// The plan's pool inputs (for `reuseAfter`).
+    pub inputs: &'a [crate::planner::PoolInput],
+    /// A cluster by name.
+    pub cluster: &'a dyn Fn(&str) -> Option<Arc<Cluster>>,
+    /// What the stored (cluster, pool) object records of its pieces.
+    pub recorded: &'a dyn Fn(&str, &str) -> Vec<RecordedPiece>,
 }
 
 fn seconds(text: &str) -> Option<i64> {
@@ -67,87 +145,82 @@ fn status_of(p: &growth::Piece) -> PieceStatus {
     }
 }
 
-/// Runs the step over `plan` (a plan of the whole seed) and its allocators.
+/// Runs the step over `plan` (the whole seed's, whole or patched) and the allocators it left
+/// (`states`, which hold everything: growth takes its addresses from them).
 pub(super) fn step(
     ctx: &Context,
     plan: &mut Plan,
     states: &mut PoolStates,
-    pools: &[Arc<IPAMPool>],
-    inputs: &[crate::planner::PoolInput],
-    clusters: &[Arc<Cluster>],
-    stored: &[Arc<Entry>],
+    reads: &Reads<'_>,
 ) -> GrowthDone {
     let mut done = GrowthDone::default();
     if ctx.demand.is_empty() {
         return done;
     }
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    // (pool, dc) -> (policy, allocationRange).
-    let mut policies: HashMap<(String, String), (GrowthPolicy, u128)> = HashMap::new();
-    for pool in pools {
-        if pool.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        for (dc, settings) in &pool.spec.datacenters {
-            if let Ok(Some(policy)) = crate::validation::datacenter_growth(dc, settings) {
-                let initial = settings.allocation_range.unwrap_or(1).max(1) as u128;
-                policies.insert((pool.name_any(), dc.clone()), (policy, initial));
-            }
-        }
-    }
+    let policies = policies(reads.pools);
     if policies.is_empty() {
         return done;
     }
-    let by_name: HashMap<String, &Cluster> = clusters
-        .iter()
-        .map(|c| (c.name_any(), c.as_ref()))
-        .collect();
-    let mut demand = ctx.demand.take();
+    let demand = ctx.demand.take();
     let mut holdings = Vec::new();
-    for d in &plan.decisions {
-        if d.change != Change::Keep {
+    for (name, seen) in &demand {
+        let mut of_cluster = holdings_of(plan, &policies, name).peekable();
+        if of_cluster.peek().is_none() {
             continue;
         }
-        let Some(Allocation::Range(held)) = &d.held else {
+        let Some(cluster) = (reads.cluster)(name) else {
             continue;
         };
-        let Some((policy, pool_initial)) = policies.get(&(d.pool.clone(), d.datacenter.clone()))
-        else {
-            continue;
-        };
-        let Some(cluster) = by_name.get(&d.cluster) else {
-            continue;
-        };
-        let Some(seen) = demand.get(&d.cluster) else {
-            continue;
-        };
-        let ov = cluster.spec.ipam.get(&d.pool);
-        let pinned = ov.is_some_and(|o| !o.addresses.is_empty());
-        let initial = ov
-            .and_then(|o| o.allocation_range)
-            .map(|n| n.max(1) as u128)
-            .unwrap_or(*pool_initial);
-        let growth_override: Option<GrowthOverride> = crate::validation::cluster_growth(cluster)
-            .get(&d.pool)
-            .copied();
-        let recorded = recorded_pieces(stored, &d.cluster, &d.pool);
-        holdings.push(Holding {
-            cluster: d.cluster.clone(),
-            pool: d.pool.clone(),
-            datacenter: d.datacenter.clone(),
-            pieces: growth::classify(held, &recorded, pinned),
-            initial,
-            policy: if pinned {
-                None
-            } else {
-                policy.for_cluster(growth_override.as_ref(), initial)
-            },
-            shrink_after: (!pinned).then_some(policy.shrink_after),
-            demand: seen.clone(),
-        });
+        for d in of_cluster {
+            let Some(Allocation::Range(held)) = &d.held else {
+                continue;
+            };
+            let Some((policy, pool_initial)) =
+                policies.get(&(d.pool.clone(), d.datacenter.clone()))
+            else {
+                continue;
+            };
+            let ov = cluster.spec.ipam.get(&d.pool);
+            let pinned = ov.is_some_and(|o| !o.addresses.is_empty());
+            let initial = ov
+                .and_then(|o| o.allocation_range)
+                .map(|n| n.max(1) as u128)
+                .unwrap_or(*pool_initial);
+            let growth_override: Option<GrowthOverride> =
+                crate::validation::cluster_growth(&cluster)
+                    .get(&d.pool)
+                    .copied();
+            let recorded = (reads.recorded)(&d.cluster, &d.pool);
+            holdings.push(Holding {
+                cluster: d.cluster.clone(),
+                pool: d.pool.clone(),
+                datacenter: d.datacenter.clone(),
+                pieces: growth::classify(held, &recorded, pinned),
+                initial,
+                policy: if pinned {
+                    None
+                } else {
+                    policy.for_cluster(growth_override.as_ref(), initial)
+                },
+                shrink_after: (!pinned).then_some(policy.shrink_after),
+                demand: seen.clone(),
+            });
+        }
     }
     // Demand handed over but not used (no holding): nothing else needs it.
-    demand.clear();
+    drop(demand);
+    // A Service MetalLB has not refused starts to count after `PENDING_GRACE`: a decision
+    // must come by then, which no watch event asks for.
+    for h in &holdings {
+        for w in h.demand.waiting.iter().filter(|w| !w.refused) {
+            let counts_at = w.since.saturating_add(PENDING_GRACE);
+            if counts_at > now {
+                let due = Duration::from_secs((counts_at - now) as u64);
+                done.next_due = Some(done.next_due.map_or(due, |d| d.min(due)));
+            }
+        }
+    }
     let free = plan
         .usage
         .iter()
@@ -161,7 +234,8 @@ pub(super) fn step(
     };
     let outcomes = growth::decide(&input);
     // A grown piece given back is quarantined as any released address is (`reuseAfter`).
-    let reuse: HashMap<(&str, &str), u64> = inputs
+    let reuse: HashMap<(&str, &str), u64> = reads
+        .inputs
         .iter()
         .flat_map(|p| {
             p.datacenters
@@ -231,14 +305,24 @@ pub(super) fn step(
     done
 }
 
-/// What `status.pieces` of the stored (cluster, pool) object records.
-fn recorded_pieces(stored: &[Arc<Entry>], cluster: &str, pool: &str) -> Vec<RecordedPiece> {
+/// What `status.pieces` of the stored (cluster, pool) object records, found in `stored` (in
+/// key order).
+pub(super) fn recorded_pieces(
+    stored: &[Arc<Entry>],
+    cluster: &str,
+    pool: &str,
+) -> Vec<RecordedPiece> {
     let namespace = cluster_namespace(cluster);
     let Ok(i) = stored.binary_search_by(|o| (o.namespace(), o.name()).cmp(&(&namespace, pool)))
     else {
         return Vec::new();
     };
-    stored[i]
+    pieces_of(&stored[i])
+}
+
+/// What `status.pieces` of a stored object records.
+pub(super) fn pieces_of(entry: &Entry) -> Vec<RecordedPiece> {
+    entry
         .status()
         .map(|s| {
             s.pieces

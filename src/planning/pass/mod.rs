@@ -22,6 +22,7 @@ mod growth;
 mod inputs;
 mod lifecycle;
 mod pipeline;
+mod regrow;
 mod report;
 mod scope;
 mod statuses;
@@ -34,6 +35,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
 
 use crate::desired::allocation_object;
 use crate::planner::{self};
@@ -130,8 +132,8 @@ async fn write_one(
 
 /// Runs one pass. The caller checked leadership (in `term`) just before.
 ///
-/// Reads as its steps: what changed decides between the status flush, the short pass for new
-/// clusters ([`fast`]) and the full pass ([`full`]).
+/// Reads as its steps: what changed decides between the growth pass ([`regrow`]), the status
+/// flush, the short pass for new clusters ([`fast`]) and the full pass ([`full`]).
 pub async fn run(
     ctx: &Arc<Context>,
     term: u64,
@@ -143,16 +145,25 @@ pub async fn run(
         backoff.start_round();
     }
     let changed = Changed::take(ctx).await;
+    let growth_due = growth::due(ctx, state);
     if changed.nothing()
         && state.can_skip_planning()
-        && !state.status_due.is_empty()
-        && !growth::needs_full_plan(ctx)
+        && growth_due
+        && let Some(result) = regrow::run(ctx, term, state).await
+    {
+        // Only the demand changed (or a growth timer came due): growth is decided on the
+        // kept plan, without reading or planning the rest of the seed.
+        state.metrics.pass_kind("growth");
+        return result;
+    }
+    if changed.nothing() && state.can_skip_planning() && !state.status_due.is_empty() && !growth_due
     {
         // Nothing changed, but pool statuses wait: they are written (when due) without
         // planning.
+        state.metrics.pass_kind("statuses");
         return Ok(fast::flush_statuses(ctx, state).await);
     }
-    if changed.only_clusters() && state.can_skip_planning() && !growth::needs_full_plan(ctx) {
+    if changed.only_clusters() && state.can_skip_planning() {
         // Machines' claims are named by their holder name (`claim/<ns>/<name>`): a short pass
         // serves either new clusters or new claims; both at once take the full pass.
         let (claims, clusters): (BTreeSet<String>, BTreeSet<String>) = changed
@@ -168,10 +179,47 @@ pub async fn run(
             None
         };
         if let Some(result) = short {
+            state.metrics.pass_kind("new");
+            if growth_due {
+                // The growth decision is the next pass's: new clusters do not wait for it.
+                ctx.dirty.wake();
+            }
             return result;
         }
     }
+    if changed.nothing()
+        && state.can_skip_planning()
+        && !growth_due
+        && state.status_due.is_empty()
+        && !timers_due(state)
+    {
+        // A wake that finds nothing to do (one wake noted while a pass ran, taken after
+        // it): every change marks what it concerns, a release that frees addresses marks
+        // everything, a retry leaves the state unsettled. Nothing is read or planned.
+        state.metrics.pass_kind("idle");
+        return Ok(settle(ctx, state, PassOutcome::default()).await);
+    }
+    tracing::debug!(
+        other = changed.other,
+        foreign = changed.foreign,
+        clusters = changed.clusters.len(),
+        settled = state.can_skip_planning(),
+        growth_due,
+        "full pass"
+    );
     full(ctx, term, state).await
+}
+
+/// A timer of the last plan came due: a quarantine ended, or the grace of a hand-made
+/// `IPAddress`'s entry. The full pass looks again (`settle` set the wake-up for it).
+fn timers_due(state: &PassState) -> bool {
+    let now = inputs::unix_now();
+    let quarantine = state
+        .previous
+        .as_ref()
+        .and_then(|(inputs, plan)| quarantine_end(inputs, plan))
+        .is_some_and(|end| end <= now);
+    quarantine || state.reads.hand_made_due().is_some_and(|due| due <= now)
 }
 
 /// The full pass: the whole seed read, the part a change concerns planned again (everything
@@ -184,9 +232,8 @@ async fn full(
     let limit = state.write_concurrency;
     let mut outcome = PassOutcome::default();
     let mut steps = Steps::start();
-    if growth::needs_full_plan(ctx) {
-        state.replan_all();
-    }
+    // Read before the demand is taken: a change from now on asks for another decision.
+    let growth_generation = ctx.demand.generation();
 
     let mut view = View::read(ctx, state).await;
     steps.done("snapshot");
@@ -194,19 +241,35 @@ async fn full(
     let gathered = gather(ctx, state, &mut view).await?;
     let ledger_changed = std::mem::take(&mut view.ledger_changed);
     let mut planned = plan(state, gathered.plan_inputs, ledger_changed).await?;
-    let grown = if planned.scope.is_full() {
-        growth::step(
-            ctx,
-            &mut planned.plan,
-            &mut state.states,
-            &view.pools,
-            &planned.inputs.pools,
-            &view.clusters,
-            &view.stored_objects,
-        )
-    } else {
-        growth::GrowthDone::default()
+    // Growth, decided on this plan (the kept allocators hold everything, whatever part of
+    // the seed was planned again); what it changed is checked and written like the rest.
+    let grown = {
+        let stored = &view.stored_objects;
+        let by_name = |name: &str| ctx.clusters.get(&ObjectRef::new(name));
+        let recorded = |cluster: &str, pool: &str| growth::recorded_pieces(stored, cluster, pool);
+        let reads = growth::Reads {
+            pools: &view.pools,
+            inputs: &planned.inputs.pools,
+            cluster: &by_name,
+            recorded: &recorded,
+        };
+        growth::step(ctx, &mut planned.plan, &mut state.states, &reads)
     };
+    growth::decided(state, growth_generation, &grown);
+    for (cluster, pool) in grown.pieces.keys() {
+        planned.scope.add_changed(cluster, pool);
+    }
+    // Clusters whose demand reader's word changed: their `GrowthDemandReadable` condition.
+    let demand = ctx.demand.states();
+    for name in demand_changed(&state.demand_seen, &demand) {
+        planned.scope.clusters.insert(name);
+    }
+    state.demand_seen = demand.clone();
+    state.metrics.pass_kind(if planned.scope.is_full() {
+        "whole"
+    } else {
+        "partial"
+    });
     state.metrics.observe_plan(&planned.plan);
     steps.done("plan");
 
@@ -232,7 +295,6 @@ async fn full(
     let slots = pipeline::Slots::new(limit);
     let landing = pipeline::Landing::new();
     let of_holder = pipeline::by_holder(&planned.plan.decisions);
-    let demand = ctx.demand.states();
     let build = |d: &planner::Decision| writes.build(d);
     let metrics = state.metrics.clone();
     let env = pipeline::Env {
@@ -720,6 +782,21 @@ fn adoption_notes(
     }
 }
 
+/// The clusters whose entry in the demand reader's word (read or not, and why) differs
+/// between `before` and `now`.
+fn demand_changed(
+    before: &BTreeMap<String, Option<String>>,
+    now: &BTreeMap<String, Option<String>>,
+) -> Vec<String> {
+    let mut out: Vec<String> = now
+        .iter()
+        .filter(|(k, v)| before.get(*k) != Some(*v))
+        .map(|(k, _)| k.clone())
+        .collect();
+    out.extend(before.keys().filter(|k| !now.contains_key(*k)).cloned());
+    out
+}
+
 /// The end of every pass: whether to run again soon, and when a held-back write is due.
 async fn settle(ctx: &Context, state: &mut PassState, mut outcome: PassOutcome) -> PassOutcome {
     // Somebody else changed an allocation while this pass was writing it (its watch event
@@ -734,6 +811,11 @@ async fn settle(ctx: &Context, state: &mut PassState, mut outcome: PassOutcome) 
     if let Some((inputs, plan)) = &state.previous
         && let Some(wait) = next_quarantine_end(inputs, plan, inputs::unix_now())
     {
+        outcome.status_after = Some(outcome.status_after.map_or(wait, |s| s.min(wait)));
+    }
+    // Growth is decided again when its timer comes due, whichever pass took the wake-up
+    // meant for it.
+    if let Some(wait) = growth::wake_in(ctx, state) {
         outcome.status_after = Some(outcome.status_after.map_or(wait, |s| s.min(wait)));
     }
     // A hand-made `IPAddress`'s entry kept for its grace is looked at again when it ends.
@@ -751,13 +833,19 @@ fn next_quarantine_end(
     plan: &planner::Plan,
     now: i64,
 ) -> Option<Duration> {
+    let end = quarantine_end(inputs, plan)?;
+    let seconds = u64::try_from(end.saturating_sub(now)).unwrap_or(0).max(1);
+    Some(Duration::from_secs(seconds))
+}
+
+/// When the first quarantine of `plan` ends (seconds since the epoch), if it keeps any.
+fn quarantine_end(inputs: &planner::PlanInputs, plan: &planner::Plan) -> Option<i64> {
     if plan.quarantined.is_empty() {
         return None;
     }
     let pools: HashMap<&str, &planner::PoolInput> =
         inputs.pools.iter().map(|p| (p.name.as_str(), p)).collect();
-    let end = plan
-        .quarantined
+    plan.quarantined
         .iter()
         .filter_map(|q| {
             let reuse = pools
@@ -767,7 +855,5 @@ fn next_quarantine_end(
                 .reuse_after;
             Some(q.until(reuse))
         })
-        .min()?;
-    let seconds = u64::try_from(end.saturating_sub(now)).unwrap_or(0).max(1);
-    Some(Duration::from_secs(seconds))
+        .min()
 }

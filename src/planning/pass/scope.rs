@@ -56,6 +56,15 @@ pub struct PassState {
     /// Growth refusals last reported, by (cluster, pool or user cluster, reason): reported
     /// again only when they change.
     pub(super) growth_said: std::collections::BTreeMap<(String, String, &'static str), String>,
+    /// The demand cache's generation the last growth decision was made at (`None`: none
+    /// made yet in this term).
+    pub(super) growth_generation: Option<u64>,
+    /// When growth is to be decided again although no demand changed: a grown piece may be
+    /// given back, or a waiting Service starts to count.
+    pub(super) growth_due: Option<std::time::Instant>,
+    /// What the demand reader said of each user cluster when statuses last reported it: a
+    /// cluster whose entry changed gets its status checked.
+    pub(super) demand_seen: std::collections::BTreeMap<String, Option<String>>,
 }
 
 impl PassState {
@@ -81,6 +90,9 @@ impl PassState {
             status_written: None,
             outdated: Default::default(),
             growth_said: Default::default(),
+            growth_generation: None,
+            growth_due: None,
+            demand_seen: Default::default(),
         }
     }
 
@@ -109,9 +121,10 @@ impl PassState {
     pub(super) fn keep(
         &mut self,
         inputs: PlanInputs,
-        plan: Plan,
+        mut plan: Plan,
         planned_on: crate::planning::records::PlannedOn,
     ) {
+        plan.settle();
         self.known = inputs
             .clusters
             .iter()
@@ -175,6 +188,16 @@ impl Scope {
     /// The pool's records and objects are to be checked.
     pub fn covers_pool(&self, pool: &str) -> bool {
         self.pools.as_ref().is_none_or(|p| p.contains(pool))
+    }
+
+    /// A decision changed after planning (a growth, a shrink, or new `status.pieces`): its
+    /// object is checked, its pool's records committed, its cluster's status checked.
+    pub fn add_changed(&mut self, cluster: &str, pool: &str) {
+        self.changed.insert((cluster.to_string(), pool.to_string()));
+        self.clusters.insert(cluster.to_string());
+        if let Some(pools) = self.pools.as_mut() {
+            pools.insert(pool.to_string());
+        }
     }
 
     /// The cluster's status is to be checked.
