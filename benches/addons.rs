@@ -258,10 +258,7 @@ fn drift(size: usize, pid: u32, users: &[ApiServer], before: (usize, u64)) -> bo
         .iter()
         .map(|u| {
             let stats = u.stats();
-            kinds
-                .iter()
-                .filter(|k| stats.count("watch", k) > 0)
-                .count() as u64
+            kinds.iter().filter(|k| stats.count("watch", k) > 0).count() as u64
         })
         .sum();
     println!(

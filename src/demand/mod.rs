@@ -210,7 +210,9 @@ async fn client_for(ctx: &Context, target: &Target) -> Result<Client, String> {
 type Watch<K> = BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
 
 /// The next event of the Event watch, or never while there is none.
-async fn next_refusal(events: &mut Option<Watch<Event>>) -> Option<Result<watcher::Event<Event>, watcher::Error>> {
+async fn next_refusal(
+    events: &mut Option<Watch<Event>>,
+) -> Option<Result<watcher::Event<Event>, watcher::Error>> {
     match events.as_mut() {
         Some(stream) => stream.next().await,
         None => std::future::pending().await,
@@ -242,6 +244,9 @@ async fn watch(ctx: &Context, cluster: &str, client: Client) -> String {
     let mut initial: Option<(BTreeMap<String, ServiceDemand>, HashMap<String, String>)> = None;
     // `namespace/name` -> uid of every Service that waits.
     let mut waiting: HashMap<String, String> = HashMap::new();
+    // Refusals naming a uid, seen before their Service waited: `namespace/name` -> uid. Each
+    // is settled by the next event of its Service (bounded like the cache's early refusals).
+    let mut early: HashMap<String, String> = HashMap::new();
     let mut idle_since: Option<tokio::time::Instant> = None;
     loop {
         if !waiting.is_empty() {
@@ -285,39 +290,56 @@ async fn watch(ctx: &Context, cluster: &str, client: Client) -> String {
                     let (map, waits) = initial.take().unwrap_or_default();
                     waiting = waits;
                     ctx.demand.replace(cluster, map, now());
+                    for (key, uid) in std::mem::take(&mut early) {
+                        if waiting.get(&key) == Some(&uid) {
+                            ctx.demand.refused(cluster, &key);
+                        }
+                    }
                 }
                 watcher::Event::Apply(s) => {
                     let key = service_key(&s);
                     let demand = services::service_demand(&s);
-                    if demand.as_ref().is_some_and(|d| d.waiting) {
-                        waiting.insert(key.clone(), s.uid().unwrap_or_default());
+                    let uid = s.uid().unwrap_or_default();
+                    let refused = early.remove(&key).is_some_and(|r| r == uid);
+                    let waits = demand.as_ref().is_some_and(|d| d.waiting);
+                    if waits {
+                        waiting.insert(key.clone(), uid);
                     } else {
                         waiting.remove(&key);
                     }
                     ctx.demand.service(cluster, &key, demand, now());
+                    if waits && refused {
+                        ctx.demand.refused(cluster, &key);
+                    }
                 }
                 watcher::Event::Delete(s) => {
                     let key = service_key(&s);
                     waiting.remove(&key);
+                    early.remove(&key);
                     ctx.demand.service(cluster, &key, None, now());
                 }
             },
             Woke::Refusal(None) => return "the Event watch ended".to_string(),
             Woke::Refusal(Some(Err(e))) => return crate::seed::watches::failure(&e, "events"),
-            Woke::Refusal(Some(Ok(
-                watcher::Event::Apply(e) | watcher::Event::InitApply(e),
-            ))) => {
+            Woke::Refusal(Some(Ok(watcher::Event::Apply(e) | watcher::Event::InitApply(e)))) => {
                 let o = &e.involved_object;
                 if o.kind.as_deref() == Some("Service")
                     && let (Some(ns), Some(name)) = (&o.namespace, &o.name)
                 {
                     let key = format!("{ns}/{name}");
-                    let earlier = match (waiting.get(&key), o.uid.as_deref()) {
-                        (Some(waits), Some(uid)) => !uid.is_empty() && waits != uid,
-                        _ => false,
-                    };
-                    if !earlier {
-                        ctx.demand.refused(cluster, &key);
+                    match (
+                        waiting.get(&key),
+                        o.uid.as_deref().filter(|u| !u.is_empty()),
+                    ) {
+                        // Another uid: a refusal of an earlier Service of that name.
+                        (Some(waits), Some(uid)) if waits != uid => {}
+                        (Some(_), _) | (None, None) => ctx.demand.refused(cluster, &key),
+                        // Not waiting (yet): settled by its Service's next event.
+                        (None, Some(uid)) => {
+                            if early.len() < 10_000 {
+                                early.insert(key, uid.to_string());
+                            }
+                        }
                     }
                 }
             }

@@ -422,7 +422,7 @@ async fn a_user_cluster_is_served_over_one_connection() {
 
 /// An `AllocationFailed` event as MetalLB writes it, naming the Service (and its uid when
 /// given).
-fn refusal(api: &ApiServer, service: &str, uid: Option<&str>) {
+fn refusal(api: &ApiServer, event: &str, service: &str, uid: Option<&str>) {
     let mut involved = json!({"apiVersion": "v1", "kind": "Service", "namespace": "default",
         "name": service});
     if let Some(uid) = uid {
@@ -430,7 +430,7 @@ fn refusal(api: &ApiServer, service: &str, uid: Option<&str>) {
     }
     api.create(&json!({
         "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": format!("{service}.refused"), "namespace": "default"},
+        "metadata": {"name": event, "namespace": "default"},
         "involvedObject": involved,
         "reason": "AllocationFailed",
         "type": "Warning",
@@ -481,7 +481,10 @@ async fn refusals_are_watched_only_while_a_service_waits() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let stats = user.stats();
     assert_eq!(
-        (stats.count("list", "events"), stats.count("watch", "events")),
+        (
+            stats.count("list", "events"),
+            stats.count("watch", "events")
+        ),
         (0, 0),
         "events listed and watched while no Service waits\n{}",
         seed.log("ctl")
@@ -490,7 +493,7 @@ async fn refusals_are_watched_only_while_a_service_waits() {
 
     // MetalLB refused s1 before the demand reader saw it wait (no uid, as some versions write
     // it): it counts at once, well before an unrefused Service would (after 10 s).
-    refusal(&user, "s1", None);
+    refusal(&user, "s1.1", "s1", None);
     service(&user, "s1");
     let created = Instant::now();
     let one_growth = "10.0.0.0-10.0.0.1,10.0.0.2-10.0.0.3";
@@ -505,13 +508,17 @@ async fn refusals_are_watched_only_while_a_service_waits() {
     );
     assert!(user.stats().count("watch", "events") > 0);
 
-    // The grown addresses taken: s2's refusal names another uid (an earlier Service of that
-    // name), so s2 counts only once it has waited 10 s.
+    // The grown addresses taken: s2's first refusal names another uid (an earlier Service of
+    // that name) and does not count; its own refusal, with its uid, does.
     served(&user, "s1", "10.0.0.2");
     served(&user, "u3", "10.0.0.3");
-    refusal(&user, "s2", Some("00000000-0000-0000-0000-00000000e1e1"));
+    refusal(
+        &user,
+        "s2.0",
+        "s2",
+        Some("00000000-0000-0000-0000-00000000e1e1"),
+    );
     service(&user, "s2");
-    let created = Instant::now();
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(
         seed.held("g1", "metallb"),
@@ -519,14 +526,20 @@ async fn refusals_are_watched_only_while_a_service_waits() {
         "grown for s2 within 5 s: a refusal of another object counted\n{}",
         seed.log("ctl")
     );
-    seed.wait_for("grown for s2 once it waited", WAIT, "ctl", |s| {
+    let uid = user
+        .get("services", Some("default"), "s2")
+        .and_then(|s| s["metadata"]["uid"].as_str().map(str::to_string))
+        .expect("s2's uid");
+    refusal(&user, "s2.1", "s2", Some(&uid));
+    let refused = Instant::now();
+    seed.wait_for("grown for the refused s2", WAIT, "ctl", |s| {
         s.held("g1", "metallb").split(',').count() == 3
     })
     .await;
     assert!(
-        created.elapsed() >= Duration::from_secs(9),
-        "grown for s2 {:?} after it was made",
-        created.elapsed()
+        refused.elapsed() < Duration::from_secs(4),
+        "grown {:?} after s2's own refusal",
+        refused.elapsed()
     );
     seed.assert_no_overlap_no_leak();
 }
