@@ -233,12 +233,13 @@ fn drift(size: usize, pid: u32, users: &[ApiServer], before: (usize, u64)) -> bo
     // The watches open once a cluster's first sync has applied: wait until each user cluster
     // has served a watch of both kinds kipam applied there.
     let start = Instant::now();
+    // With growth, the demand reader watches Services; it watches `AllocationFailed` events
+    // only while a Service waits (none does here; builds before that watched them always).
     let watching = |u: &ApiServer| {
         let stats = u.stats();
         stats.count("watch", "ipaddresspools") > 0
             && stats.count("watch", "l2advertisements") > 0
-            && (!growing
-                || (stats.count("watch", "services") > 0 && stats.count("watch", "events") > 0))
+            && (!growing || stats.count("watch", "services") > 0)
     };
     while !users.iter().all(watching) && start.elapsed() < Duration::from_secs(120) {
         std::thread::sleep(Duration::from_millis(20));
@@ -252,19 +253,26 @@ fn drift(size: usize, pid: u32, users: &[ApiServer], before: (usize, u64)) -> bo
     let (sockets_before, rss_before) = before;
     let sockets_now = sockets(pid);
     let rss_now = status_kib(pid, "VmRSS:").unwrap_or(0);
-    let watches_per = if growing { 4 } else { 2 };
+    let kinds = ["ipaddresspools", "l2advertisements", "services", "events"];
+    let open: u64 = users
+        .iter()
+        .map(|u| {
+            let stats = u.stats();
+            kinds.iter().filter(|k| stats.count("watch", k) > 0).count() as u64
+        })
+        .sum();
     println!(
-        "watches: {watches_per} per user cluster (IPAddressPool, L2Advertisement in \
-         metallb-system{}), {} open; the controller holds {sockets_now} sockets ({:.2} per user \
-         cluster over the {sockets_before} it held before), resident memory {:.1} MiB ({:.0} KiB \
-         per user cluster over the {:.1} MiB before any Cluster, everything kipam keeps per \
-         cluster included)",
+        "watches: {:.2} per user cluster (IPAddressPool, L2Advertisement in metallb-system{}), \
+         {open} watched; the controller holds {sockets_now} sockets ({:.2} per user cluster over \
+         the {sockets_before} it held before), resident memory {:.1} MiB ({:.0} KiB per user \
+         cluster over the {:.1} MiB before any Cluster, everything kipam keeps per cluster \
+         included)",
+        open as f64 / size as f64,
         if growing {
-            "; Services and Events for growth"
+            "; Services, and Events where they are watched, for growth"
         } else {
             ""
         },
-        watches_per * size,
         (sockets_now.saturating_sub(sockets_before)) as f64 / size as f64,
         rss_now as f64 / 1024.0,
         rss_now.saturating_sub(rss_before) as f64 / size as f64,
@@ -479,6 +487,8 @@ fn run(size: usize, binary: &str) -> bool {
         Some(program) => {
             let mut c = Command::new(program);
             c.args(wrap).arg(binary);
+            // A group of its own, so that `finish` stops the controller, not only the wrapper.
+            std::os::unix::process::CommandExt::process_group(&mut c, 0);
             c
         }
         None => Command::new(binary),
@@ -633,7 +643,15 @@ fn finish(
         ),
         None => println!("  controller peak resident memory: unavailable"),
     }
-    let _ = child.kill();
+    if std::env::var_os("KIPAM_BENCH_WRAP").is_some() {
+        // The wrapper and the controller it runs: SIGTERM, so that a profiler writes its data.
+        // SAFETY: signals the process group this benchmark started (see `run`).
+        unsafe {
+            libc::kill(-(child.id() as libc::pid_t), libc::SIGTERM);
+        }
+    } else {
+        let _ = child.kill();
+    }
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(dir);
     for u in users {

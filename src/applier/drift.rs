@@ -198,11 +198,21 @@ impl Drop for Task {
     }
 }
 
-/// What the drift watches know of one user cluster.
+/// One watch of a user cluster: its kind and namespace, the resource it reads (once a sync
+/// has looked the kind up; kept across a new kubeconfig, whose first sync may apply nothing
+/// and so look up no kind) and its task.
+struct Watch {
+    key: WatchKey,
+    resource: Option<(ApiResource, bool)>,
+    task: Option<Task>,
+}
+
+/// What the drift watches know of one user cluster. Kept small: at 10,000 user clusters each
+/// KiB here is 10 MiB (a map of two entries is a vector, not a tree with room for eleven).
 #[derive(Default)]
 struct Watched {
-    /// Per object, what kipam's last apply of it returned.
-    stamps: BTreeMap<AppliedObject, Stamp>,
+    /// Per object, what kipam's last apply of it returned: the sync's own map, shared.
+    stamps: Arc<BTreeMap<AppliedObject, Stamp>>,
     /// A sync of this cluster is running.
     syncing: bool,
     /// What the watches saw while it ran, judged when it ends.
@@ -217,10 +227,7 @@ struct Watched {
     /// The kubeconfig the watches' client comes from (`TenantClient::source`).
     source: String,
     client: Option<Client>,
-    watches: BTreeMap<WatchKey, Task>,
-    /// The resource of each watched kind and whether it is namespaced, kept across a new
-    /// kubeconfig (whose first sync may apply nothing, and so look up no kind).
-    resources: BTreeMap<WatchKey, (ApiResource, bool)>,
+    watches: Vec<Watch>,
 }
 
 /// What a finished sync leaves for the drift watches: its client configuration and what it
@@ -232,7 +239,7 @@ pub struct Applied<'a> {
     pub client: &'a Client,
     /// Discovery's answers, `apiVersion` -> resources.
     pub kinds: &'a HashMap<String, Vec<(ApiResource, ApiCapabilities)>>,
-    pub stamps: &'a BTreeMap<AppliedObject, Stamp>,
+    pub stamps: &'a Arc<BTreeMap<AppliedObject, Stamp>>,
 }
 
 /// The drift watches of every user cluster this replica serves as the leader.
@@ -309,27 +316,38 @@ impl Drift {
             }
         }
         if w.source != applied.source {
-            w.watches.clear();
+            for watch in &mut w.watches {
+                watch.task = None;
+            }
             w.client = None;
             w.source = applied.source.to_string();
         }
         let wanted: BTreeSet<WatchKey> = w.stamps.keys().map(WatchKey::of).collect();
-        w.watches.retain(|key, _| wanted.contains(key));
-        w.resources.retain(|key, _| wanted.contains(key));
+        w.watches.retain(|watch| wanted.contains(&watch.key));
         for key in wanted {
             let found = applied.kinds.get(&key.api_version).and_then(|rs| {
                 rs.iter()
                     .find(|(r, _)| r.kind == key.kind && !r.plural.contains('/'))
             });
+            let i = match w.watches.iter().position(|watch| watch.key == key) {
+                Some(i) => i,
+                None => {
+                    w.watches.push(Watch {
+                        key: key.clone(),
+                        resource: None,
+                        task: None,
+                    });
+                    w.watches.len() - 1
+                }
+            };
             if let Some((resource, caps)) = found {
                 let namespaced = caps.scope == Scope::Namespaced;
-                w.resources
-                    .insert(key.clone(), (resource.clone(), namespaced));
+                w.watches[i].resource = Some((resource.clone(), namespaced));
             }
-            if w.watches.contains_key(&key) {
+            if w.watches[i].task.is_some() {
                 continue;
             }
-            let Some((resource, namespaced)) = w.resources.get(&key).cloned() else {
+            let Some((resource, namespaced)) = w.watches[i].resource.clone() else {
                 continue;
             };
             let client = w
@@ -349,7 +367,7 @@ impl Drift {
                 key.clone(),
                 api,
             ));
-            w.watches.insert(key, Task(task));
+            w.watches[i].task = Some(Task(task));
         }
     }
 

@@ -456,9 +456,11 @@ fn round(
                         synced = now_fingerprint;
                         metrics.addon_syncs_in_flight.inc();
                         let started = Instant::now();
-                        let report = sync::sync_tenant(
+                        // Boxed, so that a sync waiting for its permit is a small task:
+                        // a burst of new clusters queues one per cluster.
+                        let report = Box::pin(sync::sync_tenant(
                             &ctx, &metrics, &renderer, timeout, input, force, &mut slot,
-                        )
+                        ))
                         .await;
                         metrics.addon_syncs_in_flight.dec();
                         metrics.addon_sync(report.settled, started.elapsed());

@@ -48,8 +48,9 @@ pub struct TenantClient {
     pub kinds: HashMap<String, Vec<(ApiResource, ApiCapabilities)>>,
     /// Addon name -> what this process last applied there.
     pub applied: HashMap<String, Memory>,
-    /// Per object, what this process's last apply of it returned (for the drift watches).
-    pub stamps: BTreeMap<AppliedObject, Stamp>,
+    /// Per object, what this process's last apply of it returned (for the drift watches,
+    /// which share it once the sync ends; a sync that changes it makes its own copy).
+    pub stamps: Arc<BTreeMap<AppliedObject, Stamp>>,
 }
 
 /// What this process knows it applied for one Addon. The Addon's status says the same once
@@ -103,7 +104,7 @@ pub async fn sync_tenant(
         _ => {
             // Nothing more is applied there, so nothing is watched there either.
             if let Some(t) = slot.as_mut() {
-                t.stamps.clear();
+                t.stamps = Arc::default();
             }
             return release_addons(ctx, &input).await;
         }
@@ -923,7 +924,7 @@ async fn apply_addon(
         let result = api.patch(&name, &params, &Patch::Apply(&object)).await;
         metrics.addon_request("apply", result.is_ok(), started.elapsed());
         if let Ok(answer) = &result {
-            tenant.stamps.insert(record, Stamp::of(answer, &object));
+            Arc::make_mut(&mut tenant.stamps).insert(record, Stamp::of(answer, &object));
         }
         if let Err(e) = result {
             let what = if namespace.is_empty() {
@@ -986,7 +987,9 @@ async fn delete_object(
     }
     let api = api_for(client, &resource, &caps, &object.namespace);
     // Forgotten before the request: kipam's own delete is not drift.
-    tenant.stamps.remove(object);
+    if tenant.stamps.contains_key(object) {
+        Arc::make_mut(&mut tenant.stamps).remove(object);
+    }
     let started = std::time::Instant::now();
     let result = api.delete(&object.name, &DeleteParams::default()).await;
     let gone = match &result {

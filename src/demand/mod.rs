@@ -4,11 +4,13 @@
 //!
 //! - It runs on the leader only, like the planning loop that uses what it reads.
 //! - It reads only user clusters that hold an allocation of a pool datacenter with `growth`
-//!   and name a kubeconfig: per user cluster one watch of Services and one of Events with
-//!   reason `AllocationFailed`, through the same kubeconfig Secret the applier uses
-//!   ([`crate::seed::kubeconfig`]). Two connections per user cluster; per Service it keeps
-//!   whether it waits and the addresses it holds.
-//! - A watch sees a refused Service at once; nothing is polled.
+//!   and name a kubeconfig: per user cluster one watch of Services and, while one of them
+//!   waits for an address, one of Events with reason `AllocationFailed`, through the same
+//!   kubeconfig Secret and the same client (one connection, `seed::tenants`) the applier
+//!   uses ([`crate::seed::kubeconfig`]). Per Service it keeps whether it waits and the
+//!   addresses it holds.
+//! - A watch sees a refused Service at once; nothing is polled. The Event watch's first list
+//!   brings the refusals made before it opened.
 //! - A user cluster that cannot be read (no Secret, a bad kubeconfig, no answer, RBAC) is
 //!   marked unknown in the cache (its grown pieces' unused clocks stop), logged once per
 //!   distinct reason, and retried with a backoff that doubles up to a minute. Each user cluster
@@ -20,7 +22,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Event, Service};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
@@ -40,6 +43,9 @@ const COALESCE: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// Connect, write (and list) timeout towards a user cluster.
 const TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the Event watch stays open after the last waiting Service of its user cluster
+/// stopped waiting (so a few Services made one after the other do not open it each time).
+const EVENTS_LINGER: Duration = Duration::from_secs(60);
 
 fn now() -> i64 {
     k8s_openapi::jiff::Timestamp::now().as_second()
@@ -200,70 +206,145 @@ async fn client_for(ctx: &Context, target: &Target) -> Result<Client, String> {
         .await
 }
 
-/// Watches Services and `AllocationFailed` events until either watch fails; returns why.
+/// What a watch of `K` yields.
+type Watch<K> = BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
+
+/// The next event of the Event watch, or never while there is none.
+async fn next_refusal(
+    events: &mut Option<Watch<Event>>,
+) -> Option<Result<watcher::Event<Event>, watcher::Error>> {
+    match events.as_mut() {
+        Some(stream) => stream.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What woke the reader.
+enum Woke {
+    Service(Option<Result<watcher::Event<Service>, watcher::Error>>),
+    Refusal(Option<Result<watcher::Event<Event>, watcher::Error>>),
+    Linger,
+}
+
+/// Watches Services, and `AllocationFailed` events while a Service waits, until a watch
+/// fails; returns why.
+///
+/// A refusal only matters for a Service that waits, so the Event watch runs only while one
+/// does (and [`EVENTS_LINGER`] after the last one stopped waiting): a user cluster whose
+/// Services are all served costs one watch, not two. The Event watch's first list brings
+/// the refusals MetalLB made before it started; a refusal naming another uid than the waiting
+/// Service's is of an earlier Service of that name, and is not this one's.
 async fn watch(ctx: &Context, cluster: &str, client: Client) -> String {
-    let services = Api::<Service>::all(client.clone());
-    let events = Api::<Event>::all(client);
-    let svc_stream = watcher::watcher(services, watcher::Config::default());
-    let event_stream = watcher::watcher(
-        events,
-        watcher::Config::default().fields("reason=AllocationFailed"),
-    );
-    let mut initial: Option<BTreeMap<String, ServiceDemand>> = None;
-    let svc = async {
-        let mut stream = std::pin::pin!(svc_stream);
-        loop {
-            let event = match stream.try_next().await {
-                Ok(Some(e)) => e,
-                Ok(None) => return "the Service watch ended".to_string(),
-                Err(e) => return crate::seed::watches::failure(&e, "services"),
-            };
-            match event {
-                watcher::Event::Init => initial = Some(BTreeMap::new()),
+    let events_api = Api::<Event>::all(client.clone());
+    // Boxed: the task of every user cluster stays small while it waits.
+    let mut services: Watch<Service> =
+        watcher::watcher(Api::<Service>::all(client), watcher::Config::default()).boxed();
+    let mut events: Option<Watch<Event>> = None;
+    // During a (re)list: the Services listed so far, and those that wait, by uid.
+    let mut initial: Option<(BTreeMap<String, ServiceDemand>, HashMap<String, String>)> = None;
+    // `namespace/name` -> uid of every Service that waits.
+    let mut waiting: HashMap<String, String> = HashMap::new();
+    // Refusals naming a uid, seen before their Service waited: `namespace/name` -> uid. Each
+    // is settled by the next event of its Service (bounded like the cache's early refusals).
+    let mut early: HashMap<String, String> = HashMap::new();
+    let mut idle_since: Option<tokio::time::Instant> = None;
+    loop {
+        if !waiting.is_empty() {
+            idle_since = None;
+            if events.is_none() {
+                let config = watcher::Config::default().fields("reason=AllocationFailed");
+                events = Some(watcher::watcher(events_api.clone(), config).boxed());
+            }
+        } else if events.is_some() && idle_since.is_none() {
+            idle_since = Some(tokio::time::Instant::now());
+        }
+        let linger_end = idle_since.map(|at| at + EVENTS_LINGER);
+        let woke = tokio::select! {
+            e = services.next() => Woke::Service(e),
+            e = next_refusal(&mut events) => Woke::Refusal(e),
+            _ = tokio::time::sleep_until(linger_end.unwrap_or_else(tokio::time::Instant::now)),
+                if linger_end.is_some() => Woke::Linger,
+        };
+        match woke {
+            Woke::Linger => {
+                events = None;
+                idle_since = None;
+            }
+            Woke::Service(None) => return "the Service watch ended".to_string(),
+            Woke::Service(Some(Err(e))) => {
+                return crate::seed::watches::failure(&e, "services");
+            }
+            Woke::Service(Some(Ok(event))) => match event {
+                watcher::Event::Init => initial = Some(Default::default()),
                 watcher::Event::InitApply(s) => {
-                    if let (Some(map), Some(d)) = (initial.as_mut(), services::service_demand(&s)) {
+                    if let (Some((map, waits)), Some(d)) =
+                        (initial.as_mut(), services::service_demand(&s))
+                    {
+                        if d.waiting {
+                            waits.insert(service_key(&s), s.uid().unwrap_or_default());
+                        }
                         map.insert(service_key(&s), d);
                     }
                 }
                 watcher::Event::InitDone => {
-                    let map = initial.take().unwrap_or_default();
+                    let (map, waits) = initial.take().unwrap_or_default();
+                    waiting = waits;
                     ctx.demand.replace(cluster, map, now());
-                }
-                watcher::Event::Apply(s) => {
-                    ctx.demand.service(
-                        cluster,
-                        &service_key(&s),
-                        services::service_demand(&s),
-                        now(),
-                    );
-                }
-                watcher::Event::Delete(s) => {
-                    ctx.demand.service(cluster, &service_key(&s), None, now());
-                }
-            }
-        }
-    };
-    let ev = async {
-        let mut stream = std::pin::pin!(event_stream.boxed());
-        loop {
-            match stream.next().await {
-                Some(Ok(watcher::Event::Apply(e) | watcher::Event::InitApply(e))) => {
-                    let o = &e.involved_object;
-                    if o.kind.as_deref() == Some("Service")
-                        && let (Some(ns), Some(name)) = (&o.namespace, &o.name)
-                    {
-                        ctx.demand.refused(cluster, &format!("{ns}/{name}"));
+                    for (key, uid) in std::mem::take(&mut early) {
+                        if waiting.get(&key) == Some(&uid) {
+                            ctx.demand.refused(cluster, &key);
+                        }
                     }
                 }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => return crate::seed::watches::failure(&e, "events"),
-                None => return "the Event watch ended".to_string(),
+                watcher::Event::Apply(s) => {
+                    let key = service_key(&s);
+                    let demand = services::service_demand(&s);
+                    let uid = s.uid().unwrap_or_default();
+                    let refused = early.remove(&key).is_some_and(|r| r == uid);
+                    let waits = demand.as_ref().is_some_and(|d| d.waiting);
+                    if waits {
+                        waiting.insert(key.clone(), uid);
+                    } else {
+                        waiting.remove(&key);
+                    }
+                    ctx.demand.service(cluster, &key, demand, now());
+                    if waits && refused {
+                        ctx.demand.refused(cluster, &key);
+                    }
+                }
+                watcher::Event::Delete(s) => {
+                    let key = service_key(&s);
+                    waiting.remove(&key);
+                    early.remove(&key);
+                    ctx.demand.service(cluster, &key, None, now());
+                }
+            },
+            Woke::Refusal(None) => return "the Event watch ended".to_string(),
+            Woke::Refusal(Some(Err(e))) => return crate::seed::watches::failure(&e, "events"),
+            Woke::Refusal(Some(Ok(watcher::Event::Apply(e) | watcher::Event::InitApply(e)))) => {
+                let o = &e.involved_object;
+                if o.kind.as_deref() == Some("Service")
+                    && let (Some(ns), Some(name)) = (&o.namespace, &o.name)
+                {
+                    let key = format!("{ns}/{name}");
+                    match (
+                        waiting.get(&key),
+                        o.uid.as_deref().filter(|u| !u.is_empty()),
+                    ) {
+                        // Another uid: a refusal of an earlier Service of that name.
+                        (Some(waits), Some(uid)) if waits != uid => {}
+                        (Some(_), _) | (None, None) => ctx.demand.refused(cluster, &key),
+                        // Not waiting (yet): settled by its Service's next event.
+                        (None, Some(uid)) => {
+                            if early.len() < 10_000 {
+                                early.insert(key, uid.to_string());
+                            }
+                        }
+                    }
+                }
             }
+            Woke::Refusal(Some(Ok(_))) => {}
         }
-    };
-    tokio::select! {
-        why = svc => why,
-        why = ev => why,
     }
 }
 

@@ -374,6 +374,8 @@ async fn a_user_cluster_is_served_over_one_connection() {
         pool_entries(&user) == vec!["10.0.0.0-10.0.0.1".to_string()]
     })
     .await;
+    // A Service that waits (no MetalLB here): the demand reader watches refusals too.
+    service(&user, "waits");
     // The drift watches open once the first sync ended.
     seed.wait_for("the drift and demand watches open", WAIT, "ctl", |_| {
         let stats = user.stats();
@@ -416,6 +418,130 @@ async fn a_user_cluster_is_served_over_one_connection() {
         1,
         "connections opened in all for two syncs and {watches} watches"
     );
+}
+
+/// An `AllocationFailed` event as MetalLB writes it, naming the Service (and its uid when
+/// given).
+fn refusal(api: &ApiServer, event: &str, service: &str, uid: Option<&str>) {
+    let mut involved = json!({"apiVersion": "v1", "kind": "Service", "namespace": "default",
+        "name": service});
+    if let Some(uid) = uid {
+        involved["uid"] = json!(uid);
+    }
+    api.create(&json!({
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": event, "namespace": "default"},
+        "involvedObject": involved,
+        "reason": "AllocationFailed",
+        "type": "Warning",
+        "message": format!("Failed to allocate IP for \"default/{service}\": no available IPs"),
+        "source": {"component": "metallb-controller"},
+    }))
+    .expect("event created");
+}
+
+/// A LoadBalancer Service that MetalLB served with `ip` (set by hand: no MetalLB here).
+fn served(api: &ApiServer, name: &str, ip: &str) {
+    if api.get("services", Some("default"), name).is_none() {
+        service(api, name);
+    }
+    api.set_status(
+        "services",
+        Some("default"),
+        name,
+        json!({"loadBalancer": {"ingress": [{"ip": ip}]}}),
+    )
+    .expect("service status");
+}
+
+/// The demand reader watches `AllocationFailed` events only while a Service waits: a user
+/// cluster whose Services are all served costs one watch (its Services), not two. A refusal
+/// MetalLB made before that watch opened still counts (the watch's first list brings it),
+/// and one naming an earlier Service of the same name (another uid) does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_watched_only_while_a_service_waits() {
+    let seed = Seed::start("refusal-watch").await;
+    let user = user_cluster().await;
+    // The initial range (the pool's first two addresses) is in use before kipam looks.
+    served(&user, "u1", "10.0.0.0");
+    served(&user, "u2", "10.0.0.1");
+    let _ctl = seed.controller("ctl");
+    seed.apply(POOLS);
+    register(&seed, "g1", "dc-1", &user).await;
+    seed.wait_for("the Services watched", WAIT, "ctl", |s| {
+        s.condition("clusters", "g1", "GrowthDemandReadable")
+            .is_some_and(|c| c["status"] == "True")
+            && user.stats().count("watch", "services") > 0
+    })
+    .await;
+    seed.wait_for("the initial pool in the user cluster", WAIT, "ctl", |_| {
+        pool_entries(&user) == vec!["10.0.0.0-10.0.0.1".to_string()]
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stats = user.stats();
+    assert_eq!(
+        (
+            stats.count("list", "events"),
+            stats.count("watch", "events")
+        ),
+        (0, 0),
+        "events listed and watched while no Service waits\n{}",
+        seed.log("ctl")
+    );
+    assert_eq!(seed.held("g1", "metallb"), "10.0.0.0-10.0.0.1");
+
+    // MetalLB refused s1 before the demand reader saw it wait (no uid, as some versions write
+    // it): it counts at once, well before an unrefused Service would (after 10 s).
+    refusal(&user, "s1.1", "s1", None);
+    service(&user, "s1");
+    let created = Instant::now();
+    let one_growth = "10.0.0.0-10.0.0.1,10.0.0.2-10.0.0.3";
+    seed.wait_for("grown for the refused s1", WAIT, "ctl", |s| {
+        s.held("g1", "metallb") == one_growth
+    })
+    .await;
+    assert!(
+        created.elapsed() < Duration::from_secs(7),
+        "grown {:?} after s1 was made: its refusal was not counted",
+        created.elapsed()
+    );
+    assert!(user.stats().count("watch", "events") > 0);
+
+    // The grown addresses taken: s2's first refusal names another uid (an earlier Service of
+    // that name) and does not count; its own refusal, with its uid, does.
+    served(&user, "s1", "10.0.0.2");
+    served(&user, "u3", "10.0.0.3");
+    refusal(
+        &user,
+        "s2.0",
+        "s2",
+        Some("00000000-0000-0000-0000-00000000e1e1"),
+    );
+    service(&user, "s2");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        seed.held("g1", "metallb"),
+        one_growth,
+        "grown for s2 within 5 s: a refusal of another object counted\n{}",
+        seed.log("ctl")
+    );
+    let uid = user
+        .get("services", Some("default"), "s2")
+        .and_then(|s| s["metadata"]["uid"].as_str().map(str::to_string))
+        .expect("s2's uid");
+    refusal(&user, "s2.1", "s2", Some(&uid));
+    let refused = Instant::now();
+    seed.wait_for("grown for the refused s2", WAIT, "ctl", |s| {
+        s.held("g1", "metallb").split(',').count() == 3
+    })
+    .await;
+    assert!(
+        refused.elapsed() < Duration::from_secs(4),
+        "grown {:?} after s2's own refusal",
+        refused.elapsed()
+    );
+    seed.assert_no_overlap_no_leak();
 }
 
 /// Passes of one kind this controller ran (`kipam_reconcile_passes_by_kind_total`).
