@@ -290,30 +290,41 @@ async fn write_newcomers(
         now,
     };
     let planned = state.planned_on.clone();
-    let commits = entries_of(added)
-        .into_iter()
-        .map(|(key, entries)| commit_one(ctx, key, entries, &planned));
     let (committed, done) = tokio::join!(
-        async {
-            let mut out = Vec::new();
-            let mut results = futures::stream::iter(commits).buffer_unordered(limit);
-            while let Some((key, sent)) = results.next().await {
-                if sent.is_some() {
-                    landing.landed(key.clone());
-                } else {
-                    landing.refused(key.clone());
-                }
-                out.push((key, sent));
-            }
-            landing.over();
-            out
-        },
+        commit_landing(ctx, entries_of(added), &planned, limit, &landing),
         pipeline::run(&env, chains, 2 * limit),
     );
     landed(state, committed, outcome);
     outcome.writes += done.outcome.writes;
     outcome.again |= done.outcome.again;
     done
+}
+
+/// Commits `changes` to their pool records, `limit` at once, telling `landing` of each as it
+/// lands or is refused (the chains of the objects they fence wait on it); the writes each
+/// sent, or `None` where it did not land.
+pub(super) async fn commit_landing(
+    ctx: &Arc<Context>,
+    changes: BTreeMap<RecordKey, BTreeMap<String, Option<Reservation>>>,
+    planned: &records::PlannedOn,
+    limit: usize,
+    landing: &pipeline::Landing,
+) -> Vec<(RecordKey, Option<u64>)> {
+    let commits = changes
+        .into_iter()
+        .map(|(key, entries)| commit_one(ctx, key, entries, planned));
+    let mut out = Vec::new();
+    let mut results = futures::stream::iter(commits).buffer_unordered(limit);
+    while let Some((key, sent)) = results.next().await {
+        if sent.is_some() {
+            landing.landed(key.clone());
+        } else {
+            landing.refused(key.clone());
+        }
+        out.push((key, sent));
+    }
+    landing.over();
+    out
 }
 
 /// The record entries the newcomers' decisions add, by pool datacenter.
@@ -356,7 +367,7 @@ pub(super) fn landed(
 ///
 /// `planned`: the pools the plan the newcomers are served from was made on (the last full
 /// pass's).
-pub(super) async fn commit_one(
+async fn commit_one(
     ctx: &Arc<Context>,
     key: RecordKey,
     entries: BTreeMap<String, Option<Reservation>>,

@@ -17,7 +17,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use futures::StreamExt;
 use kube::runtime::reflector::ObjectRef;
 
 use super::*;
@@ -154,24 +153,8 @@ pub(super) async fn run(
             now: &now,
         };
         let planned = state.planned_on.clone();
-        let commits = changes
-            .into_iter()
-            .map(|(key, entries)| fast::commit_one(ctx, key, entries, &planned));
         let (committed, done) = tokio::join!(
-            async {
-                let mut out = Vec::new();
-                let mut results = futures::stream::iter(commits).buffer_unordered(limit);
-                while let Some((key, sent)) = results.next().await {
-                    if sent.is_some() {
-                        landing.landed(key.clone());
-                    } else {
-                        landing.refused(key.clone());
-                    }
-                    out.push((key, sent));
-                }
-                landing.over();
-                out
-            },
+            fast::commit_landing(ctx, changes, &planned, limit, &landing),
             pipeline::run(&env, chains, 2 * limit),
         );
         fast::landed(state, committed, &mut outcome);
