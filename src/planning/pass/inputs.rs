@@ -42,6 +42,8 @@ pub type HandMadeEntries = HashMap<RecordKey, Vec<(String, Reservation, Option<S
 /// How long after its admission a hand-made `IPAddress`'s entry is kept without its object
 /// being seen: the webhook commits before the object is stored, and the watch may lag.
 const HAND_MADE_GRACE: i64 = 60;
+/// Seconds until a hand-made `IPAddress` that could not be confirmed gone is asked about again.
+const HAND_MADE_RECHECK: i64 = 5;
 
 /// A reading and the `resourceVersion` it was made at.
 type Versioned<T> = (String, T);
@@ -698,6 +700,9 @@ async fn hand_made_entries(
                         Ok(Some(_)) => true,
                         Err(e) => {
                             tracing::warn!(pool = %key.0, datacenter = %key.1, entry = %entry, error = %crate::seed::preconditions::short(&e), "cannot confirm a hand-made IPAddress gone; its address stays held");
+                            // Asked again by a pass of its own: no other change may come.
+                            let again = now + HAND_MADE_RECHECK;
+                            due_at = Some(due_at.map_or(again, |d: i64| d.min(again)));
                             true
                         }
                     }
