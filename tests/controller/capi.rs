@@ -2010,3 +2010,66 @@ async fn editing_a_pool_network_keeps_ip_addresses_and_counts_the_old_ones() {
     );
     assert_eq!(settled(&seed).await, 2);
 }
+
+/// CI history seed 357714436: a hand-made `IPAddress`'s record entry whose object is gone stays
+/// held until a read confirms the object absent. When that read fails, the check is asked again
+/// on its own after a few seconds: nothing else may ever wake the planning loop (a wake with
+/// nothing changed plans nothing), and the address would stay unusable until the periodic
+/// resync, minutes later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_made_entry_whose_absence_could_not_be_read_is_checked_again_soon() {
+    let seed = capi_seed("capi-hand-made-recheck").await;
+    seed.apply(MACHINES_POOL);
+    let _ctl = seed.controller("ctl");
+    claim(&seed, "first", "machines");
+    wait_served(&seed, "ctl", NS, "first").await;
+    // A hand-made IPAddress with its record entry, as the webhook leaves them.
+    hand_made(&seed, "ghost", "ghost", "machines", "10.10.0.12", 24);
+    let shard = seed
+        .api
+        .list("ipampoolrecords", None)
+        .into_iter()
+        .find(|r| r["spec"]["pool"] == "machines" && r["spec"]["block"].is_string())
+        .expect("a shard of machines");
+    let name = shard["metadata"]["name"]
+        .as_str()
+        .expect("named")
+        .to_string();
+    const GHOST: &str = "ipaddress/machines/ghost@2020-01-01T00:00:00Z";
+    Api::<IPAMPoolRecord>::all(client(&seed).await)
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"reservations": {
+                GHOST: {"addresses": ["10.10.0.12-10.10.0.12"]}
+            }}})),
+        )
+        .await
+        .expect("entry written as kipam");
+    // kipam's next commit to the shard meets the entry (its write conflicts, it reads again).
+    claim(&seed, "second", "machines");
+    wait_served(&seed, "ctl", NS, "second").await;
+    assert!(record_entries(&seed, "machines", "dc-1").contains_key(GHOST));
+    // It is deleted, and the one read that asks whether it is gone fails.
+    seed.api.inject_failures("get", "ipaddresses", 1, 500);
+    seed.delete(ADDRESSES, Some(NS), "ghost");
+    seed.wait_for("the read failed", WAIT, "ctl", |s| {
+        s.api.pending_failures() == 0
+    })
+    .await;
+    assert!(
+        record_entries(&seed, "machines", "dc-1").contains_key(GHOST),
+        "released without a read confirming the object gone"
+    );
+    // Nothing else happens in the seed: only the check's own timer can release it.
+    seed.wait_for("the ghost's entry released", WAIT, "ctl", |s| {
+        !record_entries(s, "machines", "dc-1").contains_key(GHOST)
+    })
+    .await;
+    assert!(
+        seed.log("ctl")
+            .contains("cannot confirm a hand-made IPAddress gone"),
+        "the failed read is logged"
+    );
+    assert_eq!(settled(&seed).await, 2);
+}
