@@ -237,6 +237,27 @@ struct Controller {
 
 impl Drop for Controller {
     fn drop(&mut self) {
+        // Under `KIPAM_BENCH_WRAP` the child is the wrapper: the controller it started would
+        // outlive it, still working through the next phases, so it is stopped first and the
+        // wrapper given time to write what it recorded.
+        if std::env::var_os("KIPAM_BENCH_WRAP").is_some() {
+            let pid = self.child.id();
+            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .unwrap_or_default();
+            for child in children.split_whitespace() {
+                let comm = std::fs::read_to_string(format!("/proc/{child}/comm"));
+                if let (Ok(child), Ok("kipam")) =
+                    (child.parse::<i32>(), comm.as_deref().map(str::trim))
+                {
+                    // SAFETY: a plain syscall on a process this bench's child started.
+                    unsafe { libc::kill(child, libc::SIGTERM) };
+                }
+            }
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
