@@ -148,6 +148,7 @@ impl PoolAllocator {
                 }
                 if missing > 0 {
                     match self.take_addresses(owner, missing) {
+                        Ok(rest) if pieces.is_empty() => pieces = rest,
                         Ok(rest) => pieces.extend(rest),
                         Err(e) => {
                             for p in &pieces {

@@ -544,7 +544,12 @@ impl PoolAllocator {
     }
 
     /// Stores a new allocation whose addresses were already removed from the free space.
-    fn record(&mut self, owner: &str, allocation: Allocation) -> &Allocation {
+    fn record(&mut self, owner: &str, mut allocation: Allocation) -> &Allocation {
+        // Kept for as long as the allocation lives: no spare capacity (a `Vec` grown by one
+        // piece holds room for four).
+        if let Allocation::Range(pieces) = &mut allocation {
+            pieces.shrink_to_fit();
+        }
         let key: Arc<str> = Arc::from(owner);
         for piece in allocation.ranges() {
             self.taken
