@@ -19,9 +19,14 @@
 //!   silent, failing every stream on it, so the watches restart and syncs fail instead of
 //!   hanging.
 //! - No hidden retries: the rooms decide what to retry, with their own backoff.
+//! - One connection from the first contact: a user cluster's client is built and its first
+//!   request answered once, whichever rooms ask for it at the same moment (the others wait for
+//!   that one and share it), and at most [`PRIMING`] first contacts are in flight at once, so
+//!   a burst of thousands of new user clusters does not have their handshakes outrun their
+//!   timeouts and their rooms open a second connection each.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hyper_util::client::legacy::Client as HyperClient;
@@ -37,8 +42,8 @@ use tower::timeout::TimeoutLayer;
 /// ping 15 s).
 const PING_INTERVAL: Duration = Duration::from_secs(30);
 const PING_TIMEOUT: Duration = Duration::from_secs(15);
-/// How long a new client's first request is waited for before the client is shared anyway.
-const PRIME_WAIT: Duration = Duration::from_secs(2);
+/// How many new clients may make their first request at once.
+const PRIMING: usize = 32;
 /// An HTTP/1.1 connection left without requests is closed after this long.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -102,9 +107,23 @@ pub fn client(config: &Config, timeout: Duration) -> Result<Client, String> {
 }
 
 /// The shared clients, one per user cluster (by Cluster name).
-#[derive(Default)]
 pub struct Tenants {
     clients: Mutex<HashMap<String, (String, Client)>>,
+    /// One gate per user cluster whose client is being built: the rooms asking meanwhile
+    /// wait for it instead of building one of their own.
+    building: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Bounds the first requests in flight ([`PRIMING`]).
+    priming: tokio::sync::Semaphore,
+}
+
+impl Default for Tenants {
+    fn default() -> Self {
+        Tenants {
+            clients: Mutex::default(),
+            building: Mutex::default(),
+            priming: tokio::sync::Semaphore::new(PRIMING),
+        }
+    }
 }
 
 impl Tenants {
@@ -113,11 +132,17 @@ impl Tenants {
         self.clients.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn gate(&self, cluster: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut building = self.building.lock().unwrap_or_else(|e| e.into_inner());
+        building.entry(cluster.to_string()).or_default().clone()
+    }
+
     /// The client of `cluster` for the kubeconfig `source`; `build` makes one when there is
-    /// none yet or the kubeconfig changed. A new client sends one request (`/version`, waited
-    /// for at most [`PRIME_WAIT`]) before it is shared, so the connection is up and HTTP/2
-    /// agreed when the requests a sync sends at once arrive; otherwise each of them opens a
-    /// connection of its own, and watches started on those keep them open.
+    /// none yet or the kubeconfig changed. A new client sends one request (`/version`) and
+    /// waits for its answer (bounded by the client's own timeouts) before it is shared, so the
+    /// connection is up and HTTP/2 agreed when the requests a sync sends at once arrive;
+    /// otherwise each of them opens a connection of its own, and watches started on those
+    /// keep them open. Rooms asking for the same cluster meanwhile wait and share it.
     pub async fn client(
         &self,
         cluster: &str,
@@ -127,20 +152,39 @@ impl Tenants {
         if let Some(client) = self.cached(cluster, source) {
             return Ok(client);
         }
+        let gate = self.gate(cluster);
+        let built = {
+            let _building = gate.lock().await;
+            match self.cached(cluster, source) {
+                // Built by the room that held the gate.
+                Some(client) => Ok(client),
+                None => self.build(cluster, source, build).await,
+            }
+        };
+        let mut building = self.building.lock().unwrap_or_else(|e| e.into_inner());
+        // The map's and this one: nobody else waits on it.
+        if Arc::strong_count(&gate) == 2 {
+            building.remove(cluster);
+        }
+        built
+    }
+
+    async fn build(
+        &self,
+        cluster: &str,
+        source: &str,
+        build: impl FnOnce() -> Result<Client, String>,
+    ) -> Result<Client, String> {
         // Built outside the lock (TLS setup reads certificates).
         let client = build()?;
-        // Its answer does not matter: an unreachable cluster is said by the request that
-        // needed it, with its reason.
-        let _ = tokio::time::timeout(PRIME_WAIT, client.apiserver_version()).await;
-        // Two rooms racing here: the first one shared wins, the other's is dropped.
-        let mut clients = self.lock();
-        match clients.get(cluster) {
-            Some((known, shared)) if known == source => Ok(shared.clone()),
-            _ => {
-                clients.insert(cluster.to_string(), (source.to_string(), client.clone()));
-                Ok(client)
-            }
+        {
+            // Never closed: a permit always comes.
+            let _permit = self.priming.acquire().await;
+            // Its answer does not matter: an unreachable cluster is said by the request that
+            // needed it, with its reason.
+            let _ = client.apiserver_version().await;
         }
+        Ok(self.share(cluster, source, client))
     }
 
     /// Shares `client`, already built for `source`, unless one is shared for it already.

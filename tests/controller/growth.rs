@@ -420,6 +420,44 @@ async fn a_user_cluster_is_served_over_one_connection() {
     );
 }
 
+/// Issue 39, item 4: a user cluster slow to answer its first contact (a server handshaking
+/// with thousands of new clients at once) still gets one connection. The rooms that ask for its
+/// client meanwhile (the applier's sync, the demand reader) wait for the one first request
+/// instead of opening connections of their own, which their watches would then keep open.
+/// (Before, a client was shared after 2 s whether or not its connection was up.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_cluster_slow_to_handshake_still_gets_one_connection() {
+    let seed = Seed::start("slow-handshake").await;
+    let user = prepare(
+        ApiServer::start_tls()
+            .await
+            .expect("user cluster starts over TLS"),
+    );
+    let connections = user
+        .connections()
+        .expect("a TLS stand-in counts connections");
+    connections.delay_handshakes(Duration::from_secs(3));
+    let _ctl = seed.controller("ctl");
+    seed.apply(POOLS);
+    register(&seed, "g1", "dc-1", &user).await;
+    seed.wait_for("the pool in the user cluster", WAIT, "ctl", |_| {
+        pool_entries(&user) == vec!["10.0.0.0-10.0.0.1".to_string()]
+    })
+    .await;
+    seed.wait_for("the drift and demand watches open", WAIT, "ctl", |_| {
+        let stats = user.stats();
+        stats.count("watch", "ipaddresspools") > 0 && stats.count("watch", "services") > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        (connections.open(), connections.total()),
+        (1, 1),
+        "connections to the user cluster (open, opened in all)\n{}",
+        seed.log("ctl")
+    );
+}
+
 /// An `AllocationFailed` event as MetalLB writes it, naming the Service (and its uid when
 /// given).
 fn refusal(api: &ApiServer, event: &str, service: &str, uid: Option<&str>) {

@@ -70,9 +70,18 @@ pub fn ca_pem() -> Result<String, String> {
 pub struct Connections {
     open: AtomicU64,
     total: AtomicU64,
+    /// How long each TLS handshake waits before it starts, in milliseconds.
+    handshake_delay_ms: AtomicU64,
 }
 
 impl Connections {
+    /// Makes every new connection wait `delay` before its TLS handshake, as a server busy with
+    /// thousands of new clients does.
+    pub fn delay_handshakes(&self, delay: std::time::Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.handshake_delay_ms.store(ms, Ordering::SeqCst);
+    }
+
     pub fn open(&self) -> u64 {
         self.open.load(Ordering::SeqCst)
     }
@@ -128,6 +137,10 @@ pub(crate) async fn serve(
         let connections = connections.clone();
         let mut shutdown = shutdown.clone();
         tokio::spawn(async move {
+            let delay = connections.handshake_delay_ms.load(Ordering::SeqCst);
+            if delay > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+            }
             let Ok(tls) = acceptor.accept(tcp).await else {
                 return;
             };
