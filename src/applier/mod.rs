@@ -78,6 +78,8 @@ struct Tenant {
     slot: Option<ClientSlot>,
     /// The `AddonsReady` condition last written, to notice it being overwritten.
     addons_ready: Option<(bool, String, String)>,
+    /// The failure last said in the log ([`SyncReport::said`]).
+    said: Option<String>,
 }
 
 /// The applier's own caches. Allocations are not among them: they come from the ledger.
@@ -299,6 +301,7 @@ fn forget(tenant: &mut Tenant) {
     tenant.synced_at = None;
     tenant.slot = None;
     tenant.addons_ready = None;
+    tenant.said = None;
 }
 
 fn finish(
@@ -328,6 +331,7 @@ fn finish(
         forget(tenant);
         return;
     }
+    tenant.said = report.said;
     if report.addons_ready.is_some() {
         tenant.addons_ready = report.addons_ready;
     }
@@ -435,6 +439,7 @@ fn round(
             drift.sync_started(&cluster_name);
             let slot = tenant.slot.take().flatten();
             let written = tenant.addons_ready.clone();
+            let said = tenant.said.clone();
             let ctx = ctx.clone();
             let metrics = metrics.clone();
             let caches = caches.clone();
@@ -449,8 +454,9 @@ fn round(
                     Ok(_permit) => {
                         // The inputs are read now, not when the sync was queued: a queue of
                         // syncs on stale inputs would be wasted work.
-                        let (input, now_fingerprint) =
+                        let (mut input, now_fingerprint) =
                             snapshot(&ctx, &caches, &cluster_name, written.as_ref()).await;
+                        input.said = said;
                         synced = now_fingerprint;
                         metrics.addon_syncs_in_flight.inc();
                         let started = Instant::now();
@@ -467,6 +473,7 @@ fn round(
                     Err(_) => SyncReport {
                         settled: false,
                         addons_ready: None,
+                        said: None,
                     },
                 };
                 let _ = done_tx.send((cluster_name, synced, report, slot));
@@ -594,6 +601,7 @@ async fn snapshot(
             allocations,
             secret,
             pools,
+            said: None,
         },
         fingerprint,
     )

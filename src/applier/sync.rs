@@ -34,6 +34,9 @@ pub struct TenantInput {
     pub secret: Option<Arc<Secret>>,
     /// The pools of those allocations, for their networks.
     pub pools: Vec<Arc<crate::resources::IPAMPool>>,
+    /// The failure this replica last said in its log for the cluster (see
+    /// [`SyncReport::said`]).
+    pub said: Option<String>,
 }
 
 /// A user cluster's parsed configuration and what discovery found there, kept between syncs
@@ -84,6 +87,9 @@ pub struct SyncReport {
     pub settled: bool,
     /// The `AddonsReady` condition written, `(status, reason, message)`.
     pub addons_ready: Option<(bool, String, String)>,
+    /// A failure only a change mends, said once in the log: kept so that a sync run again
+    /// before the Addons' statuses showing it reach the cache does not say it again.
+    pub said: Option<String>,
 }
 
 /// What the caller keeps per user cluster across syncs.
@@ -197,7 +203,9 @@ pub async fn sync_tenant(
             // cluster again at once (so does the periodic resync). Retrying meanwhile would
             // only delay that sync behind a grown backoff, and say the same thing again: one
             // line when the failure is news.
-            if every_addon_reports(&rendered, &failure) {
+            if input.said.as_deref() == Some(failure.message.as_str())
+                || every_addon_reports(&rendered, &failure)
+            {
                 tracing::debug!(
                     cluster = %input.cluster_name,
                     reason = failure.reason.as_str(),
@@ -234,6 +242,7 @@ pub async fn sync_tenant(
             return SyncReport {
                 settled: written,
                 addons_ready: Some(ready),
+                said: Some(failure.message),
             };
         }
     };
@@ -241,6 +250,7 @@ pub async fn sync_tenant(
         return SyncReport {
             settled: false,
             addons_ready: None,
+            said: None,
         };
     };
 
@@ -251,6 +261,7 @@ pub async fn sync_tenant(
             return SyncReport {
                 settled: false,
                 addons_ready: None,
+                said: None,
             };
         }
         let cached = addon.status.clone().unwrap_or_default();
@@ -335,6 +346,7 @@ pub async fn sync_tenant(
             return SyncReport {
                 settled: false,
                 addons_ready: None,
+                said: None,
             };
         }
         let cached = addon.status.clone().unwrap_or_default();
@@ -403,6 +415,7 @@ pub async fn sync_tenant(
     SyncReport {
         settled: settled && written,
         addons_ready: Some(ready),
+        said: None,
     }
 }
 
@@ -432,6 +445,7 @@ async fn release_addons(ctx: &Context, input: &TenantInput) -> SyncReport {
         return SyncReport {
             settled,
             addons_ready: None,
+            said: None,
         };
     }
     if input.cluster.is_none()
@@ -450,6 +464,7 @@ async fn release_addons(ctx: &Context, input: &TenantInput) -> SyncReport {
                 return SyncReport {
                     settled: false,
                     addons_ready: None,
+                    said: None,
                 };
             }
         }
@@ -463,6 +478,7 @@ async fn release_addons(ctx: &Context, input: &TenantInput) -> SyncReport {
     SyncReport {
         settled,
         addons_ready: None,
+        said: None,
     }
 }
 
