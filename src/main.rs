@@ -434,40 +434,25 @@ fn main() -> ExitCode {
     }
 }
 
-/// Two settings of glibc's allocator, each left to the environment when set there; builds on
-/// other C libraries (the static musl image) are not affected.
-///
-/// - **Two arenas** (`MALLOC_ARENA_MAX`). glibc gives each thread that allocates at once an
-///   arena of its own, up to eight per core, and memory freed in one arena is not reused by
-///   another. The controller plans on blocking threads while the runtime's workers decode
-///   watch events, so at 100,000 allocations the spread arenas added about 35 MiB of resident
-///   memory that no object used. Two keep that in check at no measurable cost in speed.
-/// - **Big blocks mapped on their own from 256 KiB** (`MALLOC_MMAP_THRESHOLD_`). A pass's
-///   lists of every allocation and a big list response get pages of their own, given back
-///   when freed. Left to itself, glibc raises this threshold to the size of the largest block
-///   freed (up to 32 MiB), so later big buffers come from the heap, which keeps their space
-///   once they are freed: at 100,000 allocations about 20 MiB more at the peak.
-fn tune_malloc() {
+/// glibc's allocator gives each thread that allocates at once an arena of its own, up to eight
+/// per core, and memory freed in one arena is not reused by another. The controller plans on
+/// blocking threads while the runtime's workers decode watch events, so at 100,000 allocations
+/// the spread arenas added about 35 MiB of resident memory that no object used. Two arenas
+/// keep that in check at no measurable cost in speed. `MALLOC_ARENA_MAX` in the environment
+/// still decides when it is set; builds on other C libraries (the static musl image) are not
+/// affected.
+fn limit_malloc_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        const MMAP_THRESHOLD: libc::c_int = 256 * 1024;
-        if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
-            // SAFETY: called before any other thread exists; mallopt only sets a tuning value.
-            unsafe {
-                libc::mallopt(libc::M_ARENA_MAX, 2);
-            }
-        }
-        if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
-            // SAFETY: as above.
-            unsafe {
-                libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
-            }
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: called before any other thread exists; mallopt only sets a tuning value.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 2);
         }
     }
 }
 
 fn run_controller(args: ControllerArgs) -> ExitCode {
-    tune_malloc();
+    limit_malloc_arenas();
     let log_format = args.log_format;
     init_logging(log_format);
     if args.renew_deadline >= args.lease_duration || args.retry_period >= args.renew_deadline {
