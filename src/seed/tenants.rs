@@ -44,6 +44,13 @@ const PING_INTERVAL: Duration = Duration::from_secs(30);
 const PING_TIMEOUT: Duration = Duration::from_secs(15);
 /// How many new clients may make their first request at once.
 const PRIMING: usize = 32;
+/// The waits after a first request that did not reach the server, before it is tried again;
+/// after the last, the client is shared anyway.
+const PRIME_RETRIES: [Duration; 3] = [
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+    Duration::ZERO,
+];
 /// An HTTP/1.1 connection left without requests is closed after this long.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -180,9 +187,17 @@ impl Tenants {
         {
             // Never closed: a permit always comes.
             let _permit = self.priming.acquire().await;
-            // Its answer does not matter: an unreachable cluster is said by the request that
-            // needed it, with its reason.
-            let _ = client.apiserver_version().await;
+            // Its answer does not matter beyond the connection: an unreachable cluster is said
+            // by the request that needed it, with its reason. A first contact that did not
+            // reach the server is tried again a little later (a server busy with thousands of
+            // handshakes, a moment out of sockets): shared without a connection, the client
+            // would have the requests a sync sends at once each open one of their own.
+            for wait in PRIME_RETRIES {
+                match client.apiserver_version().await {
+                    Ok(_) | Err(kube::Error::Api(_)) => break,
+                    Err(_) => tokio::time::sleep(wait).await,
+                }
+            }
         }
         Ok(self.share(cluster, source, client))
     }
