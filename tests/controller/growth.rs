@@ -346,13 +346,9 @@ async fn an_unreachable_user_cluster_is_said_and_grows_nothing() {
     assert_eq!(seed.held("d1", "metallb"), "10.0.0.0-10.0.0.1");
 }
 
-/// Every room that talks to a user cluster — the applier's syncs and drift watches, the demand
-/// reader's Service and Event watches — shares one connection to it, over HTTP/2 as a real
-/// API server offers it through ALPN. (Over HTTP/1.1 every watch held a socket of its own:
-/// four per user cluster, plus a new connection for every sync.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_user_cluster_is_served_over_one_connection() {
-    let seed = Seed::start("one-connection").await;
+/// A user cluster served over TLS (ALPN offering h2 and http/1.1, as a real API server), with
+/// the count of the connections it accepted.
+async fn tls_user_cluster() -> (ApiServer, std::sync::Arc<kube_standin::Connections>) {
     let user = prepare(
         ApiServer::start_tls()
             .await
@@ -361,6 +357,17 @@ async fn a_user_cluster_is_served_over_one_connection() {
     let connections = user
         .connections()
         .expect("a TLS stand-in counts connections");
+    (user, connections)
+}
+
+/// Every room that talks to a user cluster — the applier's syncs and drift watches, the demand
+/// reader's Service and Event watches — shares one connection to it, over HTTP/2 as a real
+/// API server offers it through ALPN. (Over HTTP/1.1 every watch held a socket of its own:
+/// four per user cluster, plus a new connection for every sync.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_cluster_is_served_over_one_connection() {
+    let seed = Seed::start("one-connection").await;
+    let (user, connections) = tls_user_cluster().await;
     let _ctl = seed.controller("ctl");
     seed.apply(POOLS);
     register(&seed, "g1", "dc-1", &user).await;
@@ -428,14 +435,7 @@ async fn a_user_cluster_is_served_over_one_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_cluster_slow_to_handshake_still_gets_one_connection() {
     let seed = Seed::start("slow-handshake").await;
-    let user = prepare(
-        ApiServer::start_tls()
-            .await
-            .expect("user cluster starts over TLS"),
-    );
-    let connections = user
-        .connections()
-        .expect("a TLS stand-in counts connections");
+    let (user, connections) = tls_user_cluster().await;
     connections.delay_handshakes(Duration::from_secs(3));
     let _ctl = seed.controller("ctl");
     seed.apply(POOLS);
