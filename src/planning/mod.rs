@@ -120,6 +120,8 @@ async fn planning_loop(
         state.metrics.passes.inc();
         let guard = ctx.pass_lock.lock().await;
         forget_deleted_shards(&ctx, &mut state).await;
+        // The shards the watch has caught up with are kept once, not twice.
+        ctx.records.lock().await.share(&ctx.record_view.store);
         let result = pass::run(&ctx, term, &mut state).await;
         drop(guard);
         if started.elapsed() >= TRIM_AFTER {

@@ -1161,7 +1161,7 @@ mod tests {
     }
 
     fn exact(records: &Records) -> usize {
-        json_size(&shard(records).record)
+        json_size(&*shard(records).record)
     }
 
     /// Prepares `changes` and lands them as the server would, with version `next`.
@@ -1452,15 +1452,17 @@ mod tests {
     #[test]
     fn a_shard_stamped_with_newer_pools_is_refused_to_an_older_view() {
         let mut records = held(BTreeMap::from([("a".to_string(), range(0))]));
-        records
-            .map
-            .get_mut(&key())
-            .unwrap()
-            .get_mut(NAME)
-            .unwrap()
-            .record
-            .spec
-            .pools_seen = Some(40);
+        Arc::make_mut(
+            &mut records
+                .map
+                .get_mut(&key())
+                .unwrap()
+                .get_mut(NAME)
+                .unwrap()
+                .record,
+        )
+        .spec
+        .pools_seen = Some(40);
         let add = || Changes::from([("b".to_string(), Some(range(4)))]);
         let pool = pool("u1");
         assert!(matches!(

@@ -6,11 +6,21 @@
 //! [`Records::versions`] and [`Records::joined`] records; only the planning loop's commit
 //! (`crate::planning::records`) changes it, through the crate-internal methods here, with
 //! exactly what the API server answered.
+//!
+//! Every replica also watches the records ([`crate::seed::watches::RecordView`]) for the
+//! webhook and the page, so on the leader each shard would be held twice. The copy therefore
+//! holds its shards behind an `Arc`, and [`Records::share`] swaps a shard for the watch's object
+//! when that is the very version it holds (the same uid and `resourceVersion`: the same state of
+//! the same object at the server). Its content does not change by that, only where it lives: a
+//! commit that changes a shared shard writes into a copy of its own
+//! ([`Arc::make_mut`]), and the watch's object stays as the watch left it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
 use serde::Serialize;
 
 use crate::address::Cidr;
@@ -43,7 +53,8 @@ pub struct Records {
 /// up to date with every change so the size guard needs no serialisation of the whole shard.
 #[derive(Debug)]
 pub(crate) struct Held {
-    pub(crate) record: IPAMPoolRecord,
+    /// The shard, shared with the record watch's cache while both hold the same version.
+    pub(crate) record: Arc<IPAMPoolRecord>,
     pub(crate) entry_bytes: usize,
     /// `spec.block`, parsed (`None`: a record written before sharding, or a block that does
     /// not parse).
@@ -51,7 +62,10 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    pub(crate) fn new(record: IPAMPoolRecord) -> Held {
+    pub(crate) fn new(mut record: IPAMPoolRecord) -> Held {
+        // What a real API server answers carries `managedFields`, which list every entry once
+        // more; nothing here reads them.
+        record.metadata.managed_fields = None;
         let entry_bytes = record
             .spec
             .reservations
@@ -60,7 +74,7 @@ impl Held {
             .sum();
         let block = record.spec.block.as_deref().and_then(|b| b.parse().ok());
         Held {
-            record,
+            record: Arc::new(record),
             entry_bytes,
             block,
         }
@@ -190,8 +204,9 @@ impl Records {
             .any(|h| h.record.spec.reservations.contains_key(cluster))
     }
 
-    pub(crate) fn put(&mut self, r: IPAMPoolRecord) {
+    pub(crate) fn put(&mut self, mut r: IPAMPoolRecord) {
         if r.spec.block_length.is_some() {
+            r.metadata.managed_fields = None;
             self.layouts.insert(key_of(&r), r);
             return;
         }
@@ -258,7 +273,8 @@ impl Records {
             }
             Some(_) => {}
         }
-        let entries = &mut held.record.spec.reservations;
+        let record = Arc::make_mut(&mut held.record);
+        let entries = &mut record.spec.reservations;
         for (cluster, new) in changes {
             match new {
                 Some(r) => {
@@ -271,11 +287,44 @@ impl Records {
         }
         held.entry_bytes = entry_bytes;
         if stamp.is_some() {
-            held.record.spec.pools_seen = stamp;
+            record.spec.pools_seen = stamp;
         }
-        held.record.metadata = metadata;
+        record.metadata = without_managed_fields(metadata);
         Patched::Applied
     }
+
+    /// Holds the record watch's object instead of this copy's own for every shard at which
+    /// `view` shows the same version (same uid and `resourceVersion`) as held here, so that the
+    /// leader keeps each settled shard once. Returns how many shards it swapped.
+    pub fn share(&mut self, view: &Store<IPAMPoolRecord>) -> usize {
+        let mut swapped = 0;
+        for held in self.map.values_mut().flat_map(|s| s.values_mut()) {
+            // Held elsewhere already (by the watch's cache, as a rule).
+            if Arc::strong_count(&held.record) > 1 {
+                continue;
+            }
+            let Some(name) = held.record.metadata.name.as_deref() else {
+                continue;
+            };
+            let Some(seen) = view.get(&ObjectRef::new(name)) else {
+                continue;
+            };
+            let (m, mine) = (&seen.metadata, &held.record.metadata);
+            if m.uid == mine.uid
+                && m.resource_version == mine.resource_version
+                && m.resource_version.as_deref().is_some_and(|v| !v.is_empty())
+            {
+                held.record = seen;
+                swapped += 1;
+            }
+        }
+        swapped
+    }
+}
+
+fn without_managed_fields(mut metadata: ObjectMeta) -> ObjectMeta {
+    metadata.managed_fields = None;
+    metadata
 }
 
 impl Records {
@@ -302,11 +351,12 @@ impl Records {
             Some(v) if v == version => return Patched::Diverged,
             Some(_) => {}
         }
-        held.record.spec.fence = Some(fence);
+        let record = Arc::make_mut(&mut held.record);
+        record.spec.fence = Some(fence);
         if stamp.is_some() {
-            held.record.spec.pools_seen = stamp;
+            record.spec.pools_seen = stamp;
         }
-        held.record.metadata = metadata;
+        record.metadata = without_managed_fields(metadata);
         Patched::Applied
     }
 }
@@ -372,4 +422,125 @@ pub(crate) fn record_size(
     };
     // The shell holds `{}`; the entries go inside, separated by commas.
     json_size(&shell) + entry_bytes + count.saturating_sub(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+    use kube::runtime::reflector;
+    use kube::runtime::watcher::Event;
+
+    use super::*;
+
+    const NAME: &str = "p-0";
+
+    fn key() -> RecordKey {
+        ("p".into(), "dc-1".into())
+    }
+
+    fn entry(i: u8) -> Reservation {
+        Reservation {
+            cidr: None,
+            addresses: vec![format!("10.0.0.{i}-10.0.0.{i}")],
+        }
+    }
+
+    fn shard(uid: &str, version: &str, clusters: &[(&str, u8)]) -> IPAMPoolRecord {
+        IPAMPoolRecord {
+            metadata: ObjectMeta {
+                name: Some(NAME.into()),
+                uid: Some(uid.into()),
+                resource_version: Some(version.into()),
+                ..Default::default()
+            },
+            spec: IPAMPoolRecordSpec {
+                pool: "p".into(),
+                datacenter: "dc-1".into(),
+                block: Some("10.0.0.0/24".into()),
+                reservations: clusters
+                    .iter()
+                    .map(|(c, i)| (c.to_string(), entry(*i)))
+                    .collect(),
+                ..Default::default()
+            },
+        }
+    }
+
+    fn held(records: &Records) -> &Arc<IPAMPoolRecord> {
+        &records.map[&key()][NAME].record
+    }
+
+    /// A shard the watch shows at the version the leader holds is kept once: the leader then
+    /// holds the watch's object. A commit still changes only the leader's copy, and a version
+    /// the watch has not reached yet, or another object by the same name, is not shared.
+    #[test]
+    fn a_shard_the_watch_shows_at_the_same_version_is_held_once() {
+        let (store, mut writer) = reflector::store::<IPAMPoolRecord>();
+        let mut records = Records::default();
+        records.reset(vec![shard("u1", "5", &[("a", 1)])]);
+
+        // The watch has not seen the shard yet: nothing to share.
+        assert_eq!(records.share(&store), 0);
+        // The same name under another uid (deleted and created again) is another object.
+        writer.apply_watcher_event(&Event::Apply(shard("u2", "5", &[("a", 1)])));
+        assert_eq!(records.share(&store), 0);
+
+        writer.apply_watcher_event(&Event::Apply(shard("u1", "5", &[("a", 1)])));
+        assert_eq!(records.share(&store), 1);
+        let seen = store
+            .get(&ObjectRef::new(NAME))
+            .expect("in the watch's cache");
+        assert!(Arc::ptr_eq(held(&records), &seen), "one object, not two");
+        assert_eq!(records.share(&store), 0, "already shared");
+
+        // A commit adds `b`: the leader's copy changes, the watch's object does not.
+        let changes = Changes::from([("b".to_string(), Some(entry(2)))]);
+        let bytes = entry_size("a", &entry(1)) + entry_size("b", &entry(2));
+        let answer = ObjectMeta {
+            name: Some(NAME.into()),
+            uid: Some("u1".into()),
+            resource_version: Some("6".into()),
+            ..Default::default()
+        };
+        assert!(matches!(
+            records.patched(&key(), NAME, "5", changes, bytes, None, answer),
+            Patched::Applied
+        ));
+        assert_eq!(
+            serde_json::to_value(&**held(&records)).unwrap(),
+            serde_json::to_value(shard("u1", "6", &[("a", 1), ("b", 2)])).unwrap()
+        );
+        assert_eq!(
+            serde_json::to_value(&*seen).unwrap(),
+            serde_json::to_value(shard("u1", "5", &[("a", 1)])).unwrap()
+        );
+        // The watch is one version behind: the leader keeps its own.
+        assert_eq!(records.share(&store), 0);
+        writer.apply_watcher_event(&Event::Apply(shard("u1", "6", &[("a", 1), ("b", 2)])));
+        assert_eq!(records.share(&store), 1);
+    }
+
+    /// What a real API server answers carries `managedFields`; the copy does not keep them.
+    #[test]
+    fn the_copy_keeps_no_managed_fields() {
+        let mut with_fields = shard("u1", "5", &[("a", 1)]);
+        with_fields.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some("kipam".into()),
+            ..Default::default()
+        }]);
+        let mut records = Records::default();
+        records.put(with_fields);
+        assert_eq!(held(&records).metadata.managed_fields, None);
+        let answer = ObjectMeta {
+            resource_version: Some("6".into()),
+            managed_fields: Some(vec![ManagedFieldsEntry::default()]),
+            ..held(&records).metadata.clone()
+        };
+        assert!(matches!(
+            records.fenced(&key(), NAME, "5", 3, None, answer),
+            Patched::Applied
+        ));
+        assert_eq!(held(&records).metadata.managed_fields, None);
+        assert_eq!(held(&records).spec.fence, Some(3));
+    }
 }
