@@ -148,15 +148,17 @@ impl Context {
         use kube::api::{Api, ListParams};
         // RBAC: src/rbac.rs (secrets list).
         let api: Api<Secret> = Api::namespaced(self.writer.clone(), namespace);
+        let turn = self.tenants.secret_read().await;
         let list = api
             .list(&ListParams::default().fields(&format!("metadata.name={name}")))
-            .await
-            .map_err(|e| {
-                format!(
-                    "cannot read the kubeconfig Secret {namespace}/{name}: {}",
-                    preconditions::short(&e)
-                )
-            })?;
+            .await;
+        drop(turn);
+        let list = list.map_err(|e| {
+            format!(
+                "cannot read the kubeconfig Secret {namespace}/{name}: {}",
+                preconditions::short(&e)
+            )
+        })?;
         let secret = list
             .items
             .into_iter()

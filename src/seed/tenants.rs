@@ -19,6 +19,8 @@
 //!   silent, failing every stream on it, so the watches restart and syncs fail instead of
 //!   hanging.
 //! - No hidden retries: the rooms decide what to retry, with their own backoff.
+//! - At most [`SECRET_READS`] kubeconfig Secrets are read from the seed at once, whatever the
+//!   number of user clusters asked for at the same moment.
 //! - One connection from the first contact: a user cluster's client is built and its first
 //!   request answered once, whichever rooms ask for it at the same moment (the others wait for
 //!   that one and share it), and at most [`PRIMING`] first contacts are in flight at once, so
@@ -44,6 +46,8 @@ const PING_INTERVAL: Duration = Duration::from_secs(30);
 const PING_TIMEOUT: Duration = Duration::from_secs(15);
 /// How many new clients may make their first request at once.
 const PRIMING: usize = 32;
+/// How many kubeconfig Secrets may be read from the seed at once ([`Tenants::secret_read`]).
+const SECRET_READS: usize = 16;
 /// The waits after a first request that did not reach the server, before it is tried again;
 /// after the last, the client is shared anyway.
 const PRIME_RETRIES: [Duration; 3] = [
@@ -121,6 +125,8 @@ pub struct Tenants {
     building: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Bounds the first requests in flight ([`PRIMING`]).
     priming: tokio::sync::Semaphore,
+    /// Bounds the reads of kubeconfig Secrets from the seed ([`SECRET_READS`]).
+    secret_reads: tokio::sync::Semaphore,
 }
 
 impl Default for Tenants {
@@ -129,6 +135,7 @@ impl Default for Tenants {
             clients: Mutex::default(),
             building: Mutex::default(),
             priming: tokio::sync::Semaphore::new(PRIMING),
+            secret_reads: tokio::sync::Semaphore::new(SECRET_READS),
         }
     }
 }
@@ -200,6 +207,17 @@ impl Tenants {
             }
         }
         Ok(self.share(cluster, source, client))
+    }
+
+    /// A turn to read a kubeconfig Secret from the seed, held for the read. The rooms that
+    /// read user clusters start a task per user cluster at once (the demand reader, at
+    /// startup or when growth is turned on, one for each of thousands): unbounded, their reads
+    /// went out together, and kube's seed client, which speaks HTTP/1.1, opened a connection
+    /// for each and kept it idle in its pool for a minute and a half, a socket and its buffers
+    /// per user cluster, on top of the user cluster's own connection.
+    pub async fn secret_read(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        // Never closed; `None` would only mean no bound.
+        self.secret_reads.acquire().await.ok()
     }
 
     /// Shares `client`, already built for `source`, unless one is shared for it already.

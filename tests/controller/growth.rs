@@ -458,6 +458,64 @@ async fn a_user_cluster_slow_to_handshake_still_gets_one_connection() {
     );
 }
 
+/// Issue 39, item 4: the demand reader starts one task per user cluster at once (here when
+/// growth is turned on for 40 clusters); their reads of the kubeconfig Secrets reach the seed
+/// a few at a time. (Sent together, each opened a connection to the seed that kube's client
+/// kept idle for a minute and a half: at 10,000 user clusters, 10,000 sockets beside theirs.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubeconfig_secrets_are_read_from_the_seed_a_few_at_a_time() {
+    const CLUSTERS: usize = 40;
+    let pool = |growth: &str| {
+        format!(
+            "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata: {{name: metallb}}\n\
+             spec:\n  datacenters:\n    dc-1: {{type: range, poolCidr: 10.0.0.0/24, \
+             allocationRange: 2{growth}}}\n"
+        )
+    };
+    let seed = Seed::start("secret-reads").await;
+    seed.apply(&pool(""));
+    let mut users = Vec::new();
+    for i in 0..CLUSTERS {
+        let user = user_cluster().await;
+        seed.api
+            .apply(&json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": format!("kc-g{i}"), "namespace": "kipam-system"},
+                "stringData": {"kubeconfig": user.kubeconfig_yaml()}}))
+            .expect("secret");
+        seed.cluster_with(
+            &format!("g{i}"),
+            "dc-1",
+            &format!("kubeconfig: {{secretRef: {{namespace: kipam-system, name: kc-g{i}}}}}"),
+        );
+        users.push(user);
+    }
+    let _ctl = seed.controller("ctl");
+    seed.wait_for("every cluster allocated", WAIT, "ctl", |s| {
+        s.allocations().len() == CLUSTERS
+    })
+    .await;
+    // Every request to the seed now takes 100 ms, so reads sent together are served together.
+    seed.api.set_latency(Duration::from_millis(100));
+    seed.api.reset_stats();
+    seed.apply(&pool(", growth: {increment: 2, max: 6, shrinkAfter: 1m}"));
+    seed.wait_for("every user cluster's Services watched", WAIT, "ctl", |_| {
+        users
+            .iter()
+            .all(|u| u.stats().count("watch", "services") > 0)
+    })
+    .await;
+    let stats = seed.api.stats();
+    assert!(
+        stats.count("list", "secrets") >= CLUSTERS as u64,
+        "every kubeconfig read: {stats:?}"
+    );
+    let together = stats.most_at_once("list", "secrets");
+    assert!(
+        together <= 16,
+        "{together} kubeconfig Secrets were read from the seed at once"
+    );
+}
+
 /// An `AllocationFailed` event as MetalLB writes it, naming the Service (and its uid when
 /// given).
 fn refusal(api: &ApiServer, event: &str, service: &str, uid: Option<&str>) {

@@ -240,6 +240,24 @@ pub(crate) async fn handle_member(members: &[Arc<Shared>], req: Request) -> Resp
     handle(State(shared), Request::from_parts(parts, body)).await
 }
 
+/// A request being served, counted in [`crate::Stats::in_flight`] until it is dropped.
+struct Serving {
+    shared: Arc<Shared>,
+    key: (String, String),
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let mut c = match self.shared.control.lock() {
+            Ok(c) => c,
+            Err(p) => p.into_inner(),
+        };
+        if let Some(n) = c.stats.in_flight.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
 pub(crate) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_string();
@@ -248,6 +266,10 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> R
         .unwrap_or_default();
     let route = parse_path(&path);
     let (verb, resource) = classify(&parts.method, &route, &query, &path);
+    let _serving = Serving {
+        shared: shared.clone(),
+        key: (verb.clone(), resource.clone()),
+    };
 
     let (latency, injected, require_auth, write_gate) = {
         let mut c = match shared.control.lock() {
@@ -255,10 +277,13 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> R
             Err(p) => p.into_inner(),
         };
         c.stats.total += 1;
-        *c.stats
-            .by_request
-            .entry((verb.clone(), resource.clone()))
-            .or_default() += 1;
+        let key = (verb.clone(), resource.clone());
+        *c.stats.by_request.entry(key.clone()).or_default() += 1;
+        let now = c.stats.in_flight.entry(key.clone()).or_default();
+        *now += 1;
+        let now = *now;
+        let most = c.stats.most_at_once.entry(key).or_default();
+        *most = (*most).max(now);
         let injected = c.take_failure(&verb, &resource);
         (c.latency, injected, c.require_auth, c.writes.clone())
     };

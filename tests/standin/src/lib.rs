@@ -53,9 +53,22 @@ use store::{DeleteOptions, Shown, Store, Target, WriteOptions};
 pub struct Stats {
     pub total: u64,
     pub by_request: BTreeMap<(String, String), u64>,
+    /// Requests being served now, per `(verb, resource)` (from arrival, the latency included,
+    /// to the response's headers: a watch counts only until its stream starts).
+    pub in_flight: BTreeMap<(String, String), u64>,
+    /// The most requests per `(verb, resource)` that were being served at once.
+    pub most_at_once: BTreeMap<(String, String), u64>,
 }
 
 impl Stats {
+    /// The most requests with this verb and resource that were being served at once.
+    pub fn most_at_once(&self, verb: &str, resource: &str) -> u64 {
+        self.most_at_once
+            .get(&(verb.to_string(), resource.to_string()))
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// Requests with this verb and resource.
     pub fn count(&self, verb: &str, resource: &str) -> u64 {
         self.by_request
