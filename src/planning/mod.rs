@@ -120,9 +120,11 @@ async fn planning_loop(
         state.metrics.passes.inc();
         let guard = ctx.pass_lock.lock().await;
         forget_deleted_shards(&ctx, &mut state).await;
-        // The shards the watch has caught up with are kept once, not twice.
+        // The shards the watch has caught up with are kept once, not twice (again after the
+        // pass, for the shards it wrote).
         ctx.records.lock().await.share(&ctx.record_view.store);
         let result = pass::run(&ctx, term, &mut state).await;
+        ctx.records.lock().await.share(&ctx.record_view.store);
         drop(guard);
         if started.elapsed() >= TRIM_AFTER {
             give_back_free_memory();

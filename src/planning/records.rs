@@ -926,7 +926,10 @@ async fn send(ctx: &Context, key: &RecordKey, write: Write) -> Result<(), Commit
             ctx.metrics.wrote("create", "ipampoolrecords");
             match api.create(&pp, &record).await {
                 Ok(written) => {
-                    ctx.records.lock().await.put(written);
+                    let mut records = ctx.records.lock().await;
+                    records.put(written);
+                    // The shards written before this one, which the watch has shown since.
+                    records.share_pool(key, &ctx.record_view.store);
                     Ok(())
                 }
                 // 409 AlreadyExists: somebody else created it; read it for the next pass.
@@ -951,7 +954,8 @@ async fn send(ctx: &Context, key: &RecordKey, write: Write) -> Result<(), Commit
                 Ok(w) => w,
                 Err(e) => return Err(failed(ctx, key, &name, e.into()).await),
             };
-            let outcome = ctx.records.lock().await.patched(
+            let mut records = ctx.records.lock().await;
+            let outcome = records.patched(
                 key,
                 &name,
                 &version,
@@ -960,6 +964,8 @@ async fn send(ctx: &Context, key: &RecordKey, write: Write) -> Result<(), Commit
                 stamp,
                 written.metadata,
             );
+            records.share_pool(key, &ctx.record_view.store);
+            drop(records);
             match outcome {
                 Patched::Applied => Ok(()),
                 Patched::Moved => {

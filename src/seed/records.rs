@@ -297,29 +297,48 @@ impl Records {
     /// `view` shows the same version (same uid and `resourceVersion`) as held here, so that the
     /// leader keeps each settled shard once. Returns how many shards it swapped.
     pub fn share(&mut self, view: &Store<IPAMPoolRecord>) -> usize {
-        let mut swapped = 0;
-        for held in self.map.values_mut().flat_map(|s| s.values_mut()) {
-            // Held elsewhere already (by the watch's cache, as a rule).
-            if Arc::strong_count(&held.record) > 1 {
-                continue;
-            }
-            let Some(name) = held.record.metadata.name.as_deref() else {
-                continue;
-            };
-            let Some(seen) = view.get(&ObjectRef::new(name)) else {
-                continue;
-            };
-            let (m, mine) = (&seen.metadata, &held.record.metadata);
-            if m.uid == mine.uid
-                && m.resource_version == mine.resource_version
-                && m.resource_version.as_deref().is_some_and(|v| !v.is_empty())
-            {
-                held.record = seen;
-                swapped += 1;
-            }
-        }
-        swapped
+        self.map
+            .values_mut()
+            .flat_map(|s| s.values_mut())
+            .map(|held| share_held(held, view))
+            .filter(|&swapped| swapped)
+            .count()
     }
+
+    /// [`Records::share`] for the shards of one pool datacenter: what a commit calls after
+    /// each write, so that a burst that creates and fills shards does not hold the ones it
+    /// wrote before twice until the pass is over.
+    pub fn share_pool(&mut self, key: &RecordKey, view: &Store<IPAMPoolRecord>) -> usize {
+        self.map
+            .get_mut(key)
+            .into_iter()
+            .flat_map(|s| s.values_mut())
+            .map(|held| share_held(held, view))
+            .filter(|&swapped| swapped)
+            .count()
+    }
+}
+
+/// Swaps `held`'s shard for `view`'s object when that is the same version; true when it did.
+fn share_held(held: &mut Held, view: &Store<IPAMPoolRecord>) -> bool {
+    // Held elsewhere already (by the watch's cache, as a rule).
+    if Arc::strong_count(&held.record) > 1 {
+        return false;
+    }
+    let Some(name) = held.record.metadata.name.as_deref() else {
+        return false;
+    };
+    let Some(seen) = view.get(&ObjectRef::new(name)) else {
+        return false;
+    };
+    let (m, mine) = (&seen.metadata, &held.record.metadata);
+    let same = m.uid == mine.uid
+        && m.resource_version == mine.resource_version
+        && m.resource_version.as_deref().is_some_and(|v| !v.is_empty());
+    if same {
+        held.record = seen;
+    }
+    same
 }
 
 fn without_managed_fields(mut metadata: ObjectMeta) -> ObjectMeta {
