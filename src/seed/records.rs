@@ -536,7 +536,9 @@ mod tests {
         // The watch is one version behind: the leader keeps its own.
         assert_eq!(records.share(&store), 0);
         writer.apply_watcher_event(&Event::Apply(shard("u1", "6", &[("a", 1), ("b", 2)])));
-        assert_eq!(records.share(&store), 1);
+        // What a commit does after each write: the shards of that pool datacenter only.
+        assert_eq!(records.share_pool(&("q".into(), "dc-1".into()), &store), 0);
+        assert_eq!(records.share_pool(&key(), &store), 1);
     }
 
     /// What a real API server answers carries `managedFields`; the copy does not keep them.

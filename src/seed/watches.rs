@@ -518,8 +518,9 @@ pub fn caches(
 
 /// The pool records as this replica sees them, read-only: what the page reads of the
 /// quarantine, and what the webhook checks claims' addresses against, on every replica. The
-/// leader's own copy, the fence's state, is [`super::records`]: it changes only with what
-/// the API server answered to its writes, never from this watch.
+/// leader's own copy, the fence's state, is [`super::records`]: its content changes only with
+/// what the API server answered to its writes, never from this watch (it only shares this
+/// watch's object for a shard at the very version it holds, [`super::records::Records::share`]).
 #[derive(Clone)]
 pub struct RecordView {
     pub store: Store<IPAMPoolRecord>,
