@@ -7,6 +7,10 @@ use super::{AddrRange, AddressCount, AddressError, Family, parse_address};
 
 /// An aligned block of `2^(bits - len)` addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+// Aligned to 8 bytes, not the 16 a `u128` asks for: the padding made every allocation a seed
+// holds 16 bytes larger, at 100,000 allocations held several times over (see
+// `allocator::allocation`'s size test). Nothing borrows the network address in place.
+#[repr(Rust, packed(8))]
 pub struct Cidr {
     family: Family,
     network: u128,

@@ -7,6 +7,10 @@ use super::{AddressCount, AddressError, Cidr, Family, parse_address};
 
 /// The addresses `first..=last` of one family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+// Aligned to 8 bytes, not the 16 a `u128` asks for: the padding made every allocation a seed
+// holds 16 bytes larger, at 100,000 allocations held several times over (see
+// `allocator::allocation`'s size test). Nothing borrows the bounds in place.
+#[repr(Rust, packed(8))]
 pub struct AddrRange {
     family: Family,
     first: u128,
