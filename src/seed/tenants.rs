@@ -19,6 +19,9 @@
 //!   silent, failing every stream on it, so the watches restart and syncs fail instead of
 //!   hanging.
 //! - No hidden retries: the rooms decide what to retry, with their own backoff.
+//! - One connection attempt at a time: until a request of a client has been answered (and
+//!   again after a connection could not be made), its requests go one at a time, so requests
+//!   sent at once do not each open a connection ([`OneConnecting`]).
 //! - At most [`SECRET_READS`] kubeconfig Secrets are read from the seed at once, whatever the
 //!   number of user clusters asked for at the same moment.
 //! - One connection from the first contact: a user cluster's client is built and its first
@@ -100,6 +103,7 @@ pub fn client(config: &Config, timeout: Duration) -> Result<Client, String> {
         // a saving of a few hundred bytes per response on a connection that mostly streams.
         .http2_header_table_size(0)
         .build(https);
+    let hyper = OneConnecting::new(hyper);
     let auth = config
         .auth_layer()
         .map_err(|e| format!("cannot use the kubeconfig's credentials: {e}"))?;
@@ -115,6 +119,83 @@ pub fn client(config: &Config, timeout: Duration) -> Result<Client, String> {
         .layer(TimeoutLayer::new(timeout))
         .service(hyper);
     Ok(Client::new(service, config.default_namespace.clone()))
+}
+
+/// The user cluster's hyper client, letting one request at a time through while the client
+/// has no connection known to work: before the first answer (or after a connection could not
+/// be made) the client cannot know the server will speak HTTP/2, and requests sent at once
+/// would each open a connection and do a TLS handshake of their own (hyper keeps one of them
+/// once HTTP/2 is agreed; under load several stayed open). Once a request is answered, the
+/// connection is known and requests go through at once, as streams on it.
+#[derive(Clone)]
+struct OneConnecting<S> {
+    inner: S,
+    gate: Arc<Gate>,
+}
+
+struct Gate {
+    /// A request was answered, and no connection failed since.
+    connected: std::sync::atomic::AtomicBool,
+    /// The one turn while not connected.
+    turn: tokio::sync::Semaphore,
+}
+
+impl<S> OneConnecting<S> {
+    fn new(inner: S) -> Self {
+        OneConnecting {
+            inner,
+            gate: Arc::new(Gate {
+                connected: std::sync::atomic::AtomicBool::new(false),
+                turn: tokio::sync::Semaphore::new(1),
+            }),
+        }
+    }
+}
+
+impl<S, R, B> tower::Service<R> for OneConnecting<S>
+where
+    S: tower::Service<R, Response = B, Error = hyper_util::client::legacy::Error>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    R: Send + 'static,
+{
+    type Response = B;
+    type Error = hyper_util::client::legacy::Error;
+    type Future = futures::future::BoxFuture<'static, Result<B, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        use std::sync::atomic::Ordering;
+        // The clone takes the readiness polled above (the usual swap); hyper's client is
+        // always ready.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let gate = self.gate.clone();
+        Box::pin(async move {
+            let turn = if gate.connected.load(Ordering::Acquire) {
+                None
+            } else {
+                // Never closed.
+                gate.turn.acquire().await.ok()
+            };
+            let answer = inner.call(request).await;
+            match &answer {
+                Ok(_) => gate.connected.store(true, Ordering::Release),
+                Err(e) if e.is_connect() => gate.connected.store(false, Ordering::Release),
+                Err(_) => {}
+            }
+            drop(turn);
+            answer
+        })
+    }
 }
 
 /// The shared clients, one per user cluster (by Cluster name).
@@ -249,4 +330,52 @@ impl Tenants {
 /// The key a client is kept under: which Secret, which version of it, which key in it.
 pub fn source(secret_uid: &str, resource_version: &str, key: &str) -> String {
     format!("{secret_uid}/{resource_version}/{key}")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::Api;
+    use kube::api::ListParams;
+    use kube_standin::ApiServer;
+
+    use super::*;
+    use crate::seed::kubeconfig;
+
+    async fn client_of(user: &ApiServer) -> Client {
+        let parsed = kubeconfig::parse(&user.kubeconfig_yaml(), "test").expect("kubeconfig");
+        let config = kubeconfig::config(parsed, "test", Duration::from_secs(10))
+            .await
+            .expect("config");
+        client(&config, Duration::from_secs(10)).expect("client")
+    }
+
+    /// Requests sent at once on a client that has no connection yet (its first contact failed,
+    /// or its connection was lost) make one connection between them: until one of them is
+    /// answered the client cannot know HTTP/2 will be spoken, and each would otherwise open a
+    /// connection of its own, kept open by the watches started on it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_sent_at_once_before_the_first_connection_share_one() {
+        let user = ApiServer::start_tls().await.expect("TLS stand-in");
+        let connections = user.connections().expect("counted");
+        connections.delay_handshakes(Duration::from_millis(500));
+        let client = client_of(&user).await;
+        let requests = (0..6).map(|_| {
+            let api: Api<Namespace> = Api::all(client.clone());
+            async move {
+                api.list(&ListParams::default())
+                    .await
+                    .map(|l| l.items.len())
+            }
+        });
+        let answers = futures::future::join_all(requests).await;
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+        assert_eq!(
+            (connections.open(), connections.total()),
+            (1, 1),
+            "connections (open, opened in all)"
+        );
+    }
 }
