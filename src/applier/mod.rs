@@ -388,14 +388,7 @@ fn round(
     });
     drift.retain(|name| tenants.contains_key(name));
     // A deleted Cluster's shared client goes (whoever still holds it keeps it until done).
-    // Gone from the seed's cache of Clusters too, which the demand and discovery readers go by:
-    // in a burst of new Clusters this room's own watch may not show one yet that they already
-    // read, and dropping its client then made the next sync build a second one, with a second
-    // connection, beside the reader's.
-    ctx.tenants.retain(|name| {
-        cluster_named(name).is_some()
-            || ctx.clusters.get(&reflector::ObjectRef::new(name)).is_some()
-    });
+    ctx.tenants.retain(|name| cluster_named(name).is_some());
     for (namespace, mut addons) in by_namespace {
         let Some(cluster_name) = cluster_of_namespace(&namespace).map(str::to_string) else {
             continue;
