@@ -45,7 +45,8 @@ fn prepare(api: ApiServer) -> ApiServer {
     api
 }
 
-async fn register(seed: &Seed, cluster: &str, dc: &str, user: &ApiServer) {
+/// The kubeconfig Secret of `user` and a Cluster naming it.
+fn add_cluster(seed: &Seed, cluster: &str, dc: &str, user: &ApiServer) {
     seed.api
         .apply(&json!({"apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": format!("kc-{cluster}"), "namespace": "kipam-system"},
@@ -56,6 +57,10 @@ async fn register(seed: &Seed, cluster: &str, dc: &str, user: &ApiServer) {
         dc,
         &format!("kubeconfig: {{secretRef: {{namespace: kipam-system, name: kc-{cluster}}}}}"),
     );
+}
+
+async fn register(seed: &Seed, cluster: &str, dc: &str, user: &ApiServer) {
+    add_cluster(seed, cluster, dc, user);
     let ns = format!("cluster-{cluster}");
     seed.wait_for(&format!("namespace {ns}"), WAIT, "ctl", |s| {
         s.get("namespaces", None, &ns).is_some()
@@ -477,16 +482,7 @@ async fn kubeconfig_secrets_are_read_from_the_seed_a_few_at_a_time() {
     let mut users = Vec::new();
     for i in 0..CLUSTERS {
         let user = user_cluster().await;
-        seed.api
-            .apply(&json!({"apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": format!("kc-g{i}"), "namespace": "kipam-system"},
-                "stringData": {"kubeconfig": user.kubeconfig_yaml()}}))
-            .expect("secret");
-        seed.cluster_with(
-            &format!("g{i}"),
-            "dc-1",
-            &format!("kubeconfig: {{secretRef: {{namespace: kipam-system, name: kc-g{i}}}}}"),
-        );
+        add_cluster(&seed, &format!("g{i}"), "dc-1", &user);
         users.push(user);
     }
     let _ctl = seed.controller("ctl");
