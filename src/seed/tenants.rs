@@ -129,8 +129,8 @@ pub fn client(config: &Config, timeout: Duration) -> Result<Client, String> {
 /// be made) the client cannot know the server will speak HTTP/2, and requests sent at once
 /// would each open a connection and do a TLS handshake of their own (hyper keeps one of them
 /// once HTTP/2 is agreed and closes the others, but each cost both sides a handshake). Once a
-/// request is answered, the
-/// connection is known and requests go through at once, as streams on it.
+/// request is answered, the connection is known and requests go through at once, as streams
+/// on it.
 #[derive(Clone)]
 struct OneConnecting<S> {
     inner: S,
