@@ -16,15 +16,31 @@ use crate::support::*;
 struct Running {
     url: String,
     ca: Vec<u8>,
-    dir: std::path::PathBuf,
+    dir: TempDir,
     pki: Pki,
 }
 
-fn temp_dir(name: &str) -> std::path::PathBuf {
+/// A directory of the test's certificates, removed when the test is done with it.
+struct TempDir(std::path::PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temp_dir(name: &str) -> TempDir {
     let dir = std::env::temp_dir().join(format!("kipam-webhook-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    TempDir(dir)
 }
 
 fn write_pair(dir: &Path, pair: &(String, String)) {
@@ -393,14 +409,14 @@ async fn axum_servers_own_config_neither_follows_rotated_files_nor_names_a_bad_o
     let r = Running {
         url: format!("https://127.0.0.1:{port}{}", webhook::PATH),
         ca: pki.ca_pem.clone().into_bytes(),
-        dir: dir.clone(),
+        dir,
         pki,
     };
     let first = post(&r, "application/json", &good_review())
         .await
         .peer_certificate
         .unwrap();
-    write_pair(&dir, &r.pki.server("second"));
+    write_pair(&r.dir, &r.pki.server("second"));
     // Forty times kipam's interval in these tests.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let later = post(&r, "application/json", &good_review())
@@ -412,11 +428,11 @@ async fn axum_servers_own_config_neither_follows_rotated_files_nor_names_a_bad_o
         "RustlsConfig picked up the rotated files by itself"
     );
     let (a, b) = (r.pki.server("a"), r.pki.server("b"));
-    std::fs::write(dir.join("a.crt"), &a.0).unwrap();
-    std::fs::write(dir.join("b.key"), &b.1).unwrap();
-    std::fs::write(dir.join("empty.crt"), "").unwrap();
+    std::fs::write(r.dir.join("a.crt"), &a.0).unwrap();
+    std::fs::write(r.dir.join("b.key"), &b.1).unwrap();
+    std::fs::write(r.dir.join("empty.crt"), "").unwrap();
     std::fs::write(
-        dir.join("junk.crt"),
+        r.dir.join("junk.crt"),
         "-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n",
     )
     .unwrap();
@@ -427,13 +443,13 @@ async fn axum_servers_own_config_neither_follows_rotated_files_nor_names_a_bad_o
         ("a.crt", "a.crt"),
     ] {
         let e = config
-            .reload_from_pem_file(dir.join(cert), dir.join(key))
+            .reload_from_pem_file(r.dir.join(cert), r.dir.join(key))
             .await
             .unwrap_err()
             .to_string();
         assert!(!e.contains(cert) && !e.contains(key), "{cert}, {key}: {e}");
         // kipam's own check names the file.
-        let ours = TlsFiles::new(dir.join(cert), dir.join(key))
+        let ours = TlsFiles::new(r.dir.join(cert), r.dir.join(key))
             .load()
             .unwrap_err()
             .to_string();
