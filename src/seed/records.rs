@@ -62,10 +62,7 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    pub(crate) fn new(mut record: IPAMPoolRecord) -> Held {
-        // What a real API server answers carries `managedFields`, which list every entry once
-        // more; nothing here reads them.
-        record.metadata.managed_fields = None;
+    pub(crate) fn new(record: IPAMPoolRecord) -> Held {
         let entry_bytes = record
             .spec
             .reservations
@@ -205,8 +202,10 @@ impl Records {
     }
 
     pub(crate) fn put(&mut self, mut r: IPAMPoolRecord) {
+        // What a real API server answers carries `managedFields`, which list every entry once
+        // more; nothing here reads them.
+        r.metadata.managed_fields = None;
         if r.spec.block_length.is_some() {
-            r.metadata.managed_fields = None;
             self.layouts.insert(key_of(&r), r);
             return;
         }
@@ -297,26 +296,31 @@ impl Records {
     /// `view` shows the same version (same uid and `resourceVersion`) as held here, so that the
     /// leader keeps each settled shard once. Returns how many shards it swapped.
     pub fn share(&mut self, view: &Store<IPAMPoolRecord>) -> usize {
-        self.map
-            .values_mut()
-            .flat_map(|s| s.values_mut())
-            .map(|held| share_held(held, view))
-            .filter(|&swapped| swapped)
-            .count()
+        share_all(self.map.values_mut().flat_map(|s| s.values_mut()), view)
     }
 
     /// [`Records::share`] for the shards of one pool datacenter: what a commit calls after
     /// each write, so that a burst that creates and fills shards does not hold the ones it
     /// wrote before twice until the pass is over.
     pub fn share_pool(&mut self, key: &RecordKey, view: &Store<IPAMPoolRecord>) -> usize {
-        self.map
-            .get_mut(key)
-            .into_iter()
-            .flat_map(|s| s.values_mut())
-            .map(|held| share_held(held, view))
-            .filter(|&swapped| swapped)
-            .count()
+        share_all(
+            self.map
+                .get_mut(key)
+                .into_iter()
+                .flat_map(|s| s.values_mut()),
+            view,
+        )
     }
+}
+
+/// [`share_held`] for each of `shards`; how many it swapped.
+fn share_all<'a>(
+    shards: impl Iterator<Item = &'a mut Held>,
+    view: &Store<IPAMPoolRecord>,
+) -> usize {
+    shards
+        .filter_map(|held| share_held(held, view).then_some(()))
+        .count()
 }
 
 /// Swaps `held`'s shard for `view`'s object when that is the same version; true when it did.
