@@ -188,12 +188,15 @@ pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
     });
     // The ledger is ready once it has held a complete list: before, a cluster would be
     // rendered without allocations it holds.
+    // The controller's Cluster and pool caches are not waited on here: kube's ready signal
+    // wakes only the last task that waited, and the planning loop waits on them; it says when
+    // they have listed (`caches_listed`).
+    let mut listed = ctx.caches_listed.subscribe();
     let _ = tokio::join!(
         caches.addons.wait_until_ready(),
-        caches.clusters.wait_until_ready(),
         caches.secrets.wait_until_ready(),
-        caches.pools.wait_until_ready(),
-        // (the guard wait_for returns must not be held across the other waits)
+        // (the guards wait_for returns must not be held across the other waits)
+        async { listed.wait_for(|listed| *listed).await.is_ok() },
         async { ledger_updates.wait_for(|complete| *complete).await.is_ok() },
     );
     tracing::info!(

@@ -115,6 +115,10 @@ pub struct Context {
     /// ([`watches::Caches::changes`]): how the addon applier learns of changes to what it
     /// reads of [`Context::clusters`] and [`Context::pools`] without watching them again.
     pub cache_changes: watch::Sender<()>,
+    /// True once the pool, Cluster and namespace caches have listed, said by the planning
+    /// loop, their one waiter: kube's `Store::wait_until_ready` wakes only the last task that
+    /// polled it, so every other room waits on this instead.
+    pub caches_listed: watch::Sender<bool>,
     pub records: Mutex<records::Records>,
     /// What the watches saw change since the last pass took it.
     pub dirty: Arc<Dirty>,
@@ -352,6 +356,7 @@ impl ContextBuilder {
             ledger: Mutex::new(self.ledger.unwrap_or_default()),
             ledger_updates: watch::Sender::new(complete),
             cache_changes: self.cache_changes.unwrap_or_else(|| watch::Sender::new(())),
+            caches_listed: watch::Sender::new(false),
             records: Mutex::new(records::Records::default()),
             dirty: dirty.clone(),
             backoff: std::sync::Mutex::new(backoff::Backoff::default()),
