@@ -141,7 +141,7 @@ pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
     let wake = Arc::new(Notify::new());
     // Subscribed before anything is read: no update after this point goes unnoticed.
     let mut ledger_updates = ctx.ledger_updates.subscribe();
-    // RBAC: src/rbac.rs (list/watch of addons, clusters, secrets).
+    // RBAC: src/rbac.rs (list/watch of addons and secrets).
     let (addons, addon_events) = cached(
         watches::reflected(
             Api::<Addon>::all(ctx.client.clone()),
