@@ -88,6 +88,7 @@ pub async fn run(options: ControllerOptions) -> Result<(), ControllerError> {
             caches.capi,
         )
         .record_view(caches.records)
+        .cache_changes(caches.changes)
         .dirty(dirty.clone())
         .metrics(metrics.clone())
         .leader(leader.clone())

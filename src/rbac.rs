@@ -86,7 +86,7 @@ pub const PERMISSIONS: &[Permission] = &[
         &[
             "get", "list", "watch", "create", "update", "patch", "delete",
         ],
-        "controller caches and the addon applier's (list/watch); planning/records.rs, a pool view \
+        "controller caches, which the addon applier reads too (list/watch); planning/records.rs, a pool view \
          confirmed by a fresh list; pass/lifecycle.rs finalizers (patch); \
          api/mod.rs REST create, get, replace (update), delete",
     ),
@@ -107,7 +107,7 @@ pub const PERMISSIONS: &[Permission] = &[
         IPAM,
         "clusters",
         &["get", "list", "watch", "patch"],
-        "controller and applier caches (list/watch); pass/inputs.rs and applier/sync.rs \
+        "controller cache, which the applier reads too (list/watch); pass/inputs.rs and applier/sync.rs \
          fresh reads (get); pass/lifecycle.rs finalizers (patch)",
     ),
     rule(
@@ -204,7 +204,8 @@ pub const PERMISSIONS: &[Permission] = &[
         "",
         "secrets",
         &["list", "watch"],
-        "applier/mod.rs cache of user-cluster kubeconfigs",
+        "applier/mod.rs cache of user-cluster kubeconfigs (metadata); seed/mod.rs reads one \
+         when a user cluster's client is built (list of one name)",
     ),
     rule(
         "events.k8s.io",

@@ -2,8 +2,10 @@
 //! the user cluster through the kubeconfig its `Cluster` names (server-side apply, field manager
 //! `kipam`, forced), objects no longer rendered pruned, drift repaired on every resync.
 //!
-//! - watches (Addons, Clusters, Secrets, and IPAMPools for their networks) feed caches and
-//!   wake the scheduler; allocations are read from the controller's
+//! - watches of Addons and of kubeconfig Secrets (their metadata only) feed caches and wake
+//!   the scheduler; Clusters and IPAMPools (for their networks) are read from the
+//!   controller's own caches ([`Context::clusters`], [`Context::pools`]), whose changes
+//!   ([`Context::cache_changes`]) wake it, and allocations from the controller's
 //!   [`Ledger`](crate::seed::ledger::Ledger), whose updates ([`Context::ledger_updates`]) wake
 //!   it too;
 //! - the scheduler (leader only) works out, per user cluster, whether its inputs changed since
@@ -30,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
@@ -86,42 +89,35 @@ struct Tenant {
 struct Caches {
     addons: Store<Addon>,
     clusters: Store<Cluster>,
-    secrets: Store<Secret>,
+    /// Metadata only: which version of each kubeconfig Secret is current.
+    secrets: Store<PartialObjectMeta<Secret>>,
     /// Read for the `network` of each pool datacenter, which templates see.
     pools: Store<IPAMPool>,
 }
 
 /// Feeds a watch into a cache, waking the scheduler on every change and saying (once per
-/// distinct error, at warn level unless `said_elsewhere`: the controller's own watch of the
-/// same resource says it already) when the watch fails, and when it recovers.
+/// distinct error, at warn level) when the watch fails, and when it recovers.
 fn cached<K>(
-    api: Api<K>,
-    config: watcher::Config,
+    (store, events): (
+        Store<K>,
+        impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+    ),
     wake: Arc<Notify>,
     what: &'static str,
-    said_elsewhere: bool,
 ) -> (Store<K>, impl Stream<Item = ()>)
 where
     K: watches::Watched,
 {
-    let (store, events) = watches::reflected(api, config);
     let mut last_error: Option<String> = None;
     let stream = events.map(move |ev| {
         match &ev {
             Err(e) => {
                 let text = watches::failure(e, what);
                 if last_error.as_deref() != Some(text.as_str()) {
-                    if said_elsewhere {
-                        tracing::debug!(
-                            resource = what,
-                            "addon applier: {text} (retrying with backoff)"
-                        );
-                    } else {
-                        tracing::warn!(
-                            resource = what,
-                            "addon applier: {text} (retrying with backoff)"
-                        );
-                    }
+                    tracing::warn!(
+                        resource = what,
+                        "addon applier: {text} (retrying with backoff)"
+                    );
                     last_error = Some(text);
                 }
             }
@@ -129,11 +125,7 @@ where
             Ok(watcher::Event::Init) => {}
             Ok(_) => {
                 if last_error.take().is_some() {
-                    if said_elsewhere {
-                        tracing::debug!(resource = what, "addon applier watch recovered");
-                    } else {
-                        tracing::info!(resource = what, "addon applier watch recovered");
-                    }
+                    tracing::info!(resource = what, "addon applier watch recovered");
                 }
             }
         }
@@ -149,61 +141,62 @@ pub async fn run(ctx: Arc<Context>, options: ApplierOptions) {
     let wake = Arc::new(Notify::new());
     // Subscribed before anything is read: no update after this point goes unnoticed.
     let mut ledger_updates = ctx.ledger_updates.subscribe();
-    // RBAC: src/rbac.rs (list/watch of addons, clusters, secrets).
+    // RBAC: src/rbac.rs (list/watch of addons and secrets).
     let (addons, addon_events) = cached(
-        Api::<Addon>::all(ctx.client.clone()),
-        watcher::Config::default(),
+        watches::reflected(
+            Api::<Addon>::all(ctx.client.clone()),
+            watcher::Config::default(),
+        ),
         wake.clone(),
         "addons.ipam.kipam.dev",
-        false,
-    );
-    let (clusters, cluster_events) = cached(
-        Api::<Cluster>::all(ctx.client.clone()),
-        watcher::Config::default(),
-        wake.clone(),
-        "clusters.ipam.kipam.dev",
-        true,
     );
     // Kubeconfigs are opaque Secrets; Helm release records and service account tokens, often
-    // the bulk of a seed's Secrets, are never kubeconfigs and are not kept in memory.
+    // the bulk of a seed's Secrets, are never kubeconfigs and are not watched. Only the
+    // metadata is kept: its uid and resourceVersion say when a user cluster's client must be
+    // built again, and only then is the Secret's data read (`Context::tenant_client`).
     let (secrets, secret_events) = cached(
-        Api::<Secret>::all(ctx.client.clone()),
-        watcher::Config::default().fields(SECRET_FIELDS),
+        watches::reflected(
+            Api::<PartialObjectMeta<Secret>>::all(ctx.client.clone()),
+            watcher::Config::default().fields(SECRET_FIELDS),
+        ),
         wake.clone(),
         "secrets",
-        false,
     );
-    // RBAC: src/rbac.rs (list/watch of ipampools, as the planning loop's).
-    let (pools, pool_events) = cached(
-        Api::<IPAMPool>::all(ctx.client.clone()),
-        watcher::Config::default(),
-        wake.clone(),
-        "ipampools.ipam.kipam.dev",
-        true,
-    );
+    // Clusters and pools come from the controller's own caches, which every replica keeps:
+    // their changes tick `cache_changes` (a second watch of each held every Cluster twice).
+    let mut changes = ctx.cache_changes.subscribe();
+    let woken = wake.clone();
     let watches = tokio::spawn(async move {
-        let mut all = futures::stream::select_all(vec![
-            addon_events.boxed(),
-            cluster_events.boxed(),
-            secret_events.boxed(),
-            pool_events.boxed(),
-        ]);
-        while all.next().await.is_some() {}
+        let mut all =
+            futures::stream::select_all(vec![addon_events.boxed(), secret_events.boxed()]);
+        loop {
+            tokio::select! {
+                event = all.next() => if event.is_none() { break },
+                changed = changes.changed() => match changed {
+                    Ok(()) => woken.notify_one(),
+                    // The context is gone: so is the controller.
+                    Err(_) => break,
+                },
+            }
+        }
     });
     let caches = Arc::new(Caches {
         addons,
-        clusters,
+        clusters: ctx.clusters.clone(),
         secrets,
-        pools,
+        pools: ctx.pools.clone(),
     });
     // The ledger is ready once it has held a complete list: before, a cluster would be
     // rendered without allocations it holds.
+    // The controller's Cluster and pool caches are not waited on here: kube's ready signal
+    // wakes only the last task that waited, and the planning loop waits on them; it says when
+    // they have listed (`caches_listed`).
+    let mut listed = ctx.caches_listed.subscribe();
     let _ = tokio::join!(
         caches.addons.wait_until_ready(),
-        caches.clusters.wait_until_ready(),
         caches.secrets.wait_until_ready(),
-        caches.pools.wait_until_ready(),
-        // (the guard wait_for returns must not be held across the other waits)
+        // (the guards wait_for returns must not be held across the other waits)
+        async { listed.wait_for(|listed| *listed).await.is_ok() },
         async { ledger_updates.wait_for(|complete| *complete).await.is_ok() },
     );
     tracing::info!(
@@ -510,7 +503,7 @@ fn fingerprint(
     cluster: Option<&Cluster>,
     addons: &[Arc<Addon>],
     allocations: &[Arc<Entry>],
-    secret: Option<&Secret>,
+    secret: Option<&PartialObjectMeta<Secret>>,
     written: Option<&(bool, String, String)>,
 ) -> u64 {
     let mut h = DefaultHasher::new();

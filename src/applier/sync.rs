@@ -7,6 +7,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersion;
+use kube::core::PartialObjectMeta;
 use kube::discovery::{ApiCapabilities, ApiResource, Scope};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
@@ -30,8 +31,8 @@ pub struct TenantInput {
     pub addons: Vec<Arc<Addon>>,
     /// The cluster's allocations, from the ledger.
     pub allocations: Vec<Arc<Entry>>,
-    /// The kubeconfig Secret, when the Cluster names one and it exists.
-    pub secret: Option<Arc<Secret>>,
+    /// The kubeconfig Secret's metadata, when the Cluster names one and it exists.
+    pub secret: Option<Arc<PartialObjectMeta<Secret>>>,
     /// The pools of those allocations, for their networks.
     pub pools: Vec<Arc<crate::resources::IPAMPool>>,
     /// The failure this replica last said in its log for the cluster (see
@@ -193,16 +194,17 @@ pub async fn sync_tenant(
 
     let client = match client_for(ctx, &cluster, input.secret.as_deref(), slot, timeout).await {
         Ok(client) => client,
-        Err(message) => {
+        Err((message, transient)) => {
             let failure = Failure {
                 reason: Reason::KubeconfigInvalid,
                 message,
             };
             metrics.addon_failed(failure.reason.as_str());
-            // Only a change of the Cluster or of its Secret mends this, and either syncs the
-            // cluster again at once (so does the periodic resync). Retrying meanwhile would
-            // only delay that sync behind a grown backoff, and say the same thing again: one
-            // line when the failure is news.
+            // Unless the Secret could not be read (tried again with backoff), only a change of
+            // the Cluster or of its Secret mends this, and either syncs the cluster again at
+            // once (so does the periodic resync). Retrying meanwhile would only delay that
+            // sync behind a grown backoff, and say the same thing again: one line when the
+            // failure is news.
             if input.said.as_deref() == Some(failure.message.as_str())
                 || every_addon_reports(&rendered, &failure)
             {
@@ -216,8 +218,13 @@ pub async fn sync_tenant(
                 tracing::warn!(
                     cluster = %input.cluster_name,
                     reason = failure.reason.as_str(),
-                    "{} (kipam tries again when the Cluster or its kubeconfig Secret changes)",
-                    failure.message
+                    "{} ({})",
+                    failure.message,
+                    if transient {
+                        "retrying with backoff"
+                    } else {
+                        "kipam tries again when the Cluster or its kubeconfig Secret changes"
+                    }
                 );
             }
             let mut statuses = Vec::new();
@@ -240,7 +247,8 @@ pub async fn sync_tenant(
             let ready = summary::addons_ready(&statuses);
             let written = write_addons_ready(ctx, &cluster, &ready, &now).await;
             return SyncReport {
-                settled: written,
+                // A failed read of the Secret is tried again, with backoff.
+                settled: written && !transient,
                 addons_ready: Some(ready),
                 said: Some(failure.message),
             };
@@ -691,29 +699,38 @@ fn render(
 }
 
 /// The user cluster's client: the shared one (`seed::tenants`) while the Secret has not
-/// changed, else one built from the Secret, parsed and checked again. Every room uses the
-/// same client, so a sync sends its requests over the connection the watches already hold.
+/// changed, else one built from the Secret, read from the seed then (`secret` is its metadata,
+/// as the applier's watch shows it), parsed and checked again. Every room uses the same
+/// client, so a sync sends its requests over the connection the watches already hold. The
+/// error says what failed, and whether trying again may mend it (the Secret could not be
+/// read) or only a change of the Cluster or the Secret will.
 async fn client_for(
     ctx: &Context,
     cluster: &Cluster,
-    secret: Option<&Secret>,
+    secret: Option<&PartialObjectMeta<Secret>>,
     slot: &mut ClientSlot,
     timeout: std::time::Duration,
-) -> Result<Client, String> {
+) -> Result<Client, (String, bool)> {
     // On every failure below the slot is left as it is: its client is never used (the
     // source no longer matches), but its memory of applied objects is kept.
     let Some((namespace, name, key)) = kubeconfig::secret_location(cluster) else {
-        return Err(format!(
-            "Cluster {} has no spec.kubeconfig.secretRef: kipam cannot reach the user cluster",
-            cluster.name_any()
+        return Err((
+            format!(
+                "Cluster {} has no spec.kubeconfig.secretRef: kipam cannot reach the user cluster",
+                cluster.name_any()
+            ),
+            false,
         ));
     };
     let Some(secret) = secret else {
-        return Err(format!(
-            "the kubeconfig Secret {namespace}/{name} does not exist (or kipam may not read it)"
+        return Err((
+            format!(
+                "the kubeconfig Secret {namespace}/{name} does not exist (or kipam may not read it)"
+            ),
+            false,
         ));
     };
-    let source = tenants::source(
+    let watched = tenants::source(
         &secret.uid().unwrap_or_default(),
         &secret.resource_version().unwrap_or_default(),
         &key,
@@ -721,21 +738,29 @@ async fn client_for(
     let cluster_name = cluster.name_any();
     let kept = slot
         .as_ref()
-        .filter(|t| t.source == source)
+        .filter(|t| t.source == watched)
         .map(|t| t.client.clone());
-    let client = match (ctx.tenants.cached(&cluster_name, &source), kept) {
-        (Some(client), _) => client,
+    let (source, client) = match (ctx.tenants.cached(&cluster_name, &watched), kept) {
+        (Some(client), _) => (watched, client),
         // Shared again (the shared set lets go of clients when this replica stops leading).
-        (None, Some(client)) => ctx.tenants.share(&cluster_name, &source, client),
+        (None, Some(client)) => {
+            let client = ctx.tenants.share(&cluster_name, &watched, client);
+            (watched, client)
+        }
+        // Read now, it may be newer than the watch showed: the client is kept under the
+        // version it was built from. A read that failed is worth trying again; a Secret gone
+        // meanwhile, or a kubeconfig that cannot be used, waits for the Secret to change.
         (None, None) => {
-            let where_ = format!("Secret {namespace}/{name} key {key:?}");
-            let text = kubeconfig::kubeconfig_text(secret, &key)?;
-            let parsed = kubeconfig::parse(&text, &where_)?;
-            let config = kubeconfig::config(parsed, &where_, timeout).await?;
-            tracing::info!(cluster = %cluster_name, secret = %format!("{namespace}/{name}"), "user cluster client (re)built from its kubeconfig Secret");
-            ctx.tenants
-                .client(&cluster_name, &source, || tenants::client(&config, timeout))
-                .await?
+            let read = ctx.kubeconfig_secret(&namespace, &name).await;
+            let secret = read.map_err(|why| (why, true))?.ok_or_else(|| {
+                (
+                    format!("the kubeconfig Secret {namespace}/{name} does not exist"),
+                    false,
+                )
+            })?;
+            ctx.tenant_client_from(&cluster_name, &secret, &key, timeout)
+                .await
+                .map_err(|why| (why, false))?
         }
     };
     if slot.as_ref().is_some_and(|t| t.source == source) {

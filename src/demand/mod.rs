@@ -181,7 +181,9 @@ async fn read_cluster(ctx: Arc<Context>, target: Target) {
     let mut last_problem: Option<String> = None;
     loop {
         let started = std::time::Instant::now();
-        let why = match client_for(&ctx, &target).await {
+        // Boxed: building a client (reading the Secret, the first request) is a large future,
+        // and inline it would size the task of every user cluster for as long as it watches.
+        let why = match Box::pin(client_for(&ctx, &target)).await {
             Ok(client) => watch(&ctx, &cluster, client).await,
             Err(why) => why,
         };
@@ -204,6 +206,7 @@ async fn client_for(ctx: &Context, target: &Target) -> Result<Client, String> {
     let (cluster, namespace, name, key) = target;
     ctx.tenant_client(cluster, namespace, name, key, TIMEOUT)
         .await
+        .map(|(_, client)| client)
 }
 
 /// What a watch of `K` yields.

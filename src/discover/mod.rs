@@ -158,7 +158,8 @@ async fn read_cluster(ctx: Arc<Context>, target: Target) {
     let missing_said = AtomicBool::new(false);
     loop {
         let started = std::time::Instant::now();
-        let why = match client_for(&ctx, &target).await {
+        // Boxed: building a client is a large future (see the demand reader).
+        let why = match Box::pin(client_for(&ctx, &target)).await {
             Ok(client) => watch(&ctx, &cluster, client, &missing_said).await,
             Err(why) => why,
         };
@@ -181,6 +182,7 @@ async fn client_for(ctx: &Context, target: &Target) -> Result<Client, String> {
     let (cluster, namespace, name, key) = target;
     ctx.tenant_client(cluster, namespace, name, key, TIMEOUT)
         .await
+        .map(|(_, client)| client)
 }
 
 /// What the two watches of one user cluster have seen so far.

@@ -58,12 +58,15 @@ async fn planning_loop(
     resync: Duration,
     mut state: pass::PassState,
 ) {
-    // Caches first: a pass on a partial view would release what it cannot see.
+    // Caches first: a pass on a partial view would release what it cannot see. This is the
+    // one task that waits on these stores (a second waiter would take the wake-up from this
+    // one); the others wait for `caches_listed`.
     let _ = tokio::join!(
         ctx.pools.wait_until_ready(),
         ctx.clusters.wait_until_ready(),
         ctx.namespaces.wait_until_ready(),
     );
+    ctx.caches_listed.send_replace(true);
     ctx.metrics
         .ready
         .store(true, std::sync::atomic::Ordering::Relaxed);

@@ -111,6 +111,14 @@ pub struct Context {
     /// allocations themselves. Its value says whether the ledger has held a complete list yet
     /// (the watch's first, or a rebuild); until then a missing allocation proves nothing.
     pub ledger_updates: watch::Sender<bool>,
+    /// Ticks, for every subscriber, after each event of the Cluster and `IPAMPool` watches
+    /// ([`watches::Caches::changes`]): how the addon applier learns of changes to what it
+    /// reads of [`Context::clusters`] and [`Context::pools`] without watching them again.
+    pub cache_changes: watch::Sender<()>,
+    /// True once the pool, Cluster and namespace caches have listed, said by the planning
+    /// loop, their one waiter: kube's `Store::wait_until_ready` wakes only the last task that
+    /// polled it, so every other room waits on this instead.
+    pub caches_listed: watch::Sender<bool>,
     pub records: Mutex<records::Records>,
     /// What the watches saw change since the last pass took it.
     pub dirty: Arc<Dirty>,
@@ -132,9 +140,10 @@ pub struct Context {
 impl Context {
     /// The client shared for user cluster `cluster`, for the current version of its
     /// kubeconfig Secret `namespace/name` (key `key`): the one [`tenants::Tenants`] holds, or
-    /// one built from the Secret (read as a list of one name, the permission the applier has)
-    /// and shared. `timeout` bounds connecting and writes, not reads (watches are long). The
-    /// error is one line naming what failed.
+    /// one built from the Secret ([`Context::kubeconfig_secret`]) and shared, with the source
+    /// it is kept under (`tenants::source`: the version of the Secret read). `timeout` bounds
+    /// connecting and writes, not reads (watches are long). The error is one line naming what
+    /// failed.
     pub async fn tenant_client(
         &self,
         cluster: &str,
@@ -142,7 +151,24 @@ impl Context {
         name: &str,
         key: &str,
         timeout: Duration,
-    ) -> Result<Client, String> {
+    ) -> Result<(String, Client), String> {
+        let secret = self
+            .kubeconfig_secret(namespace, name)
+            .await?
+            .ok_or_else(|| format!("the kubeconfig Secret {namespace}/{name} does not exist"))?;
+        self.tenant_client_from(cluster, &secret, key, timeout)
+            .await
+    }
+
+    /// Reads the kubeconfig Secret `namespace/name` from the seed (as a list of one name, the
+    /// permission the applier has), at most a few at once ([`tenants::Tenants::secret_read`]).
+    /// `None`: there is no such Secret. The error (the read failed: worth trying again) is one
+    /// line.
+    pub async fn kubeconfig_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<k8s_openapi::api::core::v1::Secret>, String> {
         use k8s_openapi::api::core::v1::Secret;
         use kube::ResourceExt;
         use kube::api::{Api, ListParams};
@@ -159,26 +185,42 @@ impl Context {
                 preconditions::short(&e)
             )
         })?;
-        let secret = list
-            .items
-            .into_iter()
-            .find(|s| s.name_any() == name)
-            .ok_or_else(|| format!("the kubeconfig Secret {namespace}/{name} does not exist"))?;
+        Ok(list.items.into_iter().find(|s| s.name_any() == name))
+    }
+
+    /// The client shared for user cluster `cluster` for the kubeconfig in `secret` (key
+    /// `key`), built from it unless one is shared for that version already, and the source
+    /// it is kept under. The error (the kubeconfig is unusable) is one line naming the Secret
+    /// and the key.
+    pub async fn tenant_client_from(
+        &self,
+        cluster: &str,
+        secret: &k8s_openapi::api::core::v1::Secret,
+        key: &str,
+        timeout: Duration,
+    ) -> Result<(String, Client), String> {
+        use kube::ResourceExt;
         let source = tenants::source(
             &secret.uid().unwrap_or_default(),
             &secret.resource_version().unwrap_or_default(),
             key,
         );
         if let Some(client) = self.tenants.cached(cluster, &source) {
-            return Ok(client);
+            return Ok((source, client));
         }
+        let (namespace, name) = (secret.namespace().unwrap_or_default(), secret.name_any());
         let where_ = format!("Secret {namespace}/{name} key {key:?}");
-        let text = kubeconfig::kubeconfig_text(&secret, key)?;
+        let text = kubeconfig::kubeconfig_text(secret, key)?;
         let parsed = kubeconfig::parse(&text, &where_)?;
         let config = kubeconfig::config(parsed, &where_, timeout).await?;
-        self.tenants
-            .client(cluster, &source, || tenants::client(&config, timeout))
-            .await
+        let client = self
+            .tenants
+            .client(cluster, &source, || {
+                tracing::info!(%cluster, secret = %format!("{namespace}/{name}"), "user cluster client (re)built from its kubeconfig Secret");
+                tenants::client(&config, timeout)
+            })
+            .await?;
+        Ok((source, client))
     }
 
     /// Starts a context over `client` (used for watches and, unless
@@ -193,6 +235,7 @@ impl Context {
             client,
             pools: None,
             clusters: None,
+            cache_changes: None,
             namespaces: None,
             capi: None,
             record_view: None,
@@ -212,6 +255,7 @@ pub struct ContextBuilder {
     writer: Client,
     pools: Option<Store<IPAMPool>>,
     clusters: Option<Store<Cluster>>,
+    cache_changes: Option<watch::Sender<()>>,
     namespaces: Option<Store<Namespace>>,
     capi: Option<watches::CapiCaches>,
     record_view: Option<watches::RecordView>,
@@ -241,6 +285,12 @@ impl ContextBuilder {
         self.clusters = Some(clusters);
         self.namespaces = Some(namespaces);
         self.capi = Some(capi);
+        self
+    }
+
+    /// What ticks on every change the Cluster and pool caches see ([`watches::caches`]).
+    pub fn cache_changes(mut self, changes: watch::Sender<()>) -> Self {
+        self.cache_changes = Some(changes);
         self
     }
 
@@ -305,6 +355,8 @@ impl ContextBuilder {
             record_view: self.record_view.unwrap_or_default(),
             ledger: Mutex::new(self.ledger.unwrap_or_default()),
             ledger_updates: watch::Sender::new(complete),
+            cache_changes: self.cache_changes.unwrap_or_else(|| watch::Sender::new(())),
+            caches_listed: watch::Sender::new(false),
             records: Mutex::new(records::Records::default()),
             dirty: dirty.clone(),
             backoff: std::sync::Mutex::new(backoff::Backoff::default()),

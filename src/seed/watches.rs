@@ -389,6 +389,8 @@ pub struct Caches {
     pub namespaces: Store<Namespace>,
     pub capi: CapiCaches,
     pub records: RecordView,
+    /// Ticks after each event of the pool and Cluster watches, once it is in its cache.
+    pub changes: tokio::sync::watch::Sender<()>,
     pub events: BoxStream<'static, ()>,
 }
 
@@ -489,11 +491,24 @@ pub fn caches(
         Some(clusters_listed.clone()),
     );
     let (records, record_events) = record_view(client, metrics, dirty.clone());
+    // The addon applier reads Clusters and pools from these caches: every event of theirs
+    // (after it reached the cache) ticks for it.
+    let changes = tokio::sync::watch::Sender::new(());
+    let tick = |events: BoxStream<'static, ()>| {
+        let changes = changes.clone();
+        events
+            .inspect(move |()| {
+                changes.send_replace(());
+            })
+            .boxed()
+    };
+    let (pool_events, cluster_events) = (tick(pool_events.boxed()), tick(cluster_events.boxed()));
     Caches {
         pools,
         clusters,
         namespaces,
         records,
+        changes,
         capi: CapiCaches {
             claims,
             addresses,
@@ -504,8 +519,8 @@ pub fn caches(
             clusters_listed,
         },
         events: futures::stream::select_all(vec![
-            pool_events.boxed(),
-            cluster_events.boxed(),
+            pool_events,
+            cluster_events,
             namespace_events.boxed(),
             claim_events.boxed(),
             address_events.boxed(),

@@ -486,6 +486,37 @@ async fn refused_credentials_rbac_and_bad_kubeconfigs_are_named() {
     .await;
 }
 
+/// The applier keeps only the metadata of kubeconfig Secrets and reads one from the seed when
+/// it builds a client. A read that fails (the seed's API server busy for a moment) is tried
+/// again with backoff, not left until the next resync (300 s by default) as an unusable
+/// kubeconfig is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubeconfig_secret_the_seed_fails_to_send_is_read_again_soon() {
+    let seed = Seed::start("addons-secret-read").await;
+    let _ctl = seed.controller("ctl");
+    seed.apply(POOLS);
+    let first = user_cluster(true).await;
+    register(&seed, "first", "dc-1", &first.kubeconfig_yaml()).await;
+    seed.wait_for("first in sync", WAIT, "ctl", |s| in_sync(s, "first"))
+        .await;
+    // The applier's Secret watch has listed: the next reads of Secrets are kubeconfig reads.
+    seed.api.inject_failures("list", "secrets", 3, 500);
+    let before = seed.api.stats().count("list", "secrets");
+    let flaky = user_cluster(true).await;
+    register(&seed, "flaky", "dc-1", &flaky.kubeconfig_yaml()).await;
+    seed.wait_for("flaky in sync", WAIT, "ctl", |s| {
+        in_sync(s, "flaky")
+            && !held_entries(s, "flaky", "metallb").is_empty()
+            && pool_addresses(&flaky, "kipam-managed-pool").is_some()
+    })
+    .await;
+    let reads = seed.api.stats().count("list", "secrets") - before;
+    assert!(
+        reads >= 4,
+        "kubeconfig reads: {reads} (3 refused, then one answered)"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_user_cluster_delays_no_other() {
     let seed = Seed::start("addons-slow").await;
