@@ -206,7 +206,6 @@ async fn client_for(ctx: &Context, target: &Target) -> Result<Client, String> {
     let (cluster, namespace, name, key) = target;
     ctx.tenant_client(cluster, namespace, name, key, TIMEOUT)
         .await
-        .map(|(_, client)| client)
 }
 
 /// What a watch of `K` yields.

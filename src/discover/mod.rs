@@ -182,7 +182,6 @@ async fn client_for(ctx: &Context, target: &Target) -> Result<Client, String> {
     let (cluster, namespace, name, key) = target;
     ctx.tenant_client(cluster, namespace, name, key, TIMEOUT)
         .await
-        .map(|(_, client)| client)
 }
 
 /// What the two watches of one user cluster have seen so far.

@@ -140,8 +140,7 @@ pub struct Context {
 impl Context {
     /// The client shared for user cluster `cluster`, for the current version of its
     /// kubeconfig Secret `namespace/name` (key `key`): the one [`tenants::Tenants`] holds, or
-    /// one built from the Secret ([`Context::kubeconfig_secret`]) and shared, with the source
-    /// it is kept under (`tenants::source`: the version of the Secret read). `timeout` bounds
+    /// one built from the Secret ([`Context::kubeconfig_secret`]) and shared. `timeout` bounds
     /// connecting and writes, not reads (watches are long). The error is one line naming what
     /// failed.
     pub async fn tenant_client(
@@ -151,13 +150,14 @@ impl Context {
         name: &str,
         key: &str,
         timeout: Duration,
-    ) -> Result<(String, Client), String> {
+    ) -> Result<Client, String> {
         let secret = self
             .kubeconfig_secret(namespace, name)
             .await?
             .ok_or_else(|| format!("the kubeconfig Secret {namespace}/{name} does not exist"))?;
         self.tenant_client_from(cluster, &secret, key, timeout)
             .await
+            .map(|(_, client)| client)
     }
 
     /// Reads the kubeconfig Secret `namespace/name` from the seed (as a list of one name, the

@@ -501,16 +501,18 @@ pub async fn run(ctx: Arc<Context>, options: WebhookOptions) -> Result<(), Webho
         records: records.store.clone(),
         ready: ready.clone(),
     };
-    // The controller's own caches are ready once its planning loop says so: a second waiter on
-    // `Store::wait_until_ready` would steal the planning loop's wake-up (kube's ready signal
-    // wakes one waiter only), so this task polls the flag instead. The ledger is ready once it
-    // has held a complete list (the allocation watch's first, on every replica).
-    let controller_ready = ctx.clone();
+    // The controller's own caches are ready once its planning loop says so
+    // (`Context::caches_listed`: a second waiter on `Store::wait_until_ready` would steal the
+    // planning loop's wake-up). The ledger is ready once it has held a complete list (the
+    // allocation watch's first, on every replica); the record view says nothing when it lists,
+    // so it is polled.
+    let mut listed = ctx.caches_listed.subscribe();
     let mut ledger_updates = ctx.ledger_updates.subscribe();
     tokio::spawn(async move {
-        // (the guard wait_for returns is dropped at once: it must not be held across awaits)
+        // (the guards wait_for returns are dropped at once: they must not be held across awaits)
+        let _ = listed.wait_for(|listed| *listed).await.is_ok();
         let _ = ledger_updates.wait_for(|complete| *complete).await.is_ok();
-        while !(controller_ready.metrics.ready.load(Ordering::Relaxed) && records.listed()) {
+        while !records.listed() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         ready.store(true, Ordering::Release);
