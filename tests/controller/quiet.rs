@@ -117,3 +117,77 @@ async fn pool_statuses_are_written_at_most_once_a_second_while_clusters_stream_i
         seed.log("ctl")
     );
 }
+
+/// The passes of one kind the controller on `port` has run.
+async fn passes_of(port: u16, kind: &str) -> u64 {
+    Seed::metric(
+        port,
+        &format!("kipam_reconcile_passes_by_kind_total{{kind=\"{kind}\"}}"),
+    )
+    .await
+    .map_or(0, |v| v as u64)
+}
+
+/// A cluster status patch refused with a conflict (somebody wrote the cluster since it was
+/// read: the applier's `AddonsReady`, or kipam's own last status whose echo the watch had not
+/// brought yet) is read again and written on what changed. It used to leave the cluster to
+/// the next pass, which then had to plan again (a growth pass's conflicts made the next pass
+/// plan the whole seed while refusals and new clusters waited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_status_that_meets_a_conflict_is_written_again_without_planning() {
+    let seed = Seed::start("quiet-conflict").await;
+    // Started where there is no addons directory: the applier is off, and the one status
+    // writer is the planning loop.
+    let ctl = seed.controller_in("ctl", seed.dir(), &[]);
+    seed.apply(POOLS);
+    seed.cluster("a", "dc-1");
+    seed.wait_for("a allocated and ready", WAIT, "ctl", |s| {
+        s.phase("a", "metallb") == "Allocated" && ready(s, "a")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let port = ctl.metrics_port;
+    let partial = passes_of(port, "partial").await;
+    let whole = passes_of(port, "whole").await;
+    let new = passes_of(port, "new").await;
+
+    seed.api.inject_failures("patch", "clusters/status", 1, 409);
+    seed.cluster("b", "dc-1");
+    seed.wait_for(
+        "b allocated and ready, the conflict met",
+        WAIT,
+        "ctl",
+        |s| {
+            s.phase("b", "metallb") == "Allocated" && ready(s, "b") && s.api.pending_failures() == 0
+        },
+    )
+    .await;
+    // Whatever the conflict leaves to do runs now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log = seed.full_log("ctl");
+    assert!(
+        log.contains("cluster changed under its status update"),
+        "the status patch met the conflict\n{}",
+        seed.log("ctl")
+    );
+    assert!(
+        passes_of(port, "new").await > new,
+        "b was served by a short pass\n{}",
+        seed.log("ctl")
+    );
+    assert_eq!(
+        (
+            passes_of(port, "partial").await,
+            passes_of(port, "whole").await
+        ),
+        (partial, whole),
+        "a status conflict made the controller plan again (partial, whole passes)\n{}",
+        seed.log("ctl")
+    );
+    seed.assert_no_overlap_no_leak();
+}
+
+fn ready(seed: &Seed, cluster: &str) -> bool {
+    seed.condition("clusters", cluster, "IPAMReady")
+        .is_some_and(|c| c["status"] == "True" && c["reason"] == "Allocated")
+}

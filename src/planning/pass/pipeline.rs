@@ -334,8 +334,22 @@ pub(super) struct StatusJob {
     read_at: Option<String>,
 }
 
+/// How often a cluster status that meets a conflict is read again and written over what
+/// changed, before the cluster is left to the next pass.
+const STATUS_ATTEMPTS: usize = 3;
+
 /// One cluster's status, built when its write starts (a burst writes the status of every
 /// cluster: building them all first would hold every one at once).
+///
+/// The patch carries the `resourceVersion` the conditions were read at: the applier writes
+/// `AddonsReady` into the same list, and a patch from an older copy would put its old value
+/// back. When that precondition fails because somebody else wrote the cluster since (most
+/// often the applier, just after this pass changed what the cluster holds), the cluster is
+/// read again and the status built on it and written again, a few times: what the status
+/// reports (this pass's decisions) did not change. Leaving it to the next pass instead asked
+/// for planning again, and a growth pass's conflicts made the next pass plan the seed while
+/// refusals and new clusters waited. Only a cluster whose spec changed since (its
+/// `generation`), or that keeps conflicting, is left to the next pass, which plans it again.
 async fn write_status(env: &Env<'_>, job: StatusJob, failed: Option<&Vec<String>>) -> Done {
     let ctx = env.ctx;
     let mut done = Done::default();
@@ -347,47 +361,68 @@ async fn write_status(env: &Env<'_>, job: StatusJob, failed: Option<&Vec<String>
         .flatten()
         .map(|&i| &env.decisions[i])
         .collect();
-    let Some(next) = statuses::next_cluster_status(
-        &job.cluster,
-        &mine,
-        env.errors.get(&name),
-        failed,
-        env.demand,
-        env.adoption.get(&name),
-        env.now,
-    ) else {
-        return done;
-    };
-    if !due(ctx, "Cluster", &name) {
-        done.outcome.again = true;
-        done.retry_clusters.insert(name);
-        return done;
-    }
-    let r = env
-        .slots
-        .run(statuses::patch_cluster_status(
-            ctx,
-            &name,
-            job.read_at,
-            next,
-        ))
-        .await;
-    match r {
-        Ok(()) => {
-            done.outcome.writes += 1;
-            write_succeeded(ctx, "Cluster", &name);
-        }
-        Err(e) if is_conflict(&e) => {
-            tracing::debug!(cluster = %name, "cluster changed under its status update; planning again");
+    let mut cluster = job.cluster;
+    let mut read_at = job.read_at;
+    for attempt in 0..STATUS_ATTEMPTS {
+        let Some(next) = statuses::next_cluster_status(
+            &cluster,
+            &mine,
+            env.errors.get(&name),
+            failed,
+            env.demand,
+            env.adoption.get(&name),
+            env.now,
+        ) else {
+            return done;
+        };
+        if attempt == 0 && !due(ctx, "Cluster", &name) {
             done.outcome.again = true;
             done.retry_clusters.insert(name);
+            return done;
         }
-        Err(e) => {
-            write_failed(ctx, "Cluster", &name, "patch status of", &e);
-            done.outcome.again = true;
-            done.retry_clusters.insert(name);
+        let r = env
+            .slots
+            .run(statuses::patch_cluster_status(
+                ctx,
+                &name,
+                read_at.take(),
+                next,
+            ))
+            .await;
+        match r {
+            Ok(()) => {
+                done.outcome.writes += 1;
+                write_succeeded(ctx, "Cluster", &name);
+                return done;
+            }
+            Err(e) if is_conflict(&e) => {
+                let generation = cluster.metadata.generation;
+                match env.slots.run(statuses::read_cluster(ctx, &name)).await {
+                    Ok(Some(fresh)) if fresh.metadata.generation == generation => {
+                        tracing::debug!(cluster = %name, "cluster changed under its status update; writing it again on what changed");
+                        read_at = fresh.resource_version();
+                        cluster = Arc::new(fresh);
+                    }
+                    // Gone: nothing to report.
+                    Ok(None) => return done,
+                    Ok(Some(_)) => {
+                        tracing::debug!(cluster = %name, "cluster spec changed under its status update; planning again");
+                        break;
+                    }
+                    Err(e) => {
+                        write_failed(ctx, "Cluster", &name, "get", &e);
+                        break;
+                    }
+                }
+            }
+            Err(e) => {
+                write_failed(ctx, "Cluster", &name, "patch status of", &e);
+                break;
+            }
         }
     }
+    done.outcome.again = true;
+    done.retry_clusters.insert(name);
     done
 }
 
