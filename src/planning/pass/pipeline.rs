@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use tokio::sync::{Semaphore, watch};
 
 use super::*;
@@ -226,16 +226,9 @@ async fn run_one(env: &Env<'_>, chain: Chain) -> Done {
     // 1. The finalizer and the namespace, at once.
     let finalizer = async {
         let c = cluster.filter(|_| chain.finalize)?;
-        let api: Api<Cluster> = Api::all(ctx.writer.clone());
         Some(
             env.slots
-                .run(lifecycle::patch_finalizers(
-                    &api,
-                    c,
-                    CLUSTER_FINALIZER,
-                    true,
-                    ctx,
-                ))
+                .run(lifecycle::add_cluster_finalizer(ctx, c))
                 .await,
         )
     };
@@ -245,11 +238,20 @@ async fn run_one(env: &Env<'_>, chain: Chain) -> Done {
     };
     let (finalizer, namespace) = tokio::join!(finalizer, namespace);
     let mut read_at = cluster.and_then(|c| c.resource_version());
+    // The copy the status is built on: the cached one, or the one the finalizer patch read
+    // again after a conflict.
+    let mut status_copy = chain.cluster.clone();
     match finalizer {
-        Some(Ok(version)) => {
-            done.outcome.writes += 1;
-            if version.is_some() {
-                read_at = version;
+        Some(Ok(f)) => {
+            done.outcome.writes += f.writes;
+            if f.gone {
+                status_copy = None;
+            }
+            if f.version.is_some() {
+                read_at = f.version;
+            }
+            if let Some(fresh) = f.fresh {
+                status_copy = Some(fresh);
             }
         }
         Some(Err(e)) if is_conflict(&e) => done.outcome.again = true,
@@ -314,8 +316,7 @@ async fn run_one(env: &Env<'_>, chain: Chain) -> Done {
     }
 
     // 3. The status: once every chain of the pass is over (see `run`).
-    if let Some(c) = chain
-        .cluster
+    if let Some(c) = status_copy
         .as_ref()
         .filter(|_| chain.status || done.failures.contains_key(&chain.name))
     {
@@ -397,7 +398,7 @@ async fn write_status(env: &Env<'_>, job: StatusJob, failed: Option<&Vec<String>
             }
             Err(e) if is_conflict(&e) => {
                 let generation = cluster.metadata.generation;
-                match env.slots.run(statuses::read_cluster(ctx, &name)).await {
+                match env.slots.run(lifecycle::read_cluster(ctx, &name)).await {
                     Ok(Some(fresh)) if fresh.metadata.generation == generation => {
                         tracing::debug!(cluster = %name, "cluster changed under its status update; writing it again on what changed");
                         read_at = fresh.resource_version();

@@ -155,16 +155,6 @@ pub(super) async fn patch_cluster_status(
     .map(drop)
 }
 
-/// The cluster as the API server holds it now (a status update met a conflict).
-pub(super) async fn read_cluster(
-    ctx: &Context,
-    name: &str,
-) -> Result<Option<Cluster>, kube::Error> {
-    // RBAC: src/rbac.rs (clusters get).
-    let api: Api<Cluster> = Api::all(ctx.writer.clone());
-    api.get_opt(name).await
-}
-
 /// Pool status (usage, capacity conditions, overlap) written when changed, with an event for
 /// every threshold crossed.
 #[allow(clippy::too_many_arguments)]
