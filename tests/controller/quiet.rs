@@ -268,6 +268,42 @@ async fn a_finalizer_patch_that_meets_a_conflict_is_made_again_without_planning(
     seed.assert_no_overlap_no_leak();
 }
 
+/// At start kipam adds its finalizer to each pool, then writes the pool's status from the
+/// copy the pass read before: that update met a conflict with kipam's own finalizer patch,
+/// every time, and made the next pass plan again. It is now written again on the version the
+/// server holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_status_that_meets_a_conflict_is_written_again_without_planning() {
+    let seed = Seed::start("quiet-pool-status").await;
+    seed.apply(POOLS);
+    seed.cluster("a", "dc-1");
+    let ctl = seed.controller_in("ctl", seed.dir(), &[]);
+    seed.wait_for("a allocated, the pool's status written", WAIT, "ctl", |s| {
+        s.phase("a", "metallb") == "Allocated"
+            && s.get("ipampools", None, "metallb")
+                .is_some_and(|p| p["status"]["allocations"] == 1)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let port = ctl.metrics_port;
+    assert!(
+        seed.full_log("ctl")
+            .contains("pool changed under its status update; writing it again"),
+        "the pool status met the conflict with the finalizer patch\n{}",
+        seed.log("ctl")
+    );
+    assert_eq!(
+        (
+            passes_of(port, "whole").await,
+            passes_of(port, "partial").await
+        ),
+        (1, 0),
+        "the pool status conflict made the controller plan again (whole, partial passes)\n{}",
+        seed.log("ctl")
+    );
+    seed.assert_no_overlap_no_leak();
+}
+
 fn ready(seed: &Seed, cluster: &str) -> bool {
     seed.condition("clusters", cluster, "IPAMReady")
         .is_some_and(|c| c["status"] == "True" && c["reason"] == "Allocated")
