@@ -107,8 +107,9 @@ pub const PERMISSIONS: &[Permission] = &[
         IPAM,
         "clusters",
         &["get", "list", "watch", "patch"],
-        "controller cache, which the applier reads too (list/watch); pass/inputs.rs and applier/sync.rs \
-         fresh reads (get); pass/lifecycle.rs finalizers (patch)",
+        "controller cache, which the applier reads too (list/watch); fresh reads (get) in \
+         pass/inputs.rs, pass/statuses.rs (a status update that met a conflict) and \
+         applier/sync.rs; pass/lifecycle.rs finalizers (patch)",
     ),
     rule(
         IPAM,

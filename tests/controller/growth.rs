@@ -706,7 +706,8 @@ async fn growth_is_decided_on_the_kept_plan_and_new_clusters_keep_the_short_pass
     assert_eq!(seed.held("n1", "metallb"), "10.0.0.4-10.0.0.5");
     assert!(
         passes_of(port, "new").await > new_before,
-        "n1 was served by a short pass"
+        "n1 was served by a short pass\n{}",
+        seed.log("ctl")
     );
     assert_eq!(
         passes_of(port, "whole").await,

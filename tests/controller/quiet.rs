@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use serde_json::json;
+
 use super::support::{POOLS, Seed};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -116,4 +118,193 @@ async fn pool_statuses_are_written_at_most_once_a_second_while_clusters_stream_i
         "{updates} pool status updates for 8 clusters in {elapsed:?} (at most {bound})\n{}",
         seed.log("ctl")
     );
+}
+
+/// The passes of one kind the controller on `port` has run.
+async fn passes_of(port: u16, kind: &str) -> u64 {
+    Seed::metric(
+        port,
+        &format!("kipam_reconcile_passes_by_kind_total{{kind=\"{kind}\"}}"),
+    )
+    .await
+    .map_or(0, |v| v as u64)
+}
+
+/// A cluster status patch refused with a conflict (somebody wrote the cluster since it was
+/// read: the applier's `AddonsReady`, or kipam's own last status whose echo the watch had not
+/// brought yet) is read again and written on what changed. It used to leave the cluster to
+/// the next pass, which then had to plan again (a growth pass's conflicts made the next pass
+/// plan the whole seed while refusals and new clusters waited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_status_that_meets_a_conflict_is_written_again_without_planning() {
+    let seed = Seed::start("quiet-conflict").await;
+    // Started where there is no addons directory: the applier is off, and the one status
+    // writer is the planning loop.
+    let ctl = seed.controller_in("ctl", seed.dir(), &[]);
+    seed.apply(POOLS);
+    seed.cluster("a", "dc-1");
+    seed.wait_for("a allocated and ready", WAIT, "ctl", |s| {
+        s.phase("a", "metallb") == "Allocated" && ready(s, "a")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let port = ctl.metrics_port;
+    let partial = passes_of(port, "partial").await;
+    let whole = passes_of(port, "whole").await;
+    let new = passes_of(port, "new").await;
+
+    seed.api.inject_failures("patch", "clusters/status", 1, 409);
+    seed.cluster("b", "dc-1");
+    seed.wait_for(
+        "b allocated and ready, the conflict met",
+        WAIT,
+        "ctl",
+        |s| {
+            s.phase("b", "metallb") == "Allocated" && ready(s, "b") && s.api.pending_failures() == 0
+        },
+    )
+    .await;
+    // Whatever the conflict leaves to do runs now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log = seed.full_log("ctl");
+    assert!(
+        log.contains("cluster changed under its status update"),
+        "the status patch met the conflict\n{}",
+        seed.log("ctl")
+    );
+    assert!(
+        passes_of(port, "new").await > new,
+        "b was served by a short pass\n{}",
+        seed.log("ctl")
+    );
+    assert_eq!(
+        (
+            passes_of(port, "partial").await,
+            passes_of(port, "whole").await
+        ),
+        (partial, whole),
+        "a status conflict made the controller plan again (partial, whole passes)\n{}",
+        seed.log("ctl")
+    );
+    seed.assert_no_overlap_no_leak();
+}
+
+/// kipam's finalizer patch of a new Cluster that meets a conflict (the applier wrote the
+/// Cluster's `AddonsReady` first, as it does for a cluster that comes with its Addons) is made
+/// again on the Cluster read anew. It used to make the next pass plan again, and the status
+/// the pass wrote after it must not put back an older copy of the conditions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finalizer_patch_that_meets_a_conflict_is_made_again_without_planning() {
+    let seed = Seed::start("quiet-finalizer").await;
+    let ctl = seed.controller_in("ctl", seed.dir(), &[]);
+    seed.apply(POOLS);
+    seed.cluster("a", "dc-1");
+    seed.wait_for("a allocated and ready", WAIT, "ctl", |s| {
+        s.phase("a", "metallb") == "Allocated" && ready(s, "a")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let port = ctl.metrics_port;
+    let partial = passes_of(port, "partial").await;
+    let whole = passes_of(port, "whole").await;
+    let new = passes_of(port, "new").await;
+
+    // Another writer's condition lands on b before kipam's finalizer patch does: the patch,
+    // made from the cached copy, is refused.
+    seed.api.inject_failures("patch", "clusters", 1, 409);
+    seed.cluster("b", "dc-1");
+    seed.api
+        .set_status(
+            "clusters",
+            None,
+            "b",
+            json!({"conditions": [{
+                "type": "AddonsReady", "status": "True", "reason": "InSync",
+                "message": "1 addons in sync", "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }]}),
+        )
+        .expect("b's status");
+    seed.wait_for(
+        "b allocated and ready, the conflict met",
+        WAIT,
+        "ctl",
+        |s| {
+            s.phase("b", "metallb") == "Allocated" && ready(s, "b") && s.api.pending_failures() == 0
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        seed.full_log("ctl")
+            .contains("cluster changed under its finalizer patch"),
+        "the finalizer patch met the conflict\n{}",
+        seed.log("ctl")
+    );
+    let b = seed.api.get("clusters", None, "b").expect("b");
+    assert!(
+        b["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|f| f == "ipam.kipam.dev/release-allocations")),
+        "b has kipam's finalizer: {b}"
+    );
+    assert!(
+        seed.condition("clusters", "b", "AddonsReady").is_some(),
+        "the other writer's condition is kept: {b}"
+    );
+    assert!(
+        passes_of(port, "new").await > new,
+        "b was served by a short pass\n{}",
+        seed.log("ctl")
+    );
+    assert_eq!(
+        (
+            passes_of(port, "partial").await,
+            passes_of(port, "whole").await
+        ),
+        (partial, whole),
+        "a finalizer conflict made the controller plan again (partial, whole passes)\n{}",
+        seed.log("ctl")
+    );
+    seed.assert_no_overlap_no_leak();
+}
+
+/// At start kipam adds its finalizer to each pool, then writes the pool's status from the
+/// copy the pass read before: that update met a conflict with kipam's own finalizer patch,
+/// every time, and made the next pass plan again. It is now written again on the version the
+/// server holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_status_that_meets_a_conflict_is_written_again_without_planning() {
+    let seed = Seed::start("quiet-pool-status").await;
+    seed.apply(POOLS);
+    seed.cluster("a", "dc-1");
+    let ctl = seed.controller_in("ctl", seed.dir(), &[]);
+    seed.wait_for("a allocated, the pool's status written", WAIT, "ctl", |s| {
+        s.phase("a", "metallb") == "Allocated"
+            && s.get("ipampools", None, "metallb")
+                .is_some_and(|p| p["status"]["allocations"] == 1)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let port = ctl.metrics_port;
+    assert!(
+        seed.full_log("ctl")
+            .contains("pool changed under its status update; writing it again"),
+        "the pool status met the conflict with the finalizer patch\n{}",
+        seed.log("ctl")
+    );
+    assert_eq!(
+        (
+            passes_of(port, "whole").await,
+            passes_of(port, "partial").await
+        ),
+        (1, 0),
+        "the pool status conflict made the controller plan again (whole, partial passes)\n{}",
+        seed.log("ctl")
+    );
+    seed.assert_no_overlap_no_leak();
+}
+
+fn ready(seed: &Seed, cluster: &str) -> bool {
+    seed.condition("clusters", cluster, "IPAMReady")
+        .is_some_and(|c| c["status"] == "True" && c["reason"] == "Allocated")
 }

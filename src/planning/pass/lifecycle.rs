@@ -79,6 +79,88 @@ pub(super) async fn add_finalizers(
     versions
 }
 
+/// How often kipam's finalizer patch of a Cluster that meets a conflict is tried again on a
+/// fresh copy.
+const FINALIZER_ATTEMPTS: usize = 3;
+
+/// What adding kipam's finalizer to a Cluster came to ([`add_cluster_finalizer`]).
+pub(super) struct Finalized {
+    /// Writes made (0 or 1).
+    pub writes: u64,
+    /// The Cluster's version after the patch: nothing but the finalizer changed between the
+    /// copy the patch was made on and it.
+    pub version: Option<String>,
+    /// That copy, when it is not the cached one the pass read (a conflict made kipam read the
+    /// Cluster again): the Cluster's status is to be built on it, not on the cached copy.
+    pub fresh: Option<Arc<Cluster>>,
+    /// The Cluster was gone when read again.
+    pub gone: bool,
+}
+
+/// Adds kipam's finalizer to a Cluster read from the cache. The patch carries the version it
+/// was computed from (the finalizer list is replaced whole); when somebody wrote the Cluster
+/// since (the applier's `AddonsReady` on a new cluster that comes with its Addons), the Cluster
+/// is read again and the patch made on that copy, a few times, instead of leaving it to a
+/// pass that plans again.
+pub(super) async fn add_cluster_finalizer(
+    ctx: &Context,
+    cluster: &Cluster,
+) -> Result<Finalized, kube::Error> {
+    // RBAC: src/rbac.rs (patch and get of clusters).
+    let api: Api<Cluster> = Api::all(ctx.writer.clone());
+    let mut fresh: Option<Arc<Cluster>> = None;
+    let mut attempt = 0;
+    loop {
+        let current = fresh.as_deref().unwrap_or(cluster);
+        if current.metadata.deletion_timestamp.is_some()
+            || current.finalizers().iter().any(|f| f == CLUSTER_FINALIZER)
+        {
+            return Ok(Finalized {
+                writes: 0,
+                version: current.resource_version(),
+                fresh,
+                gone: false,
+            });
+        }
+        attempt += 1;
+        match patch_finalizers(&api, current, CLUSTER_FINALIZER, true, ctx).await {
+            Ok(version) => {
+                return Ok(Finalized {
+                    writes: 1,
+                    version,
+                    fresh,
+                    gone: false,
+                });
+            }
+            Err(e) if is_conflict(&e) && attempt < FINALIZER_ATTEMPTS => {
+                tracing::debug!(cluster = %cluster.name_any(), "cluster changed under its finalizer patch; patching the fresh copy");
+                match read_cluster(ctx, &cluster.name_any()).await? {
+                    Some(c) => fresh = Some(Arc::new(c)),
+                    None => {
+                        return Ok(Finalized {
+                            writes: 0,
+                            version: None,
+                            fresh: None,
+                            gone: true,
+                        });
+                    }
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The Cluster as the API server holds it now (a write from the cached copy met a conflict).
+pub(super) async fn read_cluster(
+    ctx: &Context,
+    name: &str,
+) -> Result<Option<Cluster>, kube::Error> {
+    // RBAC: src/rbac.rs (clusters get).
+    let api: Api<Cluster> = Api::all(ctx.writer.clone());
+    api.get_opt(name).await
+}
+
 /// Adds or removes one finalizer. The patch carries the `resourceVersion` it was computed
 /// from, so a concurrent change to the object fails (409) instead of being overwritten.
 /// Returns the object's `resourceVersion` after the patch.

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use tokio::sync::{Semaphore, watch};
 
 use super::*;
@@ -226,16 +226,9 @@ async fn run_one(env: &Env<'_>, chain: Chain) -> Done {
     // 1. The finalizer and the namespace, at once.
     let finalizer = async {
         let c = cluster.filter(|_| chain.finalize)?;
-        let api: Api<Cluster> = Api::all(ctx.writer.clone());
         Some(
             env.slots
-                .run(lifecycle::patch_finalizers(
-                    &api,
-                    c,
-                    CLUSTER_FINALIZER,
-                    true,
-                    ctx,
-                ))
+                .run(lifecycle::add_cluster_finalizer(ctx, c))
                 .await,
         )
     };
@@ -245,11 +238,20 @@ async fn run_one(env: &Env<'_>, chain: Chain) -> Done {
     };
     let (finalizer, namespace) = tokio::join!(finalizer, namespace);
     let mut read_at = cluster.and_then(|c| c.resource_version());
+    // The copy the status is built on: the cached one, or the one the finalizer patch read
+    // again after a conflict.
+    let mut status_copy = chain.cluster.clone();
     match finalizer {
-        Some(Ok(version)) => {
-            done.outcome.writes += 1;
-            if version.is_some() {
-                read_at = version;
+        Some(Ok(f)) => {
+            done.outcome.writes += f.writes;
+            if f.gone {
+                status_copy = None;
+            }
+            if f.version.is_some() {
+                read_at = f.version;
+            }
+            if let Some(fresh) = f.fresh {
+                status_copy = Some(fresh);
             }
         }
         Some(Err(e)) if is_conflict(&e) => done.outcome.again = true,
@@ -314,8 +316,7 @@ async fn run_one(env: &Env<'_>, chain: Chain) -> Done {
     }
 
     // 3. The status: once every chain of the pass is over (see `run`).
-    if let Some(c) = chain
-        .cluster
+    if let Some(c) = status_copy
         .as_ref()
         .filter(|_| chain.status || done.failures.contains_key(&chain.name))
     {
@@ -334,8 +335,22 @@ pub(super) struct StatusJob {
     read_at: Option<String>,
 }
 
+/// How often a cluster status that meets a conflict is read again and written over what
+/// changed, before the cluster is left to the next pass.
+const STATUS_ATTEMPTS: usize = 3;
+
 /// One cluster's status, built when its write starts (a burst writes the status of every
 /// cluster: building them all first would hold every one at once).
+///
+/// The patch carries the `resourceVersion` the conditions were read at: the applier writes
+/// `AddonsReady` into the same list, and a patch from an older copy would put its old value
+/// back. When that precondition fails because somebody else wrote the cluster since (most
+/// often the applier, just after this pass changed what the cluster holds), the cluster is
+/// read again and the status built on it and written again, a few times: what the status
+/// reports (this pass's decisions) did not change. Leaving it to the next pass instead asked
+/// for planning again, and a growth pass's conflicts made the next pass plan the seed while
+/// refusals and new clusters waited. Only a cluster whose spec changed since (its
+/// `generation`), or that keeps conflicting, is left to the next pass, which plans it again.
 async fn write_status(env: &Env<'_>, job: StatusJob, failed: Option<&Vec<String>>) -> Done {
     let ctx = env.ctx;
     let mut done = Done::default();
@@ -347,47 +362,68 @@ async fn write_status(env: &Env<'_>, job: StatusJob, failed: Option<&Vec<String>
         .flatten()
         .map(|&i| &env.decisions[i])
         .collect();
-    let Some(next) = statuses::next_cluster_status(
-        &job.cluster,
-        &mine,
-        env.errors.get(&name),
-        failed,
-        env.demand,
-        env.adoption.get(&name),
-        env.now,
-    ) else {
-        return done;
-    };
-    if !due(ctx, "Cluster", &name) {
-        done.outcome.again = true;
-        done.retry_clusters.insert(name);
-        return done;
-    }
-    let r = env
-        .slots
-        .run(statuses::patch_cluster_status(
-            ctx,
-            &name,
-            job.read_at,
-            next,
-        ))
-        .await;
-    match r {
-        Ok(()) => {
-            done.outcome.writes += 1;
-            write_succeeded(ctx, "Cluster", &name);
-        }
-        Err(e) if is_conflict(&e) => {
-            tracing::debug!(cluster = %name, "cluster changed under its status update; planning again");
+    let mut cluster = job.cluster;
+    let mut read_at = job.read_at;
+    for attempt in 0..STATUS_ATTEMPTS {
+        let Some(next) = statuses::next_cluster_status(
+            &cluster,
+            &mine,
+            env.errors.get(&name),
+            failed,
+            env.demand,
+            env.adoption.get(&name),
+            env.now,
+        ) else {
+            return done;
+        };
+        if attempt == 0 && !due(ctx, "Cluster", &name) {
             done.outcome.again = true;
             done.retry_clusters.insert(name);
+            return done;
         }
-        Err(e) => {
-            write_failed(ctx, "Cluster", &name, "patch status of", &e);
-            done.outcome.again = true;
-            done.retry_clusters.insert(name);
+        let r = env
+            .slots
+            .run(statuses::patch_cluster_status(
+                ctx,
+                &name,
+                read_at.take(),
+                next,
+            ))
+            .await;
+        match r {
+            Ok(()) => {
+                done.outcome.writes += 1;
+                write_succeeded(ctx, "Cluster", &name);
+                return done;
+            }
+            Err(e) if is_conflict(&e) => {
+                let generation = cluster.metadata.generation;
+                match env.slots.run(lifecycle::read_cluster(ctx, &name)).await {
+                    Ok(Some(fresh)) if fresh.metadata.generation == generation => {
+                        tracing::debug!(cluster = %name, "cluster changed under its status update; writing it again on what changed");
+                        read_at = fresh.resource_version();
+                        cluster = Arc::new(fresh);
+                    }
+                    // Gone: nothing to report.
+                    Ok(None) => return done,
+                    Ok(Some(_)) => {
+                        tracing::debug!(cluster = %name, "cluster spec changed under its status update; planning again");
+                        break;
+                    }
+                    Err(e) => {
+                        write_failed(ctx, "Cluster", &name, "get", &e);
+                        break;
+                    }
+                }
+            }
+            Err(e) => {
+                write_failed(ctx, "Cluster", &name, "patch status of", &e);
+                break;
+            }
         }
     }
+    done.outcome.again = true;
+    done.retry_clusters.insert(name);
     done
 }
 

@@ -391,6 +391,9 @@ fn deleting_pool_status(ctx: &Context, p: &Arc<IPAMPool>, now: &str) -> Option<P
     })
 }
 
+/// How often a pool status update that meets a conflict is sent again on a fresh version.
+const POOL_STATUS_ATTEMPTS: usize = 3;
+
 /// Writes `updates` (each pool's status is its own object: at most `limit` at once) and
 /// publishes the events of those that landed.
 pub(super) async fn send_pool_status(
@@ -406,10 +409,36 @@ pub(super) async fn send_pool_status(
             let api = api.clone();
             async move {
                 let name = u.pool.name_any();
-                ctx.metrics.wrote("update", "ipampools/status");
-                let result = api
-                    .replace_status(&name, &PostParams::default(), &u.update)
-                    .await;
+                let mut update = u.update.clone();
+                let mut attempt = 0;
+                let result = loop {
+                    attempt += 1;
+                    ctx.metrics.wrote("update", "ipampools/status");
+                    let result = api
+                        .replace_status(&name, &PostParams::default(), &update)
+                        .await;
+                    match result {
+                        Err(e) if is_conflict(&e) && attempt < POOL_STATUS_ATTEMPTS => {
+                            // Written since the cache saw it, most often by kipam itself (the
+                            // pool's finalizer, added in the same pass, or the last status
+                            // whose echo has not come): the status is kipam's alone, so it is
+                            // written again on the version the server holds, unless the
+                            // spec changed (then the pool is planned again).
+                            match api.get_opt(&name).await {
+                                Ok(Some(fresh))
+                                    if fresh.uid() == u.pool.uid()
+                                        && fresh.metadata.generation
+                                            == u.pool.metadata.generation =>
+                                {
+                                    tracing::debug!(pool = %name, "pool changed under its status update; writing it again on the newer version");
+                                    update.metadata.resource_version = fresh.resource_version();
+                                }
+                                _ => break Err(e),
+                            }
+                        }
+                        other => break other,
+                    }
+                };
                 (u, name, result)
             }
         })
@@ -426,7 +455,8 @@ pub(super) async fn send_pool_status(
                 write_succeeded(ctx, "IPAMPool", &name);
             }
             Err(e) if is_conflict(&e) => {
-                // The pool changed since the cache saw it: written again on the newer version.
+                // The pool's spec changed since the cache saw it, or it keeps changing: the
+                // next pass plans it again and writes its status on the newer version.
                 tracing::debug!(pool = %name, "pool changed under its status update; planning again");
                 sent.failed.insert(name);
                 continue;

@@ -241,6 +241,16 @@ impl FieldSelector {
     pub fn is_empty(&self) -> bool {
         self.reqs.is_empty()
     }
+
+    /// The one name the selector asks for (`metadata.name=X`), if it does: the real server
+    /// then reads that object's key alone instead of every object in the namespace (its
+    /// generic store's `MatchesSingle`), and so does the stand-in.
+    pub fn single_name(&self) -> Option<&str> {
+        self.reqs
+            .iter()
+            .find(|(path, eq, _)| *eq && path == "metadata.name")
+            .map(|(_, _, name)| name.as_str())
+    }
 }
 
 /// Both selectors of a list or watch request.
@@ -307,6 +317,15 @@ mod tests {
         assert!(m("metadata.name=x"));
         assert!(m("metadata.namespace==ns,metadata.name!=y"));
         assert!(!m("metadata.name=y"));
+        let single = |s: &str| {
+            FieldSelector::parse(s)
+                .unwrap()
+                .single_name()
+                .map(String::from)
+        };
+        assert_eq!(single("a=b,metadata.name=x"), Some("x".into()));
+        assert_eq!(single("metadata.name!=x"), None);
+        assert_eq!(single("metadata.namespace=x"), None);
         assert!(m("status.phase=Ready"));
         assert!(m("spec.missing="));
         assert!(FieldSelector::parse("nonsense").is_err());

@@ -1039,7 +1039,31 @@ async fn label_and_field_selectors() -> TestResult {
         .list(&ListParams::default().fields("metadata.name=c"))
         .await?;
     assert_eq!(by_field.items.len(), 1);
+    // A list of one name reads that object alone (as the real server does), and the rest of
+    // the selector still applies to it.
+    let field_names = |sel: &'static str, api: Api<ConfigMap>| async move {
+        let l = api
+            .list(&ListParams::default().fields(sel))
+            .await
+            .expect("list");
+        l.items.iter().map(|c| c.name_any()).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        field_names("metadata.name=c,metadata.namespace=default", cms.clone()).await,
+        vec!["c"]
+    );
+    assert!(
+        field_names("metadata.name=c,metadata.namespace=other", cms.clone())
+            .await
+            .is_empty()
+    );
+    assert!(
+        field_names("metadata.name=zz", cms.clone())
+            .await
+            .is_empty()
+    );
     let all: Api<ConfigMap> = Api::all(client.clone());
+    assert_eq!(field_names("metadata.name=c", all.clone()).await, vec!["c"]);
     let by_ns = all
         .list(&ListParams::default().fields("metadata.namespace=default,metadata.name!=a"))
         .await?;

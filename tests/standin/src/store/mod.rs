@@ -489,7 +489,18 @@ impl Store {
         let mut items = Vec::new();
         let mut more = None;
         let mut remaining = 0u64;
-        let matching = self.scan(&key, ns).filter(|o| {
+        // A list of one name in a namespace (or of a cluster-scoped type) reads that key alone,
+        // as the real server does; the selector still applies to it.
+        let single = sel.fields.single_name().and_then(|name| match ns {
+            Some(ns) => Some(self.find(&key, ns, name)),
+            None if !rt.namespaced => Some(self.find(&key, "", name)),
+            None => None,
+        });
+        let candidates: Box<dyn Iterator<Item = &Arc<Value>>> = match single {
+            Some(one) => Box::new(one.into_iter()),
+            None => Box::new(self.scan(&key, ns)),
+        };
+        let matching = candidates.filter(|o| {
             let past_token = after.as_ref().is_none_or(|(ans, aname)| {
                 (meta_str(o, "namespace"), meta_str(o, "name")) > (ans.as_str(), aname.as_str())
             });
