@@ -637,15 +637,6 @@ async fn refusals_are_watched_only_while_a_service_waits() {
 }
 
 /// Passes of one kind this controller ran (`kipam_reconcile_passes_by_kind_total`).
-async fn passes_of(port: u16, kind: &str) -> u64 {
-    Seed::metric(
-        port,
-        &format!("kipam_reconcile_passes_by_kind_total{{kind=\"{kind}\"}}"),
-    )
-    .await
-    .map_or(0, |v| v as u64)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn growth_is_decided_on_the_kept_plan_and_new_clusters_keep_the_short_pass() {
     let seed = Seed::start("growth-kept").await;
@@ -667,11 +658,10 @@ async fn growth_is_decided_on_the_kept_plan_and_new_clusters_keep_the_short_pass
     .await;
     // Settled: the demand of g1 is read, and nothing waits.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let port = ctl.metrics_port;
     // The whole seed is planned by the first pass of the term, and not again before the
     // resync (300 s): not for demand, nor for a new cluster while demand is read.
-    let planned_before = passes_of(port, "whole").await;
-    let growth_before = passes_of(port, "growth").await;
+    let planned_before = ctl.passes_of("whole").await;
+    let growth_before = ctl.passes_of("growth").await;
 
     // A refused Service: the allocation grows, decided by a growth pass.
     service(&user, "s3");
@@ -683,13 +673,13 @@ async fn growth_is_decided_on_the_kept_plan_and_new_clusters_keep_the_short_pass
         seed.held("g1", "metallb"),
         "10.0.0.0-10.0.0.1,10.0.0.2-10.0.0.3"
     );
-    let growth_after = passes_of(port, "growth").await;
+    let growth_after = ctl.passes_of("growth").await;
     assert!(
         growth_after > growth_before,
         "the growth was decided by a growth pass ({growth_before} before, {growth_after} after)"
     );
     assert_eq!(
-        passes_of(port, "whole").await,
+        ctl.passes_of("whole").await,
         planned_before,
         "a refused Service planned the whole seed again\n{}",
         seed.log("ctl")
@@ -697,7 +687,7 @@ async fn growth_is_decided_on_the_kept_plan_and_new_clusters_keep_the_short_pass
 
     // While g1's demand is read, a new cluster still takes the short pass, from the
     // allocators the growth left: it gets the next free addresses, none of g1's.
-    let new_before = passes_of(port, "new").await;
+    let new_before = ctl.passes_of("new").await;
     seed.cluster("n1", "dc-1");
     seed.wait_for("n1 allocated", WAIT, "ctl", |s| {
         !s.held("n1", "metallb").is_empty()
@@ -705,12 +695,12 @@ async fn growth_is_decided_on_the_kept_plan_and_new_clusters_keep_the_short_pass
     .await;
     assert_eq!(seed.held("n1", "metallb"), "10.0.0.4-10.0.0.5");
     assert!(
-        passes_of(port, "new").await > new_before,
+        ctl.passes_of("new").await > new_before,
         "n1 was served by a short pass\n{}",
         seed.log("ctl")
     );
     assert_eq!(
-        passes_of(port, "whole").await,
+        ctl.passes_of("whole").await,
         planned_before,
         "a new cluster planned the whole seed again while demand is read\n{}",
         seed.log("ctl")

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::support::{POOLS, Seed};
+use super::support::{Controller, POOLS, Seed};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -120,14 +120,44 @@ async fn pool_statuses_are_written_at_most_once_a_second_while_clusters_stream_i
     );
 }
 
-/// The passes of one kind the controller on `port` has run.
-async fn passes_of(port: u16, kind: &str) -> u64 {
-    Seed::metric(
-        port,
-        &format!("kipam_reconcile_passes_by_kind_total{{kind=\"{kind}\"}}"),
-    )
-    .await
-    .map_or(0, |v| v as u64)
+/// A controller started where there is no addons directory (the applier is off, and the
+/// planning loop is the one writer of Clusters), settled on cluster `a` of `dc-1`, and its
+/// (partial, whole, new) pass counts then.
+async fn settled_on_a(seed: &Seed) -> (Controller, [u64; 3]) {
+    let ctl = seed.controller_in("ctl", seed.dir(), &[]);
+    seed.apply(POOLS);
+    seed.cluster("a", "dc-1");
+    seed.wait_for("a allocated and ready", WAIT, "ctl", |s| {
+        s.phase("a", "metallb") == "Allocated" && ready(s, "a")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let counts = pass_counts(&ctl).await;
+    (ctl, counts)
+}
+
+async fn pass_counts(ctl: &Controller) -> [u64; 3] {
+    [
+        ctl.passes_of("partial").await,
+        ctl.passes_of("whole").await,
+        ctl.passes_of("new").await,
+    ]
+}
+
+/// `b` was served by a short pass after `before`, and nothing planned again.
+async fn served_without_planning(seed: &Seed, ctl: &Controller, before: [u64; 3], what: &str) {
+    let [partial, whole, new] = pass_counts(ctl).await;
+    assert!(
+        new > before[2],
+        "b was served by a short pass\n{}",
+        seed.log("ctl")
+    );
+    assert_eq!(
+        (partial, whole),
+        (before[0], before[1]),
+        "{what} made the controller plan again (partial, whole passes)\n{}",
+        seed.log("ctl")
+    );
 }
 
 /// A cluster status patch refused with a conflict (somebody wrote the cluster since it was
@@ -138,20 +168,7 @@ async fn passes_of(port: u16, kind: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_status_that_meets_a_conflict_is_written_again_without_planning() {
     let seed = Seed::start("quiet-conflict").await;
-    // Started where there is no addons directory: the applier is off, and the one status
-    // writer is the planning loop.
-    let ctl = seed.controller_in("ctl", seed.dir(), &[]);
-    seed.apply(POOLS);
-    seed.cluster("a", "dc-1");
-    seed.wait_for("a allocated and ready", WAIT, "ctl", |s| {
-        s.phase("a", "metallb") == "Allocated" && ready(s, "a")
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let port = ctl.metrics_port;
-    let partial = passes_of(port, "partial").await;
-    let whole = passes_of(port, "whole").await;
-    let new = passes_of(port, "new").await;
+    let (ctl, before) = settled_on_a(&seed).await;
 
     seed.api.inject_failures("patch", "clusters/status", 1, 409);
     seed.cluster("b", "dc-1");
@@ -172,20 +189,7 @@ async fn a_cluster_status_that_meets_a_conflict_is_written_again_without_plannin
         "the status patch met the conflict\n{}",
         seed.log("ctl")
     );
-    assert!(
-        passes_of(port, "new").await > new,
-        "b was served by a short pass\n{}",
-        seed.log("ctl")
-    );
-    assert_eq!(
-        (
-            passes_of(port, "partial").await,
-            passes_of(port, "whole").await
-        ),
-        (partial, whole),
-        "a status conflict made the controller plan again (partial, whole passes)\n{}",
-        seed.log("ctl")
-    );
+    served_without_planning(&seed, &ctl, before, "a status conflict").await;
     seed.assert_no_overlap_no_leak();
 }
 
@@ -196,18 +200,7 @@ async fn a_cluster_status_that_meets_a_conflict_is_written_again_without_plannin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finalizer_patch_that_meets_a_conflict_is_made_again_without_planning() {
     let seed = Seed::start("quiet-finalizer").await;
-    let ctl = seed.controller_in("ctl", seed.dir(), &[]);
-    seed.apply(POOLS);
-    seed.cluster("a", "dc-1");
-    seed.wait_for("a allocated and ready", WAIT, "ctl", |s| {
-        s.phase("a", "metallb") == "Allocated" && ready(s, "a")
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let port = ctl.metrics_port;
-    let partial = passes_of(port, "partial").await;
-    let whole = passes_of(port, "whole").await;
-    let new = passes_of(port, "new").await;
+    let (ctl, before) = settled_on_a(&seed).await;
 
     // Another writer's condition lands on b before kipam's finalizer patch does: the patch,
     // made from the cached copy, is refused.
@@ -251,20 +244,7 @@ async fn a_finalizer_patch_that_meets_a_conflict_is_made_again_without_planning(
         seed.condition("clusters", "b", "AddonsReady").is_some(),
         "the other writer's condition is kept: {b}"
     );
-    assert!(
-        passes_of(port, "new").await > new,
-        "b was served by a short pass\n{}",
-        seed.log("ctl")
-    );
-    assert_eq!(
-        (
-            passes_of(port, "partial").await,
-            passes_of(port, "whole").await
-        ),
-        (partial, whole),
-        "a finalizer conflict made the controller plan again (partial, whole passes)\n{}",
-        seed.log("ctl")
-    );
+    served_without_planning(&seed, &ctl, before, "a finalizer conflict").await;
     seed.assert_no_overlap_no_leak();
 }
 
@@ -285,7 +265,6 @@ async fn a_pool_status_that_meets_a_conflict_is_written_again_without_planning()
     })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let port = ctl.metrics_port;
     assert!(
         seed.full_log("ctl")
             .contains("pool changed under its status update; writing it again"),
@@ -293,10 +272,7 @@ async fn a_pool_status_that_meets_a_conflict_is_written_again_without_planning()
         seed.log("ctl")
     );
     assert_eq!(
-        (
-            passes_of(port, "whole").await,
-            passes_of(port, "partial").await
-        ),
+        (ctl.passes_of("whole").await, ctl.passes_of("partial").await),
         (1, 0),
         "the pool status conflict made the controller plan again (whole, partial passes)\n{}",
         seed.log("ctl")

@@ -111,6 +111,17 @@ impl Controller {
     /// The planning passes this controller has run, read from its `/metrics`. Fails the test
     /// when the process is not running or the counter cannot be read: a dead controller is not
     /// a quiet one.
+    /// The passes of one kind (`kipam_reconcile_passes_by_kind_total{kind}`) this controller
+    /// has run: `whole`, `partial`, `new`, `growth`, `statuses`, `idle`.
+    pub async fn passes_of(&self, kind: &str) -> u64 {
+        Seed::metric(
+            self.metrics_port,
+            &format!("kipam_reconcile_passes_by_kind_total{{kind=\"{kind}\"}}"),
+        )
+        .await
+        .map_or(0, |v| v as u64)
+    }
+
     pub async fn passes(&mut self) -> u64 {
         assert!(
             self.is_running(),
@@ -158,7 +169,24 @@ impl Drop for Seed {
     }
 }
 
+/// A port for a controller to listen on. Not one the kernel picks (`bind(:0)`): those come
+/// from the ephemeral range, which every outgoing connection of the tests and controllers
+/// running beside draws from too, so one of them could take the port before the controller
+/// binds it ("Address already in use", seen in CI). These come from below that range
+/// (Linux's default starts at 32768), each once per test process, and are checked free.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // Processes started one after another begin at different places.
+    let start = std::process::id().wrapping_mul(7919) % SPAN;
+    for _ in 0..SPAN {
+        let port = (FIRST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
