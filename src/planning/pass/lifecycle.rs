@@ -135,7 +135,10 @@ pub(super) async fn add_cluster_finalizer(
             Err(e) if is_conflict(&e) && attempt < FINALIZER_ATTEMPTS => {
                 tracing::debug!(cluster = %cluster.name_any(), "cluster changed under its finalizer patch; patching the fresh copy");
                 match read_cluster(ctx, &cluster.name_any()).await? {
-                    Some(c) => fresh = Some(Arc::new(c)),
+                    // The same Cluster, not one created again under its name since (the pass
+                    // planned the one it read; the next plans the new one).
+                    Some(c) if c.uid() == cluster.uid() => fresh = Some(Arc::new(c)),
+                    Some(_) => return Err(e),
                     None => {
                         return Ok(Finalized {
                             writes: 0,

@@ -350,7 +350,8 @@ const STATUS_ATTEMPTS: usize = 3;
 /// reports (this pass's decisions) did not change. Leaving it to the next pass instead asked
 /// for planning again, and a growth pass's conflicts made the next pass plan the seed while
 /// refusals and new clusters waited. Only a cluster whose spec changed since (its
-/// `generation`), or that keeps conflicting, is left to the next pass, which plans it again.
+/// `generation`), that was created again (its uid), or that keeps conflicting, is left to the
+/// next pass, which plans it again.
 async fn write_status(env: &Env<'_>, job: StatusJob, failed: Option<&Vec<String>>) -> Done {
     let ctx = env.ctx;
     let mut done = Done::default();
@@ -397,9 +398,11 @@ async fn write_status(env: &Env<'_>, job: StatusJob, failed: Option<&Vec<String>
                 return done;
             }
             Err(e) if is_conflict(&e) => {
-                let generation = cluster.metadata.generation;
+                let (uid, generation) = (cluster.uid(), cluster.metadata.generation);
                 match env.slots.run(lifecycle::read_cluster(ctx, &name)).await {
-                    Ok(Some(fresh)) if fresh.metadata.generation == generation => {
+                    Ok(Some(fresh))
+                        if fresh.uid() == uid && fresh.metadata.generation == generation =>
+                    {
                         tracing::debug!(cluster = %name, "cluster changed under its status update; writing it again on what changed");
                         read_at = fresh.resource_version();
                         cluster = Arc::new(fresh);
@@ -407,7 +410,7 @@ async fn write_status(env: &Env<'_>, job: StatusJob, failed: Option<&Vec<String>
                     // Gone: nothing to report.
                     Ok(None) => return done,
                     Ok(Some(_)) => {
-                        tracing::debug!(cluster = %name, "cluster spec changed under its status update; planning again");
+                        tracing::debug!(cluster = %name, "cluster spec changed (or the cluster was created again) under its status update; planning again");
                         break;
                     }
                     Err(e) => {
