@@ -144,6 +144,26 @@ async fn pass_counts(ctl: &Controller) -> [u64; 3] {
     ]
 }
 
+/// Waits for `b` allocated and ready with the injected conflict used, lets whatever the
+/// conflict leaves to do run, and checks the controller met it (its debug line `met`).
+async fn b_served_after_the_conflict(seed: &Seed, met: &str) {
+    seed.wait_for(
+        "b allocated and ready, the conflict met",
+        WAIT,
+        "ctl",
+        |s| {
+            s.phase("b", "metallb") == "Allocated" && ready(s, "b") && s.api.pending_failures() == 0
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        seed.full_log("ctl").contains(met),
+        "the controller met the conflict ({met:?})\n{}",
+        seed.log("ctl")
+    );
+}
+
 /// `b` was served by a short pass after `before`, and nothing planned again.
 async fn served_without_planning(seed: &Seed, ctl: &Controller, before: [u64; 3], what: &str) {
     let [partial, whole, new] = pass_counts(ctl).await;
@@ -172,23 +192,7 @@ async fn a_cluster_status_that_meets_a_conflict_is_written_again_without_plannin
 
     seed.api.inject_failures("patch", "clusters/status", 1, 409);
     seed.cluster("b", "dc-1");
-    seed.wait_for(
-        "b allocated and ready, the conflict met",
-        WAIT,
-        "ctl",
-        |s| {
-            s.phase("b", "metallb") == "Allocated" && ready(s, "b") && s.api.pending_failures() == 0
-        },
-    )
-    .await;
-    // Whatever the conflict leaves to do runs now.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let log = seed.full_log("ctl");
-    assert!(
-        log.contains("cluster changed under its status update"),
-        "the status patch met the conflict\n{}",
-        seed.log("ctl")
-    );
+    b_served_after_the_conflict(&seed, "cluster changed under its status update").await;
     served_without_planning(&seed, &ctl, before, "a status conflict").await;
     seed.assert_no_overlap_no_leak();
 }
@@ -217,22 +221,7 @@ async fn a_finalizer_patch_that_meets_a_conflict_is_made_again_without_planning(
             }]}),
         )
         .expect("b's status");
-    seed.wait_for(
-        "b allocated and ready, the conflict met",
-        WAIT,
-        "ctl",
-        |s| {
-            s.phase("b", "metallb") == "Allocated" && ready(s, "b") && s.api.pending_failures() == 0
-        },
-    )
-    .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(
-        seed.full_log("ctl")
-            .contains("cluster changed under its finalizer patch"),
-        "the finalizer patch met the conflict\n{}",
-        seed.log("ctl")
-    );
+    b_served_after_the_conflict(&seed, "cluster changed under its finalizer patch").await;
     let b = seed.api.get("clusters", None, "b").expect("b");
     assert!(
         b["metadata"]["finalizers"]
