@@ -314,15 +314,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::seed::{kubeconfig, tenants};
-
-    async fn client_of(user: &ApiServer) -> Client {
-        let parsed = kubeconfig::parse(&user.kubeconfig_yaml(), "test").expect("kubeconfig");
-        let config = kubeconfig::config(parsed, "test", Duration::from_secs(10))
-            .await
-            .expect("config");
-        tenants::client(&config, Duration::from_secs(10)).expect("client")
-    }
+    use crate::seed::tenants::client_of;
 
     fn config_map(user: &ApiServer, name: &str, labelled: bool) {
         let labels = if labelled {
