@@ -38,6 +38,7 @@ use tokio::task::JoinHandle;
 use super::metrics::Metrics;
 use crate::render::ADDON_LABEL;
 use crate::resources::AppliedObject;
+use crate::seed::tenant_watch::{self, Params};
 use crate::seed::{backoff, preconditions};
 
 /// Drift found again within this long of the last repair counts as the same streak.
@@ -515,8 +516,11 @@ async fn watch(
     api: Api<Meta>,
 ) {
     let mut gauge = Gauge::new(metrics);
-    let config = watcher::Config::default().labels(ADDON_LABEL);
-    let mut events = watcher::watcher(api, config).default_backoff().boxed();
+    let params = Params {
+        labels: Some(ADDON_LABEL.to_string()),
+        ..Params::default()
+    };
+    let mut events = tenant_watch::watch(api, params).default_backoff().boxed();
     let mut failing: Option<&'static str> = None;
     let mut names = BTreeSet::new();
     while let Some(event) = events.next().await {

@@ -33,6 +33,7 @@ use crate::resources::{AllocationType, Cluster};
 use crate::seed::Context;
 use crate::seed::demand::ServiceDemand;
 use crate::seed::kubeconfig;
+use crate::seed::tenant_watch::{self, Params};
 
 /// How often the set of user clusters to read is worked out again (also on every ledger
 /// change).
@@ -240,7 +241,7 @@ async fn watch(ctx: &Context, cluster: &str, client: Client) -> String {
     let events_api = Api::<Event>::all(client.clone());
     // Boxed: the task of every user cluster stays small while it waits.
     let mut services: Watch<Service> =
-        watcher::watcher(Api::<Service>::all(client), watcher::Config::default()).boxed();
+        tenant_watch::watch(Api::<Service>::all(client), Params::default());
     let mut events: Option<Watch<Event>> = None;
     // During a (re)list: the Services listed so far, and those that wait, by uid.
     let mut initial: Option<(BTreeMap<String, ServiceDemand>, HashMap<String, String>)> = None;
@@ -254,8 +255,11 @@ async fn watch(ctx: &Context, cluster: &str, client: Client) -> String {
         if !waiting.is_empty() {
             idle_since = None;
             if events.is_none() {
-                let config = watcher::Config::default().fields("reason=AllocationFailed");
-                events = Some(watcher::watcher(events_api.clone(), config).boxed());
+                let params = Params {
+                    fields: Some("reason=AllocationFailed".to_string()),
+                    ..Params::default()
+                };
+                events = Some(tenant_watch::watch(events_api.clone(), params));
             }
         } else if events.is_some() && idle_since.is_none() {
             idle_since = Some(tokio::time::Instant::now());

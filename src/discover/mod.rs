@@ -37,6 +37,7 @@ use crate::planner::adopt::{self, Discovered, HandMadePool, ServedService};
 use crate::resources::Cluster;
 use crate::seed::Context;
 use crate::seed::kubeconfig;
+use crate::seed::tenant_watch::{self, Params};
 
 /// How often the set of user clusters to read is worked out again (also when leadership
 /// changes).
@@ -234,8 +235,7 @@ async fn watch(ctx: &Context, cluster: &str, client: Client, missing_said: &Atom
         let api = Api::<DynamicObject>::all_with(client.clone(), &ip_address_pools());
         let mut backoff = Duration::from_secs(1);
         loop {
-            let mut stream =
-                std::pin::pin!(watcher::watcher(api.clone(), watcher::Config::default()));
+            let mut stream = tenant_watch::watch(api.clone(), Params::default());
             let mut initial: Option<BTreeMap<(String, String), HandMadePool>> = None;
             let error = loop {
                 let event = match stream.try_next().await {
@@ -297,7 +297,7 @@ async fn watch(ctx: &Context, cluster: &str, client: Client, missing_said: &Atom
     };
     let services = async {
         let api = Api::<Service>::all(client.clone());
-        let mut stream = std::pin::pin!(watcher::watcher(api, watcher::Config::default()));
+        let mut stream = tenant_watch::watch(api, Params::default());
         let mut initial: Option<BTreeMap<String, ServedService>> = None;
         loop {
             let event = match stream.try_next().await {

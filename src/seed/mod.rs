@@ -15,6 +15,7 @@ pub mod ledger;
 pub mod metrics;
 pub mod preconditions;
 pub mod records;
+pub mod tenant_watch;
 pub mod tenants;
 pub mod watches;
 

@@ -336,6 +336,17 @@ pub fn source(secret_uid: &str, resource_version: &str, key: &str) -> String {
     format!("{secret_uid}/{resource_version}/{key}")
 }
 
+/// A user cluster's client for a stand-in, as the rooms build it (for tests).
+#[cfg(test)]
+pub(crate) async fn client_of(user: &kube_standin::ApiServer) -> Client {
+    use crate::seed::kubeconfig;
+    let parsed = kubeconfig::parse(&user.kubeconfig_yaml(), "test").expect("kubeconfig");
+    let config = kubeconfig::config(parsed, "test", Duration::from_secs(10))
+        .await
+        .expect("config");
+    client(&config, Duration::from_secs(10)).expect("client")
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -346,15 +357,6 @@ mod tests {
     use kube_standin::ApiServer;
 
     use super::*;
-    use crate::seed::kubeconfig;
-
-    async fn client_of(user: &ApiServer) -> Client {
-        let parsed = kubeconfig::parse(&user.kubeconfig_yaml(), "test").expect("kubeconfig");
-        let config = kubeconfig::config(parsed, "test", Duration::from_secs(10))
-            .await
-            .expect("config");
-        client(&config, Duration::from_secs(10)).expect("client")
-    }
 
     /// A connection kept busy by a watch is still the one requests use after the pool's idle
     /// time: hyper dates a shared HTTP/2 connection from when it was made, not from its last

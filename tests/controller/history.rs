@@ -13,6 +13,7 @@ use super::chaos::{Config, OPS, run};
 async fn no_two_holders_ever_show_one_address_while_holders_edits_and_faults_run() {
     let config = Config::from_env(60, 2);
     let report = run("history", &config).await;
+    eprintln!("{}", report.summary());
     assert!(
         report.failures.is_empty(),
         "{}\n\n{}",
