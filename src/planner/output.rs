@@ -112,16 +112,18 @@ impl Plan {
     /// decides on kept holdings only, so without this an allocation served by a short pass
     /// would never grow until its pool was planned again.
     pub fn settle(&mut self) {
-        for d in &mut self.decisions {
-            if matches!(
-                d.change,
-                Change::Create | Change::Grow | Change::Shrink | Change::Replace
-            ) && d.held.is_some()
-            {
-                d.change = Change::Keep;
-                d.previous = None;
-            }
-        }
+        self.decisions.iter_mut().for_each(settle_one);
+    }
+
+    /// [`Plan::settle`] for one cluster's decisions: those a short pass added and wrote.
+    pub fn settle_cluster(&mut self, cluster: &str) {
+        let first = self
+            .decisions
+            .partition_point(|d| d.cluster.as_str() < cluster);
+        self.decisions[first..]
+            .iter_mut()
+            .take_while(|d| d.cluster == cluster)
+            .for_each(settle_one);
     }
 
     /// The decision for one (cluster, pool).
@@ -129,5 +131,17 @@ impl Plan {
         self.decisions
             .iter()
             .find(|d| d.cluster == cluster && d.pool == pool)
+    }
+}
+
+/// A decision as it stands once its write landed (see [`Plan::settle`]).
+fn settle_one(d: &mut Decision) {
+    if matches!(
+        d.change,
+        Change::Create | Change::Grow | Change::Shrink | Change::Replace
+    ) && d.held.is_some()
+    {
+        d.change = Change::Keep;
+        d.previous = None;
     }
 }

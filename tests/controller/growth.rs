@@ -7,7 +7,7 @@ use kube_standin::ApiServer;
 use serde_json::{Value, json};
 
 use super::metallb::{MetalLb, address_of, service};
-use super::support::Seed;
+use super::support::{Controller, Seed};
 
 const WAIT: Duration = Duration::from_secs(30);
 const METALLB_CRDS: &str = include_str!("../render/fixtures/metallb-crds.yaml");
@@ -706,4 +706,62 @@ async fn growth_is_decided_on_the_kept_plan_and_new_clusters_keep_the_short_pass
         seed.log("ctl")
     );
     seed.assert_no_overlap_no_leak();
+}
+
+/// A user cluster that arrives after the seed was planned is served by a short pass, and its
+/// demand is then read and grown by growth passes alone: the short pass's new allocations are
+/// held like any other in the kept plan, so the demand reader's first word about that cluster
+/// does not take a full pass, which reads the whole seed (at 10,000 clusters × 10 pools a
+/// refusal then waited about 2.5 s for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_cluster_served_by_a_short_pass_grows_without_planning_the_seed() {
+    let seed = Seed::start("growth-short").await;
+    let ctl = seed.controller("ctl");
+    seed.apply(POOLS);
+    seed.cluster("g0", "dc-1");
+    seed.wait_for("g0 allocated", WAIT, "ctl", |s| {
+        !s.held("g0", "metallb").is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let full_before = full_passes(&ctl).await;
+    let new_before = ctl.passes_of("new").await;
+
+    let user = user_cluster().await;
+    let _metallb = MetalLb::start(user.clone());
+    register(&seed, "g1", "dc-1", &user).await;
+    seed.wait_for("the initial pool in the user cluster", WAIT, "ctl", |_| {
+        pool_entries(&user) == vec!["10.0.0.2-10.0.0.3".to_string()]
+    })
+    .await;
+    assert!(
+        ctl.passes_of("new").await > new_before,
+        "g1 was served by a short pass\n{}",
+        seed.log("ctl")
+    );
+    for s in ["s1", "s2", "s3"] {
+        service(&user, s);
+    }
+    seed.wait_for("s1, s2 and s3 served", WAIT, "ctl", |_| {
+        ["s1", "s2", "s3"]
+            .iter()
+            .all(|s| address_of(&user, s).is_some())
+    })
+    .await;
+    assert_eq!(
+        seed.held("g1", "metallb"),
+        "10.0.0.2-10.0.0.3,10.0.0.4-10.0.0.5"
+    );
+    assert_eq!(
+        full_passes(&ctl).await,
+        full_before,
+        "reading or growing a cluster the short pass served took a full pass\n{}",
+        seed.log("ctl")
+    );
+    seed.assert_no_overlap_no_leak();
+}
+
+/// Passes that read the whole seed: those that planned it all and those that planned a part.
+async fn full_passes(ctl: &Controller) -> u64 {
+    ctl.passes_of("whole").await + ctl.passes_of("partial").await
 }

@@ -60,6 +60,7 @@ pub(super) async fn run(
     steps.done("events");
 
     note_usage(state, &added);
+    settle_newcomers(state, &added);
     steps.done("metrics");
     outcome.status_after = start_statuses(ctx, state, &now);
     steps.done("pool status");
@@ -141,6 +142,7 @@ pub(super) async fn run_claims(
     steps.done("claims");
 
     note_usage(state, &added);
+    settle_newcomers(state, &added);
     outcome.status_after = start_statuses(ctx, state, &now);
     steps.done("pool status");
     tracing::debug!(
@@ -419,6 +421,25 @@ fn note_usage(state: &mut PassState, added: &[planner::Decision]) {
         .extend(added.iter().map(|d| d.pool.clone()));
     if let Some((_, plan)) = state.previous.as_ref() {
         state.metrics.observe_added(plan, added);
+    }
+}
+
+/// The newcomers' decisions in the kept plan, now that their writes were made, say they hold
+/// what they got (`Keep`), as a plan made afresh would: growth decides on held allocations
+/// only, and without this a user cluster the short pass served could not be read or grown by a
+/// growth pass until a full pass planned it (at 10,000 clusters, seconds of reading the seed
+/// that every refusal meanwhile waited for). A write that did not land asks for a full pass,
+/// which plans again and keeps its own plan, before any pass reads this one.
+fn settle_newcomers(state: &mut PassState, added: &[planner::Decision]) {
+    let Some((_, plan)) = state.previous.as_mut() else {
+        return;
+    };
+    let mut last: Option<&str> = None;
+    for d in added {
+        if last != Some(d.cluster.as_str()) {
+            plan.settle_cluster(&d.cluster);
+            last = Some(d.cluster.as_str());
+        }
     }
 }
 
