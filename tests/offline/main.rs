@@ -5,6 +5,7 @@ mod adopt;
 mod adversarial;
 mod docs;
 mod files;
+mod leaks;
 mod mutations;
 mod network;
 mod quarantine;

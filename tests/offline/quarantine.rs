@@ -358,3 +358,22 @@ fn a_former_holder_asking_more_than_a_full_pool_has_is_refused() {
         Err(e) => panic!("{e}"),
     }
 }
+
+/// Two releases by one cluster from one pool in the same second (a shrink, then the
+/// cluster's deletion) are one quarantine entry: the second must not overwrite the first.
+/// Proptest's case `cf65dbee…` in `proptest-regressions/quarantine.txt`, named.
+#[test]
+fn two_releases_of_one_cluster_in_one_second_are_both_quarantined() {
+    let events = [
+        Event::Add { c: 2, dc: 0 },
+        Event::Resize { big: true },
+        Event::Resize { big: false },
+        Event::Remove { c: 2 },
+        Event::Add { c: 2, dc: 0 },
+        Event::Remove { c: 2 },
+        Event::Add { c: 0, dc: 0 },
+    ];
+    if let Err(e) = run_events(&events, &workdir("quarantine-same-second")) {
+        panic!("{e}");
+    }
+}
