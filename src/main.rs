@@ -921,7 +921,9 @@ fn check_holders(
         .filter_map(|p| validation::pool_input(p).ok())
         .collect();
     let gateways = validation::gateways(pools);
-    let clashes = offline::holders::state_clashes(&stored, &inputs, &gateways, false);
+    let recorded = offline::holders::recorded_spaces(objects);
+    let clashes =
+        offline::holders::state_clashes(&stored, &inputs, &gateways, &recorded, false);
     if clashes.is_empty() {
         return Ok(());
     }
@@ -978,7 +980,7 @@ fn validate(args: &ValidateArgs) -> Result<(usize, usize, Vec<String>), Vec<Stri
         }
         None => Vec::new(),
     };
-    let stored = match &args.state {
+    let (stored, recorded) = match &args.state {
         Some(p) => {
             let objects = read_state(p).map_err(|e| vec![e])?;
             let mut stored = Vec::new();
@@ -988,9 +990,9 @@ fn validate(args: &ValidateArgs) -> Result<(usize, usize, Vec<String>), Vec<Stri
                         .map_err(|e| e.iter().map(|e| e.to_string()).collect::<Vec<_>>())?,
                 );
             }
-            stored
+            (stored, offline::holders::recorded_spaces(&objects))
         }
-        None => Vec::new(),
+        None => Default::default(),
     };
     let mut errors = Vec::new();
     // Clusters first (the pool checks against the state need their overrides), their
@@ -1043,7 +1045,8 @@ fn validate(args: &ValidateArgs) -> Result<(usize, usize, Vec<String>), Vec<Stri
     // The state is judged with the pools given: two holders of one address in a pool, or in
     // one address space of pools both given, are an error.
     let gateways = validation::gateways(&new.pools);
-    let clashes = offline::holders::state_clashes(&stored, &pool_inputs, &gateways, false);
+    let clashes =
+        offline::holders::state_clashes(&stored, &pool_inputs, &gateways, &recorded, false);
     if !clashes.is_empty() {
         let state = args
             .state

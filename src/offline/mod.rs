@@ -27,7 +27,9 @@ use std::path::{Path, PathBuf};
 use crate::desired::allocation_object;
 use crate::planner::{Change, Plan, PlanInputs};
 use crate::render::Renderer;
-use crate::resources::{Addon, Cluster, IPAMAllocation, IPAMPool, cluster_namespace};
+use crate::resources::{
+    ANNOTATION_ADDRESS_SPACE, Addon, Cluster, IPAMAllocation, IPAMPool, cluster_namespace,
+};
 use crate::validation::{self, FieldError};
 
 pub use files::FileError;
@@ -247,7 +249,8 @@ pub fn run_with_out(
     // Before planning: a state that shows two holders of one address (a Git merge of two
     // branches that each allocated) is refused, never planned or rendered from.
     let gateways = crate::validation::gateways(&manifests.pools);
-    let clashes = holders::state_clashes(&stored, &pools, &gateways, true);
+    let recorded = holders::recorded_spaces(&stored_objects);
+    let clashes = holders::state_clashes(&stored, &pools, &gateways, &recorded, true);
     if !clashes.is_empty() {
         return Err(OfflineError::Clash {
             path: options.state.clone(),
@@ -301,6 +304,10 @@ pub fn run_with_out(
         .iter()
         .map(|p| (p.name.as_str(), p.reclaim_policy))
         .collect();
+    let spaces: HashMap<&str, &str> = pools
+        .iter()
+        .map(|p| (p.name.as_str(), p.address_space.as_str()))
+        .collect();
     let mut next: BTreeMap<(String, String), IPAMAllocation> = BTreeMap::new();
     let mut decided = std::collections::HashSet::new();
     for d in &plan.decisions {
@@ -308,7 +315,19 @@ pub fn run_with_out(
         decided.insert(key.clone());
         let before = existing.get(&key).copied();
         let policy = policies.get(d.pool.as_str()).copied();
-        if let Some(obj) = allocation_object(d, before, policy, &options.now) {
+        if let Some(mut obj) = allocation_object(d, before, policy, &options.now) {
+            // The space its addresses count in, kept for when the pool is gone.
+            if let Some(space) = spaces.get(d.pool.as_str()) {
+                let space = if space.is_empty() {
+                    validation::DEFAULT_SPACE
+                } else {
+                    space
+                };
+                obj.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(ANNOTATION_ADDRESS_SPACE.into(), space.to_string());
+            }
             next.insert(key, obj);
         }
     }

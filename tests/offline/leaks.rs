@@ -191,3 +191,48 @@ fn deleting_a_retain_pool_keeps_another_pools_quarantine() {
         "c2 got {got:?} through q four minutes after c1 let {released:?} go (an hour's quarantine)"
     );
 }
+
+/// Deleting a `Retain` pool whose network another address space reuses: the kept allocation
+/// stays reserved in its own space, and kipam does not refuse its own state. A state written
+/// before allocations recorded their space is refused with the annotation that settles it.
+#[test]
+fn deleting_a_retain_pool_keeps_its_allocation_in_its_own_space() {
+    let s = Sequence::new("retain-space");
+    let r = pool(
+        "r",
+        "  reclaimPolicy: Retain\n  datacenters:\n    dc-1: {type: range, poolCidr: 10.0.0.0/28, allocationRange: 2}\n",
+    );
+    let v = pool(
+        "v",
+        "  addressSpace: vrf-b\n  datacenters:\n    dc-1: {type: range, poolCidr: 10.0.0.0/28, allocationRange: 2}\n",
+    );
+    let first = s.ok(&format!("{r}{v}{}", cluster("c1", "")), 0);
+    let r_held = of(&first, "c1", "r");
+    let v_held = of(&first, "c1", "v");
+    assert_eq!(r_held, v_held, "two spaces: the same addresses once each");
+    assert!(s.state().contains("ipam.kipam.dev/address-space: default"));
+    let after = s.ok(&format!("{v}{}", cluster("c1", "")), 60);
+    assert_eq!(of(&after, "c1", "r"), r_held, "kept by Retain");
+    assert_eq!(of(&after, "c1", "v"), v_held);
+    // A newcomer of the default space does not get what r keeps.
+    let q = pool(
+        "q",
+        "  datacenters:\n    dc-1: {type: range, poolCidr: 10.0.0.0/28, allocationRange: 2}\n",
+    );
+    let last = s.ok(&format!("{q}{v}{}{}", cluster("c1", ""), cluster("c2", "")), 120);
+    assert!(of(&last, "c2", "q").is_disjoint(&r_held));
+    assert!(of(&last, "c1", "q").is_disjoint(&r_held));
+
+    // The same state as an older kipam wrote it (no recorded space): refused, and told how.
+    let old = s.state().replace("ipam.kipam.dev/address-space", "example.com/unrelated");
+    s.w.write("state.yaml", &old);
+    let err = match s.run(&format!("{q}{v}{}{}", cluster("c1", ""), cluster("c2", "")), 180) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a pool gone without a recorded space counts in every space"),
+    };
+    assert!(
+        err.contains("pool r is not in the input, so the space of IPAMAllocation cluster-c1/r is unknown")
+            && err.contains("set its annotation ipam.kipam.dev/address-space to that space"),
+        "{err}"
+    );
+}
