@@ -922,8 +922,7 @@ fn check_holders(
         .collect();
     let gateways = validation::gateways(pools);
     let recorded = offline::holders::recorded_spaces(objects);
-    let clashes =
-        offline::holders::state_clashes(&stored, &inputs, &gateways, &recorded, false);
+    let clashes = offline::holders::state_clashes(&stored, &inputs, &gateways, &recorded, false);
     if clashes.is_empty() {
         return Ok(());
     }
@@ -990,10 +989,17 @@ fn validate(args: &ValidateArgs) -> Result<(usize, usize, Vec<String>), Vec<Stri
                         .map_err(|e| e.iter().map(|e| e.to_string()).collect::<Vec<_>>())?,
                 );
             }
-            (stored, offline::holders::recorded_spaces(&objects))
+            (
+                stored,
+                (
+                    offline::holders::recorded_spaces(&objects),
+                    offline::holders::recorded_prefixes(&objects),
+                ),
+            )
         }
         None => Default::default(),
     };
+    let (recorded, recorded_prefixes) = recorded;
     let mut errors = Vec::new();
     // Clusters first (the pool checks against the state need their overrides), their
     // messages after the pools'.
@@ -1022,7 +1028,13 @@ fn validate(args: &ValidateArgs) -> Result<(usize, usize, Vec<String>), Vec<Stri
     let mut pool_inputs = Vec::new();
     for pool in &new.pools {
         let previous = old.iter().find(|o| o.metadata.name == pool.metadata.name);
-        match validation::validate_pool_with_clusters(pool, previous, &stored, clusters) {
+        match validation::validate_pool_against_state(
+            pool,
+            previous,
+            &stored,
+            clusters,
+            &recorded_prefixes,
+        ) {
             Ok(p) => pool_inputs.push(p),
             Err(e) => errors.extend(e.iter().map(|e| e.to_string())),
         }

@@ -16,10 +16,10 @@ use std::fmt;
 use crate::address::AddrRange;
 use crate::planner::{ClusterInput, HeldElsewhere, PoolInput, StoredAllocation};
 use crate::resources::{
-    ANNOTATION_ADDRESS_SPACE, IPAMAllocation, ReclaimPolicy, cluster_namespace,
-    cluster_of_namespace,
+    ANNOTATION_ADDRESS_SPACE, ANNOTATION_POOL_ALLOCATION_PREFIX, IPAMAllocation, ReclaimPolicy,
+    cluster_namespace, cluster_of_namespace,
 };
-use crate::validation::DEFAULT_SPACE;
+use crate::validation::{DEFAULT_SPACE, RecordedPrefixes};
 
 /// Most clashes listed; the rest are counted.
 const SHOWN: usize = 20;
@@ -116,6 +116,30 @@ pub fn recorded_spaces(objects: &[IPAMAllocation]) -> RecordedSpaces {
         };
         let space = if space == DEFAULT_SPACE { "" } else { space };
         out.insert((cluster.to_string(), pool.clone()), space.to_string());
+    }
+    out
+}
+
+/// The pool `allocationPrefix`es the state's allocations record
+/// ([`ANNOTATION_POOL_ALLOCATION_PREFIX`]); a value that does not read is left out.
+pub fn recorded_prefixes(objects: &[IPAMAllocation]) -> RecordedPrefixes {
+    let mut out = RecordedPrefixes::new();
+    for obj in objects {
+        let Some(length) = obj
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_POOL_ALLOCATION_PREFIX))
+            .and_then(|v| v.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let (Some(namespace), Some(pool)) = (&obj.metadata.namespace, &obj.metadata.name) else {
+            continue;
+        };
+        if let Some(cluster) = cluster_of_namespace(namespace) {
+            out.insert((cluster.to_string(), pool.clone()), length);
+        }
     }
     out
 }

@@ -316,7 +316,9 @@ impl Planner<'_> {
                 let held: Vec<AddrRange> = match self.allocators.get_mut(&key) {
                     Some(Ok(a)) => {
                         a.set_aside(&quarantine_tag(&holder), Aside::Quarantined, ranges);
-                        a.get(&holder).map(|h| h.ranges().collect()).unwrap_or_default()
+                        a.get(&holder)
+                            .map(|h| h.ranges().collect())
+                            .unwrap_or_default()
                     }
                     _ => Vec::new(),
                 };
@@ -417,7 +419,10 @@ impl Planner<'_> {
                 // so two releases of one holder in the same second are one entry.
                 let mut by_time: BTreeMap<i64, Vec<AddrRange>> = BTreeMap::new();
                 for (at, ranges) in entries {
-                    by_time.entry(*at).or_default().extend(ranges.iter().copied());
+                    by_time
+                        .entry(*at)
+                        .or_default()
+                        .extend(ranges.iter().copied());
                 }
                 for (at, ranges) in by_time {
                     out.push(Quarantined {

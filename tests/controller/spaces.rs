@@ -1002,21 +1002,31 @@ spec:
     let released = addresses_of(&seed.held("c1", "a"));
     assert_eq!(released.len(), 2);
     seed.delete("clusters", None, "c1");
-    seed.wait_for("c1's addresses quarantined", Duration::from_secs(30), "r0", |s| {
-        s.allocation("c1", "a").is_none()
-            && s.allocation("c1", "b").is_none()
-            && quarantine_entries(s)
-                .iter()
-                .any(|(p, n, _)| p == "a" && n.starts_with("quarantined/c1@"))
-    })
+    seed.wait_for(
+        "c1's addresses quarantined",
+        Duration::from_secs(30),
+        "r0",
+        |s| {
+            s.allocation("c1", "a").is_none()
+                && s.allocation("c1", "b").is_none()
+                && quarantine_entries(s)
+                    .iter()
+                    .any(|(p, n, _)| p == "a" && n.starts_with("quarantined/c1@"))
+        },
+    )
     .await;
     seed.apply(&pools(", excludeRanges: [10.0.0.0]"));
-    seed.wait_for("the exclusion planned", Duration::from_secs(30), "r0", |s| {
-        s.get("ipampools", None, "a").is_some_and(|p| {
-            p["status"]["observedGeneration"] == p["metadata"]["generation"]
-                && p["metadata"]["generation"] == 2
-        })
-    })
+    seed.wait_for(
+        "the exclusion planned",
+        Duration::from_secs(30),
+        "r0",
+        |s| {
+            s.get("ipampools", None, "a").is_some_and(|p| {
+                p["status"]["observedGeneration"] == p["metadata"]["generation"]
+                    && p["metadata"]["generation"] == 2
+            })
+        },
+    )
     .await;
     seed.cluster("c2", "dc-1");
     seed.wait_for("c2 allocated", Duration::from_secs(30), "r0", |s| {

@@ -116,7 +116,11 @@ fn excluding_a_quarantined_address_keeps_it_quarantined_for_the_space() {
     s.ok(&format!("{}{b}", a("")), 60);
     s.ok(&format!("{}{b}", a(", excludeRanges: [10.0.0.0]")), 120);
     let last = s.ok(
-        &format!("{}{b}{}", a(", excludeRanges: [10.0.0.0]"), cluster("c2", "")),
+        &format!(
+            "{}{b}{}",
+            a(", excludeRanges: [10.0.0.0]"),
+            cluster("c2", "")
+        ),
         180,
     );
     for p in ["a", "b"] {
@@ -219,20 +223,209 @@ fn deleting_a_retain_pool_keeps_its_allocation_in_its_own_space() {
         "q",
         "  datacenters:\n    dc-1: {type: range, poolCidr: 10.0.0.0/28, allocationRange: 2}\n",
     );
-    let last = s.ok(&format!("{q}{v}{}{}", cluster("c1", ""), cluster("c2", "")), 120);
+    let last = s.ok(
+        &format!("{q}{v}{}{}", cluster("c1", ""), cluster("c2", "")),
+        120,
+    );
     assert!(of(&last, "c2", "q").is_disjoint(&r_held));
     assert!(of(&last, "c1", "q").is_disjoint(&r_held));
 
     // The same state as an older kipam wrote it (no recorded space): refused, and told how.
-    let old = s.state().replace("ipam.kipam.dev/address-space", "example.com/unrelated");
+    let old = s
+        .state()
+        .replace("ipam.kipam.dev/address-space", "example.com/unrelated");
     s.w.write("state.yaml", &old);
-    let err = match s.run(&format!("{q}{v}{}{}", cluster("c1", ""), cluster("c2", "")), 180) {
+    let err = match s.run(
+        &format!("{q}{v}{}{}", cluster("c1", ""), cluster("c2", "")),
+        180,
+    ) {
         Err(e) => e.to_string(),
         Ok(_) => panic!("a pool gone without a recorded space counts in every space"),
     };
     assert!(
-        err.contains("pool r is not in the input, so the space of IPAMAllocation cluster-c1/r is unknown")
-            && err.contains("set its annotation ipam.kipam.dev/address-space to that space"),
+        err.contains(
+            "pool r is not in the input, so the space of IPAMAllocation cluster-c1/r is unknown"
+        ) && err.contains("set its annotation ipam.kipam.dev/address-space to that space"),
+        "{err}"
+    );
+}
+
+/// A cluster that moves releases what a deleted `Retain` pool kept for it in its old
+/// datacenter, as it releases every other allocation there: it is served, and its addons
+/// rendered, in the new datacenter only.
+#[test]
+fn a_move_releases_what_a_retain_pool_kept() {
+    let s = Sequence::new("retain-move");
+    let r = pool(
+        "r",
+        "  reclaimPolicy: Retain\n  datacenters:\n    dc-1: {type: range, poolCidr: 10.0.0.0/28, allocationRange: 2}\n",
+    );
+    let first = s.ok(&format!("{r}{}", cluster("c1", "")), 0);
+    assert_eq!(of(&first, "c1", "r").len(), 2);
+    let kept = s.ok(&cluster("c1", ""), 60);
+    assert_eq!(
+        of(&kept, "c1", "r").len(),
+        2,
+        "kept by Retain while c1 stays"
+    );
+    let moved = cluster("c1", "").replace("datacenter: dc-1", "datacenter: dc-2");
+    let after = s.ok(&moved, 120);
+    let d = after
+        .plan
+        .decisions
+        .iter()
+        .find(|d| d.cluster == "c1" && d.pool == "r")
+        .expect("a decision for c1's kept allocation");
+    assert_eq!(d.change.to_string(), "released", "{d:?}");
+    assert!(
+        d.message.contains("moved from datacenter dc-1 to dc-2"),
+        "{}",
+        d.message
+    );
+    assert!(of(&after, "c1", "r").is_empty());
+    assert!(!s.state().contains("cluster-c1"), "{}", s.state());
+}
+
+/// After every kind of edit, running again with no change writes nothing: the state file a
+/// GitOps pipeline commits changes only when the inputs do.
+#[test]
+fn a_rerun_after_any_edit_writes_nothing() {
+    let s = Sequence::new("rerun");
+    let pools = |size: u32| {
+        format!(
+            "{}{}",
+            pool(
+                "lb",
+                &format!(
+                    "  datacenters:\n    dc-1: {{type: range, poolCidr: 10.0.0.0/27, allocationRange: {size}, reuseAfter: 1h}}\n    dc-2: {{type: range, poolCidr: 10.1.0.0/27, allocationRange: {size}}}\n"
+                )
+            ),
+            pool(
+                "nodes",
+                "  datacenters:\n    dc-1: {type: prefix, poolCidr: 10.2.0.0/26, allocationPrefix: 29}\n",
+            )
+        )
+    };
+    let steps: Vec<(&str, String)> = vec![
+        (
+            "create",
+            format!("{}{}{}", pools(4), cluster("c1", ""), cluster("c2", "")),
+        ),
+        (
+            "pin",
+            format!(
+                "{}{}{}",
+                pools(4),
+                cluster("c1", ", ipam: {lb: {addresses: [10.0.0.20-10.0.0.23]}}"),
+                cluster("c2", "")
+            ),
+        ),
+        (
+            "pin changed",
+            format!(
+                "{}{}{}",
+                pools(4),
+                cluster("c1", ", ipam: {lb: {addresses: [10.0.0.24-10.0.0.27]}}"),
+                cluster("c2", "")
+            ),
+        ),
+        (
+            "subnet pinned",
+            format!(
+                "{}{}{}",
+                pools(4),
+                cluster("c1", ", ipam: {nodes: {cidr: 10.2.0.16/28}}"),
+                cluster("c2", "")
+            ),
+        ),
+        (
+            "resized",
+            format!("{}{}{}", pools(6), cluster("c1", ""), cluster("c2", "")),
+        ),
+        (
+            "opted out",
+            format!(
+                "{}{}{}",
+                pools(6),
+                cluster("c1", ", ipam: {lb: {optOut: true}}"),
+                cluster("c2", "")
+            ),
+        ),
+        (
+            "moved",
+            format!(
+                "{}{}{}",
+                pools(6),
+                cluster("c1", ""),
+                cluster("c2", "").replace("dc-1", "dc-2")
+            ),
+        ),
+        ("removed", format!("{}{}", pools(6), cluster("c1", ""))),
+    ];
+    let mut at = 0;
+    for (what, manifests) in &steps {
+        at += 60;
+        s.ok(manifests, at);
+        let before = s.state();
+        at += 60;
+        let again = s.ok(manifests, at);
+        assert!(
+            !again.state_written,
+            "after {what}, a run with no change rewrote the state:\n--- before\n{before}\n--- after\n{}",
+            s.state()
+        );
+    }
+}
+
+/// Unpinning a subnet, or removing a cluster's own `allocationPrefix`, leaves it a subnet of
+/// another length than the pool's: that is no change of the pool's `allocationPrefix`, and is
+/// not refused as one. A real change still is, naming what the pool said before.
+#[test]
+fn a_subnet_a_pin_or_override_gave_is_no_change_of_the_pools_allocation_prefix() {
+    let nodes = |length: u32| {
+        pool(
+            "nodes",
+            &format!(
+                "  datacenters:\n    dc-1: {{type: prefix, poolCidr: 10.0.0.0/26, allocationPrefix: {length}}}\n"
+            ),
+        )
+    };
+    let s = Sequence::new("prefix-unpin");
+    s.ok(&format!("{}{}", nodes(29), cluster("c1", "")), 0);
+    let pinned = s.ok(
+        &format!(
+            "{}{}",
+            nodes(29),
+            cluster("c1", ", ipam: {nodes: {cidr: 10.0.0.16/28}}")
+        ),
+        60,
+    );
+    assert_eq!(of(&pinned, "c1", "nodes").len(), 16);
+    s.ok(&format!("{}{}", nodes(29), cluster("c1", "")), 120);
+    s.ok(
+        &format!(
+            "{}{}{}",
+            nodes(29),
+            cluster("c1", ""),
+            cluster("c2", ", ipam: {nodes: {allocationPrefix: 28}}")
+        ),
+        180,
+    );
+    s.ok(
+        &format!("{}{}{}", nodes(29), cluster("c1", ""), cluster("c2", "")),
+        240,
+    );
+    let err = match s.run(
+        &format!("{}{}{}", nodes(30), cluster("c1", ""), cluster("c2", "")),
+        300,
+    ) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a changed allocationPrefix is refused"),
+    };
+    assert!(
+        err.contains(
+            "IPAMPool nodes: spec.datacenters[dc-1].allocationPrefix \"30\": is immutable (was 29)"
+        ),
         "{err}"
     );
 }
