@@ -96,52 +96,36 @@ pub fn clash_messages(clashes: &[Clash]) -> Vec<String> {
 /// name: empty for the default space).
 pub type RecordedSpaces = HashMap<(String, String), String>;
 
+/// (cluster, pool) and the value of `annotation` of every allocation of the state that
+/// carries it.
+fn annotated<'a>(
+    objects: &'a [IPAMAllocation],
+    annotation: &'a str,
+) -> impl Iterator<Item = ((String, String), &'a str)> + 'a {
+    objects.iter().filter_map(move |obj| {
+        let value = obj.metadata.annotations.as_ref()?.get(annotation)?;
+        let cluster = cluster_of_namespace(obj.metadata.namespace.as_deref()?)?;
+        let pool = obj.metadata.name.clone()?;
+        Some(((cluster.to_string(), pool), value.as_str()))
+    })
+}
+
 /// The address spaces the state's allocations record ([`ANNOTATION_ADDRESS_SPACE`]).
 pub fn recorded_spaces(objects: &[IPAMAllocation]) -> RecordedSpaces {
-    let mut out = RecordedSpaces::new();
-    for obj in objects {
-        let Some(space) = obj
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANNOTATION_ADDRESS_SPACE))
-        else {
-            continue;
-        };
-        let (Some(namespace), Some(pool)) = (&obj.metadata.namespace, &obj.metadata.name) else {
-            continue;
-        };
-        let Some(cluster) = cluster_of_namespace(namespace) else {
-            continue;
-        };
-        let space = if space == DEFAULT_SPACE { "" } else { space };
-        out.insert((cluster.to_string(), pool.clone()), space.to_string());
-    }
-    out
+    annotated(objects, ANNOTATION_ADDRESS_SPACE)
+        .map(|(key, space)| {
+            let space = if space == DEFAULT_SPACE { "" } else { space };
+            (key, space.to_string())
+        })
+        .collect()
 }
 
 /// The pool `allocationPrefix`es the state's allocations record
 /// ([`ANNOTATION_POOL_ALLOCATION_PREFIX`]); a value that does not read is left out.
 pub fn recorded_prefixes(objects: &[IPAMAllocation]) -> RecordedPrefixes {
-    let mut out = RecordedPrefixes::new();
-    for obj in objects {
-        let Some(length) = obj
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANNOTATION_POOL_ALLOCATION_PREFIX))
-            .and_then(|v| v.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let (Some(namespace), Some(pool)) = (&obj.metadata.namespace, &obj.metadata.name) else {
-            continue;
-        };
-        if let Some(cluster) = cluster_of_namespace(namespace) {
-            out.insert((cluster.to_string(), pool.clone()), length);
-        }
-    }
-    out
+    annotated(objects, ANNOTATION_POOL_ALLOCATION_PREFIX)
+        .filter_map(|(key, length)| Some((key, length.parse::<i32>().ok()?)))
+        .collect()
 }
 
 /// Every address held twice in `stored` within one datacenter and address space, and every

@@ -6,9 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
-use kipam::offline::{OfflineError, OfflineOptions, OfflineReport, run};
+use kipam::offline::{OfflineError, OfflineOptions, OfflineReport};
 
-use super::Workdir;
+use super::{Workdir, run_in_process};
 
 /// 2026-11-25T18:00:00Z.
 const T0: i64 = 1_764_093_600;
@@ -28,7 +28,7 @@ impl Sequence {
     /// One run over `manifests` at `T0 + seconds`.
     fn run(&self, manifests: &str, seconds: i64) -> Result<OfflineReport, OfflineError> {
         let file = self.w.write("in.yaml", manifests);
-        run(&OfflineOptions {
+        run_in_process(&OfflineOptions {
             files: vec![file],
             state: self.w.path("state.yaml"),
             now: kipam::offline::quarantine::time_text(T0 + seconds),

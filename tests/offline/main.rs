@@ -46,6 +46,26 @@ impl Drop for Workdir {
     }
 }
 
+/// `kipam::offline::run` in this test process. Other tests of this binary spawn processes:
+/// one forked between a run's open of the state's lock file and its exec briefly shares the
+/// lock. That is a run "in use", not a failure: wait for it (a second at most).
+fn run_in_process(
+    options: &kipam::offline::OfflineOptions,
+) -> Result<kipam::offline::OfflineReport, kipam::offline::OfflineError> {
+    let mut attempt = 0;
+    loop {
+        match kipam::offline::run(options) {
+            Err(kipam::offline::OfflineError::File(kipam::offline::FileError::Locked {
+                ..
+            })) if attempt < 50 => {
+                attempt += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
 fn kipam(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kipam"))
         .args(args)

@@ -7,10 +7,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use kipam::offline::{OfflineOptions, run};
+use kipam::offline::OfflineOptions;
 use proptest::prelude::*;
 
-use super::Workdir;
+use super::{Workdir, run_in_process};
 
 const CLUSTERS: usize = 6;
 
@@ -280,17 +280,8 @@ fn run_events(events: &[Event], w: &Workdir) -> Result<usize, TestCaseError> {
             allow_release: true,
             allow_empty_state: false,
         };
-        // Other tests of this binary spawn processes: one forked between our open and its
-        // exec briefly shares the state file's lock. That is a run "in use", not a failure.
-        let mut attempt = 0;
-        let report = loop {
-            match run(&options) {
-                Err(kipam::offline::OfflineError::File(kipam::offline::FileError::Locked {
-                    ..
-                })) if attempt < 50 => {
-                    attempt += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
+        let report = 'run: {
+            match run_in_process(&options) {
                 // An exclusion over held addresses, or a gateway someone holds, is refused,
                 // and nothing is written: the edit is taken back, as its author would.
                 Err(kipam::offline::OfflineError::Invalid(why))
@@ -300,7 +291,7 @@ fn run_events(events: &[Event], w: &Workdir) -> Result<usize, TestCaseError> {
                         why.iter().all(|f| f.field.contains("excludeRanges")),
                         "step {step}: {why:?}"
                     );
-                    break Err(None);
+                    break 'run Err(None);
                 }
                 Err(kipam::offline::OfflineError::Clash { messages, .. })
                     if matches!(e, Event::Gateway { on: true }) =>
@@ -311,9 +302,9 @@ fn run_events(events: &[Event], w: &Workdir) -> Result<usize, TestCaseError> {
                             .all(|m| m.contains("the gateway of pool gw")),
                         "step {step}: {messages:?}"
                     );
-                    break Err(None);
+                    break 'run Err(None);
                 }
-                other => break other.map_err(Some),
+                other => other.map_err(Some),
             }
         };
         let report = match report {
