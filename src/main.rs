@@ -921,7 +921,8 @@ fn check_holders(
         .filter_map(|p| validation::pool_input(p).ok())
         .collect();
     let gateways = validation::gateways(pools);
-    let clashes = offline::holders::state_clashes(&stored, &inputs, &gateways, false);
+    let recorded = offline::holders::recorded_spaces(objects);
+    let clashes = offline::holders::state_clashes(&stored, &inputs, &gateways, &recorded, false);
     if clashes.is_empty() {
         return Ok(());
     }
@@ -978,7 +979,7 @@ fn validate(args: &ValidateArgs) -> Result<(usize, usize, Vec<String>), Vec<Stri
         }
         None => Vec::new(),
     };
-    let stored = match &args.state {
+    let (stored, recorded) = match &args.state {
         Some(p) => {
             let objects = read_state(p).map_err(|e| vec![e])?;
             let mut stored = Vec::new();
@@ -988,10 +989,17 @@ fn validate(args: &ValidateArgs) -> Result<(usize, usize, Vec<String>), Vec<Stri
                         .map_err(|e| e.iter().map(|e| e.to_string()).collect::<Vec<_>>())?,
                 );
             }
-            stored
+            (
+                stored,
+                (
+                    offline::holders::recorded_spaces(&objects),
+                    offline::holders::recorded_prefixes(&objects),
+                ),
+            )
         }
-        None => Vec::new(),
+        None => Default::default(),
     };
+    let (recorded, recorded_prefixes) = recorded;
     let mut errors = Vec::new();
     // Clusters first (the pool checks against the state need their overrides), their
     // messages after the pools'.
@@ -1020,7 +1028,13 @@ fn validate(args: &ValidateArgs) -> Result<(usize, usize, Vec<String>), Vec<Stri
     let mut pool_inputs = Vec::new();
     for pool in &new.pools {
         let previous = old.iter().find(|o| o.metadata.name == pool.metadata.name);
-        match validation::validate_pool_with_clusters(pool, previous, &stored, clusters) {
+        match validation::validate_pool_against_state(
+            pool,
+            previous,
+            &stored,
+            clusters,
+            &recorded_prefixes,
+        ) {
             Ok(p) => pool_inputs.push(p),
             Err(e) => errors.extend(e.iter().map(|e| e.to_string())),
         }
@@ -1043,7 +1057,8 @@ fn validate(args: &ValidateArgs) -> Result<(usize, usize, Vec<String>), Vec<Stri
     // The state is judged with the pools given: two holders of one address in a pool, or in
     // one address space of pools both given, are an error.
     let gateways = validation::gateways(&new.pools);
-    let clashes = offline::holders::state_clashes(&stored, &pool_inputs, &gateways, false);
+    let clashes =
+        offline::holders::state_clashes(&stored, &pool_inputs, &gateways, &recorded, false);
     if !clashes.is_empty() {
         let state = args
             .state

@@ -15,7 +15,11 @@ use std::fmt;
 
 use crate::address::AddrRange;
 use crate::planner::{ClusterInput, HeldElsewhere, PoolInput, StoredAllocation};
-use crate::resources::{ReclaimPolicy, cluster_namespace};
+use crate::resources::{
+    ANNOTATION_ADDRESS_SPACE, ANNOTATION_POOL_ALLOCATION_PREFIX, IPAMAllocation, ReclaimPolicy,
+    cluster_namespace, cluster_of_namespace,
+};
+use crate::validation::{DEFAULT_SPACE, RecordedPrefixes};
 
 /// Most clashes listed; the rest are counted.
 const SHOWN: usize = 20;
@@ -88,26 +92,68 @@ pub fn clash_messages(clashes: &[Clash]) -> Vec<String> {
     out
 }
 
+/// (cluster, pool) -> the address space an allocation's annotation records (the planner's
+/// name: empty for the default space).
+pub type RecordedSpaces = HashMap<(String, String), String>;
+
+/// (cluster, pool) and the value of `annotation` of every allocation of the state that
+/// carries it.
+fn annotated<'a>(
+    objects: &'a [IPAMAllocation],
+    annotation: &'a str,
+) -> impl Iterator<Item = ((String, String), &'a str)> + 'a {
+    objects.iter().filter_map(move |obj| {
+        let value = obj.metadata.annotations.as_ref()?.get(annotation)?;
+        let cluster = cluster_of_namespace(obj.metadata.namespace.as_deref()?)?;
+        let pool = obj.metadata.name.clone()?;
+        Some(((cluster.to_string(), pool), value.as_str()))
+    })
+}
+
+/// The address spaces the state's allocations record ([`ANNOTATION_ADDRESS_SPACE`]).
+pub fn recorded_spaces(objects: &[IPAMAllocation]) -> RecordedSpaces {
+    annotated(objects, ANNOTATION_ADDRESS_SPACE)
+        .map(|(key, space)| {
+            let space = if space == DEFAULT_SPACE { "" } else { space };
+            (key, space.to_string())
+        })
+        .collect()
+}
+
+/// The pool `allocationPrefix`es the state's allocations record
+/// ([`ANNOTATION_POOL_ALLOCATION_PREFIX`]); a value that does not read is left out.
+pub fn recorded_prefixes(objects: &[IPAMAllocation]) -> RecordedPrefixes {
+    annotated(objects, ANNOTATION_POOL_ALLOCATION_PREFIX)
+        .filter_map(|(key, length)| Some((key, length.parse::<i32>().ok()?)))
+        .collect()
+}
+
 /// Every address held twice in `stored` within one datacenter and address space, and every
 /// stored allocation holding a gateway of its address space.
 ///
 /// `pools` are the pools known (with their address spaces); `gateways` their gateways
-/// ([`gateways`]). With `whole_world` (`kipam offline`, whose input is every pool), an
-/// allocation of a pool that is not in `pools`, or that no longer serves its datacenter,
-/// holds its addresses in every address space of the datacenter; otherwise (`validate`,
-/// `render`, given some pools) it is compared with the allocations of its own pool only.
+/// ([`gateways`]); `recorded` the spaces the allocations themselves record. An allocation of a
+/// pool that is not in `pools`, or that no longer serves its datacenter, counts in the space
+/// it records; when it records none, with `whole_world` (`kipam offline`, whose input is
+/// every pool) it holds its addresses in every address space of the datacenter, and otherwise
+/// (`validate`, `render`, given some pools) it is compared with the allocations of its own
+/// pool only.
 pub fn state_clashes(
     stored: &[StoredAllocation],
     pools: &[PoolInput],
     gateways: &[HeldElsewhere],
+    recorded: &RecordedSpaces,
     whole_world: bool,
 ) -> Vec<Clash> {
     let by_name: HashMap<&str, &PoolInput> = pools.iter().map(|p| (p.name.as_str(), p)).collect();
-    let space_of = |pool: &str, dc: &str| -> Space<'_> {
+    let space_of = |cluster: &str, pool: &str, dc: &str| -> Space<'_> {
         match by_name.get(pool) {
             Some(p) if p.datacenters.contains_key(dc) => Space::Of(p.address_space.as_str()),
-            _ if whole_world => Space::Every,
-            _ => Space::Unknown,
+            _ => match recorded.get(&(cluster.to_string(), pool.to_string())) {
+                Some(space) => Space::Of(space.as_str()),
+                None if whole_world => Space::Every,
+                None => Space::Unknown,
+            },
         }
     };
     // Per datacenter: (first, last, family, holder, space, pool).
@@ -115,7 +161,7 @@ pub fn state_clashes(
     let mut by_dc: BTreeMap<&str, Vec<Entry<'_>>> = BTreeMap::new();
     for s in stored {
         let Some(held) = &s.held else { continue };
-        let space = space_of(&s.pool, &s.datacenter);
+        let space = space_of(&s.cluster, &s.pool, &s.datacenter);
         let list = by_dc.entry(s.datacenter.as_str()).or_default();
         list.extend(
             held.ranges()
@@ -123,7 +169,7 @@ pub fn state_clashes(
         );
     }
     for g in gateways {
-        let space = space_of(&g.pool, &g.datacenter);
+        let space = space_of("", &g.pool, &g.datacenter);
         let list = by_dc.entry(g.datacenter.as_str()).or_default();
         list.extend(g.addresses.iter().map(|r| {
             (
@@ -178,14 +224,33 @@ fn clash_of(
     let last = ra.last().min(rb.last());
     let addresses = AddrRange::new(ra.family(), first, last)?;
     let way_out = match (ha, hb) {
-        (Holder::Allocation(x), Holder::Allocation(y)) => format!(
-            "decide which cluster keeps them and delete the other's IPAMAllocation document \
-             ({}/{} or {}/{}) from the state file; the next run gives that cluster new addresses",
-            cluster_namespace(&x.cluster),
-            x.pool,
-            cluster_namespace(&y.cluster),
-            y.pool
-        ),
+        (Holder::Allocation(x), Holder::Allocation(y)) => {
+            let mut way_out = format!(
+                "decide which cluster keeps them and delete the other's IPAMAllocation \
+                 document ({}/{} or {}/{}) from the state file; the next run gives that \
+                 cluster new addresses",
+                cluster_namespace(&x.cluster),
+                x.pool,
+                cluster_namespace(&y.cluster),
+                y.pool
+            );
+            // A pool that is gone, written by a kipam that did not record spaces: say how to
+            // tell which space it was, which may end the clash.
+            for (h, space) in [(x, sa), (y, sb)] {
+                if *space == Space::Every {
+                    way_out.push_str(&format!(
+                        "; pool {} is not in the input, so the space of IPAMAllocation {}/{} \
+                         is unknown and it counts in every space: if its pool was in another \
+                         addressSpace, set its annotation {ANNOTATION_ADDRESS_SPACE} to that \
+                         space",
+                        h.pool,
+                        cluster_namespace(&h.cluster),
+                        h.pool
+                    ));
+                }
+            }
+            way_out
+        }
         (Holder::Allocation(x), Holder::Gateway { .. })
         | (Holder::Gateway { .. }, Holder::Allocation(x)) => format!(
             "delete the IPAMAllocation document {}/{} from the state file; the next run gives \
@@ -277,31 +342,32 @@ mod tests {
 
     #[test]
     fn spaces_decide_what_counts_as_held_twice() {
+        let none = RecordedSpaces::new();
         let a = stored("a", "p", "10.0.0.0-10.0.0.3");
         let b = stored("b", "q", "10.0.0.2-10.0.0.5");
         let same = stored("c", "p", "10.0.0.3-10.0.0.3");
         // Pools of two spaces may each hand an address out once.
         let two_spaces = [pool("p", None), pool("q", Some("vrf-2"))];
         assert_eq!(
-            state_clashes(&[a.clone(), b.clone()], &two_spaces, &[], true),
+            state_clashes(&[a.clone(), b.clone()], &two_spaces, &[], &none, true),
             vec![]
         );
         // One space (`default` is the default one): held twice.
         let one_space = [pool("p", None), pool("q", Some("default"))];
-        let found = state_clashes(&[a.clone(), b.clone()], &one_space, &[], true);
+        let found = state_clashes(&[a.clone(), b.clone()], &one_space, &[], &none, true);
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].addresses.to_string(), "10.0.0.2-10.0.0.3");
         // A pool not in the input (kept by Retain) holds its addresses in every space offline;
         // `validate`, which is not given every pool, compares it with its own pool only.
         assert_eq!(
-            state_clashes(&[a.clone(), b.clone()], &two_spaces[..1], &[], true).len(),
+            state_clashes(&[a.clone(), b.clone()], &two_spaces[..1], &[], &none, true).len(),
             1
         );
         assert_eq!(
-            state_clashes(&[a.clone(), b.clone()], &[], &[], false),
+            state_clashes(&[a.clone(), b.clone()], &[], &[], &none, false),
             vec![]
         );
         // Two holders in one pool: always.
-        assert_eq!(state_clashes(&[a, same], &[], &[], false).len(), 1);
+        assert_eq!(state_clashes(&[a, same], &[], &[], &none, false).len(), 1);
     }
 }

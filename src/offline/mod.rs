@@ -27,7 +27,10 @@ use std::path::{Path, PathBuf};
 use crate::desired::allocation_object;
 use crate::planner::{Change, Plan, PlanInputs};
 use crate::render::Renderer;
-use crate::resources::{Addon, Cluster, IPAMAllocation, IPAMPool, cluster_namespace};
+use crate::resources::{
+    ANNOTATION_ADDRESS_SPACE, ANNOTATION_POOL_ALLOCATION_PREFIX, Addon, Cluster, IPAMAllocation,
+    IPAMPool, cluster_namespace,
+};
 use crate::validation::{self, FieldError};
 
 pub use files::FileError;
@@ -228,8 +231,15 @@ pub fn run_with_out(
         ));
     }
     let mut pools = Vec::new();
+    let recorded_prefixes = holders::recorded_prefixes(&stored_objects);
     for pool in &manifests.pools {
-        match validation::validate_pool_with_clusters(pool, None, &stored, Some(&clusters)) {
+        match validation::validate_pool_against_state(
+            pool,
+            None,
+            &stored,
+            Some(&clusters),
+            &recorded_prefixes,
+        ) {
             Ok(p) => pools.push(p),
             Err(e) => errors.extend(e),
         }
@@ -247,7 +257,8 @@ pub fn run_with_out(
     // Before planning: a state that shows two holders of one address (a Git merge of two
     // branches that each allocated) is refused, never planned or rendered from.
     let gateways = crate::validation::gateways(&manifests.pools);
-    let clashes = holders::state_clashes(&stored, &pools, &gateways, true);
+    let recorded = holders::recorded_spaces(&stored_objects);
+    let clashes = holders::state_clashes(&stored, &pools, &gateways, &recorded, true);
     if !clashes.is_empty() {
         return Err(OfflineError::Clash {
             path: options.state.clone(),
@@ -301,6 +312,21 @@ pub fn run_with_out(
         .iter()
         .map(|p| (p.name.as_str(), p.reclaim_policy))
         .collect();
+    let spaces: HashMap<&str, &str> = pools
+        .iter()
+        .map(|p| (p.name.as_str(), p.address_space.as_str()))
+        .collect();
+    let prefixes: HashMap<(&str, &str), i32> = manifests
+        .pools
+        .iter()
+        .flat_map(|p| {
+            let name = p.metadata.name.as_deref().unwrap_or_default();
+            p.spec
+                .datacenters
+                .iter()
+                .filter_map(move |(dc, d)| Some(((name, dc.as_str()), d.allocation_prefix?)))
+        })
+        .collect();
     let mut next: BTreeMap<(String, String), IPAMAllocation> = BTreeMap::new();
     let mut decided = std::collections::HashSet::new();
     for d in &plan.decisions {
@@ -308,7 +334,33 @@ pub fn run_with_out(
         decided.insert(key.clone());
         let before = existing.get(&key).copied();
         let policy = policies.get(d.pool.as_str()).copied();
-        if let Some(obj) = allocation_object(d, before, policy, &options.now) {
+        if let Some(mut obj) = allocation_object(d, before, policy, &options.now) {
+            // The state holds why an allocation is as it is, never what this run did to it
+            // (that is the summary table's): a run that changes nothing must write nothing.
+            if let Some(status) = obj.status.as_mut()
+                && event_only(d)
+            {
+                status.message = None;
+            }
+            // The space its addresses count in, kept for when the pool is gone.
+            if let Some(space) = spaces.get(d.pool.as_str()) {
+                let space = if space.is_empty() {
+                    validation::DEFAULT_SPACE
+                } else {
+                    space
+                };
+                obj.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(ANNOTATION_ADDRESS_SPACE.into(), space.to_string());
+            }
+            // What the pool's allocationPrefix was, against which the next run checks it.
+            if let Some(length) = prefixes.get(&(d.pool.as_str(), d.datacenter.as_str())) {
+                obj.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(ANNOTATION_POOL_ALLOCATION_PREFIX.into(), length.to_string());
+            }
             next.insert(key, obj);
         }
     }
@@ -365,6 +417,13 @@ pub fn run_with_out(
     Ok(report)
 }
 
+/// Whether `d`'s message tells only what this run did (a growth, a move, a new or changed
+/// allocation), which the next run, keeping the allocation, would not say again. A pin is
+/// said on every run ("pinned").
+fn event_only(d: &crate::planner::Decision) -> bool {
+    matches!(d.change, Change::Create | Change::Grow | Change::Replace) && d.message != "pinned"
+}
+
 /// A paused (or invalid) cluster keeps what it holds, even in a datacenter it no longer is in:
 /// say so, and what happens when it is resumed, instead of only "cluster is paused".
 fn explain_moves_while_frozen(plan: &mut Plan, clusters: &[crate::planner::ClusterInput]) {
@@ -414,11 +473,16 @@ pub fn summary_table(plan: &Plan, pools: &[IPAMPool]) -> String {
             .as_ref()
             .map(report::short_allocation)
             .unwrap_or_else(|| "-".into());
-        let status = if d.message.is_empty() {
+        let mut status = if d.message.is_empty() {
             d.change.to_string()
         } else {
             format!("{}: {}", d.change, d.message)
         };
+        let given_up = d.given_up();
+        if !given_up.is_empty() {
+            let shown: Vec<String> = given_up.iter().map(|r| r.to_string()).collect();
+            status.push_str(&format!("; {} released", shown.join(",")));
+        }
         rows.push([
             d.cluster.clone(),
             d.pool.clone(),

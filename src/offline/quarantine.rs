@@ -8,9 +8,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::allocator::Allocation;
 use crate::planner::Quarantined;
-use crate::reservations::{allocation_of, parse_quarantine_key, quarantine_key, reservation_of};
+use crate::reservations::{add_quarantine, allocation_of, parse_quarantine_key};
 use crate::resources::{IPAMPoolRecord, IPAMPoolRecordSpec, record_name};
 
 /// Seconds since the Unix epoch of an RFC 3339 time (`--now`).
@@ -70,10 +69,9 @@ pub fn records(quarantined: &[Quarantined]) -> Vec<IPAMPoolRecord> {
                 datacenter: q.datacenter.clone(),
                 ..Default::default()
             });
-        spec.reservations.insert(
-            quarantine_key(&q.holder, q.released_at),
-            reservation_of(&Allocation::Range(q.addresses.clone())),
-        );
+        // The one rule for a record's quarantine entries (the controller's too): two
+        // releases of one holder in the same second share an entry and are merged.
+        add_quarantine(&mut spec.reservations, &q.pool, &q.datacenter, [q]);
     }
     by_key
         .into_iter()

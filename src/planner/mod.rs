@@ -356,11 +356,14 @@ impl<'a> Planner<'a> {
             Some(current) => {
                 allocator.release(&cluster.name);
                 match allocator.pin(&cluster.name, wanted.clone()) {
+                    // The message says why the allocation is as it is, the same on every
+                    // run that keeps it: what the change released is the decision's
+                    // `previous` (the summary table and events show it).
                     Ok(_) => (
                         Change::Replace,
                         Some(wanted),
                         Some(current.clone()),
-                        format!("pin changed: {current} released"),
+                        "pinned".to_string(),
                     ),
                     Err(e) => {
                         // Put the old addresses back: nothing else moved since they left.
@@ -821,6 +824,16 @@ pub fn settle(
             s.cluster
         )));
     }
+    // A move releases, what `Retain` keeps included: `Retain` keeps addresses for a cluster
+    // that stays in the datacenter, and a cluster that moved is served (and its addons
+    // rendered) in its new datacenter only, where nothing would ever show the kept ones.
+    // A frozen cluster keeps everything until it is resumed.
+    if !cluster.frozen() && cluster.datacenter != s.datacenter {
+        return Some(Settle::Release(format!(
+            "cluster {} moved from datacenter {} to {}",
+            s.cluster, s.datacenter, cluster.datacenter
+        )));
+    }
     let Some(pool) = pool else {
         return Some(
             if s.reclaim_policy == Some(ReclaimPolicy::Retain) && s.held.is_some() {
@@ -848,12 +861,6 @@ pub fn settle(
     }
     if cluster.frozen() {
         return None;
-    }
-    if cluster.datacenter != s.datacenter {
-        return Some(Settle::Release(format!(
-            "cluster {} moved from datacenter {} to {}",
-            s.cluster, s.datacenter, cluster.datacenter
-        )));
     }
     if cluster.overrides.get(&s.pool) == Some(&PoolOverride::OptOut) {
         return Some(Settle::Release(format!(

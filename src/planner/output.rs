@@ -71,6 +71,18 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// What a `Replace` gave up: the addresses it held before and holds no more (empty for
+    /// any other change).
+    pub fn given_up(&self) -> Vec<crate::address::AddrRange> {
+        match (self.change, &self.previous, &self.held) {
+            (Change::Replace, Some(before), Some(after)) => super::spaces::minus(
+                &before.ranges().collect::<Vec<_>>(),
+                &after.ranges().collect::<Vec<_>>(),
+            ),
+            _ => Vec::new(),
+        }
+    }
+
     /// True when the cluster got what it asked for.
     pub fn is_ok(&self) -> bool {
         !matches!(self.change, Change::Fail | Change::Conflict)

@@ -200,11 +200,16 @@ impl Planner<'_> {
             return;
         };
         let mut ranges: Vec<AddrRange> = Vec::new();
-        if let Some(Ok(a)) = self.allocators.get(key) {
-            if let Some(h) = a.get(cluster) {
-                ranges.extend(h.ranges());
-            }
-            ranges.extend(a.aside(&quarantine_tag(cluster)).iter().copied());
+        if let Some(Ok(a)) = self.allocators.get(key)
+            && let Some(h) = a.get(cluster)
+        {
+            ranges.extend(h.ranges());
+        }
+        // The whole quarantine entry, not only what this allocator could set aside: an
+        // address excluded here (or held here through a pool that has gone) is still
+        // quarantined for the space.
+        if let Some(entries) = self.quarantine.get(key).and_then(|h| h.get(cluster)) {
+            ranges.extend(entries.iter().flat_map(|(_, r)| r.iter().copied()));
         }
         self.mirror_ranges(key, cluster, ranges, others.clone());
     }
@@ -221,8 +226,19 @@ impl Planner<'_> {
         let tag = shared_tag(&key.0, cluster);
         for other in &others {
             if let Some(Ok(a)) = self.allocators.get_mut(other) {
-                a.give_back(&tag);
+                let freed = a.give_back(&tag);
                 a.set_aside(&tag, Aside::Shared, ranges.iter().copied());
+                // What this set no longer covers may be quarantined in `other` for its own
+                // former holders: set aside again for them, never left free.
+                if freed.is_empty() {
+                    continue;
+                }
+                if let Some(holders) = self.quarantine.get(other) {
+                    for (holder, entries) in holders {
+                        let theirs = entries.iter().flat_map(|(_, r)| r.iter().copied());
+                        a.set_aside(&quarantine_tag(holder), Aside::Quarantined, theirs);
+                    }
+                }
             }
         }
         self.shared_tags
@@ -293,22 +309,26 @@ impl Planner<'_> {
                     .iter()
                     .flat_map(|(_, r)| r.iter().copied())
                     .collect();
-                let got = match self.allocators.get_mut(&key) {
+                // Only what its former holder holds again here leaves the quarantine. What
+                // this allocator cannot set aside now (excluded, a gateway, held through a
+                // pool that has gone, outside a narrowed network) stays quarantined until its
+                // period ends: the entry is kept whole, and mirrored whole to the space.
+                let held: Vec<AddrRange> = match self.allocators.get_mut(&key) {
                     Some(Ok(a)) => {
-                        a.set_aside(&quarantine_tag(&holder), Aside::Quarantined, ranges)
+                        a.set_aside(&quarantine_tag(&holder), Aside::Quarantined, ranges);
+                        a.get(&holder)
+                            .map(|h| h.ranges().collect())
+                            .unwrap_or_default()
                     }
                     _ => Vec::new(),
                 };
-                // What someone holds now (its former holder got it back) is no longer
-                // quarantined.
                 if let Some(entries) = self.quarantine.get_mut(&key) {
                     let list = entries.remove(&holder).unwrap_or_default();
                     let kept: Entries = list
                         .into_iter()
                         .filter_map(|(at, r)| {
-                            let outside = minus(&r, &got);
-                            let inside = minus(&r, &outside);
-                            (!inside.is_empty()).then_some((at, inside))
+                            let rest = minus(&r, &held);
+                            (!rest.is_empty()).then_some((at, rest))
                         })
                         .collect();
                     if !kept.is_empty() {
@@ -395,13 +415,22 @@ impl Planner<'_> {
         let mut out = Vec::new();
         for ((pool, dc), holders) in &self.quarantine {
             for (holder, entries) in holders {
+                // One entry per release time: a record names an entry by holder and time,
+                // so two releases of one holder in the same second are one entry.
+                let mut by_time: BTreeMap<i64, Vec<AddrRange>> = BTreeMap::new();
                 for (at, ranges) in entries {
+                    by_time
+                        .entry(*at)
+                        .or_default()
+                        .extend(ranges.iter().copied());
+                }
+                for (at, ranges) in by_time {
                     out.push(Quarantined {
                         pool: pool.clone(),
                         datacenter: dc.clone(),
                         holder: holder.clone(),
-                        released_at: *at,
-                        addresses: merged(ranges.clone()),
+                        released_at: at,
+                        addresses: merged(ranges),
                     });
                 }
             }

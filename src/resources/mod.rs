@@ -62,6 +62,15 @@ pub const ANNOTATION_ADDRESSES: &str = "ipam.kipam.dev/addresses";
 /// Annotation on an `IPAMAllocation`: the pool's `reclaimPolicy` when it was last planned, so a
 /// pool that disappears without a controller watching (offline mode) is still honoured.
 pub const ANNOTATION_RECLAIM_POLICY: &str = "ipam.kipam.dev/reclaim-policy";
+/// Annotation on an `IPAMAllocation` written by `kipam offline`: the `addressSpace` of its
+/// pool when it was last planned (`default` for the default one), so that once the pool is
+/// gone (kept by `reclaimPolicy: Retain`) the state file still says in which space its
+/// addresses count.
+pub const ANNOTATION_ADDRESS_SPACE: &str = "ipam.kipam.dev/address-space";
+/// Annotation on an `IPAMAllocation` of a prefix pool written by `kipam offline`: the pool
+/// datacenter's `allocationPrefix` when the allocation was last planned, so that the state
+/// tells a changed `allocationPrefix` from a subnet a pin or an override (since removed) gave.
+pub const ANNOTATION_POOL_ALLOCATION_PREFIX: &str = "ipam.kipam.dev/pool-allocation-prefix";
 /// Annotation on an `IPAMAllocation` made by adoption: `namespace/name` of the hand-made
 /// MetalLB `IPAddressPool` in the user cluster that the allocation's MetalLB pool takes over in place
 /// (the addon renders its pool under that name). Set once, when the allocation is created.

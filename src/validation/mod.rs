@@ -24,7 +24,8 @@ pub use cluster::cluster_input;
 pub use growth::{cluster_growth, datacenter_growth};
 pub use network::{DatacenterNetwork, GATEWAY_HOLDER, datacenter_network, gateways};
 pub use pool::{
-    machine_reserved, parse_reuse_after, pool_input, validate_pool, validate_pool_with_clusters,
+    DEFAULT_SPACE, RecordedPrefixes, machine_reserved, parse_reuse_after, pool_input,
+    validate_pool, validate_pool_against_state, validate_pool_with_clusters,
 };
 pub use references::{override_fits, override_pools};
 

@@ -87,10 +87,29 @@ pub fn validate_pool_with_clusters(
     stored: &[StoredAllocation],
     clusters: Option<&[ClusterInput]>,
 ) -> Result<PoolInput, Vec<FieldError>> {
+    validate_pool_against_state(new, old, stored, clusters, &RecordedPrefixes::new())
+}
+
+/// (cluster, pool) -> the pool datacenter's `allocationPrefix` when the cluster's allocation
+/// was last planned, as the state records it (`kipam offline` writes it on every allocation of
+/// a prefix pool).
+pub type RecordedPrefixes = HashMap<(String, String), i32>;
+
+/// [`validate_pool_with_clusters`] with what the state records of the pool: without `old`, an
+/// `allocationPrefix` is compared with the length recorded on the stored allocations, which
+/// says what the pool said, whatever pins and overrides gave the clusters. Allocations that
+/// record none (a state written before kipam recorded it) fall back to the lengths they hold.
+pub fn validate_pool_against_state(
+    new: &IPAMPool,
+    old: Option<&IPAMPool>,
+    stored: &[StoredAllocation],
+    clusters: Option<&[ClusterInput]>,
+    recorded: &RecordedPrefixes,
+) -> Result<PoolInput, Vec<FieldError>> {
     let name = new.metadata.name.clone().unwrap_or_default();
     let input = pool_input(new);
     let mut errors = Errors::new(format!("IPAMPool {name}"));
-    immutables(new, old, stored, clusters, &mut errors);
+    immutables(new, old, stored, clusters, recorded, &mut errors);
     if let Ok(input) = &input {
         added_exclusions(new, input, old, stored, &mut errors);
     }
@@ -432,6 +451,7 @@ fn immutables(
     old: Option<&IPAMPool>,
     stored: &[StoredAllocation],
     clusters: Option<&[ClusterInput]>,
+    recorded: &RecordedPrefixes,
     errors: &mut Errors,
 ) {
     let pool = new.metadata.name.as_deref().unwrap_or_default();
@@ -552,25 +572,37 @@ fn immutables(
                 }
             }
             (None, Some(clusters)) => {
-                // Allocations that took the pool's length: clusters still listed, without an
-                // override of their own length or subnet for this pool.
-                let by_name: HashMap<&str, &ClusterInput> =
-                    clusters.iter().map(|c| (c.name.as_str(), c)).collect();
-                let plain: Vec<(&str, &Allocation)> = held
+                // What the pool said when each allocation was last planned, where the state
+                // records it: exact, whatever pins and overrides (now gone) gave the clusters.
+                let said = |c: &str| recorded.get(&(c.to_string(), pool.to_string())).copied();
+                let recorded_held: Vec<(&str, &Allocation)> = held
                     .iter()
                     .copied()
-                    .filter(|(c, _)| {
-                        by_name.get(c).is_some_and(|ci| {
-                            !matches!(
-                                ci.overrides.get(pool),
-                                Some(PoolOverride::Prefix(_) | PoolOverride::PinnedCidr(_))
-                            )
-                        })
-                    })
+                    .filter(|(c, _)| said(c).is_some())
                     .collect();
+                // Otherwise, allocations that took the pool's length: clusters still listed,
+                // without an override of their own length or subnet for this pool.
+                let by_name: HashMap<&str, &ClusterInput> =
+                    clusters.iter().map(|c| (c.name.as_str(), c)).collect();
+                let plain: Vec<(&str, &Allocation)> = if recorded_held.is_empty() {
+                    held.iter()
+                        .copied()
+                        .filter(|(c, _)| {
+                            by_name.get(c).is_some_and(|ci| {
+                                !matches!(
+                                    ci.overrides.get(pool),
+                                    Some(PoolOverride::Prefix(_) | PoolOverride::PinnedCidr(_))
+                                )
+                            })
+                        })
+                        .collect()
+                } else {
+                    recorded_held
+                };
                 let lengths: Vec<i32> = plain
                     .iter()
-                    .filter_map(|(_, h)| match h {
+                    .filter_map(|(c, h)| match h {
+                        _ if said(c).is_some() => said(c),
                         Allocation::Prefix(c) => Some(i32::from(c.prefix_len())),
                         Allocation::Range(_) => None,
                     })

@@ -71,6 +71,11 @@ pub struct Config {
     /// The stand-in charges what a real API server's writes cost (`WriteModel`): the
     /// controllers' writes overlap as they would on a real server.
     pub write_model: bool,
+    /// Operations go on past `duration` (up to twice it) until the watches have recorded at
+    /// least this many object versions showing addresses, every kind of operation was done
+    /// and both kinds of leader fault happened: a slow machine makes fewer operations a
+    /// minute, and what the run claims to cover must hold by construction, not by luck.
+    pub min_versions: usize,
 }
 
 impl Config {
@@ -105,6 +110,7 @@ impl Config {
             resume_watches: false,
             only,
             write_model: std::env::var("KIPAM_HISTORY_WRITE_MODEL").is_ok_and(|v| v == "1"),
+            min_versions: 0,
         }
     }
 }
@@ -1010,7 +1016,22 @@ pub async fn run(name: &str, config: &Config) -> Report {
     let enabled: Vec<usize> = (0..OPS.len())
         .filter(|&i| config.only.as_ref().is_none_or(|o| o.contains(OPS[i])))
         .collect();
-    while started.elapsed() < config.duration {
+    let covered = |report: &Report| {
+        let shown = |r: &Arc<Mutex<Recorded>>| {
+            r.lock()
+                .map(|r| r.versions.iter().filter(|v| v.shown.is_some()).count())
+                .unwrap_or(0)
+        };
+        shown(&allocations) + shown(&addresses) >= config.min_versions
+            && (config.only.is_some()
+                || (enabled.iter().all(|&i| report.ops.contains_key(OPS[i]))
+                    && ["kill-leader", "freeze-leader"]
+                        .iter()
+                        .all(|f| report.faults.contains_key(f))))
+    };
+    while started.elapsed() < config.duration
+        || (started.elapsed() < config.duration * 2 && !covered(&report))
+    {
         replicas.heal(&seed, false, &mut log, started);
         if Instant::now() >= next_fault && replicas.frozen.is_none() && replicas.dead.is_none() {
             // The kinds take turns, so that a short run sees each.

@@ -954,3 +954,96 @@ spec:
     }
     assert!(cross_pool_overlaps(&seed).is_empty());
 }
+
+/// The addresses of `held` (`first-last` pieces joined by commas), as IPv4 numbers.
+fn addresses_of(held: &str) -> std::collections::BTreeSet<u32> {
+    let ip = |t: &str| u32::from(t.trim().parse::<std::net::Ipv4Addr>().unwrap());
+    let mut out = std::collections::BTreeSet::new();
+    for piece in held.split(',').filter(|p| !p.is_empty()) {
+        let (first, last) = piece.split_once('-').unwrap_or((piece, piece));
+        out.extend(ip(first)..=ip(last));
+    }
+    out
+}
+
+/// Issue 51: an address excluded from the pool it is quarantined in stays quarantined for the
+/// other pools of the address space (the planner dropped the entry when its own allocator
+/// could not set the excluded address aside, and a sibling pool without `reuseAfter` handed
+/// it out minutes after the release).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn excluding_a_quarantined_address_keeps_it_from_the_other_pools_of_the_space() {
+    let seed = Seed::start("quarantine-exclude").await;
+    let pools = |exclude: &str| {
+        format!(
+            "
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {{name: a}}
+spec:
+  datacenters:
+    dc-1: {{type: range, poolCidr: 10.0.0.0/28, allocationRange: 2, reuseAfter: 1h{exclude}}}
+---
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {{name: b}}
+spec:
+  datacenters:
+    dc-1: {{type: range, poolCidr: 10.0.0.0/28, allocationRange: 2}}
+"
+        )
+    };
+    seed.apply(&pools(""));
+    let _ctl = seed.controller("r0");
+    seed.cluster("c1", "dc-1");
+    seed.wait_for("c1 allocated", Duration::from_secs(30), "r0", |s| {
+        s.phase("c1", "a") == "Allocated" && s.phase("c1", "b") == "Allocated"
+    })
+    .await;
+    let released = addresses_of(&seed.held("c1", "a"));
+    assert_eq!(released.len(), 2);
+    seed.delete("clusters", None, "c1");
+    seed.wait_for(
+        "c1's addresses quarantined",
+        Duration::from_secs(30),
+        "r0",
+        |s| {
+            s.allocation("c1", "a").is_none()
+                && s.allocation("c1", "b").is_none()
+                && quarantine_entries(s)
+                    .iter()
+                    .any(|(p, n, _)| p == "a" && n.starts_with("quarantined/c1@"))
+        },
+    )
+    .await;
+    seed.apply(&pools(", excludeRanges: [10.0.0.0]"));
+    seed.wait_for(
+        "the exclusion planned",
+        Duration::from_secs(30),
+        "r0",
+        |s| {
+            s.get("ipampools", None, "a").is_some_and(|p| {
+                p["status"]["observedGeneration"] == p["metadata"]["generation"]
+                    && p["metadata"]["generation"] == 2
+            })
+        },
+    )
+    .await;
+    seed.cluster("c2", "dc-1");
+    seed.wait_for("c2 allocated", Duration::from_secs(30), "r0", |s| {
+        s.phase("c2", "a") == "Allocated" && s.phase("c2", "b") == "Allocated"
+    })
+    .await;
+    for pool in ["a", "b"] {
+        let got = addresses_of(&seed.held("c2", pool));
+        assert!(
+            got.is_disjoint(&released),
+            "c2 got {got:?} through {pool}, inside c1's hour of quarantine of {released:?}"
+        );
+    }
+    assert!(
+        quarantine_entries(&seed)
+            .iter()
+            .any(|(p, n, _)| p == "a" && n.starts_with("quarantined/c1@")),
+        "the quarantine entry is kept until its hour ends"
+    );
+}

@@ -5,6 +5,7 @@ mod adopt;
 mod adversarial;
 mod docs;
 mod files;
+mod leaks;
 mod mutations;
 mod network;
 mod quarantine;
@@ -42,6 +43,26 @@ impl Workdir {
 impl Drop for Workdir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `kipam::offline::run` in this test process. Other tests of this binary spawn processes:
+/// one forked between a run's open of the state's lock file and its exec briefly shares the
+/// lock. That is a run "in use", not a failure: wait for it (a second at most).
+fn run_in_process(
+    options: &kipam::offline::OfflineOptions,
+) -> Result<kipam::offline::OfflineReport, kipam::offline::OfflineError> {
+    let mut attempt = 0;
+    loop {
+        match kipam::offline::run(options) {
+            Err(kipam::offline::OfflineError::File(kipam::offline::FileError::Locked {
+                ..
+            })) if attempt < 50 => {
+                attempt += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
     }
 }
 
