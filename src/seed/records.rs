@@ -141,6 +141,16 @@ impl Records {
         out
     }
 
+    /// A record of `key` (its layout record or a shard) written in a newer format than this
+    /// kipam knows, as (name, format): nothing may be committed there.
+    pub fn newer_format(&self, key: &RecordKey) -> Option<(String, i32)> {
+        let layout = self.layouts.get(key).into_iter();
+        let shards = self.map.get(key).into_iter().flat_map(|s| s.values());
+        layout
+            .chain(shards.map(|h| h.record.as_ref()))
+            .find_map(|r| Some((r.metadata.name.clone()?, r.spec.newer_format()?)))
+    }
+
     /// The block length the layout record of `key` fixes, when this replica holds one.
     pub fn block_length(&self, key: &RecordKey) -> Option<i32> {
         self.layouts.get(key)?.spec.block_length
@@ -273,6 +283,10 @@ impl Records {
             Some(_) => {}
         }
         let record = Arc::make_mut(&mut held.record);
+        // Every write of the spec carries this kipam's record format.
+        if !changes.is_empty() || stamp.is_some() {
+            record.spec.format = Some(crate::resources::RECORD_FORMAT);
+        }
         let entries = &mut record.spec.reservations;
         for (cluster, new) in changes {
             match new {
@@ -441,6 +455,8 @@ pub(crate) fn record_size(
             fence: spec.fence,
             pools_seen: spec.pools_seen,
             block_length: spec.block_length,
+            // What every write leaves (a record of a newer format is never written).
+            format: Some(crate::resources::RECORD_FORMAT),
         },
     };
     // The shell holds `{}`; the entries go inside, separated by commas.
