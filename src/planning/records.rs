@@ -841,14 +841,16 @@ fn prepare(
     if new_owners {
         meta.insert("ownerReferences".into(), json!(owners));
     }
+    // The shard as the write leaves it: this kipam's format is stamped with any write.
+    let format = Some(RECORD_FORMAT);
     let size = if new_owners {
         let metadata = ObjectMeta {
             owner_references: owners,
             ..current.metadata.clone()
         };
-        record_size(&metadata, &current.spec, count, entry_bytes)
+        record_size(&metadata, &current.spec, format, count, entry_bytes)
     } else {
-        record_size(&current.metadata, &current.spec, count, entry_bytes)
+        record_size(&current.metadata, &current.spec, format, count, entry_bytes)
     };
     if size > MAX_RECORD_BYTES {
         return Err(CommitError::TooLarge(name));
@@ -1275,7 +1277,8 @@ mod tests {
                         "name": "p", "uid": "u2", "controller": true,
                     }],
                 },
-                "spec": {"reservations": {
+                // The held shard was written before formats were stamped: this write stamps it.
+                "spec": {"format": 1, "reservations": {
                     "a": {"cidr": null, "addresses": ["10.0.0.4-10.0.0.7"]},
                     "b": null,
                     "c": {"cidr": "10.3.0.0/28", "addresses": null},

@@ -198,6 +198,7 @@ impl Records {
         Some(record_size(
             &held.record.metadata,
             &held.record.spec,
+            held.record.spec.format,
             held.record.spec.reservations.len(),
             held.entry_bytes,
         ))
@@ -442,6 +443,7 @@ pub(crate) fn entry_size(cluster: &str, r: &Reservation) -> usize {
 pub(crate) fn record_size(
     metadata: &ObjectMeta,
     spec: &IPAMPoolRecordSpec,
+    format: Option<i32>,
     count: usize,
     entry_bytes: usize,
 ) -> usize {
@@ -455,8 +457,7 @@ pub(crate) fn record_size(
             fence: spec.fence,
             pools_seen: spec.pools_seen,
             block_length: spec.block_length,
-            // What every write leaves (a record of a newer format is never written).
-            format: Some(crate::resources::RECORD_FORMAT),
+            format,
         },
     };
     // The shell holds `{}`; the entries go inside, separated by commas.
@@ -500,6 +501,8 @@ mod tests {
                     .iter()
                     .map(|(c, i)| (c.to_string(), entry(*i)))
                     .collect(),
+                // As kipam writes it.
+                format: Some(crate::resources::RECORD_FORMAT),
                 ..Default::default()
             },
         }
