@@ -5,6 +5,9 @@
 //! `tests/chart`: a verb the code uses and the chart does not grant fails the test, and so does
 //! a verb the chart grants that is not listed here. Whoever adds an API call adds its verb here
 //! (next to the call, a `// RBAC: src/rbac.rs` comment names this table) and to the chart.
+//! The end-to-end test `tests/controller/rbac.rs` holds the table against what the controller
+//! does: run with exactly these grants on a server that enforces RBAC, it fails on a refusal,
+//! on a permission used that is not here, and on a verb here that its run never used.
 //!
 //! User clusters are reached with the kubeconfigs their Secrets hold; what those credentials
 //! may do is the user cluster's business and not part of this table.

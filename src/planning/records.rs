@@ -44,7 +44,7 @@ use serde_json::{Map, Value, json};
 use crate::address::Cidr;
 use crate::reservations::shards::{self, Layout};
 use crate::resources::{
-    IPAMPool, IPAMPoolRecord, IPAMPoolRecordSpec, MAX_RECORD_BYTES, Reservation,
+    IPAMPool, IPAMPoolRecord, IPAMPoolRecordSpec, MAX_RECORD_BYTES, RECORD_FORMAT, Reservation,
 };
 use crate::seed::Context;
 pub use crate::seed::records::{Changes, RecordKey};
@@ -210,6 +210,12 @@ pub enum CommitError {
         stamp: i64,
         seen: u64,
     },
+    /// A record of the pool datacenter was written in a newer record format than this
+    /// kipam knows (a newer release is rolling out): nothing is committed there.
+    #[error(
+        "pool record {shard} was written in record format {format} by a newer kipam; this replica knows format {RECORD_FORMAT} and commits nothing into it until the upgrade is finished"
+    )]
+    NewerFormat { shard: String, format: i32 },
     #[error(transparent)]
     Api(#[from] kube::Error),
 }
@@ -222,6 +228,7 @@ impl CommitError {
             CommitError::Layout(..) => "InvalidPool",
             CommitError::Unsplittable(_) => "Unsplittable",
             CommitError::PoolsBehind { .. } => "PoolsBehind",
+            CommitError::NewerFormat { .. } => "NewerFormat",
             CommitError::Api(_) => "Api",
         }
     }
@@ -454,6 +461,7 @@ async fn create_layout(
             pool: key.0.clone(),
             datacenter: key.1.clone(),
             block_length: Some(len),
+            format: Some(RECORD_FORMAT),
             ..Default::default()
         },
     };
@@ -522,6 +530,7 @@ async fn raise_in(
     let (layout, create) = {
         let records = ctx.records.lock().await;
         planned.check_rereads(&records, key)?;
+        known_format(&records, key)?;
         // A pool whose settings do not read (an invalid pool) is fenced all the same: over
         // the division of its layout record or its shards, wherever the addresses lie.
         let base = match layout(pool, key) {
@@ -696,6 +705,7 @@ async fn run(
     let (stamp, shard) = {
         let records = ctx.records.lock().await;
         planned.check_rereads(&records, key)?;
+        known_format(&records, key)?;
         highest_stamp(&records, key)
     };
     let seen = planned.cover(ctx, stamp, &shard).await?;
@@ -782,6 +792,7 @@ fn prepare(
                     .filter_map(|(k, v)| Some((k, v?)))
                     .collect(),
                 pools_seen: (seen > 0).then_some(seen),
+                format: Some(RECORD_FORMAT),
                 ..Default::default()
             },
         };
@@ -830,14 +841,16 @@ fn prepare(
     if new_owners {
         meta.insert("ownerReferences".into(), json!(owners));
     }
+    // The shard as the write leaves it: this kipam's format is stamped with any write.
+    let format = Some(RECORD_FORMAT);
     let size = if new_owners {
         let metadata = ObjectMeta {
             owner_references: owners,
             ..current.metadata.clone()
         };
-        record_size(&metadata, &current.spec, count, entry_bytes)
+        record_size(&metadata, &current.spec, format, count, entry_bytes)
     } else {
-        record_size(&current.metadata, &current.spec, count, entry_bytes)
+        record_size(&current.metadata, &current.spec, format, count, entry_bytes)
     };
     if size > MAX_RECORD_BYTES {
         return Err(CommitError::TooLarge(name));
@@ -860,6 +873,11 @@ fn prepare(
     if let Some(v) = stamp {
         spec.insert("poolsSeen".into(), json!(v));
     }
+    // A shard written before formats were stamped gets this kipam's format with the first
+    // write that changes it anyway (a newer one was refused above).
+    if !spec.is_empty() && current.spec.format != Some(RECORD_FORMAT) {
+        spec.insert("format".into(), json!(RECORD_FORMAT));
+    }
     if !spec.is_empty() {
         body.insert("spec".into(), Value::Object(spec));
     }
@@ -871,6 +889,14 @@ fn prepare(
         entry_bytes,
         stamp,
     })
+}
+
+/// `Err` when a record of `key` is of a newer format than this kipam knows.
+fn known_format(records: &Records, key: &RecordKey) -> Result<(), CommitError> {
+    match records.newer_format(key) {
+        Some((shard, format)) => Err(CommitError::NewerFormat { shard, format }),
+        None => Ok(()),
+    }
 }
 
 /// `Err` when the copy of shard `name` says its last writer saw newer pools than `seen`.
@@ -1027,10 +1053,13 @@ async fn delete(
 /// Deletes every shard of the record of a datacenter the pool no longer has, once no object is
 /// left there. Returns the number of deletes sent.
 pub async fn remove(ctx: &Context, key: &RecordKey) -> Result<u64, kube::Error> {
-    let shards: Vec<(String, Preconditions)> = ctx
-        .records
-        .lock()
-        .await
+    let records = ctx.records.lock().await;
+    // What a newer kipam wrote may hold what this one cannot read: left to it.
+    if let Some((shard, format)) = records.newer_format(key) {
+        tracing::warn!(record = %shard, format, known = RECORD_FORMAT, "pool record of a newer format kept: this replica deletes nothing a newer kipam wrote");
+        return Ok(0);
+    }
+    let shards: Vec<(String, Preconditions)> = records
         .map
         .get(key)
         .into_iter()
@@ -1045,6 +1074,7 @@ pub async fn remove(ctx: &Context, key: &RecordKey) -> Result<u64, kube::Error> 
             )
         })
         .collect();
+    drop(records);
     let mut sent = 0;
     for (name, preconditions) in shards {
         sent += 1;
@@ -1247,7 +1277,8 @@ mod tests {
                         "name": "p", "uid": "u2", "controller": true,
                     }],
                 },
-                "spec": {"reservations": {
+                // The held shard was written before formats were stamped: this write stamps it.
+                "spec": {"format": 1, "reservations": {
                     "a": {"cidr": null, "addresses": ["10.0.0.4-10.0.0.7"]},
                     "b": null,
                     "c": {"cidr": "10.3.0.0/28", "addresses": null},

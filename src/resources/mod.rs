@@ -34,8 +34,8 @@ pub use pool::{
     PoolStrategy, ReclaimPolicy,
 };
 pub use record::{
-    IPAMPoolRecord, IPAMPoolRecordSpec, MAX_RECORD_BYTES, MAX_RECORD_ENTRIES, Reservation,
-    record_name, record_owner,
+    IPAMPoolRecord, IPAMPoolRecordSpec, MAX_RECORD_BYTES, MAX_RECORD_ENTRIES, RECORD_FORMAT,
+    Reservation, record_name, record_owner,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -91,6 +91,26 @@ pub struct IPAMPoolRecordSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 128))]
     pub block_length: Option<i32>,
+    /// The format of the record's rules that its last writer knew: stamped on every shard
+    /// kipam creates or commits into, and on every layout record. Absent on records written
+    /// before formats were stamped, which are format 1. A kipam refuses to write a record of a
+    /// newer format than it knows (during a rolling upgrade, an older replica never commits
+    /// under rules it does not know) and says so on the pool's conditions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub format: Option<i32>,
+}
+
+/// The record format this kipam writes and knows. A release raises it when it changes what
+/// a record's fields mean or how replicas must read them; every release from the first that
+/// stamps it refuses to write a record of a newer format (`docs/operations.md`, "Upgrades").
+pub const RECORD_FORMAT: i32 = 1;
+
+impl IPAMPoolRecordSpec {
+    /// The record's format when it is newer than this kipam knows.
+    pub fn newer_format(&self) -> Option<i32> {
+        self.format.filter(|f| *f > RECORD_FORMAT)
+    }
 }
 
 /// What one cluster holds: a subnet (`prefix` pools) or address pieces (`range` pools).

@@ -141,6 +141,16 @@ impl Records {
         out
     }
 
+    /// A record of `key` (its layout record or a shard) written in a newer format than this
+    /// kipam knows, as (name, format): nothing may be committed there.
+    pub fn newer_format(&self, key: &RecordKey) -> Option<(String, i32)> {
+        let layout = self.layouts.get(key).into_iter();
+        let shards = self.map.get(key).into_iter().flat_map(|s| s.values());
+        layout
+            .chain(shards.map(|h| h.record.as_ref()))
+            .find_map(|r| Some((r.metadata.name.clone()?, r.spec.newer_format()?)))
+    }
+
     /// The block length the layout record of `key` fixes, when this replica holds one.
     pub fn block_length(&self, key: &RecordKey) -> Option<i32> {
         self.layouts.get(key)?.spec.block_length
@@ -188,6 +198,7 @@ impl Records {
         Some(record_size(
             &held.record.metadata,
             &held.record.spec,
+            held.record.spec.format,
             held.record.spec.reservations.len(),
             held.entry_bytes,
         ))
@@ -273,6 +284,10 @@ impl Records {
             Some(_) => {}
         }
         let record = Arc::make_mut(&mut held.record);
+        // Every write of the spec carries this kipam's record format.
+        if !changes.is_empty() || stamp.is_some() {
+            record.spec.format = Some(crate::resources::RECORD_FORMAT);
+        }
         let entries = &mut record.spec.reservations;
         for (cluster, new) in changes {
             match new {
@@ -428,6 +443,7 @@ pub(crate) fn entry_size(cluster: &str, r: &Reservation) -> usize {
 pub(crate) fn record_size(
     metadata: &ObjectMeta,
     spec: &IPAMPoolRecordSpec,
+    format: Option<i32>,
     count: usize,
     entry_bytes: usize,
 ) -> usize {
@@ -441,6 +457,7 @@ pub(crate) fn record_size(
             fence: spec.fence,
             pools_seen: spec.pools_seen,
             block_length: spec.block_length,
+            format,
         },
     };
     // The shell holds `{}`; the entries go inside, separated by commas.
@@ -484,6 +501,8 @@ mod tests {
                     .iter()
                     .map(|(c, i)| (c.to_string(), entry(*i)))
                     .collect(),
+                // As kipam writes it.
+                format: Some(crate::resources::RECORD_FORMAT),
                 ..Default::default()
             },
         }

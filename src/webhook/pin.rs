@@ -35,7 +35,9 @@ use crate::allocator::Allocation;
 use crate::reservations::shards::{self, Layout};
 use crate::reservations::{allocation_of, reservation_of};
 use crate::resources::capi::{claim_holder, hand_made_holder, hand_made_of_holder};
-use crate::resources::{AllocationType, IPAMPool, IPAMPoolRecord, IPAMPoolRecordSpec};
+use crate::resources::{
+    AllocationType, IPAMPool, IPAMPoolRecord, IPAMPoolRecordSpec, RECORD_FORMAT,
+};
 
 use super::review::Verdict;
 
@@ -159,6 +161,9 @@ async fn attempt_commit(
         let mut done = false;
         for shard in own.iter().chain(fences.iter()) {
             let Some(read) = &shard.read else { continue };
+            if let Some(format) = read.spec.newer_format() {
+                return Err(Stop::Verdict(newer_format(&label, &shard.name, format)));
+            }
             let stamp = read.spec.pools_seen.unwrap_or(0);
             if stamp > pools_seen {
                 return Err(Stop::Verdict(Verdict::unavailable(format!(
@@ -278,6 +283,10 @@ async fn shards_of(
         .await
         .map_err(unavailable(label))?
     {
+        Some(r) if r.spec.newer_format().is_some() => {
+            let format = r.spec.newer_format().unwrap_or_default();
+            return Err(Stop::Verdict(newer_format(label, &layout_name, format)));
+        }
         Some(r) => match r.spec.block_length.and_then(|l| u8::try_from(l).ok()) {
             Some(len) => base.with_block_len(len),
             None => {
@@ -309,6 +318,7 @@ async fn shards_of(
                     pool: pool_name.clone(),
                     datacenter: dc.to_string(),
                     block_length: Some(i32::from(base.block_len())),
+                    format: Some(RECORD_FORMAT),
                     ..Default::default()
                 },
             };
@@ -355,6 +365,9 @@ async fn write(
             if read.spec.pools_seen.unwrap_or(0) < pools_seen {
                 spec["poolsSeen"] = json!(pools_seen);
             }
+            if read.spec.format != Some(RECORD_FORMAT) {
+                spec["format"] = json!(RECORD_FORMAT);
+            }
             let body = json!({"metadata": {"resourceVersion": version}, "spec": spec});
             let pp = PatchParams {
                 field_manager: Some("kipam".into()),
@@ -371,6 +384,7 @@ async fn write(
                 datacenter: shard.datacenter.clone(),
                 block: Some(shard.block.to_string()),
                 pools_seen: (pools_seen > 0).then_some(pools_seen),
+                format: Some(RECORD_FORMAT),
                 ..Default::default()
             };
             fill(&mut spec);
@@ -399,6 +413,16 @@ async fn write(
 }
 
 /// A conflict, an object that exists already, or one gone since it was read.
+/// The answer while a record this write would touch is of a newer format than this kipam
+/// knows (a newer release is rolling out).
+fn newer_format(label: &str, record: &str, format: i32) -> Verdict {
+    Verdict::unavailable(format!(
+        "{label}: pool record {record} was written in record format {format} by a newer kipam; \
+         this replica knows format {RECORD_FORMAT} and writes nothing into it: try again once \
+         the upgrade is finished"
+    ))
+}
+
 fn stale(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409 || s.code == 404)
 }

@@ -29,6 +29,7 @@ mod selfsigned;
 mod serving;
 mod spaces;
 mod ui;
+mod upgrade;
 mod walkthrough;
 mod webdriver;
 mod webhook;

@@ -1047,3 +1047,76 @@ spec:
         "the quarantine entry is kept until its hour ends"
     );
 }
+
+/// Issue 51: deleting a `Retain` pool of another address space that held the same addresses
+/// must not end the quarantine of the pool the cluster opted out of (the kept allocation was
+/// set aside in every pool of the datacenter, so the quarantine could set nothing aside and
+/// its entry was dropped; once the cluster went, its addresses were anybody's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_retain_pool_of_another_space_keeps_a_quarantine() {
+    let seed = Seed::start("quarantine-retain").await;
+    seed.apply(
+        "
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: q}
+spec:
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.0.0.0/28, allocationRange: 2, reuseAfter: 1h}
+---
+apiVersion: ipam.kipam.dev/v1alpha1
+kind: IPAMPool
+metadata: {name: r}
+spec:
+  addressSpace: vrf-b
+  reclaimPolicy: Retain
+  datacenters:
+    dc-1: {type: range, poolCidr: 10.0.0.0/28, allocationRange: 2}
+",
+    );
+    let _ctl = seed.controller("r0");
+    seed.cluster("c1", "dc-1");
+    seed.wait_for("c1 allocated", Duration::from_secs(30), "r0", |s| {
+        s.phase("c1", "q") == "Allocated" && s.phase("c1", "r") == "Allocated"
+    })
+    .await;
+    let released = addresses_of(&seed.held("c1", "q"));
+    let mut c1 = seed.get("clusters", None, "c1").expect("c1");
+    c1["spec"]["ipam"] = json!({"q": {"optOut": true}});
+    seed.api.apply(&c1).expect("c1 opts out of q");
+    seed.wait_for(
+        "q's addresses quarantined",
+        Duration::from_secs(30),
+        "r0",
+        |s| {
+            s.allocation("c1", "q").is_none()
+                && quarantine_entries(s)
+                    .iter()
+                    .any(|(p, n, _)| p == "q" && n.starts_with("quarantined/c1@"))
+        },
+    )
+    .await;
+    seed.delete("ipampools", None, "r");
+    seed.wait_for(
+        "r gone, its allocation kept",
+        Duration::from_secs(30),
+        "r0",
+        |s| s.get("ipampools", None, "r").is_none() && s.allocation("c1", "r").is_some(),
+    )
+    .await;
+    seed.delete("clusters", None, "c1");
+    seed.wait_for("c1 gone", Duration::from_secs(30), "r0", |s| {
+        s.get("clusters", None, "c1").is_none() && s.allocation("c1", "r").is_none()
+    })
+    .await;
+    seed.cluster("c2", "dc-1");
+    seed.wait_for("c2 allocated", Duration::from_secs(30), "r0", |s| {
+        s.phase("c2", "q") == "Allocated"
+    })
+    .await;
+    let got = addresses_of(&seed.held("c2", "q"));
+    assert!(
+        got.is_disjoint(&released),
+        "c2 got {got:?} through q inside c1's hour of quarantine of {released:?}"
+    );
+}

@@ -226,6 +226,7 @@ pub(super) fn pool_status_updates(
             .entry((d.pool.as_str(), d.datacenter.as_str()))
             .or_default() += 1;
     }
+    let newer = newer_records(ctx);
     let mut updates = Vec::new();
     for p in pools {
         if p.metadata.deletion_timestamp.is_some() {
@@ -271,6 +272,12 @@ pub(super) fn pool_status_updates(
             p.metadata.generation,
             now,
         );
+        format_condition(
+            &mut next,
+            newer.get(name.as_str()),
+            p.metadata.generation,
+            now,
+        );
         if p.status.as_ref() == Some(&next) {
             // Nothing to write: an earlier failure is over (its backoff entry would otherwise
             // stay due forever and make every pass ask for another one at once).
@@ -293,6 +300,9 @@ pub const CONDITION_DELETING: &str = "Deleting";
 /// Condition type, present only while it is so: some datacenter leaves a machine's claim no
 /// address (every one is excluded or reserved: network, broadcast, gateway).
 pub const CONDITION_MACHINE_ROOM: &str = "MachineAddressesAvailable";
+/// Condition type, present only while it is so: a record of the pool was written in a newer
+/// record format than the replica writing the status knows (a rolling upgrade under way).
+pub const CONDITION_NEWER_RECORDS: &str = "RecordsOfNewerFormat";
 /// Condition type, present only while it is so: `IPAddress`es written before the last
 /// `network` edit still show the old prefix length or gateway.
 pub const CONDITION_OUTDATED: &str = "IPAddressesOutdated";
@@ -344,6 +354,45 @@ fn machine_conditions(
             format!(
                 "{total} IPAddresses still show an earlier network ({}); an IPAddress's spec never changes, so they keep it until their claims are re-created, and new claims get the current network",
                 each.join(", ")
+            ),
+            generation,
+            now,
+        );
+    }
+}
+
+/// Pool -> one of its records written in a newer record format than this kipam knows, as
+/// (record, format), from the record watch's view (every replica's, the leader's included).
+fn newer_records(ctx: &Context) -> HashMap<String, (String, i32)> {
+    let mut out = HashMap::new();
+    for r in ctx.record_view.store.state() {
+        if let Some(format) = r.spec.newer_format() {
+            out.entry(r.spec.pool.clone())
+                .or_insert_with(|| (r.name_any(), format));
+        }
+    }
+    out
+}
+
+/// The condition of a pool with a record of a newer format (`newer`), present only while so:
+/// this replica commits nothing there until the upgrade is finished.
+fn format_condition(
+    next: &mut crate::resources::IPAMPoolStatus,
+    newer: Option<&(String, i32)>,
+    generation: Option<i64>,
+    now: &str,
+) {
+    next.conditions
+        .retain(|c| c.type_ != CONDITION_NEWER_RECORDS);
+    if let Some((record, format)) = newer {
+        status::set_condition(
+            &mut next.conditions,
+            CONDITION_NEWER_RECORDS,
+            true,
+            "UpgradeInProgress",
+            format!(
+                "pool record {record} was written in record format {format} by a newer kipam; the replica writing this status knows format {} and commits nothing into this pool's records until the upgrade is finished (docs/operations.md, Upgrades)",
+                crate::resources::RECORD_FORMAT
             ),
             generation,
             now,

@@ -443,7 +443,28 @@ pub(crate) fn decide(shared: &Shared, req: &AccessRequest) -> Decision {
         (c.rbac, c.access_review.clone())
     };
     if rbac_on {
-        return rbac::authorize(&shared.lock_store(), req);
+        let decision = rbac::authorize(&shared.lock_store(), req);
+        if decision.allowed {
+            let (verb, group, resource) = match (&req.resource, &req.non_resource) {
+                (Some(r), _) if r.subresource.is_empty() => {
+                    (r.verb.clone(), r.group.clone(), r.resource.clone())
+                }
+                (Some(r), _) => (
+                    r.verb.clone(),
+                    r.group.clone(),
+                    format!("{}/{}", r.resource, r.subresource),
+                ),
+                (None, Some(n)) => (n.verb.clone(), String::new(), n.path.clone()),
+                (None, None) => (String::new(), String::new(), String::new()),
+            };
+            shared.control_lock().granted.insert(crate::Granted {
+                user: req.user.username.clone(),
+                verb,
+                group,
+                resource,
+            });
+        }
+        return decision;
     }
     Decision {
         allowed: authz(req),

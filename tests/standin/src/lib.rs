@@ -36,7 +36,7 @@ pub use writes::WriteModel;
 
 use reviews::{AccessReviewFn, TokenReviewFn};
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -122,6 +122,17 @@ pub(crate) struct GetHook {
 }
 
 /// Behaviour a test controls: scripted reviews, failures, latency, counters.
+/// One permission RBAC granted: who, the verb, and the resource (group, plural with
+/// `/subresource`) or, for a URL that is no resource, its path in `resource` and an empty
+/// `group`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Granted {
+    pub user: String,
+    pub verb: String,
+    pub group: String,
+    pub resource: String,
+}
+
 pub(crate) struct Control {
     pub stats: Stats,
     pub token_review: TokenReviewFn,
@@ -135,6 +146,8 @@ pub(crate) struct Control {
     pub tokens: BTreeMap<String, UserInfo>,
     /// Every request refused by authentication, authorisation or the owner-reference plugin.
     pub refusals: Vec<String>,
+    /// Every distinct permission RBAC granted (`ApiServer::granted`).
+    pub granted: BTreeSet<Granted>,
     pub latency: Duration,
     /// What writes cost, when a model is on (`ApiServer::set_write_model`).
     pub writes: Option<Arc<writes::WriteGate>>,
@@ -237,6 +250,7 @@ fn new_shared(addr: SocketAddr) -> (Arc<Shared>, String, tokio::sync::watch::Rec
         owner_references_enforcement: false,
         tokens: BTreeMap::new(),
         refusals: Vec::new(),
+        granted: BTreeSet::new(),
         latency: Duration::ZERO,
         writes: None,
         bookmark_interval: Duration::from_secs(5),
@@ -559,6 +573,13 @@ impl ApiServer {
     /// client with exactly the permissions it ships asserts this stays empty.
     pub fn refusals(&self) -> Vec<String> {
         self.shared().control_lock().refusals.clone()
+    }
+
+    /// Every distinct permission RBAC has granted so far (requests, the owner-reference
+    /// plugin's checks and access reviews alike), each once: with `refusals`, what a client
+    /// running with the grants it ships did use, to hold against what it grants.
+    pub fn granted(&self) -> BTreeSet<Granted> {
+        self.shared().control_lock().granted.clone()
     }
 
     /// Makes `token` authenticate as `user`, whatever the scripted token review says.
