@@ -83,6 +83,33 @@ async fn wait(seed: &Seed, what: &str, mut check: impl FnMut(&Seed) -> bool) {
     );
 }
 
+/// The flags of a replica as the chart runs it: kipam's service account and namespace, its
+/// webhook on `webhook_port` with the self-signed certificate Secret the chart names.
+fn args_of(webhook_port: u16, cert_dir: &Path) -> Vec<String> {
+    [
+        "--seed-name",
+        "seed",
+        "--namespace",
+        "kipam-system",
+        "--service-account",
+        SERVICE_ACCOUNT,
+        "--webhook-addr",
+        &format!("127.0.0.1:{webhook_port}"),
+        "--webhook-self-signed",
+        "--webhook-service",
+        "localhost",
+        "--webhook-secret",
+        "kipam-webhook-tls",
+        "--webhook-config-name",
+        "kipam",
+        "--webhook-cert-dir",
+        &cert_dir.display().to_string(),
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect()
+}
+
 fn namespace(seed: &Seed, name: &str) {
     seed.api
         .apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}))
@@ -177,25 +204,10 @@ subjects: [{kind: User, name: viewer@example.com}]
     let certs = seed.dir().join("certs");
     let ctl = seed.controller_with(
         "ctl",
-        &[
-            "--seed-name",
-            "seed",
-            "--namespace",
-            "kipam-system",
-            "--service-account",
-            SERVICE_ACCOUNT,
-            "--webhook-addr",
-            &format!("127.0.0.1:{webhook_port}"),
-            "--webhook-self-signed",
-            "--webhook-service",
-            "localhost",
-            "--webhook-secret",
-            "kipam-webhook-tls",
-            "--webhook-config-name",
-            "kipam",
-            "--webhook-cert-dir",
-            &certs.display().to_string(),
-        ],
+        &args_of(webhook_port, &certs)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
     );
     wait(&seed, "the webhook's caBundle written by kipam", |s| {
         s.get(
@@ -491,25 +503,10 @@ spec:
     let second_certs = seed.dir().join("certs-2");
     let mut second = seed.controller_with(
         "ctl2",
-        &[
-            "--seed-name",
-            "seed",
-            "--namespace",
-            "kipam-system",
-            "--service-account",
-            SERVICE_ACCOUNT,
-            "--webhook-addr",
-            &format!("127.0.0.1:{}", free_port()),
-            "--webhook-self-signed",
-            "--webhook-service",
-            "localhost",
-            "--webhook-secret",
-            "kipam-webhook-tls",
-            "--webhook-config-name",
-            "kipam",
-            "--webhook-cert-dir",
-            &second_certs.display().to_string(),
-        ],
+        &args_of(free_port(), &second_certs)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
     );
     wait(
         &seed,
