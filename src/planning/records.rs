@@ -406,7 +406,8 @@ async fn raise_layout(ctx: &Context, key: &RecordKey, seen: i64) -> Result<(), C
             l.spec.pools_seen.unwrap_or(0),
         )
     });
-    let Some((Some(version), fence, stamp)) = current.map(|(v, f, s)| (v.filter(|v| !v.is_empty()), f, s))
+    let Some((Some(version), fence, stamp)) =
+        current.map(|(v, f, s)| (v.filter(|v| !v.is_empty()), f, s))
     else {
         return Err(conflict(format!(
             "layout record {name}: not held by this replica, so the shards it created cannot be confirmed"
@@ -708,7 +709,9 @@ async fn raise_in(
     }
     if created {
         let layout = shards::layout_name(&key.0, &key.1);
-        let seen = planned.cover(ctx, layout_stamp(ctx, key).await, &layout).await?;
+        let seen = planned
+            .cover(ctx, layout_stamp(ctx, key).await, &layout)
+            .await?;
         let seen = i64::try_from(seen).unwrap_or(i64::MAX).max(highest);
         sent += 1;
         raise_layout(ctx, key, seen).await?;
@@ -829,8 +832,9 @@ async fn run(
     }
     // New shards are created empty and confirmed by a raise of the layout record before any
     // entry goes into them ([`raise_layout`]); their entries then go in with the other writes.
-    let (creates, mut adds): (Vec<Write>, Vec<Write>) =
-        adds.into_iter().partition(|w| matches!(w, Write::Create(_)));
+    let (creates, mut adds): (Vec<Write>, Vec<Write>) = adds
+        .into_iter()
+        .partition(|w| matches!(w, Write::Create(_)));
     if !creates.is_empty() {
         let mut filled = Vec::new();
         let mut empty = Vec::new();

@@ -169,10 +169,16 @@ async fn attempt_commit(
         let held = held_here(made.pool, dc, shown);
         let wanted = reservation_of(&held);
         let mut done = false;
-        let layouts = std::iter::once(&own).chain(fences.iter()).map(|g| &g.layout);
+        let layouts = std::iter::once(&own)
+            .chain(fences.iter())
+            .map(|g| &g.layout);
         for layout in layouts {
             if let Some(format) = layout.spec.newer_format() {
-                return Err(Stop::Verdict(newer_format(&label, &layout.name_any(), format)));
+                return Err(Stop::Verdict(newer_format(
+                    &label,
+                    &layout.name_any(),
+                    format,
+                )));
             }
             let stamp = layout.spec.pools_seen.unwrap_or(0);
             if stamp > pools_seen {

@@ -1190,8 +1190,14 @@ async fn a_pool_made_again_under_its_name_refuses_a_replica_that_planned_on_the_
     // The deposed replica thaws and commits its plan: x in a /24 it never wrote, then x
     // beside w in the /24 it holds.
     for (attempt, plan) in [
-        ("a new shard", vec![("w", "10.0.0.0-10.0.0.3"), ("x", "10.0.1.0-10.0.1.3")]),
-        ("the shard it held", vec![("w", "10.0.0.0-10.0.0.3"), ("x", "10.0.0.4-10.0.0.7")]),
+        (
+            "a new shard",
+            vec![("w", "10.0.0.0-10.0.0.3"), ("x", "10.0.1.0-10.0.1.3")],
+        ),
+        (
+            "the shard it held",
+            vec![("w", "10.0.0.0-10.0.0.3"), ("x", "10.0.0.4-10.0.0.7")],
+        ),
     ] {
         let stale = records::commit(
             &old,
