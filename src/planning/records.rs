@@ -1422,7 +1422,7 @@ mod tests {
                     }],
                 },
                 // The held shard was written before formats were stamped: this write stamps it.
-                "spec": {"format": 1, "reservations": {
+                "spec": {"format": RECORD_FORMAT, "reservations": {
                     "a": {"cidr": null, "addresses": ["10.0.0.4-10.0.0.7"]},
                     "b": null,
                     "c": {"cidr": "10.3.0.0/28", "addresses": null},
