@@ -373,14 +373,92 @@ impl PlannedOn {
 
 /// The stamp the shards of `key` carry at most, as this replica holds them.
 fn highest_stamp(records: &Records, key: &RecordKey) -> (i64, String) {
+    let layout = records
+        .layouts
+        .get(key)
+        .map(|l| (l.spec.pools_seen.unwrap_or(0), l.name_any()));
     records
         .map
         .get(key)
         .into_iter()
         .flatten()
         .map(|(name, h)| (h.record.spec.pools_seen.unwrap_or(0), name.clone()))
+        .chain(layout)
         .max()
         .unwrap_or_default()
+}
+
+/// Raises the fence of `key`'s layout record, on the version this replica holds: what every
+/// commit (and every fence raise) that created shards of `key` sends once they exist and
+/// before any entry is written into them. A replica that planned on a pool datacenter since
+/// deleted — a datacenter removed from the pool and added back, a pool deleted and created
+/// again under the same name — may still hold the old layout record and divide by it; the
+/// shards it creates do not exist under the new division, so their creates pass, but the
+/// old layout record is gone (or is another object now) and this raise is refused. Its new
+/// shards hold no entry yet, so a refused commit has handed nothing out. See
+/// `docs/design.md`.
+async fn raise_layout(ctx: &Context, key: &RecordKey, seen: i64) -> Result<(), CommitError> {
+    let name = shards::layout_name(&key.0, &key.1);
+    let current = ctx.records.lock().await.layouts.get(key).map(|l| {
+        (
+            l.resource_version(),
+            l.spec.fence.unwrap_or(0),
+            l.spec.pools_seen.unwrap_or(0),
+        )
+    });
+    let Some((Some(version), fence, stamp)) =
+        current.map(|(v, f, s)| (v.filter(|v| !v.is_empty()), f, s))
+    else {
+        return Err(conflict(format!(
+            "layout record {name}: not held by this replica, so the shards it created cannot be confirmed"
+        )));
+    };
+    if stamp > seen {
+        return Err(CommitError::PoolsBehind {
+            shard: name,
+            stamp,
+            seen: u64::try_from(seen).unwrap_or(0),
+        });
+    }
+    let next = fence.saturating_add(1);
+    let restamp = (seen > stamp).then_some(seen);
+    let mut spec = json!({"fence": next, "format": RECORD_FORMAT});
+    if let Some(v) = restamp {
+        spec["poolsSeen"] = json!(v);
+    }
+    let body = json!({"metadata": {"resourceVersion": version}, "spec": spec});
+    let pp = PatchParams {
+        field_manager: Some("kipam".into()),
+        ..Default::default()
+    };
+    // RBAC: src/rbac.rs (ipampoolrecords).
+    let api: Api<IPAMPoolRecord> = Api::all(ctx.writer.clone());
+    ctx.metrics.wrote("patch", "ipampoolrecords");
+    let written = match api.patch_metadata(&name, &pp, &Patch::Merge(&body)).await {
+        Ok(w) => w,
+        Err(e) => return Err(failed(ctx, key, &name, e.into()).await),
+    };
+    let outcome =
+        ctx.records
+            .lock()
+            .await
+            .layout_fenced(key, &version, next, restamp, written.metadata);
+    match outcome {
+        Patched::Applied => Ok(()),
+        Patched::Moved => {
+            refresh(ctx, key, &name).await;
+            Ok(())
+        }
+        Patched::Diverged => Err(failed(
+            ctx,
+            key,
+            &name,
+            conflict(format!(
+                "layout record {name}: the server kept the version of a fence raise"
+            )),
+        )
+        .await),
+    }
 }
 
 /// How `key`'s addresses are divided into blocks, and the block length of its layout record
@@ -552,6 +630,9 @@ async fn raise_in(
         sent += 1;
         create_layout(ctx, pool, key, len).await?;
     }
+    // Shards created here: confirmed by a raise of the layout record once they all exist.
+    let mut created = false;
+    let mut highest = 0;
     for block in blocks {
         let name = shards::shard_name(&key.0, &key.1, &block);
         let current = {
@@ -569,6 +650,7 @@ async fn raise_in(
             .cover(ctx, current.as_ref().map_or(0, |c| c.2), &name)
             .await?;
         let seen = i64::try_from(seen).unwrap_or(i64::MAX);
+        highest = highest.max(seen);
         sent += 1;
         let Some((version, fence, stamp)) = current else {
             let write = prepare(None, pool, key, &name, Some(block), Changes::new(), seen)?;
@@ -579,6 +661,7 @@ async fn raise_in(
             };
             record.spec.fence = Some(1);
             send(ctx, key, Write::Create(record)).await?;
+            created = true;
             continue;
         };
         let Some(version) = version.filter(|v| !v.is_empty()) else {
@@ -624,7 +707,27 @@ async fn raise_in(
             }
         }
     }
+    if created {
+        let layout = shards::layout_name(&key.0, &key.1);
+        let seen = planned
+            .cover(ctx, layout_stamp(ctx, key).await, &layout)
+            .await?;
+        let seen = i64::try_from(seen).unwrap_or(i64::MAX).max(highest);
+        sent += 1;
+        raise_layout(ctx, key, seen).await?;
+    }
     Ok(sent)
+}
+
+/// The `spec.poolsSeen` of `key`'s layout record as this replica holds it.
+async fn layout_stamp(ctx: &Context, key: &RecordKey) -> i64 {
+    ctx.records
+        .lock()
+        .await
+        .layouts
+        .get(key)
+        .and_then(|l| l.spec.pools_seen)
+        .unwrap_or(0)
 }
 
 /// [`commit`] for a pool datacenter that shares addresses with others (`others`: their pools
@@ -726,6 +829,47 @@ async fn run(
     if let Some(len) = create {
         sent += 1;
         create_layout(ctx, pool, key, len).await?;
+    }
+    // New shards are created empty and confirmed by a raise of the layout record before any
+    // entry goes into them ([`raise_layout`]); their entries then go in with the other writes.
+    let (creates, mut adds): (Vec<Write>, Vec<Write>) = adds
+        .into_iter()
+        .partition(|w| matches!(w, Write::Create(_)));
+    if !creates.is_empty() {
+        let mut filled = Vec::new();
+        let mut empty = Vec::new();
+        for write in creates {
+            let Write::Create(mut record) = write else {
+                continue;
+            };
+            let entries = std::mem::take(&mut record.spec.reservations);
+            if !entries.is_empty() {
+                let block = record.spec.block.as_deref().and_then(|b| b.parse().ok());
+                filled.push((record.name_any(), block, entries));
+            }
+            empty.push(Write::Create(record));
+        }
+        sent += empty.len() as u64 + 1;
+        let results: Vec<Result<(), CommitError>> = futures::stream::iter(empty)
+            .map(|w| send(ctx, key, w))
+            .buffer_unordered(SHARD_CONCURRENCY)
+            .collect()
+            .await;
+        if let Some(e) = results.into_iter().find_map(Result::err) {
+            return Err(e);
+        }
+        raise_layout(ctx, key, seen).await?;
+        let records = ctx.records.lock().await;
+        for (name, block, entries) in filled {
+            let held = records.map.get(key).and_then(|s| s.get(&name));
+            if held.is_none() {
+                return Err(conflict(format!(
+                    "pool record {name}: created by this commit, but no longer held"
+                )));
+            }
+            let changes: Changes = entries.into_iter().map(|(k, v)| (k, Some(v))).collect();
+            adds.push(prepare(held, pool, key, &name, block, changes, seen)?);
+        }
     }
     for phase in [adds, removes] {
         sent += phase.len() as u64;
@@ -1278,7 +1422,7 @@ mod tests {
                     }],
                 },
                 // The held shard was written before formats were stamped: this write stamps it.
-                "spec": {"format": 1, "reservations": {
+                "spec": {"format": RECORD_FORMAT, "reservations": {
                     "a": {"cidr": null, "addresses": ["10.0.0.4-10.0.0.7"]},
                     "b": null,
                     "c": {"cidr": "10.3.0.0/28", "addresses": null},

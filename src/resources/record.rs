@@ -104,7 +104,10 @@ pub struct IPAMPoolRecordSpec {
 /// The record format this kipam writes and knows. A release raises it when it changes what
 /// a record's fields mean or how replicas must read them; every release from the first that
 /// stamps it refuses to write a record of a newer format (`docs/operations.md`, "Upgrades").
-pub const RECORD_FORMAT: i32 = 1;
+/// Format 2: a new shard is created empty and confirmed by a raise of its layout record
+/// before entries go in (a format-1 replica creates it with its entries, which the fence of
+/// a pool datacenter made again does not cover).
+pub const RECORD_FORMAT: i32 = 2;
 
 impl IPAMPoolRecordSpec {
     /// The record's format when it is newer than this kipam knows.

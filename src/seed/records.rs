@@ -399,6 +399,38 @@ impl Records {
     }
 }
 
+impl Records {
+    /// Brings the held copy of `key`'s layout record to what a raise of its fence made at the
+    /// server, like [`Records::fenced`] for a shard.
+    pub(crate) fn layout_fenced(
+        &mut self,
+        key: &RecordKey,
+        version: &str,
+        fence: i64,
+        stamp: Option<i64>,
+        metadata: ObjectMeta,
+    ) -> Patched {
+        let Some(layout) = self.layouts.get_mut(key) else {
+            return Patched::Moved;
+        };
+        if layout.metadata.resource_version.as_deref() != Some(version) {
+            return Patched::Moved;
+        }
+        match metadata.resource_version.as_deref() {
+            None | Some("") => return Patched::Moved,
+            Some(v) if v == version => return Patched::Diverged,
+            Some(_) => {}
+        }
+        layout.spec.fence = Some(fence);
+        layout.spec.format = Some(crate::resources::RECORD_FORMAT);
+        if stamp.is_some() {
+            layout.spec.pools_seen = stamp;
+        }
+        layout.metadata = without_managed_fields(metadata);
+        Patched::Applied
+    }
+}
+
 /// What became of the held copy after a patch landed.
 pub(crate) enum Patched {
     /// It now equals the record at the server.

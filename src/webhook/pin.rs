@@ -57,12 +57,20 @@ pub struct HandMade<'a> {
 }
 
 /// One shard to write, as read from the server (`None`: it does not exist).
+#[derive(Clone)]
 struct Shard {
     pool: IPAMPool,
     datacenter: String,
     name: String,
     block: Cidr,
     read: Option<IPAMPoolRecord>,
+}
+
+/// The shards of one pool datacenter covering the address, with its layout record as read
+/// (or as the webhook created it).
+struct Group {
+    layout: IPAMPoolRecord,
+    shards: Vec<Shard>,
 }
 
 /// Why an attempt stopped.
@@ -118,7 +126,7 @@ async fn attempt_commit(
     // Everything read before anything is written.
     let mut plans = Vec::new();
     for (dc, shown) in made.placed {
-        let mut fences: Vec<Shard> = Vec::new();
+        let mut fences: Vec<Group> = Vec::new();
         for other in pools {
             let name = other.name_any();
             if name == pool_name
@@ -143,11 +151,13 @@ async fn attempt_commit(
                     .datacenters
                     .get(dc)
                     .is_some_and(|d| d.config.cidrs().any(|c| c.range().overlaps(shown)));
-            if shares {
-                fences.extend(shards_of(&api, other, dc, shown, &label).await?);
+            if shares && let Some(group) = shards_of(&api, other, dc, shown, &label).await? {
+                fences.push(group);
             }
         }
-        let own = shards_of(&api, made.pool, dc, shown, &label).await?;
+        let Some(own) = shards_of(&api, made.pool, dc, shown, &label).await? else {
+            continue;
+        };
         plans.push((dc, shown, own, fences));
     }
     let mine = |entry: &str| {
@@ -159,7 +169,29 @@ async fn attempt_commit(
         let held = held_here(made.pool, dc, shown);
         let wanted = reservation_of(&held);
         let mut done = false;
-        for shard in own.iter().chain(fences.iter()) {
+        let layouts = std::iter::once(&own)
+            .chain(fences.iter())
+            .map(|g| &g.layout);
+        for layout in layouts {
+            if let Some(format) = layout.spec.newer_format() {
+                return Err(Stop::Verdict(newer_format(
+                    &label,
+                    &layout.name_any(),
+                    format,
+                )));
+            }
+            let stamp = layout.spec.pools_seen.unwrap_or(0);
+            if stamp > pools_seen {
+                return Err(Stop::Verdict(Verdict::unavailable(format!(
+                    "{label}: layout record {} was written by a replica that had seen the pools \
+                     at revision {stamp}; this replica has seen them up to {pools_seen}; try \
+                     again in a moment",
+                    layout.name_any()
+                ))));
+            }
+        }
+        let every = std::iter::once(&own).chain(fences.iter());
+        for shard in every.flat_map(|g| g.shards.iter()) {
             let Some(read) = &shard.read else { continue };
             if let Some(format) = read.spec.newer_format() {
                 return Err(Stop::Verdict(newer_format(&label, &shard.name, format)));
@@ -205,16 +237,28 @@ async fn attempt_commit(
     }
     let key = hand_made_holder(made.namespace, made.name, now);
     for (own, fences, wanted) in writes {
-        for shard in &fences {
-            let spec = match &shard.read {
-                Some(read) => {
-                    json!({"fence": read.spec.fence.unwrap_or(0).saturating_add(1)})
-                }
-                None => Value::Null,
-            };
-            write(&api, shard, spec, pools_seen, |s| s.fence = Some(1)).await?;
+        for group in &fences {
+            // A shard created here is created with its fence raised, then confirmed.
+            let created = create_missing(&api, group, pools_seen, Some(1)).await?;
+            for shard in group.shards.iter().filter(|s| s.read.is_some()) {
+                let fence = shard.read.as_ref().and_then(|r| r.spec.fence).unwrap_or(0);
+                let spec = json!({"fence": fence.saturating_add(1)});
+                patch(&api, shard, spec, pools_seen).await?;
+            }
+            if created.is_some() {
+                raise_layout(&api, &group.layout, pools_seen).await?;
+            }
         }
-        for shard in &own {
+        // The pool's own new shards are created empty and confirmed by a raise of its layout
+        // record before the entry goes in (as the planning loop's commits do): a webhook that
+        // read a layout record since deleted — the datacenter removed and added back, the pool
+        // made again — divides by it, and that raise is what refuses it.
+        let created = create_missing(&api, &own, pools_seen, None).await?;
+        if created.is_some() {
+            raise_layout(&api, &own.layout, pools_seen).await?;
+        }
+        let created = created.unwrap_or_default();
+        for shard in &own.shards {
             // Its older entries (an earlier try of the same name) go in the same write.
             let mut entries: BTreeMap<String, Value> = shard
                 .read
@@ -225,17 +269,84 @@ async fn attempt_commit(
                 .collect();
             let value = serde_json::to_value(&wanted).unwrap_or(Value::Null);
             entries.insert(key.clone(), value);
-            let spec = match &shard.read {
-                Some(_) => json!({"reservations": entries}),
-                None => Value::Null,
-            };
-            write(&api, shard, spec, pools_seen, |s| {
-                s.reservations.insert(key.clone(), wanted.clone());
-            })
-            .await?;
+            let spec = json!({"reservations": entries});
+            match (&shard.read, created.get(&shard.name)) {
+                (Some(_), _) => patch(&api, shard, spec, pools_seen).await?,
+                (None, Some(made)) => {
+                    let written = Shard {
+                        read: Some(made.clone()),
+                        ..shard.clone()
+                    };
+                    patch(&api, &written, spec, pools_seen).await?;
+                }
+                (None, None) => return Err(Stop::Again),
+            }
         }
     }
     Ok(())
+}
+
+/// Creates the shards of `group` that did not exist when read, with the fence `fence`.
+/// Returns them by name as created (`None`: none was missing).
+async fn create_missing(
+    api: &Api<IPAMPoolRecord>,
+    group: &Group,
+    pools_seen: i64,
+    fence: Option<i64>,
+) -> Result<Option<BTreeMap<String, IPAMPoolRecord>>, Stop> {
+    let mut created = BTreeMap::new();
+    for shard in group.shards.iter().filter(|s| s.read.is_none()) {
+        let pool = &shard.pool;
+        let record = IPAMPoolRecord {
+            metadata: ObjectMeta {
+                name: Some(shard.name.clone()),
+                owner_references: Some(vec![crate::resources::record_owner(pool)]),
+                ..Default::default()
+            },
+            spec: IPAMPoolRecordSpec {
+                pool: pool.name_any(),
+                datacenter: shard.datacenter.clone(),
+                block: Some(shard.block.to_string()),
+                pools_seen: (pools_seen > 0).then_some(pools_seen),
+                format: Some(RECORD_FORMAT),
+                fence,
+                ..Default::default()
+            },
+        };
+        let made = api
+            .create(&PostParams::default(), &record)
+            .await
+            .map_err(|e| written(&shard.name, e))?;
+        created.insert(shard.name.clone(), made);
+    }
+    Ok((!created.is_empty()).then_some(created))
+}
+
+/// Raises the fence of the layout record `layout` on the version read: refused when the
+/// layout record was deleted or written since (see [`crate::planning::records`]).
+async fn raise_layout(
+    api: &Api<IPAMPoolRecord>,
+    layout: &IPAMPoolRecord,
+    pools_seen: i64,
+) -> Result<(), Stop> {
+    let name = layout.name_any();
+    let version = layout.metadata.resource_version.clone().unwrap_or_default();
+    let mut spec = json!({
+        "fence": layout.spec.fence.unwrap_or(0).saturating_add(1),
+        "format": RECORD_FORMAT,
+    });
+    if layout.spec.pools_seen.unwrap_or(0) < pools_seen {
+        spec["poolsSeen"] = json!(pools_seen);
+    }
+    let body = json!({"metadata": {"resourceVersion": version}, "spec": spec});
+    let pp = PatchParams {
+        field_manager: Some("kipam".into()),
+        ..Default::default()
+    };
+    api.patch(&name, &pp, &Patch::Merge(&body))
+        .await
+        .map(|_| ())
+        .map_err(|e| written(&name, e))
 }
 
 /// What the object holds in `dc` as a record entry reads it: the subnet in a `prefix`
@@ -267,10 +378,10 @@ async fn shards_of(
     dc: &str,
     shown: &AddrRange,
     label: &str,
-) -> Result<Vec<Shard>, Stop> {
+) -> Result<Option<Group>, Stop> {
     let pool_name = pool.name_any();
     let Some(settings) = pool.spec.datacenters.get(dc) else {
-        return Ok(Vec::new());
+        return Ok(None);
     };
     let base = Layout::of(settings).map_err(|why| {
         Stop::Verdict(Verdict::invalid(format!(
@@ -278,7 +389,7 @@ async fn shards_of(
         )))
     })?;
     let layout_name = shards::layout_name(&pool_name, dc);
-    let layout = match api
+    let (layout, record) = match api
         .get_opt(&layout_name)
         .await
         .map_err(unavailable(label))?
@@ -288,7 +399,7 @@ async fn shards_of(
             return Err(Stop::Verdict(newer_format(label, &layout_name, format)));
         }
         Some(r) => match r.spec.block_length.and_then(|l| u8::try_from(l).ok()) {
-            Some(len) => base.with_block_len(len),
+            Some(len) => (base.with_block_len(len), r),
             None => {
                 return Err(Stop::Verdict(Verdict::unavailable(format!(
                     "{label}: layout record {layout_name} gives no block length"
@@ -323,11 +434,10 @@ async fn shards_of(
                 },
             };
             match api.create(&PostParams::default(), &record).await {
-                Ok(_) => {}
+                Ok(made) => (base, made),
                 Err(e) if stale(&e) => return Err(Stop::Again),
                 Err(e) => return Err(unavailable(label)(e)),
             }
-            base
         }
     };
     let blocks = layout.blocks_covering([*shown]).map_err(|why| {
@@ -335,11 +445,11 @@ async fn shards_of(
             "{label}: IPAMPool {pool_name}/{dc}: {why}"
         )))
     })?;
-    let mut out = Vec::new();
+    let mut shards = Vec::new();
     for block in blocks {
         let name = shards::shard_name(&pool_name, dc, &block);
         let read = api.get_opt(&name).await.map_err(unavailable(label))?;
-        out.push(Shard {
+        shards.push(Shard {
             pool: pool.clone(),
             datacenter: dc.to_string(),
             name,
@@ -347,69 +457,49 @@ async fn shards_of(
             read,
         });
     }
-    Ok(out)
+    Ok(Some(Group {
+        layout: record,
+        shards,
+    }))
 }
 
-/// Writes `shard`: a merge patch of `spec` on the version read, or, when it did not exist, a
-/// create of a new shard that `fill` gives its entries. Both stamp `pools_seen`.
-async fn write(
+/// A merge patch of `spec` on the version of `shard` read, stamping `pools_seen`.
+async fn patch(
     api: &Api<IPAMPoolRecord>,
     shard: &Shard,
     mut spec: Value,
     pools_seen: i64,
-    fill: impl FnOnce(&mut IPAMPoolRecordSpec),
 ) -> Result<(), Stop> {
-    let result = match &shard.read {
-        Some(read) => {
-            let version = read.metadata.resource_version.clone().unwrap_or_default();
-            if read.spec.pools_seen.unwrap_or(0) < pools_seen {
-                spec["poolsSeen"] = json!(pools_seen);
-            }
-            if read.spec.format != Some(RECORD_FORMAT) {
-                spec["format"] = json!(RECORD_FORMAT);
-            }
-            let body = json!({"metadata": {"resourceVersion": version}, "spec": spec});
-            let pp = PatchParams {
-                field_manager: Some("kipam".into()),
-                ..Default::default()
-            };
-            api.patch(&shard.name, &pp, &Patch::Merge(&body))
-                .await
-                .map(|_| ())
-        }
-        None => {
-            let pool = &shard.pool;
-            let mut spec = IPAMPoolRecordSpec {
-                pool: pool.name_any(),
-                datacenter: shard.datacenter.clone(),
-                block: Some(shard.block.to_string()),
-                pools_seen: (pools_seen > 0).then_some(pools_seen),
-                format: Some(RECORD_FORMAT),
-                ..Default::default()
-            };
-            fill(&mut spec);
-            let record = IPAMPoolRecord {
-                metadata: ObjectMeta {
-                    name: Some(shard.name.clone()),
-                    owner_references: Some(vec![crate::resources::record_owner(pool)]),
-                    ..Default::default()
-                },
-                spec,
-            };
-            api.create(&PostParams::default(), &record)
-                .await
-                .map(|_| ())
-        }
+    let Some(read) = &shard.read else {
+        return Err(Stop::Again);
     };
-    match result {
-        Ok(()) => Ok(()),
-        Err(e) if stale(&e) => Err(Stop::Again),
-        Err(e) => Err(Stop::Verdict(Verdict::unavailable(format!(
-            "pool record {}: {}",
-            shard.name,
-            crate::seed::preconditions::short(&e)
-        )))),
+    let version = read.metadata.resource_version.clone().unwrap_or_default();
+    if read.spec.pools_seen.unwrap_or(0) < pools_seen {
+        spec["poolsSeen"] = json!(pools_seen);
     }
+    if read.spec.format != Some(RECORD_FORMAT) {
+        spec["format"] = json!(RECORD_FORMAT);
+    }
+    let body = json!({"metadata": {"resourceVersion": version}, "spec": spec});
+    let pp = PatchParams {
+        field_manager: Some("kipam".into()),
+        ..Default::default()
+    };
+    api.patch(&shard.name, &pp, &Patch::Merge(&body))
+        .await
+        .map(|_| ())
+        .map_err(|e| written(&shard.name, e))
+}
+
+/// What a failed write of record `name` stops with.
+fn written(name: &str, e: kube::Error) -> Stop {
+    if stale(&e) {
+        return Stop::Again;
+    }
+    Stop::Verdict(Verdict::unavailable(format!(
+        "pool record {name}: {}",
+        crate::seed::preconditions::short(&e)
+    )))
 }
 
 /// A conflict, an object that exists already, or one gone since it was read.

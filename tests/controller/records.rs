@@ -204,8 +204,9 @@ async fn each_shard_is_patched_with_only_its_changes_and_the_record_holds_the_de
     let sent = records::commit(&s.ctx, &s.pool, &key(), first.clone(), none(), &one_view())
         .await
         .unwrap();
-    // The layout record first (the pool datacenter held nothing), then two shards.
-    assert_eq!((sent, s.count("create")), (3, 3), "{:?}", s.api.stats());
+    // The layout record first (the pool datacenter held nothing), then two shards created
+    // empty, the raise of the layout record that confirms them, and their entries.
+    assert_eq!((sent, s.count("create")), (6, 3), "{:?}", s.api.stats());
     assert_eq!(s.names(), vec![FIRST.to_string(), shard_of(1)]);
     let layout = s.stored_record(&shards::layout_name("metallb", "dc-1"));
     assert_eq!(layout.spec.block_length, Some(24));
@@ -256,7 +257,8 @@ async fn each_shard_is_patched_with_only_its_changes_and_the_record_holds_the_de
     let sent = records::commit_changes(&s.ctx, &s.pool, &key(), changes, &one_view())
         .await
         .unwrap();
-    assert_eq!((sent, s.count("patch"), s.count("create")), (2, 1, 1));
+    // e's new shard: created empty, the layout record raised, its entry; d's removal.
+    assert_eq!((sent, s.count("patch"), s.count("create")), (4, 3, 1));
     let expected = map(&[("a", subnet(0)), ("b", range(12)), ("e", subnet(3))]);
     assert_eq!(s.stored_entries(), expected);
     assert_eq!(s.held().await.spec.reservations, expected);
@@ -419,7 +421,10 @@ async fn a_holding_across_a_block_edge_is_written_to_both_shards_and_read_back_w
     )
     .await
     .unwrap();
-    assert_eq!(sent, 3, "the layout record and two shards");
+    assert_eq!(
+        sent, 6,
+        "the layout record, two shards created empty, the layout record raised, two fills"
+    );
     assert_eq!(
         s.stored(FIRST)["spec"]["reservations"]["a"],
         json!({"addresses": ["10.0.0.254-10.0.0.255"]})

@@ -79,6 +79,11 @@ fn is_conflict(r: Result<u64, CommitError>) -> bool {
     matches!(r, Err(e) if e.is_stale())
 }
 
+/// Refused: a conflict, or a record that says its writer saw newer pools.
+fn is_refused(r: &Result<u64, CommitError>) -> bool {
+    matches!(r, Err(e) if e.is_stale() || matches!(e, CommitError::PoolsBehind { .. }))
+}
+
 /// The record of `pool` in dc-1 as the server stores it, shards joined.
 fn stored(api: &ApiServer, pool: &str) -> BTreeMap<String, Reservation> {
     let mut out = BTreeMap::new();
@@ -326,8 +331,8 @@ async fn a_pool_widened_before_its_first_commit_is_divided_alike_by_both_replica
         )
         .await;
         assert!(
-            is_conflict(stale),
-            "the stale first commit is refused ({attempt})"
+            is_refused(&stale),
+            "the stale first commit is refused ({attempt}): {stale:?}"
         );
     }
     assert_eq!(
@@ -1118,5 +1123,166 @@ spec:
     assert!(
         got.is_disjoint(&released),
         "c2 got {got:?} through q inside c1's hour of quarantine of {released:?}"
+    );
+}
+
+/// A range pool of dc-1 over `cidr` (its size decides the division of its record: a /16 in
+/// blocks of /24, a /8 in blocks of /20).
+fn pool_over(name: &str, cidr: &str) -> serde_json::Value {
+    range_pool(name, cidr, "default")
+}
+
+/// Issue 51, item 2: a pool deleted and created again under the same name, over a network
+/// that its record divides otherwise, while a deposed leader still plans on the old pool.
+/// The new leader gives y 10.0.1.0-3 (a /20 block); the deposed one, on its copy of the old
+/// layout record (/24 blocks), would give x the same addresses: the /24 shard it needs does
+/// not exist, so its create passes — its raise of the old layout record, which is gone, does
+/// not, and the shard it created holds no entry. One it already held (its first /24) is gone
+/// too: that commit is refused as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_made_again_under_its_name_refuses_a_replica_that_planned_on_the_old_one() {
+    let api = setup_api().await;
+    let old_pool = create(&api, pool_over("p", "10.0.0.0/16")).await;
+    let key: RecordKey = ("p".into(), "dc-1".into());
+    let old = replica(&api).await;
+    load_records(&old).await;
+    let old_view = PlannedOn::pools([&old_pool]);
+    records::commit(
+        &old,
+        &old_pool,
+        &key,
+        entries(&[("w", "10.0.0.0-10.0.0.3")]),
+        Default::default(),
+        &old_view,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        holders(&api, "p"),
+        vec![("w".to_string(), "p.dc-1.0a000000-24".to_string())]
+    );
+
+    // The pool goes (its records with it, by owner reference) and comes back as a /8.
+    Api::<IPAMPool>::all(client(&api).await)
+        .delete("p", &Default::default())
+        .await
+        .unwrap();
+    let gone = api.list("ipampoolrecords", None);
+    assert!(gone.is_empty(), "the records went with the pool: {gone:?}");
+    let new_pool = create(&api, pool_over("p", "10.0.0.0/8")).await;
+    let new = replica(&api).await;
+    load_records(&new).await;
+    records::commit(
+        &new,
+        &new_pool,
+        &key,
+        entries(&[("y", "10.0.1.0-10.0.1.3")]),
+        Default::default(),
+        &PlannedOn::pools([&new_pool]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        holders(&api, "p"),
+        vec![("y".to_string(), "p.dc-1.0a000000-20".to_string())]
+    );
+
+    // The deposed replica thaws and commits its plan: x in a /24 it never wrote, then x
+    // beside w in the /24 it holds.
+    for (attempt, plan) in [
+        (
+            "a new shard",
+            vec![("w", "10.0.0.0-10.0.0.3"), ("x", "10.0.1.0-10.0.1.3")],
+        ),
+        (
+            "the shard it held",
+            vec![("w", "10.0.0.0-10.0.0.3"), ("x", "10.0.0.4-10.0.0.7")],
+        ),
+    ] {
+        let stale = records::commit(
+            &old,
+            &old_pool,
+            &key,
+            entries(&plan),
+            Default::default(),
+            &old_view,
+        )
+        .await;
+        assert!(is_refused(&stale), "refused ({attempt}): {stale:?}");
+    }
+    assert_eq!(
+        holders(&api, "p"),
+        vec![("y".to_string(), "p.dc-1.0a000000-20".to_string())],
+        "nothing but y is held"
+    );
+}
+
+/// Issue 51, item 2: a datacenter removed from a pool (the leader deletes its records) and
+/// added back with another network, which its record divides otherwise, while a deposed
+/// leader still plans on the datacenter as it was. Its commit into a shard of the old
+/// division is refused, and the new leader's holding is the only one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_datacenter_added_back_with_another_network_refuses_a_replica_that_planned_on_the_old_one()
+ {
+    let api = setup_api().await;
+    let first = create(&api, pool_over("p", "10.0.0.0/16")).await;
+    let key: RecordKey = ("p".into(), "dc-1".into());
+    let (old, new) = (replica(&api).await, replica(&api).await);
+    load_records(&old).await;
+    let old_view = PlannedOn::pools([&first]);
+    records::commit(
+        &old,
+        &first,
+        &key,
+        entries(&[("w", "10.0.0.0-10.0.0.3")]),
+        Default::default(),
+        &old_view,
+    )
+    .await
+    .unwrap();
+
+    // dc-1 removed (another datacenter kept, as a pool needs one): the new leader deletes
+    // its records; then dc-1 added back as a /8.
+    let removed = replace(&api, &first, |p| {
+        let dc = p.spec.datacenters.remove("dc-1").unwrap();
+        let mut other = dc.clone();
+        other.pool_cidr = "10.200.0.0/16".into();
+        p.spec.datacenters.insert("dc-2".into(), other);
+    })
+    .await;
+    load_records(&new).await;
+    records::remove(&new, &key).await.unwrap();
+    assert!(holders(&api, "p").is_empty());
+    let back = replace(&api, &removed, |p| {
+        let mut dc = p.spec.datacenters["dc-2"].clone();
+        dc.pool_cidr = "10.0.0.0/8".into();
+        p.spec.datacenters.insert("dc-1".into(), dc);
+    })
+    .await;
+    records::commit(
+        &new,
+        &back,
+        &key,
+        entries(&[("y", "10.0.1.0-10.0.1.3")]),
+        Default::default(),
+        &PlannedOn::pools([&back]),
+    )
+    .await
+    .unwrap();
+
+    let stale = records::commit(
+        &old,
+        &first,
+        &key,
+        entries(&[("w", "10.0.0.0-10.0.0.3"), ("x", "10.0.1.0-10.0.1.3")]),
+        Default::default(),
+        &old_view,
+    )
+    .await;
+    assert!(is_refused(&stale), "refused: {stale:?}");
+    assert_eq!(
+        holders(&api, "p"),
+        vec![("y".to_string(), "p.dc-1.0a000000-20".to_string())],
+        "nothing but y is held"
     );
 }

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use kipam::resources::RECORD_FORMAT;
+
 use super::support::Seed;
 
 const POOL: &str = "
@@ -24,8 +26,8 @@ fn records_of(seed: &Seed, pool: &str) -> Vec<Value> {
         .collect()
 }
 
-/// A newer kipam (record format 2) has written the pool's records while this replica (format
-/// 1) still leads, as during a rolling upgrade: it hands nothing out there, writes none of
+/// A newer kipam (one record format above this one's) has written the pool's records while
+/// this replica still leads, as during a rolling upgrade: it hands nothing out there, writes none of
 /// those records, and says so on the pool and in its log. Once only replicas that know the
 /// format run, the cluster that waited is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -42,14 +44,15 @@ async fn a_replica_commits_nothing_into_records_of_a_newer_format() {
     assert!(!written.is_empty());
     for r in &written {
         assert_eq!(
-            r["spec"]["format"], 1,
+            r["spec"]["format"],
+            json!(RECORD_FORMAT),
             "every record kipam writes carries its format: {r}"
         );
     }
 
     // A newer kipam writes every record of the pool in its format.
     for mut r in written {
-        r["spec"]["format"] = json!(2);
+        r["spec"]["format"] = json!(RECORD_FORMAT + 1);
         seed.api.apply(&r).expect("the newer kipam's write");
     }
     let newer: Vec<Value> = records_of(&seed, "lb");
@@ -69,8 +72,10 @@ async fn a_replica_commits_nothing_into_records_of_a_newer_format() {
         Duration::from_secs(30),
         "r0",
         |s| {
-            s.log("r0")
-                .contains("written in record format 2 by a newer kipam")
+            s.log("r0").contains(&format!(
+                "written in record format {} by a newer kipam",
+                RECORD_FORMAT + 1
+            ))
         },
     )
     .await;
@@ -110,7 +115,7 @@ async fn a_replica_commits_nothing_into_records_of_a_newer_format() {
     // binary over records it knows) leads.
     old.kill();
     for mut r in after {
-        r["spec"]["format"] = json!(1);
+        r["spec"]["format"] = json!(RECORD_FORMAT);
         seed.api.apply(&r).expect("records of a known format");
     }
     let _new = seed.controller("r1");
