@@ -420,9 +420,45 @@ async fn raise_layout(ctx: &Context, key: &RecordKey, seen: i64) -> Result<(), C
             seen: u64::try_from(seen).unwrap_or(0),
         });
     }
+    raise(
+        ctx,
+        key,
+        &name,
+        Raised::Layout,
+        &version,
+        fence,
+        stamp,
+        seen,
+    )
+    .await
+}
+
+/// Which record a fence raise is for.
+enum Raised {
+    Shard,
+    Layout,
+}
+
+/// Raises the fence of record `name` of `key` from `fence`, conditional on `version` (the
+/// copy held), stamping `seen` when it is above the copy's `stamp`; then brings the copy to
+/// what the server made of it. A raise of the layout record also stamps this kipam's format.
+#[allow(clippy::too_many_arguments)]
+async fn raise(
+    ctx: &Context,
+    key: &RecordKey,
+    name: &str,
+    which: Raised,
+    version: &str,
+    fence: i64,
+    stamp: i64,
+    seen: i64,
+) -> Result<(), CommitError> {
     let next = fence.saturating_add(1);
     let restamp = (seen > stamp).then_some(seen);
-    let mut spec = json!({"fence": next, "format": RECORD_FORMAT});
+    let mut spec = json!({"fence": next});
+    if matches!(which, Raised::Layout) {
+        spec["format"] = json!(RECORD_FORMAT);
+    }
     if let Some(v) = restamp {
         spec["poolsSeen"] = json!(v);
     }
@@ -434,27 +470,29 @@ async fn raise_layout(ctx: &Context, key: &RecordKey, seen: i64) -> Result<(), C
     // RBAC: src/rbac.rs (ipampoolrecords).
     let api: Api<IPAMPoolRecord> = Api::all(ctx.writer.clone());
     ctx.metrics.wrote("patch", "ipampoolrecords");
-    let written = match api.patch_metadata(&name, &pp, &Patch::Merge(&body)).await {
+    let written = match api.patch_metadata(name, &pp, &Patch::Merge(&body)).await {
         Ok(w) => w,
-        Err(e) => return Err(failed(ctx, key, &name, e.into()).await),
+        Err(e) => return Err(failed(ctx, key, name, e.into()).await),
     };
-    let outcome =
-        ctx.records
-            .lock()
-            .await
-            .layout_fenced(key, &version, next, restamp, written.metadata);
+    let outcome = {
+        let mut records = ctx.records.lock().await;
+        match which {
+            Raised::Shard => records.fenced(key, name, version, next, restamp, written.metadata),
+            Raised::Layout => records.layout_fenced(key, version, next, restamp, written.metadata),
+        }
+    };
     match outcome {
         Patched::Applied => Ok(()),
         Patched::Moved => {
-            refresh(ctx, key, &name).await;
+            refresh(ctx, key, name).await;
             Ok(())
         }
         Patched::Diverged => Err(failed(
             ctx,
             key,
-            &name,
+            name,
             conflict(format!(
-                "layout record {name}: the server kept the version of a fence raise"
+                "pool record {name}: the server kept the version of a fence raise"
             )),
         )
         .await),
@@ -669,43 +707,7 @@ async fn raise_in(
                 "pool record {name}: the copy held carries no resourceVersion to commit on"
             )));
         };
-        let next = fence.saturating_add(1);
-        let restamp = (seen > stamp).then_some(seen);
-        let mut spec = json!({"fence": next});
-        if let Some(v) = restamp {
-            spec["poolsSeen"] = json!(v);
-        }
-        let body = json!({"metadata": {"resourceVersion": version}, "spec": spec});
-        let pp = PatchParams {
-            field_manager: Some("kipam".into()),
-            ..Default::default()
-        };
-        let api: Api<IPAMPoolRecord> = Api::all(ctx.writer.clone());
-        ctx.metrics.wrote("patch", "ipampoolrecords");
-        let written = match api.patch_metadata(&name, &pp, &Patch::Merge(&body)).await {
-            Ok(w) => w,
-            Err(e) => return Err(failed(ctx, key, &name, e.into()).await),
-        };
-        let outcome =
-            ctx.records
-                .lock()
-                .await
-                .fenced(key, &name, &version, next, restamp, written.metadata);
-        match outcome {
-            Patched::Applied => {}
-            Patched::Moved => refresh(ctx, key, &name).await,
-            Patched::Diverged => {
-                return Err(failed(
-                    ctx,
-                    key,
-                    &name,
-                    conflict(format!(
-                        "pool record {name}: the server kept the version of a fence raise"
-                    )),
-                )
-                .await);
-            }
-        }
+        raise(ctx, key, &name, Raised::Shard, &version, fence, stamp, seen).await?;
     }
     if created {
         let layout = shards::layout_name(&key.0, &key.1);

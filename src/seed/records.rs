@@ -384,18 +384,13 @@ impl Records {
         if held.record.metadata.resource_version.as_deref() != Some(version) {
             return Patched::Moved;
         }
-        match metadata.resource_version.as_deref() {
-            None | Some("") => return Patched::Moved,
-            Some(v) if v == version => return Patched::Diverged,
-            Some(_) => {}
-        }
-        let record = Arc::make_mut(&mut held.record);
-        record.spec.fence = Some(fence);
-        if stamp.is_some() {
-            record.spec.pools_seen = stamp;
-        }
-        record.metadata = without_managed_fields(metadata);
-        Patched::Applied
+        raised(
+            Arc::make_mut(&mut held.record),
+            version,
+            fence,
+            stamp,
+            metadata,
+        )
     }
 }
 
@@ -416,19 +411,34 @@ impl Records {
         if layout.metadata.resource_version.as_deref() != Some(version) {
             return Patched::Moved;
         }
-        match metadata.resource_version.as_deref() {
-            None | Some("") => return Patched::Moved,
-            Some(v) if v == version => return Patched::Diverged,
-            Some(_) => {}
+        let outcome = raised(layout, version, fence, stamp, metadata);
+        if matches!(outcome, Patched::Applied) {
+            layout.spec.format = Some(crate::resources::RECORD_FORMAT);
         }
-        layout.spec.fence = Some(fence);
-        layout.spec.format = Some(crate::resources::RECORD_FORMAT);
-        if stamp.is_some() {
-            layout.spec.pools_seen = stamp;
-        }
-        layout.metadata = without_managed_fields(metadata);
-        Patched::Applied
+        outcome
     }
+}
+
+/// `record` (held at `version`) as a raise of its fence to `fence` made it at the server,
+/// which answered `metadata`.
+fn raised(
+    record: &mut IPAMPoolRecord,
+    version: &str,
+    fence: i64,
+    stamp: Option<i64>,
+    metadata: ObjectMeta,
+) -> Patched {
+    match metadata.resource_version.as_deref() {
+        None | Some("") => return Patched::Moved,
+        Some(v) if v == version => return Patched::Diverged,
+        Some(_) => {}
+    }
+    record.spec.fence = Some(fence);
+    if stamp.is_some() {
+        record.spec.pools_seen = stamp;
+    }
+    record.metadata = without_managed_fields(metadata);
+    Patched::Applied
 }
 
 /// What became of the held copy after a patch landed.

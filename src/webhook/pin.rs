@@ -169,42 +169,17 @@ async fn attempt_commit(
         let held = held_here(made.pool, dc, shown);
         let wanted = reservation_of(&held);
         let mut done = false;
-        let layouts = std::iter::once(&own)
-            .chain(fences.iter())
-            .map(|g| &g.layout);
-        for layout in layouts {
-            if let Some(format) = layout.spec.newer_format() {
-                return Err(Stop::Verdict(newer_format(
-                    &label,
-                    &layout.name_any(),
-                    format,
-                )));
-            }
-            let stamp = layout.spec.pools_seen.unwrap_or(0);
-            if stamp > pools_seen {
-                return Err(Stop::Verdict(Verdict::unavailable(format!(
-                    "{label}: layout record {} was written by a replica that had seen the pools \
-                     at revision {stamp}; this replica has seen them up to {pools_seen}; try \
-                     again in a moment",
-                    layout.name_any()
-                ))));
+        // Every record read, the layout records too: of a format this kipam knows, and
+        // written by nobody who had seen newer pools.
+        let every = || std::iter::once(&own).chain(fences.iter());
+        for group in every() {
+            let shards = group.shards.iter().filter_map(|s| s.read.as_ref());
+            for record in std::iter::once(&group.layout).chain(shards) {
+                usable(&label, record, pools_seen)?;
             }
         }
-        let every = std::iter::once(&own).chain(fences.iter());
-        for shard in every.flat_map(|g| g.shards.iter()) {
+        for shard in every().flat_map(|g| g.shards.iter()) {
             let Some(read) = &shard.read else { continue };
-            if let Some(format) = read.spec.newer_format() {
-                return Err(Stop::Verdict(newer_format(&label, &shard.name, format)));
-            }
-            let stamp = read.spec.pools_seen.unwrap_or(0);
-            if stamp > pools_seen {
-                return Err(Stop::Verdict(Verdict::unavailable(format!(
-                    "{label}: pool record {} was written by a replica that had seen the pools \
-                     at revision {stamp}; this replica has seen them up to {pools_seen}; try \
-                     again in a moment",
-                    shard.name
-                ))));
-            }
             for (entry, r) in &read.spec.reservations {
                 let Ok(recorded) = allocation_of(r) else {
                     continue;
@@ -347,6 +322,24 @@ async fn raise_layout(
         .await
         .map(|_| ())
         .map_err(|e| written(&name, e))
+}
+
+/// `Err` when `record` is of a newer format than this kipam knows, or was written by a
+/// replica that had seen newer pools than `pools_seen`.
+fn usable(label: &str, record: &IPAMPoolRecord, pools_seen: i64) -> Result<(), Stop> {
+    let name = record.name_any();
+    if let Some(format) = record.spec.newer_format() {
+        return Err(Stop::Verdict(newer_format(label, &name, format)));
+    }
+    let stamp = record.spec.pools_seen.unwrap_or(0);
+    if stamp > pools_seen {
+        return Err(Stop::Verdict(Verdict::unavailable(format!(
+            "{label}: pool record {name} was written by a replica that had seen the pools at \
+             revision {stamp}; this replica has seen them up to {pools_seen}; try again in a \
+             moment"
+        ))));
+    }
+    Ok(())
 }
 
 /// What the object holds in `dc` as a record entry reads it: the subnet in a `prefix`
