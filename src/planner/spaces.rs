@@ -43,7 +43,8 @@ pub(super) fn siblings(pools: &[&PoolInput]) -> HashMap<Key, Vec<Key>> {
         for (dc, input) in &pool.datacenters {
             // Every CIDR of the pool datacenter (`poolCidr` and `additionalCidrs`): a pool
             // meets another wherever any of its CIDRs overlaps one of the other's.
-            for cidr in input.config.cidrs() {
+            // And the networks it had before it was narrowed (see `DatacenterInput::former`).
+            for cidr in input.config.cidrs().chain(input.former.iter().copied()) {
                 let family = match cidr.family() {
                     crate::address::Family::V4 => 4,
                     crate::address::Family::V6 => 6,

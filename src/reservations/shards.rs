@@ -154,8 +154,21 @@ impl Layout {
     }
 
     /// Every CIDR of the pool datacenter.
-    fn cidrs(&self) -> impl Iterator<Item = &Cidr> {
+    pub fn cidrs(&self) -> impl Iterator<Item = &Cidr> {
         std::iter::once(&self.pool).chain(self.more.iter())
+    }
+
+    /// This layout reaching `networks` as well (those of the same family): the networks its
+    /// layout record remembers, where a replica that has not seen the pool narrowed may still
+    /// commit, so fences are raised and holdings recorded there too.
+    pub fn with_networks(mut self, networks: impl IntoIterator<Item = Cidr>) -> Layout {
+        let family = self.pool.family();
+        for n in networks {
+            if n.family() == family && !self.cidrs().any(|c| c.contains(&n.range())) {
+                self.more.push(n);
+            }
+        }
+        self
     }
 
     /// The blocks covering the addresses of `ranges` that lie in the pool (at most
@@ -290,6 +303,34 @@ pub fn shard_name(pool: &str, datacenter: &str, block: &Cidr) -> String {
         block.first(),
         block.prefix_len()
     )
+}
+
+/// The networks a layout record remembers, `held` and `current` together: each CIDR once,
+/// those inside another left out, sorted.
+pub fn union_networks(held: &[Cidr], current: &[Cidr]) -> Vec<Cidr> {
+    let all: Vec<Cidr> = held.iter().chain(current).copied().collect();
+    let mut out: Vec<Cidr> = Vec::new();
+    for (i, c) in all.iter().enumerate() {
+        let inside_another = all
+            .iter()
+            .enumerate()
+            .any(|(j, o)| j != i && o.contains(&c.range()) && (o.range() != c.range() || j < i));
+        if !inside_another {
+            out.push(*c);
+        }
+    }
+    out.sort_by_key(|c| (c.family().bits(), c.first(), c.prefix_len()));
+    out
+}
+
+/// The parts of `networks` (a layout record's) that none of `current` holds: where a pool
+/// datacenter reached before it was narrowed.
+pub fn former_networks(networks: &[Cidr], current: &[Cidr]) -> Vec<Cidr> {
+    networks
+        .iter()
+        .filter(|n| !current.iter().any(|c| c.contains(&n.range())))
+        .copied()
+        .collect()
 }
 
 /// The name of the layout record of `pool` in `datacenter`: `<pool>.<datacenter>.layout`

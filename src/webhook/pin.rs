@@ -69,6 +69,7 @@ struct Shard {
 /// The shards of one pool datacenter covering the address, with its layout record as read
 /// (or as the webhook created it).
 struct Group {
+    pool: IPAMPool,
     layout: IPAMPoolRecord,
     shards: Vec<Shard>,
 }
@@ -146,11 +147,16 @@ async fn attempt_commit(
                     ))));
                 }
             };
-            let shares = other.spec.address_space.clone().unwrap_or_default() == space
-                && input
-                    .datacenters
-                    .get(dc)
-                    .is_some_and(|d| d.config.cidrs().any(|c| c.range().overlaps(shown)));
+            let same_space = other.spec.address_space.clone().unwrap_or_default() == space;
+            let overlaps = input
+                .datacenters
+                .get(dc)
+                .is_some_and(|d| d.config.cidrs().any(|c| c.range().overlaps(shown)));
+            // A pool narrowed away from the address is fenced there all the same while its
+            // layout record remembers it reached it (a replica that has not seen the
+            // narrowing may still commit there).
+            let shares =
+                same_space && (overlaps || reached(&api, other, dc, shown, &label).await?);
             if shares && let Some(group) = shards_of(&api, other, dc, shown, &label).await? {
                 fences.push(group);
             }
@@ -173,6 +179,7 @@ async fn attempt_commit(
         // written by nobody who had seen newer pools.
         let every = || std::iter::once(&own).chain(fences.iter());
         for group in every() {
+            kept(&api, &group.layout, &group.pool, dc, &label).await?;
             let shards = group.shards.iter().filter_map(|s| s.read.as_ref());
             for record in std::iter::once(&group.layout).chain(shards) {
                 usable(&label, record, pools_seen)?;
@@ -363,6 +370,80 @@ fn held_here(pool: &IPAMPool, dc: &str, shown: &AddrRange) -> Allocation {
     }
 }
 
+/// Whether the layout record of `pool` in `dc` remembers a network over `shown`.
+async fn reached(
+    api: &Api<IPAMPoolRecord>,
+    pool: &IPAMPool,
+    dc: &str,
+    shown: &AddrRange,
+    label: &str,
+) -> Result<bool, Stop> {
+    let name = shards::layout_name(&pool.name_any(), dc);
+    let layout = api.get_opt(&name).await.map_err(unavailable(label))?;
+    Ok(layout.is_some_and(|l| {
+        l.spec
+            .networks
+            .iter()
+            .filter_map(|n| n.parse::<Cidr>().ok())
+            .any(|n| n.range().overlaps(shown))
+    }))
+}
+
+/// `Err` unless the layout record `layout` of `pool` in `dc` is up to the pool as this
+/// webhook reads it — every network of it remembered, written for its generation — as the
+/// planning loop keeps it (`crate::planning::records::keep_layout`). Behind: brought up
+/// (a compare-and-swap) and the commit tried again. Ahead (written for a newer generation):
+/// this webhook's pools lag, try again later.
+async fn kept(
+    api: &Api<IPAMPoolRecord>,
+    layout: &IPAMPoolRecord,
+    pool: &IPAMPool,
+    dc: &str,
+    label: &str,
+) -> Result<(), Stop> {
+    let Some(settings) = pool.spec.datacenters.get(dc) else {
+        return Ok(());
+    };
+    let Ok(base) = Layout::of(settings) else {
+        return Ok(());
+    };
+    let name = layout.name_any();
+    let generation = pool.metadata.generation.unwrap_or(0);
+    let written_for = layout.spec.pool_generation.unwrap_or(0);
+    if written_for > generation {
+        return Err(Stop::Verdict(Verdict::unavailable(format!(
+            "{label}: layout record {name} was written for a newer version of IPAMPool {} than \
+             this replica has seen; try again in a moment",
+            pool.name_any()
+        ))));
+    }
+    let had: Vec<Cidr> = layout
+        .spec
+        .networks
+        .iter()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    let current: Vec<Cidr> = base.cidrs().copied().collect();
+    let networks = shards::union_networks(&had, &current);
+    if written_for == generation && networks == had {
+        return Ok(());
+    }
+    let texts: Vec<String> = networks.iter().map(ToString::to_string).collect();
+    let version = layout.metadata.resource_version.clone().unwrap_or_default();
+    let body = json!({
+        "metadata": {"resourceVersion": version},
+        "spec": {"networks": texts, "poolGeneration": generation, "format": RECORD_FORMAT},
+    });
+    let pp = PatchParams {
+        field_manager: Some("kipam".into()),
+        ..Default::default()
+    };
+    api.patch(&name, &pp, &Patch::Merge(&body))
+        .await
+        .map_err(|e| written(&name, e))?;
+    Err(Stop::Again)
+}
+
 /// The shards of `pool`'s record in `dc` covering `shown`, read from the server, divided by
 /// its layout record (created first when it has none, as the planning loop does).
 async fn shards_of(
@@ -392,7 +473,10 @@ async fn shards_of(
             return Err(Stop::Verdict(newer_format(label, &layout_name, format)));
         }
         Some(r) => match r.spec.block_length.and_then(|l| u8::try_from(l).ok()) {
-            Some(len) => (base.with_block_len(len), r),
+            Some(len) => {
+                let remembered = r.spec.networks.iter().filter_map(|n| n.parse().ok());
+                (base.with_block_len(len).with_networks(remembered), r)
+            }
             None => {
                 return Err(Stop::Verdict(Verdict::unavailable(format!(
                     "{label}: layout record {layout_name} gives no block length"
@@ -422,6 +506,14 @@ async fn shards_of(
                     pool: pool_name.clone(),
                     datacenter: dc.to_string(),
                     block_length: Some(i32::from(base.block_len())),
+                    networks: shards::union_networks(
+                        &[],
+                        &base.cidrs().copied().collect::<Vec<_>>(),
+                    )
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
+                    pool_generation: pool.metadata.generation,
                     format: Some(RECORD_FORMAT),
                     ..Default::default()
                 },
@@ -451,6 +543,7 @@ async fn shards_of(
         });
     }
     Ok(Some(Group {
+        pool: pool.clone(),
         layout: record,
         shards,
     }))
