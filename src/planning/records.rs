@@ -729,7 +729,8 @@ pub async fn keep_layout(
     }
 }
 
-/// [`keep_layout`] for every datacenter of every pool given (those being deleted left out).
+/// [`keep_layout`] for every datacenter of every valid pool given (those being deleted left
+/// out).
 /// Returns the writes sent, or the first refusal.
 pub async fn keep_layouts(
     ctx: &Context,
@@ -738,7 +739,11 @@ pub async fn keep_layouts(
 ) -> Result<u64, CommitError> {
     let mut sent = 0;
     for pool in pools {
-        if pool.metadata.deletion_timestamp.is_some() {
+        // An invalid pool is left out of the plan (its holdings are fenced as an invalid
+        // pool's): nothing to keep up to.
+        if pool.metadata.deletion_timestamp.is_some()
+            || crate::validation::pool_input(pool).is_err()
+        {
             continue;
         }
         for dc in pool.spec.datacenters.keys() {
