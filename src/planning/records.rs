@@ -462,6 +462,32 @@ async fn raise(
     if let Some(v) = restamp {
         spec["poolsSeen"] = json!(v);
     }
+    write_spec(
+        ctx,
+        key,
+        name,
+        version,
+        spec,
+        |records, written| match which {
+            Raised::Shard => records.fenced(key, name, version, next, restamp, written),
+            Raised::Layout => records.layout_fenced(key, version, next, restamp, written),
+        },
+    )
+    .await
+}
+
+/// Sends `spec` as a merge patch of record `name` of `key`, conditional on `version` (the
+/// copy held), then brings the copy to what the server made of it with `apply` (given the
+/// metadata the server answered with). A copy replaced meanwhile is read again; a server that
+/// kept the version of a write that changes something disagrees with the copy: a conflict.
+async fn write_spec(
+    ctx: &Context,
+    key: &RecordKey,
+    name: &str,
+    version: &str,
+    spec: Value,
+    apply: impl FnOnce(&mut Records, ObjectMeta) -> Patched,
+) -> Result<(), CommitError> {
     let body = json!({"metadata": {"resourceVersion": version}, "spec": spec});
     let pp = PatchParams {
         field_manager: Some("kipam".into()),
@@ -474,13 +500,7 @@ async fn raise(
         Ok(w) => w,
         Err(e) => return Err(failed(ctx, key, name, e.into()).await),
     };
-    let outcome = {
-        let mut records = ctx.records.lock().await;
-        match which {
-            Raised::Shard => records.fenced(key, name, version, next, restamp, written.metadata),
-            Raised::Layout => records.layout_fenced(key, version, next, restamp, written.metadata),
-        }
-    };
+    let outcome = apply(&mut *ctx.records.lock().await, written.metadata);
     match outcome {
         Patched::Applied => Ok(()),
         Patched::Moved => {
@@ -492,7 +512,7 @@ async fn raise(
             key,
             name,
             conflict(format!(
-                "pool record {name}: the server kept the version of a fence raise"
+                "pool record {name}: the server kept the version of a write that changes it"
             )),
         )
         .await),
@@ -645,24 +665,22 @@ pub async fn keep_layout(
         create_layout(ctx, pool, key, len).await?;
         return Ok(1);
     };
-    let had: Vec<Cidr> = held
-        .spec
-        .networks
-        .iter()
-        .filter_map(|n| n.parse().ok())
-        .collect();
-    let networks = shards::union_networks(&had, &current);
-    let written_for = held.spec.pool_generation.unwrap_or(0);
-    if written_for > generation {
-        return Err(CommitError::PoolsBehind {
-            shard: name,
-            stamp: held.spec.pools_seen.unwrap_or(0),
-            seen: planned.pools_seen(),
-        });
-    }
-    if written_for == generation && networks == had {
-        return Ok(0);
-    }
+    let networks = match shards::layout_state(
+        &held.spec.networks,
+        held.spec.pool_generation,
+        &current,
+        generation,
+    ) {
+        shards::LayoutState::Current => return Ok(0),
+        shards::LayoutState::Ahead => {
+            return Err(CommitError::PoolsBehind {
+                shard: name,
+                stamp: held.spec.pools_seen.unwrap_or(0),
+                seen: planned.pools_seen(),
+            });
+        }
+        shards::LayoutState::Behind(networks) => networks,
+    };
     let texts: Vec<String> = networks.iter().map(ToString::to_string).collect();
     if texts.len() > crate::resources::bounds::MAX_LAYOUT_NETWORKS as usize {
         return Err(CommitError::Layout(
@@ -691,42 +709,11 @@ pub async fn keep_layout(
     if let Some(v) = restamp {
         spec["poolsSeen"] = json!(v);
     }
-    let body = json!({"metadata": {"resourceVersion": version}, "spec": spec});
-    let pp = PatchParams {
-        field_manager: Some("kipam".into()),
-        ..Default::default()
-    };
-    // RBAC: src/rbac.rs (ipampoolrecords).
-    let api: Api<IPAMPoolRecord> = Api::all(ctx.writer.clone());
-    ctx.metrics.wrote("patch", "ipampoolrecords");
-    let written = match api.patch_metadata(&name, &pp, &Patch::Merge(&body)).await {
-        Ok(w) => w,
-        Err(e) => return Err(failed(ctx, key, &name, e.into()).await),
-    };
-    let outcome = ctx.records.lock().await.layout_kept(
-        key,
-        &version,
-        texts,
-        generation,
-        restamp,
-        written.metadata,
-    );
-    match outcome {
-        Patched::Applied => Ok(1),
-        Patched::Moved => {
-            refresh(ctx, key, &name).await;
-            Ok(1)
-        }
-        Patched::Diverged => Err(failed(
-            ctx,
-            key,
-            &name,
-            conflict(format!(
-                "layout record {name}: the server kept the version of a write of its networks"
-            )),
-        )
-        .await),
-    }
+    write_spec(ctx, key, &name, &version, spec, |records, written| {
+        records.layout_kept(key, &version, texts, generation, restamp, written)
+    })
+    .await?;
+    Ok(1)
 }
 
 /// [`keep_layout`] for every datacenter of every valid pool given (those being deleted left

@@ -409,25 +409,23 @@ async fn kept(
     };
     let name = layout.name_any();
     let generation = pool.metadata.generation.unwrap_or(0);
-    let written_for = layout.spec.pool_generation.unwrap_or(0);
-    if written_for > generation {
-        return Err(Stop::Verdict(Verdict::unavailable(format!(
-            "{label}: layout record {name} was written for a newer version of IPAMPool {} than \
-             this replica has seen; try again in a moment",
-            pool.name_any()
-        ))));
-    }
-    let had: Vec<Cidr> = layout
-        .spec
-        .networks
-        .iter()
-        .filter_map(|n| n.parse().ok())
-        .collect();
     let current: Vec<Cidr> = base.cidrs().copied().collect();
-    let networks = shards::union_networks(&had, &current);
-    if written_for == generation && networks == had {
-        return Ok(());
-    }
+    let networks = match shards::layout_state(
+        &layout.spec.networks,
+        layout.spec.pool_generation,
+        &current,
+        generation,
+    ) {
+        shards::LayoutState::Current => return Ok(()),
+        shards::LayoutState::Ahead => {
+            return Err(Stop::Verdict(Verdict::unavailable(format!(
+                "{label}: layout record {name} was written for a newer version of IPAMPool {} \
+                 than this replica has seen; try again in a moment",
+                pool.name_any()
+            ))));
+        }
+        shards::LayoutState::Behind(networks) => networks,
+    };
     let texts: Vec<String> = networks.iter().map(ToString::to_string).collect();
     let version = layout.metadata.resource_version.clone().unwrap_or_default();
     let body = json!({
