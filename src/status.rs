@@ -615,6 +615,7 @@ mod tests {
                             exclusions: vec![],
                             reuse_after: 0,
                             machine_reserved: vec![],
+                            former: Vec::new(),
                         },
                     )
                 })
@@ -640,6 +641,7 @@ mod tests {
             .unwrap();
             crate::planner::DatacenterInput {
                 machine_reserved: crate::validation::machine_reserved(&config, "dc", &settings),
+                former: Vec::new(),
                 config,
                 exclusions: excluded.iter().map(|e| e.parse().unwrap()).collect(),
                 reuse_after: 0,

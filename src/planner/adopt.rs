@@ -968,6 +968,7 @@ mod tests {
                         .collect(),
                     reuse_after: 0,
                     machine_reserved: Vec::new(),
+                    former: Vec::new(),
                 },
             )]
             .into(),

@@ -17,7 +17,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{
     ClusterInput, HeldElsewhere, Plan, PoolInput, PoolStates, Quarantined, StoredAllocation,
-    plan_keeping_of, spaces::close_over_spaces,
+    plan_keeping_of,
+    spaces::{close_over_spaces, outside_their_pools},
 };
 
 /// Everything the planner is given, kept between passes to find what changed.
@@ -122,10 +123,20 @@ pub fn plan_closed_pools_keeping(
         .iter()
         .filter(|q| only.contains(&q.pool))
         .collect();
+    // What the pools not planned hold outside their networks is set aside here as the whole
+    // plan sets it aside (the planned pools' own, the planner finds).
+    let outside = outside_their_pools(
+        &inputs.pools,
+        inputs
+            .stored
+            .iter()
+            .filter(|s| !only.contains(&s.pool) && datacenters.contains(s.datacenter.as_str())),
+    );
     let elsewhere: Vec<&HeldElsewhere> = inputs
         .held_elsewhere
         .iter()
         .filter(|e| datacenters.contains(e.datacenter.as_str()))
+        .chain(&outside)
         .collect();
     plan_keeping_of(
         &pools,
@@ -329,7 +340,13 @@ pub fn changed_pools<'a>(before: &'a PlanInputs, after: &'a PlanInputs) -> BTree
             }
             by_dc
         };
-        let (old_e, new_e) = (group(&before.held_elsewhere), group(&after.held_elsewhere));
+        // And what stored holdings hold outside their own pools, set aside the same way.
+        let with_outside = |inputs: &PlanInputs| {
+            let mut all = inputs.held_elsewhere.clone();
+            all.extend(outside_their_pools(&inputs.pools, &inputs.stored));
+            all
+        };
+        let (old_e, new_e) = (group(&with_outside(before)), group(&with_outside(after)));
         let dcs: BTreeSet<&String> = old_e
             .keys()
             .chain(new_e.keys())

@@ -31,6 +31,11 @@ pub struct DatacenterInput {
     /// Clusters' ranges may still hold them. Empty for `prefix` pools (a claim there gets a
     /// subnet, not a host address).
     pub machine_reserved: Vec<(AddrRange, String)>,
+    /// Networks the pool datacenter had before it was narrowed, as its layout record
+    /// remembers them (none offline): nothing is handed out there any more, but a replica
+    /// that has not seen the narrowing may still commit there, so the pool stays grouped with
+    /// the pools of its space over them, and their commits raise its fences there.
+    pub former: Vec<Cidr>,
 }
 
 /// One user cluster.

@@ -96,6 +96,10 @@ pub(crate) fn plan_keeping_of(
                 .or_insert_with(|| why.clone());
         }
     }
+    // What lies outside the pool it is held through is nobody else's either.
+    let outside = spaces::outside_their_pools(pools.iter().copied(), stored.iter().copied());
+    let elsewhere: Vec<&HeldElsewhere> = elsewhere.iter().copied().chain(&outside).collect();
+    let elsewhere = elsewhere.as_slice();
     planner.settle_stored(stored);
     planner.set_aside_elsewhere(elsewhere);
     planner.settle_quarantine(quarantined);

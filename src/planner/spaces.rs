@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::{HeldElsewhere, Key, Planner, PoolInput, Quarantined};
+use super::{HeldElsewhere, Key, Planner, PoolInput, Quarantined, StoredAllocation};
 use crate::address::AddrRange;
 use crate::allocator::Aside;
 use crate::resources::capi::ADOPTABLE_PREFIX;
@@ -43,7 +43,8 @@ pub(super) fn siblings(pools: &[&PoolInput]) -> HashMap<Key, Vec<Key>> {
         for (dc, input) in &pool.datacenters {
             // Every CIDR of the pool datacenter (`poolCidr` and `additionalCidrs`): a pool
             // meets another wherever any of its CIDRs overlaps one of the other's.
-            for cidr in input.config.cidrs() {
+            // And the networks it had before it was narrowed (see `DatacenterInput::former`).
+            for cidr in input.config.cidrs().chain(input.former.iter().copied()) {
                 let family = match cidr.family() {
                     crate::address::Family::V4 => 4,
                     crate::address::Family::V6 => 6,
@@ -116,6 +117,45 @@ pub fn space_groups(pools: &[PoolInput]) -> HashMap<String, BTreeSet<String>> {
         for member in &group {
             out.insert(member.clone(), group.clone());
         }
+    }
+    out
+}
+
+/// Stored holdings that lie, in part or whole, outside the networks of the pool datacenter
+/// they are held through (the pool narrowed under them, or made again smaller over what it
+/// kept): their pool's allocator holds only what lies inside, so they are set aside whole in
+/// every other pool datacenter of their datacenter, whatever the space, as what an invalid
+/// pool holds is. Computed from the inputs alone, so a plan of some pools sets aside exactly
+/// what the whole plan does. Holdings of pool datacenters that are gone are not listed (the
+/// planner keeps those aside on its own).
+pub(crate) fn outside_their_pools<'a>(
+    pools: impl IntoIterator<Item = &'a PoolInput>,
+    stored: impl IntoIterator<Item = &'a StoredAllocation>,
+) -> Vec<HeldElsewhere> {
+    let pools: HashMap<&str, &PoolInput> =
+        pools.into_iter().map(|p| (p.name.as_str(), p)).collect();
+    let mut out = Vec::new();
+    for s in stored {
+        let (Some(held), None) = (&s.held, &s.unreadable) else {
+            continue;
+        };
+        let Some(dc) = pools
+            .get(s.pool.as_str())
+            .and_then(|p| p.datacenters.get(&s.datacenter))
+        else {
+            continue;
+        };
+        let ranges: Vec<AddrRange> = held.ranges().collect();
+        let inside: Vec<AddrRange> = dc.config.cidrs().map(|c| c.range()).collect();
+        if minus(&ranges, &inside).is_empty() {
+            continue;
+        }
+        out.push(HeldElsewhere {
+            pool: s.pool.clone(),
+            datacenter: s.datacenter.clone(),
+            holder: s.cluster.clone(),
+            addresses: ranges,
+        });
     }
     out
 }

@@ -420,12 +420,74 @@ async fn raise_layout(ctx: &Context, key: &RecordKey, seen: i64) -> Result<(), C
             seen: u64::try_from(seen).unwrap_or(0),
         });
     }
+    raise(
+        ctx,
+        key,
+        &name,
+        Raised::Layout,
+        &version,
+        fence,
+        stamp,
+        seen,
+    )
+    .await
+}
+
+/// Which record a fence raise is for.
+enum Raised {
+    Shard,
+    Layout,
+}
+
+/// Raises the fence of record `name` of `key` from `fence`, conditional on `version` (the
+/// copy held), stamping `seen` when it is above the copy's `stamp`; then brings the copy to
+/// what the server made of it. A raise of the layout record also stamps this kipam's format.
+#[allow(clippy::too_many_arguments)]
+async fn raise(
+    ctx: &Context,
+    key: &RecordKey,
+    name: &str,
+    which: Raised,
+    version: &str,
+    fence: i64,
+    stamp: i64,
+    seen: i64,
+) -> Result<(), CommitError> {
     let next = fence.saturating_add(1);
     let restamp = (seen > stamp).then_some(seen);
-    let mut spec = json!({"fence": next, "format": RECORD_FORMAT});
+    let mut spec = json!({"fence": next});
+    if matches!(which, Raised::Layout) {
+        spec["format"] = json!(RECORD_FORMAT);
+    }
     if let Some(v) = restamp {
         spec["poolsSeen"] = json!(v);
     }
+    write_spec(
+        ctx,
+        key,
+        name,
+        version,
+        spec,
+        |records, written| match which {
+            Raised::Shard => records.fenced(key, name, version, next, restamp, written),
+            Raised::Layout => records.layout_fenced(key, version, next, restamp, written),
+        },
+    )
+    .await
+}
+
+/// Sends `spec` as a merge patch of record `name` of `key`, conditional on `version` (the
+/// copy held), then brings the copy to what the server made of it with `apply` (given the
+/// metadata the server answered with). A copy replaced meanwhile is read again; a server that
+/// kept the version of a write that changes something disagrees with the copy: a conflict.
+async fn write_spec(
+    ctx: &Context,
+    key: &RecordKey,
+    name: &str,
+    version: &str,
+    spec: Value,
+    apply: impl FnOnce(&mut Records, ObjectMeta) -> Patched,
+) -> Result<(), CommitError> {
     let body = json!({"metadata": {"resourceVersion": version}, "spec": spec});
     let pp = PatchParams {
         field_manager: Some("kipam".into()),
@@ -434,27 +496,23 @@ async fn raise_layout(ctx: &Context, key: &RecordKey, seen: i64) -> Result<(), C
     // RBAC: src/rbac.rs (ipampoolrecords).
     let api: Api<IPAMPoolRecord> = Api::all(ctx.writer.clone());
     ctx.metrics.wrote("patch", "ipampoolrecords");
-    let written = match api.patch_metadata(&name, &pp, &Patch::Merge(&body)).await {
+    let written = match api.patch_metadata(name, &pp, &Patch::Merge(&body)).await {
         Ok(w) => w,
-        Err(e) => return Err(failed(ctx, key, &name, e.into()).await),
+        Err(e) => return Err(failed(ctx, key, name, e.into()).await),
     };
-    let outcome =
-        ctx.records
-            .lock()
-            .await
-            .layout_fenced(key, &version, next, restamp, written.metadata);
+    let outcome = apply(&mut *ctx.records.lock().await, written.metadata);
     match outcome {
         Patched::Applied => Ok(()),
         Patched::Moved => {
-            refresh(ctx, key, &name).await;
+            refresh(ctx, key, name).await;
             Ok(())
         }
         Patched::Diverged => Err(failed(
             ctx,
             key,
-            &name,
+            name,
             conflict(format!(
-                "layout record {name}: the server kept the version of a fence raise"
+                "pool record {name}: the server kept the version of a write that changes it"
             )),
         )
         .await),
@@ -480,7 +538,12 @@ fn division(
     if let Some(len) = records.block_length(key) {
         let len = u8::try_from(len).unwrap_or(u8::MAX);
         return match (base, family) {
-            (Ok(layout), _) => Ok((layout.with_block_len(len), None)),
+            (Ok(layout), _) => Ok((
+                layout
+                    .with_block_len(len)
+                    .with_networks(records.layout_networks(key)),
+                None,
+            )),
             (Err(_), Some(f)) => Ok((
                 Layout::unbounded(f, len).ok_or_else(|| unbounded_failed(key))?,
                 None,
@@ -539,11 +602,143 @@ async fn create_layout(
             pool: key.0.clone(),
             datacenter: key.1.clone(),
             block_length: Some(len),
+            networks: current_networks(pool, key)
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            pool_generation: pool.metadata.generation,
             format: Some(RECORD_FORMAT),
             ..Default::default()
         },
     };
     send(ctx, key, Write::Create(Box::new(record))).await
+}
+
+/// The networks of `key`'s datacenter of `pool` as this replica reads the pool (none when
+/// they do not read).
+fn current_networks(pool: &IPAMPool, key: &RecordKey) -> Vec<Cidr> {
+    layout(pool, key)
+        .map(|l| shards::union_networks(&[], &l.cidrs().copied().collect::<Vec<_>>()))
+        .unwrap_or_default()
+}
+
+/// Brings `key`'s layout record up to the pool as this replica reads it, before anything is
+/// planned or committed there: it exists (created with the division the pool's fields give),
+/// remembers every network of the pool datacenter (`spec.networks`, which only grows), and
+/// names the pool's `metadata.generation` it was written for (`spec.poolGeneration`). A write
+/// is sent only when something is missing, on the version held (a real compare-and-swap).
+/// Refused (`PoolsBehind`) when the layout record names a newer generation than this
+/// replica's pool: another replica has seen an edit this one has not.
+///
+/// Why: a pool narrowed so that it stops overlapping another pool of its space is planned
+/// apart from it by the replica that has seen the edit, which would then raise no fence of
+/// it; a replica frozen across the edit still plans both together and may commit into the
+/// narrowed pool where the other hands the same address out. The leader writes the layout
+/// record after every edit of the pool's spec before it plans, so its copy holds every
+/// network a stale replica can have added (that replica's write came first, or is refused
+/// after), and it keeps grouping and fencing the narrowed pool over them (`docs/design.md`).
+/// Returns the writes sent. Pools whose networks do not read are left alone.
+pub async fn keep_layout(
+    ctx: &Context,
+    pool: &IPAMPool,
+    key: &RecordKey,
+    planned: &PlannedOn,
+) -> Result<u64, CommitError> {
+    let current = current_networks(pool, key);
+    if current.is_empty() {
+        return Ok(0);
+    }
+    let generation = pool.metadata.generation.unwrap_or(0);
+    let name = shards::layout_name(&key.0, &key.1);
+    let (held, create) = {
+        let records = ctx.records.lock().await;
+        known_format(&records, key)?;
+        match records.layouts.get(key) {
+            Some(l) => (Some(l.clone()), None),
+            None => (None, division(&records, key, layout(pool, key), None)?.1),
+        }
+    };
+    let Some(held) = held else {
+        let Some(len) = create else {
+            return Ok(0);
+        };
+        create_layout(ctx, pool, key, len).await?;
+        return Ok(1);
+    };
+    let networks = match shards::layout_state(
+        &held.spec.networks,
+        held.spec.pool_generation,
+        &current,
+        generation,
+    ) {
+        shards::LayoutState::Current => return Ok(0),
+        shards::LayoutState::Ahead => {
+            return Err(CommitError::PoolsBehind {
+                shard: name,
+                stamp: held.spec.pools_seen.unwrap_or(0),
+                seen: planned.pools_seen(),
+            });
+        }
+        shards::LayoutState::Behind(networks) => networks,
+    };
+    let texts: Vec<String> = networks.iter().map(ToString::to_string).collect();
+    if texts.len() > crate::resources::bounds::MAX_LAYOUT_NETWORKS as usize {
+        return Err(CommitError::Layout(
+            format!("{}/{}", key.0, key.1),
+            format!(
+                "spec.networks of layout record {name} would list {} networks, more than {}",
+                texts.len(),
+                crate::resources::bounds::MAX_LAYOUT_NETWORKS
+            ),
+        ));
+    }
+    let stamp = held.spec.pools_seen.unwrap_or(0);
+    let seen = planned.cover(ctx, stamp, &name).await?;
+    let seen = i64::try_from(seen).unwrap_or(i64::MAX);
+    let Some(version) = held.resource_version().filter(|v| !v.is_empty()) else {
+        return Err(conflict(format!(
+            "layout record {name}: the copy held carries no resourceVersion to write on"
+        )));
+    };
+    let restamp = (seen > stamp).then_some(seen);
+    let mut spec = json!({
+        "networks": texts,
+        "poolGeneration": generation,
+        "format": RECORD_FORMAT,
+    });
+    if let Some(v) = restamp {
+        spec["poolsSeen"] = json!(v);
+    }
+    write_spec(ctx, key, &name, &version, spec, |records, written| {
+        records.layout_kept(key, &version, texts, generation, restamp, written)
+    })
+    .await?;
+    Ok(1)
+}
+
+/// [`keep_layout`] for every datacenter of every valid pool given (those being deleted left
+/// out).
+/// Returns the writes sent, or the first refusal.
+pub async fn keep_layouts(
+    ctx: &Context,
+    pools: &[Arc<IPAMPool>],
+    planned: &PlannedOn,
+) -> Result<u64, CommitError> {
+    let mut sent = 0;
+    for pool in pools {
+        // An invalid pool is left out of the plan (its holdings are fenced as an invalid
+        // pool's): nothing to keep up to.
+        if pool.metadata.deletion_timestamp.is_some()
+            || crate::validation::pool_input(pool).is_err()
+        {
+            continue;
+        }
+        for dc in pool.spec.datacenters.keys() {
+            let key = (pool.name_any(), dc.clone());
+            sent += keep_layout(ctx, pool, &key, planned).await?;
+        }
+    }
+    Ok(sent)
 }
 
 fn owner(pool: &IPAMPool) -> OwnerReference {
@@ -604,7 +799,10 @@ async fn raise_in(
     planned: &PlannedOn,
     family: crate::address::Family,
 ) -> Result<u64, CommitError> {
-    let mut sent = 0;
+    let mut sent = match layout(pool, key) {
+        Ok(l) if l.family() != family => return Ok(0),
+        _ => keep_layout(ctx, pool, key, planned).await?,
+    };
     let (layout, create) = {
         let records = ctx.records.lock().await;
         planned.check_rereads(&records, key)?;
@@ -669,43 +867,7 @@ async fn raise_in(
                 "pool record {name}: the copy held carries no resourceVersion to commit on"
             )));
         };
-        let next = fence.saturating_add(1);
-        let restamp = (seen > stamp).then_some(seen);
-        let mut spec = json!({"fence": next});
-        if let Some(v) = restamp {
-            spec["poolsSeen"] = json!(v);
-        }
-        let body = json!({"metadata": {"resourceVersion": version}, "spec": spec});
-        let pp = PatchParams {
-            field_manager: Some("kipam".into()),
-            ..Default::default()
-        };
-        let api: Api<IPAMPoolRecord> = Api::all(ctx.writer.clone());
-        ctx.metrics.wrote("patch", "ipampoolrecords");
-        let written = match api.patch_metadata(&name, &pp, &Patch::Merge(&body)).await {
-            Ok(w) => w,
-            Err(e) => return Err(failed(ctx, key, &name, e.into()).await),
-        };
-        let outcome =
-            ctx.records
-                .lock()
-                .await
-                .fenced(key, &name, &version, next, restamp, written.metadata);
-        match outcome {
-            Patched::Applied => {}
-            Patched::Moved => refresh(ctx, key, &name).await,
-            Patched::Diverged => {
-                return Err(failed(
-                    ctx,
-                    key,
-                    &name,
-                    conflict(format!(
-                        "pool record {name}: the server kept the version of a fence raise"
-                    )),
-                )
-                .await);
-            }
-        }
+        raise(ctx, key, &name, Raised::Shard, &version, fence, stamp, seen).await?;
     }
     if created {
         let layout = shards::layout_name(&key.0, &key.1);
@@ -813,6 +975,8 @@ async fn run(
     };
     let seen = planned.cover(ctx, stamp, &shard).await?;
     let seen = i64::try_from(seen).unwrap_or(i64::MAX);
+    // The layout record up to the pool this plan read (the pass did it already: no write).
+    let kept = keep_layout(ctx, pool, key, planned).await?;
     let (create, [adds, removes]) = {
         let records = ctx.records.lock().await;
         planned.check_rereads(&records, key)?;
@@ -823,9 +987,9 @@ async fn run(
         (create, plan(&records, pool, key, &layout, target, seen)?)
     };
     if adds.is_empty() && removes.is_empty() {
-        return Ok(0);
+        return Ok(kept);
     }
-    let mut sent = 0;
+    let mut sent = kept;
     if let Some(len) = create {
         sent += 1;
         create_layout(ctx, pool, key, len).await?;

@@ -154,8 +154,21 @@ impl Layout {
     }
 
     /// Every CIDR of the pool datacenter.
-    fn cidrs(&self) -> impl Iterator<Item = &Cidr> {
+    pub fn cidrs(&self) -> impl Iterator<Item = &Cidr> {
         std::iter::once(&self.pool).chain(self.more.iter())
+    }
+
+    /// This layout reaching `networks` as well (those of the same family): the networks its
+    /// layout record remembers, where a replica that has not seen the pool narrowed may still
+    /// commit, so fences are raised and holdings recorded there too.
+    pub fn with_networks(mut self, networks: impl IntoIterator<Item = Cidr>) -> Layout {
+        let family = self.pool.family();
+        for n in networks {
+            if n.family() == family && !self.cidrs().any(|c| c.contains(&n.range())) {
+                self.more.push(n);
+            }
+        }
+        self
     }
 
     /// The blocks covering the addresses of `ranges` that lie in the pool (at most
@@ -292,6 +305,67 @@ pub fn shard_name(pool: &str, datacenter: &str, block: &Cidr) -> String {
     )
 }
 
+/// The networks a layout record remembers, `held` and `current` together: each CIDR once,
+/// those inside another left out, sorted.
+pub fn union_networks(held: &[Cidr], current: &[Cidr]) -> Vec<Cidr> {
+    let all: Vec<Cidr> = held.iter().chain(current).copied().collect();
+    let mut out: Vec<Cidr> = Vec::new();
+    for (i, c) in all.iter().enumerate() {
+        let inside_another = all
+            .iter()
+            .enumerate()
+            .any(|(j, o)| j != i && o.contains(&c.range()) && (o.range() != c.range() || j < i));
+        if !inside_another {
+            out.push(*c);
+        }
+    }
+    out.sort_by_key(|c| (c.family().bits(), c.first(), c.prefix_len()));
+    out
+}
+
+/// Where a layout record stands against a pool read at `generation` with the networks
+/// `current` ([`LayoutState`]): `networks` and `written_for` are its `spec.networks` and
+/// `spec.poolGeneration`.
+pub fn layout_state(
+    networks: &[String],
+    written_for: Option<i64>,
+    current: &[Cidr],
+    generation: i64,
+) -> LayoutState {
+    let written_for = written_for.unwrap_or(0);
+    if written_for > generation {
+        return LayoutState::Ahead;
+    }
+    let had: Vec<Cidr> = networks.iter().filter_map(|n| n.parse().ok()).collect();
+    let union = union_networks(&had, current);
+    if written_for == generation && union == had {
+        LayoutState::Current
+    } else {
+        LayoutState::Behind(union)
+    }
+}
+
+/// A layout record against the pool as one replica reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LayoutState {
+    /// Written for this generation, every current network listed.
+    Current,
+    /// Written for a newer generation of the pool: the reader's view is older.
+    Ahead,
+    /// To be written for this generation, listing these networks.
+    Behind(Vec<Cidr>),
+}
+
+/// The parts of `networks` (a layout record's) that none of `current` holds: where a pool
+/// datacenter reached before it was narrowed.
+pub fn former_networks(networks: &[Cidr], current: &[Cidr]) -> Vec<Cidr> {
+    networks
+        .iter()
+        .filter(|n| !current.iter().any(|c| c.contains(&n.range())))
+        .copied()
+        .collect()
+}
+
 /// The name of the layout record of `pool` in `datacenter`: `<pool>.<datacenter>.layout`
 /// (a shard's last part is `<hex>-<length>`, never `layout`).
 pub fn layout_name(pool: &str, datacenter: &str) -> String {
@@ -368,6 +442,49 @@ fn as_cidr(range: &AddrRange) -> Option<Cidr> {
 mod tests {
     use super::*;
     use crate::resources::AllocationType;
+
+    fn cidrs(list: &[&str]) -> Vec<Cidr> {
+        list.iter().map(|c| c.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn a_layout_record_remembers_every_network_once_and_reports_where_it_stands() {
+        // Widened: the wider network holds the narrower one.
+        assert_eq!(
+            union_networks(&cidrs(&["10.0.0.0/26"]), &cidrs(&["10.0.0.0/25"])),
+            cidrs(&["10.0.0.0/25"])
+        );
+        // Narrowed back, and a CIDR added: nothing is forgotten, each listed once.
+        let held = cidrs(&["10.0.0.0/25", "10.1.0.0/24"]);
+        assert_eq!(
+            union_networks(&held, &cidrs(&["10.0.0.0/26", "10.1.0.0/24", "fd00::/64"])),
+            cidrs(&["10.0.0.0/25", "10.1.0.0/24", "fd00::/64"])
+        );
+        assert_eq!(
+            former_networks(&held, &cidrs(&["10.0.0.0/26"])),
+            cidrs(&["10.0.0.0/25", "10.1.0.0/24"])
+        );
+        assert!(former_networks(&held, &cidrs(&["10.0.0.0/24", "10.1.0.0/24"])).is_empty());
+        let texts: Vec<String> = held.iter().map(ToString::to_string).collect();
+        let current = cidrs(&["10.0.0.0/26"]);
+        assert_eq!(
+            layout_state(&texts, Some(3), &current, 3),
+            LayoutState::Current
+        );
+        assert_eq!(
+            layout_state(&texts, Some(4), &current, 3),
+            LayoutState::Ahead
+        );
+        assert_eq!(
+            layout_state(&texts, Some(2), &current, 3),
+            LayoutState::Behind(held.clone())
+        );
+        // A layout record written before it kept networks.
+        assert_eq!(
+            layout_state(&[], None, &current, 1),
+            LayoutState::Behind(current.clone())
+        );
+    }
 
     fn dc(type_: AllocationType, cidr: &str, prefix: Option<i32>) -> IPAMPoolDatacenter {
         IPAMPoolDatacenter {

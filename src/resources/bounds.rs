@@ -29,6 +29,9 @@ pub const MAX_DATACENTERS: u32 = 256;
 pub const MAX_EXCLUSIONS: u32 = 1024;
 /// Entries in a pool datacenter's `additionalCidrs`: with `poolCidr`, at most 16 CIDRs.
 pub const MAX_ADDITIONAL_CIDRS: u32 = 15;
+/// Networks a layout record remembers for its pool datacenter (`spec.networks`): every CIDR
+/// the pool datacenter has had, those inside another listed one left out.
+pub const MAX_LAYOUT_NETWORKS: u32 = 64;
 /// Per-pool overrides in one `Cluster.spec.ipam`.
 pub const MAX_OVERRIDES: u32 = 256;
 /// Pieces in a pinned `addresses` override.

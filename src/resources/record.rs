@@ -16,7 +16,10 @@ use serde::{Deserialize, Serialize};
 pub const MAX_RECORD_BYTES: usize = 1_000_000;
 
 pub use super::bounds::MAX_RECORD_ENTRIES;
-use super::bounds::{MAX_ADDRESS_RANGE, MAX_ALLOCATION_PIECES, MAX_CIDR, MAX_LABEL, PATTERN_CIDR};
+use super::bounds::{
+    MAX_ADDRESS_RANGE, MAX_ALLOCATION_PIECES, MAX_CIDR, MAX_LABEL, MAX_LAYOUT_NETWORKS,
+    PATTERN_CIDR,
+};
 
 /// The addresses every cluster holds from one pool in one datacenter, written by kipam only.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -91,6 +94,24 @@ pub struct IPAMPoolRecordSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 128))]
     pub block_length: Option<i32>,
+    /// Set only on the layout record: every network (`poolCidr`, `additionalCidrs`) its pool
+    /// datacenter has had since the layout record was made, those inside another one listed
+    /// left out. A pool narrowed stays grouped with, and fenced by, the pools of its space
+    /// over these as well as its current networks: a replica that has not seen the narrowing
+    /// may still commit there. Grows only, while the pool datacenter lives.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = MAX_LAYOUT_NETWORKS),
+        inner(length(max = MAX_CIDR), pattern(PATTERN_CIDR))
+    )]
+    pub networks: Vec<String>,
+    /// Set only on the layout record: the pool's `metadata.generation` whose networks
+    /// `networks` holds, written by the leader before it plans on that generation. A replica
+    /// whose view of the pool is older refuses to write the pool datacenter's records (it has
+    /// not seen an edit the leader has).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub pool_generation: Option<i64>,
     /// The format of the record's rules that its last writer knew: stamped on every shard
     /// kipam creates or commits into, and on every layout record. Absent on records written
     /// before formats were stamped, which are format 1. A kipam refuses to write a record of a
@@ -106,7 +127,9 @@ pub struct IPAMPoolRecordSpec {
 /// stamps it refuses to write a record of a newer format (`docs/operations.md`, "Upgrades").
 /// Format 2: a new shard is created empty and confirmed by a raise of its layout record
 /// before entries go in (a format-1 replica creates it with its entries, which the fence of
-/// a pool datacenter made again does not cover).
+/// a pool datacenter made again does not cover); the layout record keeps the pool
+/// datacenter's networks and the pool generation they are of (`networks`,
+/// `poolGeneration`), by which a narrowed pool stays fenced.
 pub const RECORD_FORMAT: i32 = 2;
 
 impl IPAMPoolRecordSpec {

@@ -151,6 +151,32 @@ impl Records {
             .find_map(|r| Some((r.metadata.name.clone()?, r.spec.newer_format()?)))
     }
 
+    /// The networks the layout record of `key` remembers (`spec.networks`), as far as they
+    /// read.
+    pub fn layout_networks(&self, key: &RecordKey) -> Vec<Cidr> {
+        self.layouts
+            .get(key)
+            .map(|l| {
+                l.spec
+                    .networks
+                    .iter()
+                    .filter_map(|n| n.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Gives `input` the networks each of its datacenters reached before it was narrowed,
+    /// as their layout records remember them (`DatacenterInput::former`): the planner groups
+    /// and fences the pool over them too.
+    pub fn add_former(&self, input: &mut crate::planner::PoolInput) {
+        for (dc, d) in input.datacenters.iter_mut() {
+            let remembered = self.layout_networks(&(input.name.clone(), dc.clone()));
+            let current: Vec<Cidr> = d.config.cidrs().collect();
+            d.former = shards::former_networks(&remembered, &current);
+        }
+    }
+
     /// The block length the layout record of `key` fixes, when this replica holds one.
     pub fn block_length(&self, key: &RecordKey) -> Option<i32> {
         self.layouts.get(key)?.spec.block_length
@@ -384,18 +410,13 @@ impl Records {
         if held.record.metadata.resource_version.as_deref() != Some(version) {
             return Patched::Moved;
         }
-        match metadata.resource_version.as_deref() {
-            None | Some("") => return Patched::Moved,
-            Some(v) if v == version => return Patched::Diverged,
-            Some(_) => {}
-        }
-        let record = Arc::make_mut(&mut held.record);
-        record.spec.fence = Some(fence);
-        if stamp.is_some() {
-            record.spec.pools_seen = stamp;
-        }
-        record.metadata = without_managed_fields(metadata);
-        Patched::Applied
+        raised(
+            Arc::make_mut(&mut held.record),
+            version,
+            fence,
+            stamp,
+            metadata,
+        )
     }
 }
 
@@ -416,12 +437,39 @@ impl Records {
         if layout.metadata.resource_version.as_deref() != Some(version) {
             return Patched::Moved;
         }
+        let outcome = raised(layout, version, fence, stamp, metadata);
+        if matches!(outcome, Patched::Applied) {
+            layout.spec.format = Some(crate::resources::RECORD_FORMAT);
+        }
+        outcome
+    }
+}
+
+impl Records {
+    /// Brings the held copy of `key`'s layout record to what a write of its networks and pool
+    /// generation made at the server (which answered `metadata`).
+    pub(crate) fn layout_kept(
+        &mut self,
+        key: &RecordKey,
+        version: &str,
+        networks: Vec<String>,
+        generation: i64,
+        stamp: Option<i64>,
+        metadata: ObjectMeta,
+    ) -> Patched {
+        let Some(layout) = self.layouts.get_mut(key) else {
+            return Patched::Moved;
+        };
+        if layout.metadata.resource_version.as_deref() != Some(version) {
+            return Patched::Moved;
+        }
         match metadata.resource_version.as_deref() {
             None | Some("") => return Patched::Moved,
             Some(v) if v == version => return Patched::Diverged,
             Some(_) => {}
         }
-        layout.spec.fence = Some(fence);
+        layout.spec.networks = networks;
+        layout.spec.pool_generation = Some(generation);
         layout.spec.format = Some(crate::resources::RECORD_FORMAT);
         if stamp.is_some() {
             layout.spec.pools_seen = stamp;
@@ -429,6 +477,28 @@ impl Records {
         layout.metadata = without_managed_fields(metadata);
         Patched::Applied
     }
+}
+
+/// `record` (held at `version`) as a raise of its fence to `fence` made it at the server,
+/// which answered `metadata`.
+fn raised(
+    record: &mut IPAMPoolRecord,
+    version: &str,
+    fence: i64,
+    stamp: Option<i64>,
+    metadata: ObjectMeta,
+) -> Patched {
+    match metadata.resource_version.as_deref() {
+        None | Some("") => return Patched::Moved,
+        Some(v) if v == version => return Patched::Diverged,
+        Some(_) => {}
+    }
+    record.spec.fence = Some(fence);
+    if stamp.is_some() {
+        record.spec.pools_seen = stamp;
+    }
+    record.metadata = without_managed_fields(metadata);
+    Patched::Applied
 }
 
 /// What became of the held copy after a patch landed.
@@ -489,6 +559,8 @@ pub(crate) fn record_size(
             fence: spec.fence,
             pools_seen: spec.pools_seen,
             block_length: spec.block_length,
+            networks: spec.networks.clone(),
+            pool_generation: spec.pool_generation,
             format,
         },
     };

@@ -338,6 +338,7 @@ fn datacenter_input(
         exclusions: exclusions?,
         reuse_after: reuse_after?,
         machine_reserved,
+        former: Vec::new(),
     })
 }
 

@@ -69,6 +69,7 @@ struct Shard {
 /// The shards of one pool datacenter covering the address, with its layout record as read
 /// (or as the webhook created it).
 struct Group {
+    pool: IPAMPool,
     layout: IPAMPoolRecord,
     shards: Vec<Shard>,
 }
@@ -146,11 +147,16 @@ async fn attempt_commit(
                     ))));
                 }
             };
-            let shares = other.spec.address_space.clone().unwrap_or_default() == space
-                && input
-                    .datacenters
-                    .get(dc)
-                    .is_some_and(|d| d.config.cidrs().any(|c| c.range().overlaps(shown)));
+            let same_space = other.spec.address_space.clone().unwrap_or_default() == space;
+            let overlaps = input
+                .datacenters
+                .get(dc)
+                .is_some_and(|d| d.config.cidrs().any(|c| c.range().overlaps(shown)));
+            // A pool narrowed away from the address is fenced there all the same while its
+            // layout record remembers it reached it (a replica that has not seen the
+            // narrowing may still commit there).
+            let shares =
+                same_space && (overlaps || reached(&api, other, dc, shown, &label).await?);
             if shares && let Some(group) = shards_of(&api, other, dc, shown, &label).await? {
                 fences.push(group);
             }
@@ -169,42 +175,18 @@ async fn attempt_commit(
         let held = held_here(made.pool, dc, shown);
         let wanted = reservation_of(&held);
         let mut done = false;
-        let layouts = std::iter::once(&own)
-            .chain(fences.iter())
-            .map(|g| &g.layout);
-        for layout in layouts {
-            if let Some(format) = layout.spec.newer_format() {
-                return Err(Stop::Verdict(newer_format(
-                    &label,
-                    &layout.name_any(),
-                    format,
-                )));
-            }
-            let stamp = layout.spec.pools_seen.unwrap_or(0);
-            if stamp > pools_seen {
-                return Err(Stop::Verdict(Verdict::unavailable(format!(
-                    "{label}: layout record {} was written by a replica that had seen the pools \
-                     at revision {stamp}; this replica has seen them up to {pools_seen}; try \
-                     again in a moment",
-                    layout.name_any()
-                ))));
+        // Every record read, the layout records too: of a format this kipam knows, and
+        // written by nobody who had seen newer pools.
+        let every = || std::iter::once(&own).chain(fences.iter());
+        for group in every() {
+            kept(&api, &group.layout, &group.pool, dc, &label).await?;
+            let shards = group.shards.iter().filter_map(|s| s.read.as_ref());
+            for record in std::iter::once(&group.layout).chain(shards) {
+                usable(&label, record, pools_seen)?;
             }
         }
-        let every = std::iter::once(&own).chain(fences.iter());
-        for shard in every.flat_map(|g| g.shards.iter()) {
+        for shard in every().flat_map(|g| g.shards.iter()) {
             let Some(read) = &shard.read else { continue };
-            if let Some(format) = read.spec.newer_format() {
-                return Err(Stop::Verdict(newer_format(&label, &shard.name, format)));
-            }
-            let stamp = read.spec.pools_seen.unwrap_or(0);
-            if stamp > pools_seen {
-                return Err(Stop::Verdict(Verdict::unavailable(format!(
-                    "{label}: pool record {} was written by a replica that had seen the pools \
-                     at revision {stamp}; this replica has seen them up to {pools_seen}; try \
-                     again in a moment",
-                    shard.name
-                ))));
-            }
             for (entry, r) in &read.spec.reservations {
                 let Ok(recorded) = allocation_of(r) else {
                     continue;
@@ -349,6 +331,24 @@ async fn raise_layout(
         .map_err(|e| written(&name, e))
 }
 
+/// `Err` when `record` is of a newer format than this kipam knows, or was written by a
+/// replica that had seen newer pools than `pools_seen`.
+fn usable(label: &str, record: &IPAMPoolRecord, pools_seen: i64) -> Result<(), Stop> {
+    let name = record.name_any();
+    if let Some(format) = record.spec.newer_format() {
+        return Err(Stop::Verdict(newer_format(label, &name, format)));
+    }
+    let stamp = record.spec.pools_seen.unwrap_or(0);
+    if stamp > pools_seen {
+        return Err(Stop::Verdict(Verdict::unavailable(format!(
+            "{label}: pool record {name} was written by a replica that had seen the pools at \
+             revision {stamp}; this replica has seen them up to {pools_seen}; try again in a \
+             moment"
+        ))));
+    }
+    Ok(())
+}
+
 /// What the object holds in `dc` as a record entry reads it: the subnet in a `prefix`
 /// datacenter, else the address.
 fn held_here(pool: &IPAMPool, dc: &str, shown: &AddrRange) -> Allocation {
@@ -368,6 +368,78 @@ fn held_here(pool: &IPAMPool, dc: &str, shown: &AddrRange) -> Allocation {
         Some(cidr) if prefix => Allocation::Prefix(cidr),
         _ => Allocation::Range(vec![*shown]),
     }
+}
+
+/// Whether the layout record of `pool` in `dc` remembers a network over `shown`.
+async fn reached(
+    api: &Api<IPAMPoolRecord>,
+    pool: &IPAMPool,
+    dc: &str,
+    shown: &AddrRange,
+    label: &str,
+) -> Result<bool, Stop> {
+    let name = shards::layout_name(&pool.name_any(), dc);
+    let layout = api.get_opt(&name).await.map_err(unavailable(label))?;
+    Ok(layout.is_some_and(|l| {
+        l.spec
+            .networks
+            .iter()
+            .filter_map(|n| n.parse::<Cidr>().ok())
+            .any(|n| n.range().overlaps(shown))
+    }))
+}
+
+/// `Err` unless the layout record `layout` of `pool` in `dc` is up to the pool as this
+/// webhook reads it — every network of it remembered, written for its generation — as the
+/// planning loop keeps it (`crate::planning::records::keep_layout`). Behind: brought up
+/// (a compare-and-swap) and the commit tried again. Ahead (written for a newer generation):
+/// this webhook's pools lag, try again later.
+async fn kept(
+    api: &Api<IPAMPoolRecord>,
+    layout: &IPAMPoolRecord,
+    pool: &IPAMPool,
+    dc: &str,
+    label: &str,
+) -> Result<(), Stop> {
+    let Some(settings) = pool.spec.datacenters.get(dc) else {
+        return Ok(());
+    };
+    let Ok(base) = Layout::of(settings) else {
+        return Ok(());
+    };
+    let name = layout.name_any();
+    let generation = pool.metadata.generation.unwrap_or(0);
+    let current: Vec<Cidr> = base.cidrs().copied().collect();
+    let networks = match shards::layout_state(
+        &layout.spec.networks,
+        layout.spec.pool_generation,
+        &current,
+        generation,
+    ) {
+        shards::LayoutState::Current => return Ok(()),
+        shards::LayoutState::Ahead => {
+            return Err(Stop::Verdict(Verdict::unavailable(format!(
+                "{label}: layout record {name} was written for a newer version of IPAMPool {} \
+                 than this replica has seen; try again in a moment",
+                pool.name_any()
+            ))));
+        }
+        shards::LayoutState::Behind(networks) => networks,
+    };
+    let texts: Vec<String> = networks.iter().map(ToString::to_string).collect();
+    let version = layout.metadata.resource_version.clone().unwrap_or_default();
+    let body = json!({
+        "metadata": {"resourceVersion": version},
+        "spec": {"networks": texts, "poolGeneration": generation, "format": RECORD_FORMAT},
+    });
+    let pp = PatchParams {
+        field_manager: Some("kipam".into()),
+        ..Default::default()
+    };
+    api.patch(&name, &pp, &Patch::Merge(&body))
+        .await
+        .map_err(|e| written(&name, e))?;
+    Err(Stop::Again)
 }
 
 /// The shards of `pool`'s record in `dc` covering `shown`, read from the server, divided by
@@ -399,7 +471,10 @@ async fn shards_of(
             return Err(Stop::Verdict(newer_format(label, &layout_name, format)));
         }
         Some(r) => match r.spec.block_length.and_then(|l| u8::try_from(l).ok()) {
-            Some(len) => (base.with_block_len(len), r),
+            Some(len) => {
+                let remembered = r.spec.networks.iter().filter_map(|n| n.parse().ok());
+                (base.with_block_len(len).with_networks(remembered), r)
+            }
             None => {
                 return Err(Stop::Verdict(Verdict::unavailable(format!(
                     "{label}: layout record {layout_name} gives no block length"
@@ -429,6 +504,14 @@ async fn shards_of(
                     pool: pool_name.clone(),
                     datacenter: dc.to_string(),
                     block_length: Some(i32::from(base.block_len())),
+                    networks: shards::union_networks(
+                        &[],
+                        &base.cidrs().copied().collect::<Vec<_>>(),
+                    )
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
+                    pool_generation: pool.metadata.generation,
                     format: Some(RECORD_FORMAT),
                     ..Default::default()
                 },
@@ -458,6 +541,7 @@ async fn shards_of(
         });
     }
     Ok(Some(Group {
+        pool: pool.clone(),
         layout: record,
         shards,
     }))

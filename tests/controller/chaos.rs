@@ -1,12 +1,14 @@
 //! The promise judged by history (SPEC §12): replicas of the real `kipam controller` over the
 //! API stand-in, a seeded random sequence of operations — clusters created, deleted, moved
 //! between datacenters, opting out of pools and pinning addresses; Cluster API claims created
-//! and deleted; pools widened, given more CIDRs, overlapping in one address space, `reuseAfter`
-//! switched on and off, a datacenter removed and added again, a pool deleted and made again
-//! (also with `reclaimPolicy: Retain`, its kept allocations deleted by hand), a pool made
+//! and deleted; pools widened, given more CIDRs and narrowed again, overlapping in one address
+//! space, `reuseAfter` switched on and off, a datacenter removed and added again (as before or
+//! with another network), a pool deleted and made again (as before or with another network;
+//! also with `reclaimPolicy: Retain`, its kept allocations deleted by hand), a pool made
 //! invalid and fixed, hand-made `IPAddress`es created through the admission webhook (served by
 //! the first replica) and deleted — while the leader is killed, frozen past its lease and
-//! thawed, and writes fail now and then.
+//! thawed (also across the pool edits that lean on the Lease: a narrowing, a datacenter or a
+//! pool back with another network), and writes fail now and then.
 //!
 //! Two watches, started before anything else, record every version of every `IPAMAllocation`
 //! and `IPAddress` (`ipam.cluster.x-k8s.io`) with its `resourceVersion`. The stand-in's
@@ -230,10 +232,22 @@ struct DcModel {
     cidr: String,
     /// Wider networks `cidr` may still become, in order.
     widen: Vec<String>,
+    /// The networks `cidr` was widened from, narrowest first: what `narrow-pool` gives back
+    /// (onto `widen` again).
+    narrower: Vec<String>,
     size: i64,
     additional: Vec<String>,
     /// CIDRs that may still be added, in order.
     more: Vec<String>,
+    /// Other networks the datacenter may come back with, when it is added again or its pool
+    /// made again (`*-renumbered`): over the other pools of its datacenter (so that addresses
+    /// are contended), of other sizes (so that kipam divides its record otherwise).
+    others: Vec<String>,
+    /// Networks `cidr` had and no longer covers (narrowed, renumbered), and CIDRs removed
+    /// from `additional`: given back at the end, so that whatever a pool datacenter kept
+    /// (a holding stranded as `Conflict`, an allocation kept by `Retain`) lies in it again.
+    gone_cidrs: Vec<String>,
+    gone_additional: Vec<String>,
     /// Added at the end, so that every holder can be served.
     room: String,
     reuse_after: Option<String>,
@@ -272,15 +286,133 @@ fn dc(
         prefix,
         cidr: cidr.into(),
         widen: widen.iter().map(|s| s.to_string()).collect(),
+        narrower: Vec::new(),
         size,
         additional: Vec::new(),
         more: more.iter().map(|s| s.to_string()).collect(),
+        others: Vec::new(),
+        gone_cidrs: Vec::new(),
+        gone_additional: Vec::new(),
         room: room.into(),
         reuse_after: None,
         present: true,
         removable,
         broken: false,
         grows: false,
+    }
+}
+
+/// The first and last address of a network.
+fn span_of(cidr: &str) -> (u128, u128) {
+    let r = AddrRange::parse_lenient(cidr).expect("a network of the run");
+    (r.first(), r.last())
+}
+
+fn contains(outer: &str, inner: &str) -> bool {
+    let (o, i) = (span_of(outer), span_of(inner));
+    o.0 <= i.0 && i.1 <= o.1
+}
+
+fn overlap(a: &str, b: &str) -> bool {
+    let (a, b) = (span_of(a), span_of(b));
+    a.0 <= b.1 && b.0 <= a.1
+}
+
+fn prefix_len(cidr: &str) -> u32 {
+    cidr.rsplit_once('/')
+        .and_then(|(_, l)| l.parse().ok())
+        .expect("a network of the run")
+}
+
+/// The smallest IPv4 network holding both `a` and `b`.
+fn supernet(a: &str, b: &str) -> String {
+    let ((af, al), (bf, bl)) = (span_of(a), span_of(b));
+    let (first, last) = (af.min(bf), al.max(bl));
+    let mut len = 32u32;
+    while len > 0 && first >> (32 - len) != last >> (32 - len) {
+        len -= 1;
+    }
+    let base = (first >> (32 - len)) << (32 - len);
+    format!("{}/{len}", std::net::Ipv4Addr::from(base as u32))
+}
+
+impl DcModel {
+    /// The datacenter may come back with one of `others` (besides the network it has).
+    fn renumberable(mut self, others: &[&str]) -> DcModel {
+        // A renumbered network is never checked against additional CIDRs: there are none.
+        assert!(
+            self.more.is_empty(),
+            "a renumberable datacenter has no more CIDRs"
+        );
+        self.others = others.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    /// Another of its networks (`others`) for the datacenter, drawn by `rng`: `to (was from)`.
+    /// The widenings still ahead are those of its networks that contain the new one; what it
+    /// had is given back at the end.
+    fn renumber(&mut self, rng: &mut Rng) -> Option<String> {
+        let choices: Vec<String> = self
+            .others
+            .iter()
+            .filter(|c| **c != self.cidr)
+            .cloned()
+            .collect();
+        let to = rng.pick(&choices)?.clone();
+        let was = std::mem::replace(&mut self.cidr, to.clone());
+        let mut ahead: Vec<String> = self
+            .narrower
+            .drain(..)
+            .chain(std::iter::once(was.clone()))
+            .chain(self.widen.drain(..))
+            .filter(|c| *c != to && contains(c, &to))
+            .collect();
+        ahead.sort_by_key(|c| std::cmp::Reverse(prefix_len(c)));
+        ahead.dedup();
+        self.widen = ahead;
+        if !contains(&to, &was) {
+            self.gone_cidrs.push(was.clone());
+        }
+        Some(format!("{to} (was {was})"))
+    }
+
+    /// A narrowing, drawn by `rng`: back to the network `cidr` was widened from, or without
+    /// the last CIDR `add-cidr` added. `None` when it was neither widened nor given a CIDR.
+    fn narrow(&mut self, rng: &mut Rng) -> Option<String> {
+        let added: Vec<usize> = (0..self.additional.len())
+            .filter(|&i| self.additional[i] != self.room)
+            .collect();
+        let cidr = !self.narrower.is_empty();
+        if !cidr && added.is_empty() {
+            return None;
+        }
+        if cidr && (added.is_empty() || rng.chance(50)) {
+            let narrower = self.narrower.pop().expect("widened");
+            let wider = std::mem::replace(&mut self.cidr, narrower);
+            let what = format!("poolCidr {wider} -> {}", self.cidr);
+            self.gone_cidrs.push(wider.clone());
+            self.widen.insert(0, wider);
+            Some(what)
+        } else {
+            let removed = self.additional.remove(*added.last().expect("added"));
+            let what = format!("additionalCidrs without {removed}");
+            self.gone_additional.push(removed.clone());
+            self.more.insert(0, removed);
+            Some(what)
+        }
+    }
+
+    /// What it had and no longer has, given back: `cidr` the smallest network over every
+    /// network it had (a widening), the CIDRs removed from `additional` added again.
+    fn give_back(&mut self) {
+        for gone in std::mem::take(&mut self.gone_cidrs) {
+            self.cidr = supernet(&self.cidr, &gone);
+        }
+        for gone in std::mem::take(&mut self.gone_additional) {
+            if !self.additional.contains(&gone) && !overlap(&gone, &self.cidr) {
+                self.additional.push(gone);
+            }
+        }
     }
 }
 
@@ -328,7 +460,9 @@ fn pools() -> Vec<PoolModel> {
             ],
         ),
         // One address per cluster, over the upper half of metallb's network, widened twice
-        // in dc-1; its dc-2 is removed and added again.
+        // (and narrowed) in dc-1; its dc-2 is removed and added again, maybe with another
+        // network over the others' of dc-2 (a /29 is one block of its record, a /28 or a /27
+        // one block of that size, a /30 one of four addresses).
         pool(
             "vip",
             false,
@@ -347,17 +481,29 @@ fn pools() -> Vec<PoolModel> {
                 ),
                 (
                     "dc-2",
-                    dc(false, "10.1.0.8/29", &[], 1, &[], "10.1.17.0/24", true),
+                    dc(false, "10.1.0.8/29", &[], 1, &[], "10.1.17.0/24", true).renumberable(&[
+                        "10.1.0.8/29",
+                        "10.1.0.0/28",
+                        "10.1.0.0/29",
+                        "10.1.0.0/27",
+                        "10.1.0.12/30",
+                    ]),
                 ),
             ],
         ),
-        // A prefix pool over dc-2's whole space; deleted and made again.
+        // A prefix pool over dc-2's whole space; deleted and made again, maybe with another
+        // network (of another size: its record divided otherwise).
         pool(
             "sub",
             true,
             vec![(
                 "dc-2",
-                dc(true, "10.1.0.0/27", &[], 30, &[], "10.1.32.0/24", false),
+                dc(true, "10.1.0.0/27", &[], 30, &[], "10.1.32.0/24", false).renumberable(&[
+                    "10.1.0.0/27",
+                    "10.1.0.0/28",
+                    "10.1.0.0/26",
+                    "10.1.0.16/28",
+                ]),
             )],
         ),
         // Machines' claims (clusters hold one address of it too).
@@ -455,11 +601,14 @@ pub const OPS: &[&str] = &[
     "delete-claim",
     "widen-pool",
     "add-cidr",
+    "narrow-pool",
     "reuse-after",
     "remove-datacenter",
     "add-datacenter",
+    "add-datacenter-renumbered",
     "delete-pool",
     "create-pool",
+    "create-pool-renumbered",
     "break-pool",
     "fix-pool",
     "retain-delete-pool",
@@ -480,8 +629,11 @@ fn prerequisite(kind: &str) -> Option<&'static str> {
             "create-cluster"
         }
         "recreate-claim" | "delete-claim" => "create-claim",
-        "create-pool" => "delete-pool",
-        "add-datacenter" => "remove-datacenter",
+        "create-pool" | "create-pool-renumbered" => "delete-pool",
+        "add-datacenter" | "add-datacenter-renumbered" => "remove-datacenter",
+        // Widening is always possible where narrowing is not: `vip`/dc-1 is never removed
+        // and has either a network to widen to or one it was widened from.
+        "narrow-pool" => "widen-pool",
         "fix-pool" => "break-pool",
         "delete-retained" => "retain-delete-pool",
         "delete-hand-made" => "hand-made",
@@ -490,10 +642,25 @@ fn prerequisite(kind: &str) -> Option<&'static str> {
     })
 }
 
-/// Weights of [`OPS`]: mostly holders coming and going.
+/// Weights of [`OPS`]: mostly holders coming and going. A datacenter added again comes back
+/// with another network about half the time, a pool made again too.
 const WEIGHTS: &[u64] = &[
-    14, 3, 10, 8, 5, 4, 4, 3, 10, 2, 8, 1, 1, 2, 1, 2, 1, 2, 1, 2, 2, 6, 4, 3, 4, 3,
+    14, 3, 10, 8, 5, 4, 4, 3, 10, 2, 8, 1, 1, 1, 2, 1, 2, 2, 1, 2, 2, 1, 2, 2, 6, 4, 3, 4, 3,
 ];
+
+/// Pool edits that the leader may sit out frozen (SIGSTOP just before the edit is written,
+/// thawed past its lease): it thaws planning on the pool as it was, after another replica led
+/// on the edited one — what design.md says still leans on the Lease.
+const FROZEN_ACROSS: &[&str] = &[
+    "narrow-pool",
+    "add-datacenter",
+    "add-datacenter-renumbered",
+    "create-pool",
+    "create-pool-renumbered",
+];
+
+// One weight per kind, in step.
+const _: () = assert!(OPS.len() == WEIGHTS.len());
 
 struct World {
     clusters: BTreeMap<String, ClusterModel>,
@@ -999,7 +1166,9 @@ pub async fn run(name: &str, config: &Config) -> Report {
     // serves), so that every run has one for the webhook's commit and for `delete-hand-made`,
     // however full the pools get later.
     for _ in 0..40 {
-        if let Ok(Some(what)) = operate(&seed, &human, &mut world, &mut rng, "hand-made").await {
+        if let Ok(Some(what)) =
+            operate(&seed, &human, &mut world, &mut rng, "hand-made", None).await
+        {
             *report.ops.entry("hand-made").or_default() += 1;
             log.push(Logged {
                 rv: seed.api.resource_version(),
@@ -1094,7 +1263,20 @@ pub async fn run(name: &str, config: &Config) -> Report {
             candidates.extend(first_needs);
         }
         for i in candidates {
-            match operate(&seed, &human, &mut world, &mut rng, OPS[i]).await {
+            // Now and then a pool edit that leans on the Lease is sat out by a frozen leader.
+            let mut freeze = (FROZEN_ACROSS.contains(&OPS[i]) && rng.chance(40)).then(|| Freeze {
+                seed: &seed,
+                replicas: &mut replicas,
+                thaw: Duration::from_millis(rng.between(4_000, 7_000)),
+                started,
+                done: None,
+            });
+            let done = operate(&seed, &human, &mut world, &mut rng, OPS[i], freeze.as_mut()).await;
+            if let Some(fault) = freeze.and_then(|f| f.done) {
+                *report.faults.entry("freeze-across-edit").or_default() += 1;
+                log.push(fault);
+            }
+            match done {
                 Ok(Some(what)) => {
                     *report.ops.entry(OPS[i]).or_default() += 1;
                     log.push(Logged {
@@ -1355,14 +1537,52 @@ fn fault(
     }
 }
 
+/// The leader frozen just before a pool edit of [`FROZEN_ACROSS`] is written, as the
+/// `freeze-leader` fault freezes it (SIGSTOP, thawed by [`Replicas::heal`] past its 3 s
+/// lease): it thaws still planning on the pool as it was, after another replica took the
+/// Lease and led on the edited pool.
+struct Freeze<'a> {
+    seed: &'a Seed,
+    replicas: &'a mut Replicas,
+    thaw: Duration,
+    started: Instant,
+    /// The fault, once done.
+    done: Option<Logged>,
+}
+
+impl Freeze<'_> {
+    /// Freezes the leader, unless a fault is under way or nobody leads.
+    fn now(&mut self) {
+        let r = &mut *self.replicas;
+        if self.done.is_some() || r.frozen.is_some() || r.dead.is_some() {
+            return;
+        }
+        let Some(i) = r.leader(self.seed) else {
+            return;
+        };
+        r.ctls[i].signal("STOP");
+        r.frozen = Some((i, Instant::now() + self.thaw));
+        self.done = Some(Logged {
+            rv: self.seed.api.resource_version(),
+            at: self.started.elapsed(),
+            what: format!(
+                "fault: leader {} frozen (SIGSTOP) for {:?} across the pool edit that follows",
+                r.ctls[i].identity, self.thaw
+            ),
+        });
+    }
+}
+
 /// One operation of kind `op`; `Ok(None)` when it does not apply now. `human` is alice's
-/// client, whose writes the webhook judges.
+/// client, whose writes the webhook judges. With `freeze`, a pool edit of [`FROZEN_ACROSS`]
+/// freezes the leader just before it is written.
 async fn operate(
     seed: &Seed,
     human: &kube::Client,
     w: &mut World,
     rng: &mut Rng,
     op: &str,
+    freeze: Option<&mut Freeze<'_>>,
 ) -> Result<Option<String>, String> {
     let api = &seed.api;
     let err = |e: kube_standin::ApiError| format!("{} {}", e.code, e.message);
@@ -1522,7 +1742,13 @@ async fn operate(
             w.gone_claims.push(name.clone());
             Ok(Some(format!("delete-claim {name}")))
         }
-        "widen-pool" | "add-cidr" | "reuse-after" | "remove-datacenter" | "add-datacenter" => {
+        "widen-pool"
+        | "add-cidr"
+        | "narrow-pool"
+        | "reuse-after"
+        | "remove-datacenter"
+        | "add-datacenter"
+        | "add-datacenter-renumbered" => {
             let mut candidates = Vec::new();
             for (pi, p) in w.pools.iter().enumerate() {
                 if p.deleted {
@@ -1532,8 +1758,16 @@ async fn operate(
                     let fits = match op {
                         "widen-pool" => d.present && !d.widen.is_empty(),
                         "add-cidr" => d.present && !d.more.is_empty(),
+                        "narrow-pool" => {
+                            d.present
+                                && (!d.narrower.is_empty()
+                                    || d.additional.iter().any(|a| *a != d.room))
+                        }
                         "reuse-after" => d.present,
                         "remove-datacenter" => d.present && d.removable,
+                        "add-datacenter-renumbered" => {
+                            !d.present && d.others.iter().any(|c| *c != d.cidr)
+                        }
                         _ => !d.present,
                     };
                     if fits {
@@ -1550,8 +1784,16 @@ async fn operate(
                 "widen-pool" => {
                     let wider = d.widen.remove(0);
                     let what = format!("widen-pool {} {dc}: {} -> {wider}", p.name, d.cidr);
-                    d.cidr = wider;
+                    d.narrower.push(std::mem::replace(&mut d.cidr, wider));
                     what
+                }
+                "narrow-pool" => {
+                    // It stops covering addresses it covered, and overlapping parts of the
+                    // other pools of the datacenter. A holding left outside is `Conflict`,
+                    // kept as stored (the run's admin is not judged by the webhook, which
+                    // refuses such an edit of a person); the end gives the network back.
+                    let what = d.narrow(rng).expect("a narrowing");
+                    format!("narrow-pool {} {dc}: {what}", p.name)
                 }
                 "add-cidr" => {
                     let more = d.more.remove(0);
@@ -1569,11 +1811,23 @@ async fn operate(
                     d.present = false;
                     format!("remove-datacenter {} {dc}", p.name)
                 }
+                "add-datacenter-renumbered" => {
+                    // Its shards and layout record went with it: the new network may be
+                    // divided otherwise, and overlaps the other pools' of the datacenter.
+                    d.present = true;
+                    let what = d.renumber(rng).expect("another network");
+                    format!("{op} {} {dc}: {what}", p.name)
+                }
                 _ => {
                     d.present = true;
-                    format!("add-datacenter {} {dc}", p.name)
+                    format!("add-datacenter {} {dc}: {} (as before)", p.name, d.cidr)
                 }
             };
+            if FROZEN_ACROSS.contains(&op)
+                && let Some(f) = freeze
+            {
+                f.now();
+            }
             api.apply(&pool_object(p)).map_err(err)?;
             Ok(Some(what))
         }
@@ -1593,9 +1847,11 @@ async fn operate(
             }
             Ok(Some(format!("delete-pool {name}")))
         }
-        "create-pool" => {
+        "create-pool" | "create-pool-renumbered" => {
             // A pool deleted with Retain comes back only once a person deleted one of the
-            // allocations it kept (or none is left).
+            // allocations it kept (or none is left). Renumbered, it comes back under the same
+            // name with another network in each datacenter that has one (its records went
+            // with it, by owner reference: the new one may divide them otherwise).
             let kept = |pool: &str| {
                 api.list("ipamallocations.ipam.kipam.dev", None)
                     .iter()
@@ -1606,6 +1862,12 @@ async fn operate(
                 .iter()
                 .filter(|p| p.deleted && api.get(POOLS, None, &p.name).is_none())
                 .filter(|p| !p.retain || !kept(&p.name))
+                .filter(|p| {
+                    op == "create-pool"
+                        || p.dcs
+                            .values()
+                            .any(|d| d.others.iter().any(|c| *c != d.cidr))
+                })
                 .map(|p| p.name.clone())
                 .collect();
             let Some(name) = rng.pick(&names).cloned() else {
@@ -1614,8 +1876,22 @@ async fn operate(
             let p = w.pools.iter_mut().find(|p| p.name == name).expect("pool");
             p.deleted = false;
             p.retain = false;
+            let mut what = format!("{op} {name}");
+            for (dc, d) in &mut p.dcs {
+                let now = if op == "create-pool" {
+                    Some(format!("{} (as before)", d.cidr))
+                } else {
+                    d.renumber(rng)
+                };
+                if let Some(now) = now {
+                    what.push_str(&format!(" {dc}: {now}"));
+                }
+            }
+            if let Some(f) = freeze {
+                f.now();
+            }
             api.create(&pool_object(p)).map_err(err)?;
-            Ok(Some(format!("create-pool {name}")))
+            Ok(Some(what))
         }
         "break-pool" | "fix-pool" => {
             let mut candidates = Vec::new();
@@ -1835,6 +2111,7 @@ async fn finish_world(
         }
         p.retain = false;
         for d in p.dcs.values_mut() {
+            d.give_back();
             d.present = true;
             d.broken = false;
             d.reuse_after = None;

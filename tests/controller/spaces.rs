@@ -1286,3 +1286,151 @@ async fn a_datacenter_added_back_with_another_network_refuses_a_replica_that_pla
         "nothing but y is held"
     );
 }
+
+/// The pool datacenters `pool` shares addresses with, as a replica planning on `pools` and
+/// its copy of the records groups them (what the planning pass gives the planner).
+async fn siblings_of(ctx: &Context, pools: &[&IPAMPool], pool: &str) -> Vec<String> {
+    let records = ctx.records.lock().await;
+    let inputs: Vec<kipam::planner::PoolInput> = pools
+        .iter()
+        .map(|p| {
+            let mut input = kipam::validation::pool_input(p).expect("a valid pool");
+            records.add_former(&mut input);
+            input
+        })
+        .collect();
+    kipam::planner::space_siblings(&inputs)
+        .get(&(pool.to_string(), "dc-1".to_string()))
+        .map(|keys| keys.iter().map(|(p, _)| p.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// Issue 51, item 2: pool `a` covers 10.0.0.0/24 and, through `additionalCidrs`, 10.1.0.0/24,
+/// which pool `b` (same space) covers too; then `a` is narrowed to 10.0.0.0/24 alone, so it
+/// no longer overlaps `b`. A deposed leader frozen across the edit still plans them together:
+/// it raises `b`'s fence (first), then would write x at 10.1.0.0-3 into `a`'s shard of that
+/// /24, which exists (w holds 10.1.0.8-11 there). The new leader,
+/// planning on the narrowed `a`, gives y the same addresses through `b` in between. Before,
+/// the new leader planned `b` apart from `a`, never wrote `a`'s shard, and both commits
+/// passed. Now `a`'s layout record remembers 10.1.0.0/24 (written by the new leader for the
+/// narrowed generation before it plans): `a` stays `b`'s sibling, the new leader's commit
+/// raises `a`'s fence there, and the deposed one's write into `a` is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_narrowed_away_from_another_stays_fenced_against_a_replica_that_planned_before() {
+    let api = setup_api().await;
+    let wide = create(
+        &api,
+        json!({
+            "apiVersion": "ipam.kipam.dev/v1alpha1", "kind": "IPAMPool",
+            "metadata": {"name": "a"},
+            "spec": {"datacenters": {"dc-1": {
+                "type": "range", "poolCidr": "10.0.0.0/24",
+                "additionalCidrs": ["10.1.0.0/24"], "allocationRange": 4,
+            }}},
+        }),
+    )
+    .await;
+    let b = create(&api, range_pool("b", "10.1.0.0/24", "default")).await;
+    let key_a: RecordKey = ("a".into(), "dc-1".into());
+    let key_b: RecordKey = ("b".into(), "dc-1".into());
+    let (old, new) = (replica(&api).await, replica(&api).await);
+
+    // The old leader's pass: layout records up to the pools it reads; a and b together.
+    load_records(&old).await;
+    let old_view = PlannedOn::pools([&wide, &b]);
+    records::keep_layouts(
+        &old,
+        &[Arc::new(wide.clone()), Arc::new(b.clone())],
+        &old_view,
+    )
+    .await
+    .unwrap();
+    assert_eq!(siblings_of(&old, &[&wide, &b], "b").await, vec!["a"]);
+    // w got 10.1.0.8-11 through a before: a's shard of 10.1.0.0/24 exists.
+    records::commit_shared(
+        &old,
+        &wide,
+        &key_a,
+        entries(&[("w", "10.1.0.8-10.1.0.11")]),
+        Default::default(),
+        &[(b.clone(), key_b.clone())],
+        &old_view,
+    )
+    .await
+    .unwrap();
+
+    // a is narrowed; the old leader is frozen with its plan: x at 10.1.0.0-3 through a. It
+    // raised b's fence before the freeze.
+    let narrow = replace(&api, &wide, |p| {
+        p.spec
+            .datacenters
+            .get_mut("dc-1")
+            .unwrap()
+            .additional_cidrs
+            .clear();
+    })
+    .await;
+    let x: kipam::address::AddrRange = "10.1.0.0-10.1.0.3".parse().unwrap();
+    records::raise_fences(&old, &b, &key_b, &[x], &old_view)
+        .await
+        .unwrap();
+
+    // The new leader's pass: layout records first, then the plan and the commit of y.
+    load_records(&new).await;
+    let new_view = PlannedOn::pools([&narrow, &b]);
+    let pools = [Arc::new(narrow.clone()), Arc::new(b.clone())];
+    records::keep_layouts(&new, &pools, &new_view)
+        .await
+        .unwrap();
+    let siblings = siblings_of(&new, &[&narrow, &b], "b").await;
+    assert_eq!(
+        siblings,
+        vec!["a"],
+        "a still reaches 10.1.0.0/24 for the fence"
+    );
+    let others: Vec<(IPAMPool, RecordKey)> = siblings
+        .iter()
+        .map(|_| (narrow.clone(), key_a.clone()))
+        .collect();
+    records::commit_shared(
+        &new,
+        &b,
+        &key_b,
+        entries(&[("y", "10.1.0.0-10.1.0.3")]),
+        Default::default(),
+        &others,
+        &new_view,
+    )
+    .await
+    .unwrap();
+
+    // The old leader thaws and writes x into a: refused.
+    let stale = records::commit(
+        &old,
+        &wide,
+        &key_a,
+        entries(&[("w", "10.1.0.8-10.1.0.11"), ("x", "10.1.0.0-10.1.0.3")]),
+        Default::default(),
+        &old_view,
+    )
+    .await;
+    assert!(is_refused(&stale), "refused: {stale:?}");
+    assert_eq!(stored(&api, "a"), entries(&[("w", "10.1.0.8-10.1.0.11")]));
+    assert_eq!(stored(&api, "b"), entries(&[("y", "10.1.0.0-10.1.0.3")]));
+
+    // Read afresh, the old replica's view of a is older than a's layout record: it waits.
+    load_records(&old).await;
+    let again = records::commit(
+        &old,
+        &wide,
+        &key_a,
+        entries(&[("w", "10.1.0.8-10.1.0.11"), ("x", "10.1.0.4-10.1.0.7")]),
+        Default::default(),
+        &old_view,
+    )
+    .await;
+    assert!(
+        matches!(again, Err(CommitError::PoolsBehind { .. })),
+        "{again:?}"
+    );
+}

@@ -742,3 +742,59 @@ fn what_an_invalid_pool_holds_is_nobody_elses() {
     let (partial, _) = kipam::planner::plan_pools_keeping(&inputs, &dirty);
     assert_eq!(partial.decisions, plan.decisions);
 }
+
+/// A pool narrowed under what it holds: `vip` gave 10.0.0.6-7 to `old`, then its `poolCidr`
+/// went from 10.0.0.0/28 to 10.0.0.8/29. The holding lies outside the pool now: kept as
+/// stored (`Conflict`), and its own allocator cannot hold it, so it must be set aside in the
+/// other pools of the datacenter all the same — `machines`, over the whole /28 in the same
+/// space, never hands 10.0.0.6-7 to anybody while `old` holds them (the chaos run found it
+/// handing them out).
+#[test]
+fn a_holding_left_outside_its_narrowed_pool_is_nobody_elses() {
+    let vip = pool_input(
+        "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata:\n  name: vip\nspec:\n  datacenters:\n    dc-1: {type: range, poolCidr: 10.0.0.8/29, allocationRange: 2}\n",
+    );
+    let machines = pool_input(
+        "apiVersion: ipam.kipam.dev/v1alpha1\nkind: IPAMPool\nmetadata:\n  name: machines\nspec:\n  datacenters:\n    dc-1: {type: range, poolCidr: 10.0.0.0/28, allocationRange: 2}\n",
+    );
+    let stored = vec![kipam::planner::StoredAllocation {
+        cluster: "old".into(),
+        pool: "vip".into(),
+        datacenter: "dc-1".into(),
+        held: Some(kipam::allocator::Allocation::Range(vec![
+            "10.0.0.6-10.0.0.7".parse().unwrap(),
+        ])),
+        reclaim_policy: None,
+        unreadable: None,
+    }];
+    let mut clusters = vec![cluster_in("old", "dc-1", 1)];
+    clusters.extend((2..=9).map(|d| cluster_in(&format!("c{d}"), "dc-1", d)));
+    let plan = PlanInputs {
+        pools: vec![vip, machines],
+        clusters,
+        stored,
+        quarantined: vec![],
+        now: 1_764_093_600,
+        held_elsewhere: Vec::new(),
+    }
+    .plan();
+    let old = plan.decision("old", "vip").expect("old's vip decision");
+    assert_eq!(old.change, Change::Conflict, "{}", old.message);
+    let kept: BTreeSet<u128> = addresses(old.held.as_ref().expect("kept as stored"));
+    for d in &plan.decisions {
+        if d.cluster == "old" && d.pool == "vip" {
+            continue;
+        }
+        if let Some(held) = &d.held {
+            let got = addresses(held);
+            assert!(
+                got.is_disjoint(&kept),
+                "cluster {} got {} through {} while old holds {} through vip",
+                d.cluster,
+                held,
+                d.pool,
+                shown(&kept)
+            );
+        }
+    }
+}

@@ -165,6 +165,7 @@ pub(super) async fn gather(
     let mut pool_errors: HashMap<String, Vec<FieldError>> = HashMap::new();
     let mut frozen_pools: HashSet<String> = HashSet::new();
     let mut deleting_pools: HashMap<String, ReclaimPolicy> = HashMap::new();
+    let records_held = ctx.records.lock().await;
     for pool in pools {
         let name = pool.name_any();
         if pool.metadata.deletion_timestamp.is_some() {
@@ -172,7 +173,10 @@ pub(super) async fn gather(
             continue;
         }
         match validation::pool_input(pool) {
-            Ok(input) => pool_inputs.push(input),
+            Ok(mut input) => {
+                records_held.add_former(&mut input);
+                pool_inputs.push(input)
+            }
             Err(errors) => {
                 frozen_pools.insert(name.clone());
                 pool_errors.insert(name, errors);
@@ -180,6 +184,7 @@ pub(super) async fn gather(
         }
     }
 
+    drop(records_held);
     // A cluster that holds addresses but is missing from the cache is released only once the
     // API server confirms it is gone: a lagging cache must never free an address.
     let known: HashSet<String> = clusters.iter().map(|c| c.name_any()).collect();

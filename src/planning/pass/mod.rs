@@ -84,6 +84,10 @@ pub enum PassError {
     },
     #[error("the planner stopped: {0}")]
     Planner(String),
+    /// A layout record could not be brought up to the pools (another writer, or a view of
+    /// the pools older than a layout record's): planned again once it is.
+    #[error("layout records not brought up to the pools: {0}")]
+    Layout(String),
 }
 
 /// What is left of an allocation write once it is over: what the report needs.
@@ -237,6 +241,16 @@ async fn full(
 
     let mut view = View::read(ctx, state).await;
     steps.done("snapshot");
+    // Every pool datacenter's layout record up to the pools as read, before anything is
+    // planned on them: a pool narrowed stays fenced over where it reached
+    // (`records::keep_layout`). Refused or conflicting: the pass is tried again.
+    {
+        let planned =
+            crate::planning::records::PlannedOn::pools(view.pools.iter().map(|p| p.as_ref()));
+        if let Err(e) = crate::planning::records::keep_layouts(ctx, &view.pools, &planned).await {
+            return Err(PassError::Layout(e.to_string()));
+        }
+    }
 
     let gathered = gather(ctx, state, &mut view).await?;
     let ledger_changed = std::mem::take(&mut view.ledger_changed);
